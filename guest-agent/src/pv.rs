@@ -1,0 +1,99 @@
+//! The paravirtual control device: port I/O from guest to VMM, and the records ports refer to.
+//!
+//! Never `vmcall` (it livelocks the vCPU on this host's KVM backend); port I/O works from ring 0
+//! and, through the TSS I/O bitmap, from ring 3 (ports `PORT_BASE..PORT_BASE+16`).
+//! Each port takes a 32-bit value written with `out dx, eax`.
+
+pub const PORT_BASE: u16 = 0x500;
+/// value = GPA of a [`LogRecord`]: a line of text for the VMM's log.
+pub const PORT_LOG: u16 = 0x500;
+/// value = GPA of a process [`Mailbox`]: the process changed `phase`/`state`; the VMM
+/// timestamps the event with the host clock and reads the record.
+pub const PORT_MAILBOX: u16 = 0x501;
+/// value ignored: this vCPU has nothing left to run.
+pub const PORT_CPU_DONE: u16 = 0x502;
+/// value = guest exit status: power off now.
+pub const PORT_SHUTDOWN: u16 = 0x503;
+/// value = GPA of a [`BulkOp`] the VMM performs on the guest's behalf (ring-0 bulk memory
+/// operations are emulated and very slow on this host).
+pub const PORT_BULK: u16 = 0x506;
+/// value = GPA of this vCPU's [`crate::slot::AgentSlot`] page.
+pub const PORT_AGENT_SLOT: u16 = 0x507;
+/// value = GPA of a [`LogRecord`] with the kernel panic location; the VMM stops the VM.
+pub const PORT_PANIC: u16 = 0x508;
+
+/// A line of text, at most `LOG_MAX` bytes, in guest memory.
+pub const LOG_MAX: usize = 240;
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LogRecord {
+    pub len: u32,
+    pub cpu: u32,
+    pub bytes: [u8; LOG_MAX],
+}
+
+/// `Mailbox::magic`: "FARVMMBX".
+pub const MAILBOX_MAGIC: u64 = u64::from_le_bytes(*b"FARVMMBX");
+
+/// `Mailbox::state`
+pub mod state {
+    pub const STARTING: u32 = 0;
+    pub const RUNNING: u32 = 1;
+    /// Finished normally; `checksum` and `elapsed_ns` are final.
+    pub const DONE: u32 = 2;
+    /// Killed by the kernel after an exception in ring 3 (`fault_*` describe it).
+    pub const KILLED: u32 = 3;
+}
+
+/// One 4 KiB page per process. Written by the process (ring 3) and by the kernel (start, kill);
+/// read by the VMM on each [`PORT_MAILBOX`] doorbell.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mailbox {
+    pub magic: u64,
+    pub pid: u32,
+    pub cpu: u32,
+    pub workload: u32,
+    /// `state::*`
+    pub state: u32,
+    /// Workload phase number: 0 = setup, 1 = warm-up, 2 = measured, ...
+    pub phase: u32,
+    pub _pad: u32,
+    /// Guest-measured (rdtsc) duration of the measured phase, in ns.
+    pub elapsed_ns: u64,
+    pub checksum: u64,
+    /// Operations done in the measured phase (accesses, keys, iterations).
+    pub ops: u64,
+    /// The process's CR3 (so the VMM can attribute faults to processes).
+    pub cr3: u64,
+    /// Exception vector, error code, CR2 and RIP when `state == KILLED`.
+    pub fault_vector: u64,
+    pub fault_error: u64,
+    pub fault_cr2: u64,
+    pub fault_rip: u64,
+    /// Workload-defined counters.
+    pub counters: [u64; 8],
+}
+
+/// `BulkOp::op`
+pub mod bulk {
+    /// Zero `len` bytes at `dst`.
+    pub const ZERO: u32 = 1;
+    /// Copy `len` bytes from `src` to `dst` (guest-physical, non-overlapping).
+    pub const COPY: u32 = 2;
+    /// Fill the page-table page at `dst` (not yet linked into any live table) with `len` 4 KiB
+    /// PTEs: entry i = (frame GPA read from the u64 array at `src`, index i) | `pte_flags`.
+    pub const FILL_PTES: u32 = 3;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BulkOp {
+    pub op: u32,
+    /// 0 on success, set by the VMM; non-zero = the request was refused (bad range).
+    pub status: u32,
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub pte_flags: u64,
+}

@@ -1,0 +1,1 @@
+//! farvm-images: guest images built from this repository.

@@ -1,0 +1,2 @@
+//! farvm-workloads: the test guest's workloads, `no_std`, also built natively.
+#![no_std]

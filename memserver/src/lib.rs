@@ -1,0 +1,1 @@
+//! farvm-memserver: remote page store (server) and the client the VMM uses.

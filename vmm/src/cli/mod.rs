@@ -1,0 +1,3 @@
+//! One module per `farvm` subcommand.
+
+pub mod trace;
