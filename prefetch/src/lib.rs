@@ -13,11 +13,20 @@ pub type Nanos = u64;
 
 /// Upper bound on pages one decision may return.
 pub const MAX_CANDIDATES: usize = 64;
+const _: () = assert!(MAX_CANDIDATES <= 64, "markers is a u64 bitmask");
 
 /// A fixed-capacity list of candidate pages, filled by [`Prefetcher::on_fault`].
+///
+/// A candidate may be a *marker*: the caller fetches it like any other candidate but must not
+/// inject it into the guest mapping; it stays staged until the guest touches it, which raises a
+/// fault the caller resolves locally and reports with [`Prefetcher::on_hit`]. Markers are how a
+/// prefetcher whose hits are otherwise invisible (injected) still learns its hit rate, in the
+/// spirit of Linux's async read-ahead marker page.
 #[derive(Clone, Debug)]
 pub struct Candidates {
     pages: [PageNo; MAX_CANDIDATES],
+    /// Bit i set = `pages[i]` is a marker.
+    markers: u64,
     len: usize,
 }
 
@@ -31,11 +40,32 @@ impl Candidates {
     pub const fn new() -> Self {
         Self {
             pages: [0; MAX_CANDIDATES],
+            markers: 0,
             len: 0,
         }
     }
     pub fn clear(&mut self) {
         self.len = 0;
+        self.markers = 0;
+    }
+    /// Appends `page` as a marker (see the type's documentation).
+    pub fn push_marker(&mut self, page: PageNo) -> bool {
+        let added = self.push(page);
+        if added {
+            self.markers |= 1 << (self.len - 1);
+        }
+        added
+    }
+    /// Whether the i-th candidate is a marker.
+    pub fn is_marker(&self, i: usize) -> bool {
+        i < self.len && self.markers & (1 << i) != 0
+    }
+    /// `(page, is_marker)` for each candidate, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (PageNo, bool)> + '_ {
+        self.as_slice()
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (p, self.is_marker(i)))
     }
     /// Appends `page` unless the list is full or already holds it; returns whether it was added.
     pub fn push(&mut self, page: PageNo) -> bool {
