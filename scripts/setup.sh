@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system packages farvm needs to build and test (Debian/Ubuntu), then builds the
+# release binaries. Idempotent: a second run only rebuilds what changed.
+#   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
+#   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
+#   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
+#   iproute2                      network-namespace tests (`ip netns`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}"
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [[ ! -w /dev/kvm ]]; then
+    echo "setup: warning: /dev/kvm is missing or not writable; VMs cannot run here" >&2
+fi
+cargo build --release --workspace --bins
+echo "setup: done; binaries in target/release/ (farvm, farvm-memserver)"
