@@ -1,0 +1,567 @@
+//! Multi-stream prefetcher: a stream table in the style of HOPP's STT and MARB's stream table.
+//!
+//! The table has a fixed number of entries (64 by default), each tagged with a process key and
+//! replaced LRU (unconfirmed entries first, so a burst of random faults does not flush the
+//! streams that are paying off). Lookup and replacement are O(1) whatever the table size: a
+//! region index finds the entries near a page, and three intrusive LRU lists give the victim. A fault *joins* the entry of its process whose last page, or
+//! prefetch frontier, is within `Δ_stream` pages (64 by default), nearest first: this clustering
+//! separates interleaved streams (two threads scanning two arrays) that defeat a single majority
+//! over one history. An entry whose last two deltas agree (≥ 2 consistent deltas) is
+//! *confirmed*; from then on it only accepts faults on its stride lattice ahead of it, and each
+//! such fault prefetches the next `depth` pages along the stride beyond what it already fetched.
+//!
+//! Depth starts at `init_depth` and doubles (up to `max_depth`) each time the stream proves it
+//! consumes what it fetched: its marker is used, or it faults just past its frontier. Each
+//! window carries one marker in its middle; when the caller reports the marker's first use
+//! ([`Prefetcher::on_marker_hit`]) the stream issues its next window at once, so a steady scan
+//! never misses even when ordinary hits are invisible (injected pages). Visible hits (`on_hit`)
+//! only advance the stream's last page and keep it recent.
+
+use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey, MAX_CANDIDATES};
+
+/// Stream table tunables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamParams {
+    /// Entries in the stream table (default 64).
+    pub entries: usize,
+    /// Δ_stream: how close (in pages) a fault must be to join a stream (default 64).
+    pub delta: u64,
+    /// Pages fetched by a newly confirmed stream (default 4).
+    pub init_depth: usize,
+    /// Maximum pages per window (default 64, at most [`MAX_CANDIDATES`]).
+    pub max_depth: usize,
+    /// Streams tagged by process key (`true`) or shared by all keys (`false`).
+    pub per_process: bool,
+}
+
+impl Default for StreamParams {
+    fn default() -> Self {
+        Self {
+            entries: 64,
+            delta: 64,
+            init_depth: 4,
+            max_depth: 64,
+            per_process: true,
+        }
+    }
+}
+
+/// Cold per-entry state; the fields every lookup reads live in [`Stream`]'s flat arrays.
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    last: PageNo,
+    stride: i64,
+    /// Consecutive equal deltas seen (2 = confirmed).
+    run: u32,
+    /// Last page fetched along the stride, if any.
+    frontier: Option<PageNo>,
+    depth: usize,
+}
+
+impl Entry {
+    fn confirmed(&self) -> bool {
+        self.run >= 2 && self.stride != 0
+    }
+
+    /// `page` lies on this stream's lattice strictly ahead of its last page.
+    fn ahead_on_lattice(&self, page: PageNo) -> bool {
+        let diff = page.wrapping_sub(self.last) as i64;
+        // Checked: i64::MIN / -1 overflows, and pages come from untrusted traces.
+        diff != 0
+            && diff.checked_rem(self.stride) == Some(0)
+            && diff.checked_div(self.stride).is_some_and(|k| k > 0)
+    }
+
+    /// `page` lies on the lattice within the fetched region (last, frontier].
+    fn covers(&self, page: PageNo) -> bool {
+        let Some(f) = self.frontier else {
+            return false;
+        };
+        if !self.ahead_on_lattice(page) {
+            return false;
+        }
+        let steps = |p: PageNo| (p.wrapping_sub(self.last) as i64).checked_div(self.stride);
+        match (steps(page), steps(f)) {
+            (Some(to_page), Some(to_front)) => to_page <= to_front,
+            _ => false,
+        }
+    }
+
+    /// `page` is the next one this confirmed stream expects (after its last page or frontier).
+    fn expects(&self, page: PageNo) -> bool {
+        self.confirmed()
+            && (self.last.checked_add_signed(self.stride) == Some(page)
+                || self
+                    .frontier
+                    .and_then(|f| f.checked_add_signed(self.stride))
+                    == Some(page))
+    }
+}
+
+/// `markers` value of an entry without an outstanding marker.
+const NO_MARKER: u64 = u64::MAX;
+/// End of an LRU list.
+const NIL: u32 = u32::MAX;
+/// LRU lists: free entries, unconfirmed streams, confirmed streams. Replacement takes a free
+/// entry, else the least recently used unconfirmed one, else the least recently used one.
+const FREE: u8 = 0;
+const UNCONFIRMED: u8 = 1;
+const CONFIRMED: u8 = 2;
+/// Slots of the region index (a power of two; 16 KiB).
+const INDEX_SLOTS: usize = 4096;
+
+/// The stream table prefetcher.
+///
+/// Lookups are O(1): a direct-mapped *region index* maps `(key, page / R)` (R = Δ_stream
+/// rounded up to a power of two) to the entry whose last page or frontier lies in that region,
+/// so a fault probes the three regions that can hold a page within Δ_stream of it and verifies
+/// the few entries found. An index slot can be overwritten by a colliding region; the entry it
+/// pointed to is then found again once its next access re-registers it (it may start a
+/// duplicate stream meanwhile, which LRU replacement retires). Replacement is O(1) with three
+/// intrusive LRU lists.
+pub struct Stream {
+    params: StreamParams,
+    keys: Box<[ProcessKey]>,
+    /// Which LRU list each entry is on (`FREE` = unused).
+    list: Box<[u8]>,
+    prev: Box<[u32]>,
+    next: Box<[u32]>,
+    /// (most recently used, least recently used) of each list.
+    ends: [(u32, u32); 3],
+    /// Outstanding marker page per entry, or `NO_MARKER`.
+    markers: Box<[PageNo]>,
+    entries: Box<[Entry]>,
+    /// Region index: entry + 1, or 0.
+    index: Box<[u32]>,
+    region_shift: u32,
+    /// Most recently used entry: a fault that continues it skips the lookup.
+    mru: usize,
+}
+
+fn distance(a: PageNo, b: PageNo) -> u64 {
+    a.abs_diff(b)
+}
+
+impl Stream {
+    /// Builds the table; parameters are validated by [`crate::registry`].
+    pub fn new(params: StreamParams) -> Self {
+        let n = params.entries.clamp(1, NIL as usize - 1);
+        let mut s = Self {
+            params,
+            keys: vec![0; n].into_boxed_slice(),
+            list: vec![FREE; n].into_boxed_slice(),
+            prev: vec![NIL; n].into_boxed_slice(),
+            next: vec![NIL; n].into_boxed_slice(),
+            ends: [(NIL, NIL); 3],
+            markers: vec![NO_MARKER; n].into_boxed_slice(),
+            entries: vec![Entry::default(); n].into_boxed_slice(),
+            index: vec![0; INDEX_SLOTS].into_boxed_slice(),
+            region_shift: params.delta.max(1).next_power_of_two().trailing_zeros(),
+            mru: 0,
+        };
+        for i in 0..n {
+            s.push_front(FREE, i);
+        }
+        s
+    }
+
+    fn key(&self, key: ProcessKey) -> ProcessKey {
+        if self.params.per_process {
+            key
+        } else {
+            0
+        }
+    }
+
+    fn live(&self, i: usize, key: ProcessKey) -> bool {
+        self.list[i] != FREE && self.keys[i] == key
+    }
+
+    fn unlink(&mut self, i: usize) {
+        let l = self.list[i] as usize;
+        let (p, n) = (self.prev[i], self.next[i]);
+        if p == NIL {
+            self.ends[l].0 = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.ends[l].1 = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+    }
+
+    fn push_front(&mut self, list: u8, i: usize) {
+        let l = list as usize;
+        let head = self.ends[l].0;
+        self.list[i] = list;
+        self.prev[i] = NIL;
+        self.next[i] = head;
+        if head == NIL {
+            self.ends[l].1 = i as u32;
+        } else {
+            self.prev[head as usize] = i as u32;
+        }
+        self.ends[l].0 = i as u32;
+    }
+
+    /// The entry a new stream replaces.
+    fn victim(&self) -> usize {
+        [FREE, UNCONFIRMED, CONFIRMED]
+            .iter()
+            .map(|&l| self.ends[l as usize].1)
+            .find(|&t| t != NIL)
+            .unwrap_or(0) as usize
+    }
+
+    fn slot(&self, key: ProcessKey, region: u64) -> usize {
+        let h = (region ^ key.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> (64 - INDEX_SLOTS.trailing_zeros())) as usize
+    }
+
+    /// Marks entry `i` most recently used (on the list matching its state) and registers its
+    /// last page and frontier in the region index.
+    fn touch(&mut self, i: usize) {
+        let list = if self.entries[i].confirmed() {
+            CONFIRMED
+        } else {
+            UNCONFIRMED
+        };
+        self.unlink(i);
+        self.push_front(list, i);
+        self.mru = i;
+        self.sync(i);
+    }
+
+    /// Registers entry `i`'s last page and frontier in the region index.
+    fn sync(&mut self, i: usize) {
+        let e = self.entries[i];
+        let key = self.keys[i];
+        let a = self.slot(key, e.last >> self.region_shift);
+        self.index[a] = i as u32 + 1;
+        if let Some(f) = e.frontier {
+            let b = self.slot(key, f >> self.region_shift);
+            self.index[b] = i as u32 + 1;
+        }
+    }
+
+    /// The entry of `key` that `page` joins, nearest first (`Ok`), or the entry to replace
+    /// for a new stream (`Err`).
+    fn find(&self, key: ProcessKey, page: PageNo) -> Result<usize, usize> {
+        if self.live(self.mru, key) && self.entries[self.mru].expects(page) {
+            return Ok(self.mru);
+        }
+        let (mut best, mut best_d) = (usize::MAX, u64::MAX);
+        let region = page >> self.region_shift;
+        for r in [region.wrapping_sub(1), region, region.wrapping_add(1)] {
+            let v = self.index[self.slot(key, r)];
+            if v == 0 {
+                continue;
+            }
+            let i = v as usize - 1;
+            if !self.live(i, key) {
+                continue;
+            }
+            let e = &self.entries[i];
+            let mut d = distance(page, e.last);
+            if let Some(f) = e.frontier {
+                d = d.min(distance(page, f));
+            }
+            if d > self.params.delta || d >= best_d {
+                continue;
+            }
+            if e.confirmed() && !e.ahead_on_lattice(page) {
+                continue;
+            }
+            (best, best_d) = (i, d);
+        }
+        if best == usize::MAX {
+            Err(self.victim())
+        } else {
+            Ok(best)
+        }
+    }
+
+    /// Number of confirmed streams of `key` (for tests and diagnostics).
+    pub fn confirmed_streams(&self, key: ProcessKey) -> usize {
+        let key = self.key(key);
+        (0..self.keys.len())
+            .filter(|&i| self.live(i, key) && self.entries[i].confirmed())
+            .count()
+    }
+
+    fn marker_entry(&self, key: ProcessKey, page: PageNo) -> Option<usize> {
+        if page == NO_MARKER {
+            return None;
+        }
+        (0..self.markers.len()).find(|&i| self.markers[i] == page && self.live(i, key))
+    }
+
+    /// Whether `page` is the outstanding marker of one of `key`'s streams.
+    pub fn owns_marker(&self, key: ProcessKey, page: PageNo) -> bool {
+        self.marker_entry(self.key(key), page).is_some()
+    }
+
+    /// Fetches the next `depth` pages along the stride, after the frontier if it is still
+    /// ahead of the stream's last page, else after the last page.
+    fn issue(&mut self, i: usize, out: &mut Candidates) {
+        let e = &mut self.entries[i];
+        let p = match e.frontier {
+            Some(f) if e.ahead_on_lattice(f) => f,
+            _ => e.last,
+        };
+        let depth = e.depth.clamp(1, MAX_CANDIDATES);
+        self.markers[i] = NO_MARKER;
+        let Some(first) = p.checked_add_signed(e.stride) else {
+            return;
+        };
+        // Distinct: `out` is empty and one progression with a non-zero stride never repeats.
+        let start = out.len();
+        let added = out.push_progression(first, e.stride, depth);
+        if added == 0 {
+            return;
+        }
+        let slice = out.as_slice();
+        e.frontier = Some(slice[start + added - 1]);
+        // One marker in the middle of the window.
+        let m = start + added / 2;
+        if slice[m] != NO_MARKER {
+            self.markers[i] = slice[m];
+            out.set_marker(m);
+        }
+        self.sync(i);
+    }
+}
+
+impl Prefetcher for Stream {
+    fn name(&self) -> &'static str {
+        "stream"
+    }
+
+    fn on_fault(&mut self, key: ProcessKey, page: PageNo, _now: Nanos, out: &mut Candidates) {
+        out.clear();
+        let key = self.key(key);
+        let i = match self.find(key, page) {
+            Ok(i) => i,
+            Err(v) => {
+                self.keys[v] = key;
+                self.markers[v] = NO_MARKER;
+                self.entries[v] = Entry {
+                    last: page,
+                    depth: self.params.init_depth,
+                    ..Entry::default()
+                };
+                self.touch(v);
+                return;
+            }
+        };
+        let max_depth = self.params.max_depth;
+        let init_depth = self.params.init_depth;
+        let e = &mut self.entries[i];
+        if e.confirmed() {
+            // On the lattice ahead (checked by `find`). Just past the frontier means the whole
+            // window was used: grow. Inside it means a fetched page was lost: keep the depth.
+            if let Some(f) = e.frontier {
+                if f.checked_add_signed(e.stride) == Some(page) {
+                    e.depth = (e.depth * 2).min(max_depth);
+                }
+            }
+            let inside = e.covers(page);
+            e.last = page;
+            if !inside {
+                e.frontier = None;
+            }
+            self.touch(i);
+            self.issue(i, out);
+            return;
+        }
+        let delta = page.wrapping_sub(e.last) as i64;
+        if delta == 0 {
+            self.touch(i);
+            return;
+        }
+        if delta == e.stride {
+            e.run += 1;
+        } else {
+            e.stride = delta;
+            e.run = 1;
+        }
+        e.last = page;
+        let confirmed = e.confirmed();
+        if confirmed {
+            e.depth = init_depth;
+            e.frontier = None;
+        }
+        self.touch(i);
+        if confirmed {
+            self.issue(i, out);
+        }
+    }
+
+    fn on_hit(&mut self, key: ProcessKey, page: PageNo, _now: Nanos) {
+        let key = self.key(key);
+        for i in 0..self.keys.len() {
+            if self.live(i, key) && self.entries[i].confirmed() && self.entries[i].covers(page) {
+                self.entries[i].last = page;
+                self.touch(i);
+                return;
+            }
+        }
+    }
+
+    fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, _now: Nanos, out: &mut Candidates) {
+        self.marker_hit(key, page, out);
+    }
+
+    fn forget(&mut self, key: ProcessKey) {
+        let key = self.key(key);
+        for i in 0..self.keys.len() {
+            if self.live(i, key) {
+                self.unlink(i);
+                self.push_front(FREE, i);
+                self.markers[i] = NO_MARKER;
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// [`Prefetcher::on_marker_hit`]; returns whether `page` was one of this table's markers.
+    pub fn marker_hit(&mut self, key: ProcessKey, page: PageNo, out: &mut Candidates) -> bool {
+        out.clear();
+        let key = self.key(key);
+        let Some(i) = self.marker_entry(key, page) else {
+            return false;
+        };
+        let max_depth = self.params.max_depth;
+        let e = &mut self.entries[i];
+        e.depth = (e.depth * 2).min(max_depth);
+        if e.covers(page) {
+            e.last = page;
+        }
+        self.touch(i);
+        self.issue(i, out);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_scan(s: &mut Stream, pages: &[(u64, u64)], markers: bool) -> (usize, usize) {
+        // A tiny local cache model: returns (misses, hits) for the access list.
+        let mut fetched = std::collections::HashMap::<(u64, u64), bool>::new();
+        let (mut misses, mut hits) = (0, 0);
+        let mut out = Candidates::new();
+        for (t, &(k, p)) in pages.iter().enumerate() {
+            match fetched.remove(&(k, p)) {
+                Some(is_marker) => {
+                    hits += 1;
+                    if is_marker && markers {
+                        s.on_marker_hit(k, p, t as u64, &mut out);
+                        for (c, m) in out.iter() {
+                            fetched.insert((k, c), m);
+                        }
+                    }
+                }
+                None => {
+                    misses += 1;
+                    s.on_fault(k, p, t as u64, &mut out);
+                    for (c, m) in out.iter() {
+                        fetched.insert((k, c), m);
+                    }
+                }
+            }
+        }
+        (misses, hits)
+    }
+
+    #[test]
+    fn confirms_after_two_consistent_deltas() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        s.on_fault(1, 100, 0, &mut out);
+        s.on_fault(1, 110, 1, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.confirmed_streams(1), 0);
+        s.on_fault(1, 120, 2, &mut out);
+        assert_eq!(s.confirmed_streams(1), 1);
+        assert_eq!(out.as_slice(), &[130, 140, 150, 160]);
+        assert!(out.is_marker(2), "one marker in the middle of the window");
+    }
+
+    #[test]
+    fn far_fault_starts_a_new_stream() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        s.on_fault(1, 0, 0, &mut out);
+        s.on_fault(1, 65, 1, &mut out); // beyond Δ_stream = 64
+        s.on_fault(1, 130, 2, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.confirmed_streams(1), 0);
+    }
+
+    #[test]
+    fn markers_keep_a_scan_free_of_misses() {
+        let mut s = Stream::new(StreamParams::default());
+        let pages: Vec<(u64, u64)> = (0..10_000).map(|p| (1, p)).collect();
+        let (misses, hits) = run_scan(&mut s, &pages, true);
+        assert!(misses <= 4, "only the start misses, got {misses}");
+        assert_eq!(misses + hits, 10_000);
+        // Without marker continuation (a caller that only calls on_hit): one miss per window.
+        let mut s = Stream::new(StreamParams::default());
+        let (misses, _) = run_scan(&mut s, &pages, false);
+        assert!(
+            misses < 10_000 / 60,
+            "depth grows to 64 on frontier faults, got {misses}"
+        );
+    }
+
+    #[test]
+    fn two_interleaved_streams_in_one_process() {
+        let mut s = Stream::new(StreamParams::default());
+        let pages: Vec<(u64, u64)> = (0..5_000)
+            .flat_map(|i| [(1, i), (1, 1_000_000 + 3 * i)])
+            .collect();
+        let (misses, _) = run_scan(&mut s, &pages, true);
+        assert_eq!(s.confirmed_streams(1), 2);
+        assert!(misses <= 8, "both streams covered, got {misses} misses");
+    }
+
+    #[test]
+    fn descending_stream() {
+        let mut s = Stream::new(StreamParams::default());
+        let pages: Vec<(u64, u64)> = (0..3_000u64).map(|i| (4, 1_000_000 - 2 * i)).collect();
+        let (misses, _) = run_scan(&mut s, &pages, true);
+        assert!(misses <= 4, "got {misses}");
+    }
+
+    #[test]
+    fn random_faults_do_not_evict_confirmed_streams() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        for p in 0..3 {
+            s.on_fault(1, p, p, &mut out);
+        }
+        assert_eq!(s.confirmed_streams(1), 1);
+        let mut x = 7u64;
+        for t in 0..1_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            s.on_fault(1, 1 << 30 | (x >> 33), t, &mut out);
+        }
+        assert_eq!(s.confirmed_streams(1), 1);
+    }
+
+    #[test]
+    fn forget_drops_a_process_streams() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        for p in 0..3 {
+            s.on_fault(9, p, p, &mut out);
+        }
+        s.forget(9);
+        assert_eq!(s.confirmed_streams(9), 0);
+    }
+}
