@@ -23,6 +23,8 @@ pub const KERNEL_WINDOW_BASE: u64 = 0xFFFF_FFFF_8000_0000;
 pub const BOOT_MAGIC: u64 = u64::from_le_bytes(*b"FARVMBOT");
 /// Maximum processes in one test plan.
 pub const MAX_PROCS: usize = 64;
+/// Maximum vCPUs the test-guest kernel runs on (`BootInfo::ncpus`; added 01:25, CHANGES.md).
+pub const MAX_CPUS: usize = 16;
 
 /// `BootInfo::flags`
 pub mod flags {
@@ -30,6 +32,42 @@ pub mod flags {
     pub const RAM_IS_ZERO: u64 = 1 << 0;
     /// Premap each process's whole heap at start (PV PTE fill) instead of demand paging it.
     pub const PREMAP_HEAP: u64 = 1 << 1;
+    /// Without [`PREMAP_HEAP`]: map exactly one 4 KiB page per heap #PF (about 250 µs each on
+    /// this host; realistic for a uffd path, slow). Without this flag a heap #PF maps the whole
+    /// aligned 2 MiB of heap around the fault (512 PTEs with one PV fill).
+    pub const DEMAND_4K: u64 = 1 << 2;
+}
+
+/// The guest's exit status (value written to [`crate::pv::PORT_SHUTDOWN`]).
+pub mod exit {
+    /// Every process ended as expected: `DONE`, or `KILLED` for a [`super::workload::CRASH`]
+    /// process (a crash test that does not crash is a failure).
+    pub const OK: u32 = 0;
+    /// At least one process ended otherwise (killed unexpectedly, workload error, or a CRASH
+    /// process that finished).
+    pub const PROCESS_FAILED: u32 = 1;
+    /// `BootInfo` is malformed (magic, ABI version, CPU/process counts, memory map).
+    pub const BAD_BOOT_INFO: u32 = 2;
+    /// The plan does not fit in guest RAM (frames or page-table pool exhausted).
+    pub const OUT_OF_MEMORY: u32 = 3;
+    /// The user program embedded in the kernel is not a valid ELF.
+    pub const BAD_USER_IMAGE: u32 = 4;
+}
+
+/// The virtual layout of every test-guest process (4 KiB pages, own PML4; the kernel half is
+/// shared). Useful to a VMM that translates process addresses via the agent slot's CR3.
+pub mod user {
+    /// The ring-3 program is linked here.
+    pub const IMAGE_BASE: u64 = 0x40_0000;
+    /// Heap (working set): `ProcessSpec::ws_bytes` rounded up to 4 KiB, from here.
+    pub const HEAP_BASE: u64 = 0x1000_0000_0000;
+    /// Largest heap the kernel maps (64 GiB).
+    pub const HEAP_MAX: u64 = 64 << 30;
+    /// The process's own mailbox page.
+    pub const MAILBOX_VA: u64 = 0x7FFF_0000_0000;
+    /// Top of the user stack (grows down, [`STACK_BYTES`] bytes).
+    pub const STACK_TOP: u64 = 0x7FFF_FFFF_F000;
+    pub const STACK_BYTES: u64 = 256 << 10;
 }
 
 /// Workload identifiers (`ProcessSpec::workload`). Implemented by `farvm-workloads`.
@@ -45,6 +83,7 @@ pub mod workload {
     /// Writes its pid over its heap, yields, verifies: address-space isolation check.
     pub const ISOLATION: u32 = 100;
     /// Deliberately faults in ring 3 (`param[0]`: 0 = #PF, 1 = #UD, 2 = #DE, 3 = #GP).
+    /// Such a process is expected to end `KILLED` (see [`super::exit::OK`]).
     pub const CRASH: u32 = 101;
     /// Pure integer work, no memory: a CPU-bound process for preemption tests.
     pub const INT_OPS: u32 = 102;
@@ -86,8 +125,31 @@ pub struct BootInfo {
     /// `flags::*`
     pub flags: u64,
     /// Seed for the physical-frame free-list shuffle (0 = unshuffled, ascending).
+    /// See [`crate::frames`] for the order model.
     pub frame_shuffle_seed: u64,
     pub procs: [ProcessSpec; MAX_PROCS],
+    // ---- added in ABI v1 before freeze (CHANGES.md, 00:35 UTC) ----
+    /// Free-list fragmentation: frames are handed out in runs of `1 << frame_run_shift`
+    /// physically contiguous frames, runs in shuffled order (0 = every 4 KiB frame shuffled).
+    pub frame_run_shift: u32,
+    /// Number of valid entries in `ram`.
+    pub nram: u32,
+    /// Guest RAM ranges, ascending, page aligned (the VMM leaves an MMIO hole below 4 GiB).
+    /// `mem_bytes` is their total.
+    pub ram: [MemRange; MAX_RAM_RANGES],
+}
+
+/// Maximum RAM ranges in [`BootInfo::ram`].
+pub const MAX_RAM_RANGES: usize = 4;
+
+/// One range of guest RAM.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemRange {
+    pub gpa: u64,
+    pub len: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<BootInfo>() <= BOOT_INFO_MAX as usize);
+const _: () = assert!(core::mem::offset_of!(BootInfo, procs) == 64);
+const _: () = assert!(core::mem::offset_of!(BootInfo, frame_run_shift) == 64 + 56 * MAX_PROCS);

@@ -12,6 +12,7 @@
 #![no_std]
 
 pub mod boot;
+pub mod frames;
 pub mod pv;
 pub mod slot;
 

@@ -43,6 +43,22 @@ pub mod state {
     pub const DONE: u32 = 2;
     /// Killed by the kernel after an exception in ring 3 (`fault_*` describe it).
     pub const KILLED: u32 = 3;
+    /// The workload refused its parameters (e.g. heap too small); `error` holds the
+    /// `farvm_workloads::Error` code. Nothing was measured.
+    pub const FAILED: u32 = 4;
+}
+
+/// `Mailbox::phase`: each change is announced with a [`PORT_MAILBOX`] doorbell, so the VMM gets a
+/// host timestamp for every phase boundary.
+pub mod phase {
+    /// Filling the working set (first touch of every heap page).
+    pub const SETUP: u32 = 0;
+    /// One unmeasured pass (warms caches, TLB and host mappings).
+    pub const WARMUP: u32 = 1;
+    /// The measured phase begins (rung just before the start timestamp is taken).
+    pub const MEASURE: u32 = 2;
+    /// The measured phase ended (rung just after the end timestamp); results follow with `DONE`.
+    pub const MEASURED: u32 = 3;
 }
 
 /// One 4 KiB page per process. Written by the process (ring 3) and by the kernel (start, kill);
@@ -73,7 +89,24 @@ pub struct Mailbox {
     pub fault_rip: u64,
     /// Workload-defined counters.
     pub counters: [u64; 8],
+    // ---- added in ABI v1 before freeze (CHANGES.md) ----
+    /// The process's plan entry, copied by the kernel before the process starts.
+    pub spec: crate::boot::ProcessSpec,
+    /// Where the heap is mapped in the process (`crate::boot::user::HEAP_BASE`) and its size.
+    pub heap_va: u64,
+    pub heap_bytes: u64,
+    /// `BootInfo::tsc_khz`, for ring-3 timing with `rdtsc`.
+    pub tsc_khz: u64,
+    /// Error code when `state == FAILED` (`farvm_workloads::Error::code`).
+    pub error: u64,
+    /// Guest TSC at the start and end of the measured phase.
+    pub tsc_begin: u64,
+    pub tsc_end: u64,
 }
+
+const _: () = assert!(core::mem::size_of::<Mailbox>() <= crate::PAGE_SIZE as usize);
+const _: () = assert!(core::mem::offset_of!(Mailbox, counters) == 96);
+const _: () = assert!(core::mem::offset_of!(Mailbox, spec) == 160);
 
 /// `BulkOp::op`
 pub mod bulk {
@@ -83,17 +116,40 @@ pub mod bulk {
     pub const COPY: u32 = 2;
     /// Fill the page-table page at `dst` (not yet linked into any live table) with `len` 4 KiB
     /// PTEs: entry i = (frame GPA read from the u64 array at `src`, index i) | `pte_flags`.
+    /// `dst` may point inside the page (8-byte aligned); `dst .. dst + 8*len` stays in one page.
     pub const FILL_PTES: u32 = 3;
+    /// Write `len` u64 frame GPAs at `dst`: entry i = the frame at position `src + i` of the
+    /// guest's shuffled free-frame order, i.e. `crate::frames::FrameOrder::new(aux[0] (seed),
+    /// aux[1] as u32 (run shift), aux[2] (first free GPA), <the VMM's RAM ranges>)
+    /// .frame_gpa(src + i)`. Refused (status [`super::status::BAD_RANGE`]) if any position is
+    /// past the last frame. Lets the kernel hand out shuffled frames without computing the
+    /// permutation in (emulated, ~1 µs/instruction) ring 0.
+    pub const FRAME_BATCH: u32 = 4;
+}
+
+/// `BulkOp::status`
+pub mod status {
+    /// The guest writes this before ringing the port; the VMM overwrites it.
+    pub const PENDING: u32 = u32::MAX;
+    pub const OK: u32 = 0;
+    /// A range is outside guest RAM (or the PTE count exceeds 512, or no such frame).
+    pub const BAD_RANGE: u32 = 1;
+    /// The VMM does not implement this `op`.
+    pub const UNKNOWN_OP: u32 = 2;
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BulkOp {
     pub op: u32,
-    /// 0 on success, set by the VMM; non-zero = the request was refused (bad range).
+    /// [`status::PENDING`] when rung; set by the VMM: [`status::OK`] or a refusal code.
     pub status: u32,
     pub dst: u64,
     pub src: u64,
     pub len: u64,
     pub pte_flags: u64,
+    /// Extra operands (added before freeze, CHANGES.md): see each op.
+    pub aux: [u64; 4],
 }
+
+const _: () = assert!(core::mem::size_of::<BulkOp>() == 72);
