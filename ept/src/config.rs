@@ -1,0 +1,172 @@
+//! Engine configuration: guest RAM size, local-memory budget (`--local-memory SIZE|N%`), free
+//! reserve, prefetch limits and batch sizes. Validated once, before any thread starts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+use crate::PAGE_SIZE;
+
+/// How much guest RAM may be resident locally.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Budget {
+    /// Everything may be resident (no eviction).
+    Unlimited,
+    Bytes(u64),
+    /// Percent of guest RAM, in (0, 100].
+    Percent(f64),
+}
+
+impl Budget {
+    /// Parses `--local-memory`: `25%`, `512M`, `1G`, `4096K`, `123456` (bytes), `all`.
+    pub fn parse(s: &str) -> Result<Self, EngineError> {
+        let bad = |why: &str| EngineError::Config(format!("bad local-memory {s:?}: {why}"));
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("all") || t.eq_ignore_ascii_case("unlimited") {
+            return Ok(Self::Unlimited);
+        }
+        if let Some(pct) = t.strip_suffix('%') {
+            let v: f64 = pct.trim().parse().map_err(|_| bad("not a number"))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(bad("percent must be in (0, 100]"));
+            }
+            return Ok(Self::Percent(v));
+        }
+        let (num, mult) = match t.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let m = match c.to_ascii_uppercase() {
+                    'K' => 1u64 << 10,
+                    'M' => 1 << 20,
+                    'G' => 1 << 30,
+                    'T' => 1 << 40,
+                    _ => return Err(bad("unit must be K, M, G or T")),
+                };
+                (&t[..i], m)
+            }
+            _ => (t, 1),
+        };
+        let v: u64 = num.trim().parse().map_err(|_| bad("not a number"))?;
+        let bytes = v.checked_mul(mult).ok_or_else(|| bad("too large"))?;
+        if bytes == 0 {
+            return Err(bad("must be positive"));
+        }
+        Ok(Self::Bytes(bytes))
+    }
+
+    /// The budget in pages for a guest of `total_pages`.
+    pub fn pages(&self, total_pages: u64) -> u64 {
+        match *self {
+            Self::Unlimited => total_pages,
+            Self::Bytes(b) => (b / PAGE_SIZE as u64).min(total_pages),
+            Self::Percent(p) => ((total_pages as f64 * p / 100.0) as u64).clamp(1, total_pages),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Guest RAM size in bytes (guest-physical `0..mem_bytes`).
+    pub mem_bytes: u64,
+    pub budget: Budget,
+    /// Pages kept free below the budget so demand faults never wait for reclaim; prefetches
+    /// may not use them. 0 = automatic (max(2 * evict_batch, budget / 16)).
+    pub free_reserve_pages: u64,
+    /// Maximum prefetch reads outstanding at once (markers may exceed it, see `fault.rs`).
+    pub max_prefetch_inflight: u32,
+    /// Pages zapped / written back per eviction round (>= 64 amortises the zap, see notes).
+    pub evict_batch: usize,
+    /// Besides the prefetcher's own markers, leave every N-th injected candidate staged as a
+    /// probe so the hit rate of injected prefetching stays measurable (0 = off).
+    pub probe_every: u32,
+    /// Prefetching on/off (the prefetcher is still told nothing when off).
+    pub prefetch: bool,
+    /// Back-off before a failed demand read is retried, in milliseconds.
+    pub retry_backoff_ms: u64,
+    /// Give pages that refault soon after eviction an extra CLOCK chance (see `evict.rs`).
+    pub refault_protect: bool,
+    /// Deferred prefetch candidates older than this (µs) are dropped as stale.
+    pub prefetch_defer_max_us: u64,
+}
+
+impl EngineConfig {
+    pub fn new(mem_bytes: u64) -> Self {
+        Self {
+            mem_bytes,
+            budget: Budget::Unlimited,
+            free_reserve_pages: 0,
+            max_prefetch_inflight: 128,
+            evict_batch: 64,
+            probe_every: 16,
+            prefetch: true,
+            retry_backoff_ms: 5,
+            refault_protect: true,
+            prefetch_defer_max_us: 1000,
+        }
+    }
+
+    pub fn total_pages(&self) -> u64 {
+        self.mem_bytes / PAGE_SIZE as u64
+    }
+
+    /// (budget pages, reserve pages) after validation.
+    pub fn resolve(&self) -> Result<(u64, u64), EngineError> {
+        if self.mem_bytes == 0 || !self.mem_bytes.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(EngineError::Config(format!(
+                "guest memory size {} is not a positive multiple of 4 KiB",
+                self.mem_bytes
+            )));
+        }
+        if self.total_pages() > u32::MAX as u64 {
+            return Err(EngineError::Config(
+                "guest memory larger than 16 TiB".into(),
+            ));
+        }
+        if self.evict_batch == 0 || self.evict_batch > 1024 {
+            return Err(EngineError::Config(
+                "evict_batch must be in 1..=1024".into(),
+            ));
+        }
+        let budget = self.budget.pages(self.total_pages());
+        let reserve = if self.free_reserve_pages == 0 {
+            (2 * self.evict_batch as u64).max(budget / 16)
+        } else {
+            self.free_reserve_pages
+        };
+        if self.budget != Budget::Unlimited && budget < reserve + 16 {
+            return Err(EngineError::Config(format!(
+                "local budget of {budget} pages is too small for a free reserve of {reserve} pages \
+                 (need at least reserve + 16)"
+            )));
+        }
+        Ok((budget, reserve.min(budget)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes_and_percentages() {
+        assert_eq!(Budget::parse("25%").unwrap(), Budget::Percent(25.0));
+        assert_eq!(Budget::parse("512M").unwrap(), Budget::Bytes(512 << 20));
+        assert_eq!(Budget::parse("1g").unwrap(), Budget::Bytes(1 << 30));
+        assert_eq!(Budget::parse("8192").unwrap(), Budget::Bytes(8192));
+        assert_eq!(Budget::parse("all").unwrap(), Budget::Unlimited);
+        for bad in ["", "0", "0%", "120%", "12Q", "-5M", "abc", "99999999999T"] {
+            assert!(Budget::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Budget::Percent(25.0).pages(1000), 250);
+        assert_eq!(Budget::Bytes(1 << 30).pages(1000), 1000);
+    }
+
+    #[test]
+    fn rejects_budget_below_reserve() {
+        let mut c = EngineConfig::new(64 << 20);
+        c.budget = Budget::Bytes(64 << 10);
+        assert!(c.resolve().is_err());
+        c.budget = Budget::Percent(25.0);
+        let (b, r) = c.resolve().unwrap();
+        assert_eq!(b, 4096);
+        assert_eq!(r, 256);
+    }
+}

@@ -1,0 +1,375 @@
+//! The evictor thread: keeps resident pages below the low-water mark (budget minus the free
+//! reserve) with some prefetch headroom, so demand faults find a free frame and never reclaim
+//! inline, and prefetches find frames too.
+//!
+//! Victim order: (1) consumed prefetches — staged pages the guest touched, and late hits —
+//! first, as in Leap's eager eviction; (2) a CLOCK sweep over the page table: every resident
+//! page gets one second chance after install (its reference bit), unpinned pages only. Without
+//! hardware accessed bits (no page_idle on this kernel, and sampling by unmapping costs a
+//! 55–115 µs guest fault each here) that alone is FIFO by install time with a second chance, so
+//! (3) refault distance stands in for the accessed bit: a page demand-faulted back within one
+//! budget's worth of evictions since it was evicted (Linux's workingset test) is marked hot and
+//! survives up to three more sweeps. Measured in `benches/fault_path.rs` (table 5).
+//!
+//! One round, for up to `evict_batch` victims:
+//! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
+//! 2. zap the guest view (one vectored MADV_DONTNEED): from here the guest cannot write the
+//!    page, its data stays in the memfd, and a guest touch faults (MINOR) and waits;
+//! 3. dirty check by content: fingerprint the memfd page and compare with the fingerprint of
+//!    the remote copy taken at install. This is race-free — it looks at the final content after
+//!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
+//!    PAGEMAP_SCAN) harvested *before* the zap misses writes between harvest and zap. It also
+//!    catches writes by the VMM and devices, and silent stores stay clean;
+//! 4. write back the dirty ones straight from the memfd (no copy) and wait for completions;
+//! 5. pages a guest faulted on meanwhile are rescued (mapped again, no I/O); failed write-backs
+//!    stay resident; the rest are freed with one vectored MADV_REMOVE and become REMOTE (or
+//!    NEVER again if still all-zero and never stored).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::engine::Inner;
+use crate::error::EngineError;
+use crate::state::{self as st, state_of};
+use crate::stats::Hist;
+use crate::store::{PageBuf, Status, WriteReq};
+use crate::PAGE_SIZE;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Verdict {
+    /// Same content as the remote copy: drop.
+    Clean,
+    /// All zero and same as at install (never stored, or stored as zeros): back to NEVER.
+    Zero,
+    /// Must be written back first.
+    Dirty,
+    /// Write-back failed: keep it.
+    Keep,
+}
+
+struct Victim {
+    page: u64,
+    /// The word it had when claimed (flags tell prefetch history).
+    word: u32,
+    fp: u128,
+    verdict: Verdict,
+}
+
+pub(crate) fn run(inner: Arc<Inner>) {
+    let batch = inner.cfg.evict_batch;
+    let mut victims: Vec<Victim> = Vec::with_capacity(batch);
+    let mut pages: Vec<u64> = Vec::with_capacity(batch);
+    let mut writes: Vec<WriteReq> = Vec::with_capacity(batch);
+    let mut hand: u64 = 0;
+    let target = inner.evict_target;
+    while !inner.stop.load(Ordering::Acquire) {
+        if inner.resident.load(Ordering::Acquire) <= inner.evict_start {
+            std::thread::park_timeout(Duration::from_millis(20));
+            continue;
+        }
+        while !inner.stop.load(Ordering::Acquire) && inner.resident.load(Ordering::Acquire) > target
+        {
+            let t0 = inner.now();
+            let want = batch.min((inner.resident.load(Ordering::Acquire) - target) as usize);
+            select(&inner, want.max(1), &mut hand, &mut victims);
+            if victims.is_empty() {
+                // Everything resident is pinned or in flight: wait for completions.
+                std::thread::park_timeout(Duration::from_millis(1));
+                break;
+            }
+            evict_round(&inner, &mut victims, &mut pages, &mut writes);
+            inner
+                .hist
+                .record(Hist::EvictRound, inner.now().saturating_sub(t0));
+            inner.counters.evict_rounds.fetch_add(1, Ordering::Relaxed);
+            inner.kick.kick();
+        }
+    }
+}
+
+/// Claims up to `want` victims.
+fn select(inner: &Inner, want: usize, hand: &mut u64, out: &mut Vec<Victim>) {
+    out.clear();
+    let claim = |p: u64, w: u32, out: &mut Vec<Victim>| -> bool {
+        let s = state_of(w);
+        if (s != st::LOCAL && s != st::STAGED) || st::pins_of(w) != 0 {
+            return false;
+        }
+        let ev = (w & !0xF) | st::EVICTING;
+        if inner.table.cas(p, w, ev & !st::F_WAITERS).is_ok() {
+            out.push(Victim {
+                page: p,
+                word: w,
+                fp: 0,
+                verdict: Verdict::Clean,
+            });
+            true
+        } else {
+            false
+        }
+    };
+    // 1. Consumed prefetches first.
+    while out.len() < want {
+        let Ok(p) = inner.consumed_rx.try_recv() else {
+            break;
+        };
+        let w = inner.table.load(p);
+        if w & st::F_CONSUMED != 0 {
+            claim(p, w, out);
+        }
+    }
+    // 2. CLOCK: two full turns at most (the first may only clear reference bits).
+    let n = inner.pages();
+    let mut scanned = 0u64;
+    while out.len() < want && scanned < 2 * n {
+        let p = *hand;
+        *hand = (*hand + 1) % n;
+        scanned += 1;
+        let w = inner.table.load(p);
+        let s = state_of(w);
+        if (s != st::LOCAL && s != st::STAGED) || st::pins_of(w) != 0 {
+            continue;
+        }
+        if w & st::F_REF != 0 {
+            let _ = inner.table.cas(p, w, w & !st::F_REF);
+            continue;
+        }
+        if w & st::F_HOT != 0 {
+            // A working-set page (refaulted soon after its last eviction): another turn.
+            let _ = inner.table.cas(p, w, w - st::HOT_ONE);
+            continue;
+        }
+        claim(p, w, out);
+    }
+}
+
+fn evict_round(
+    inner: &Inner,
+    victims: &mut [Victim],
+    pages: &mut Vec<u64>,
+    writes: &mut Vec<WriteReq>,
+) {
+    let c = &inner.counters;
+    victims.sort_unstable_by_key(|v| v.page);
+    pages.clear();
+    pages.extend(
+        victims
+            .iter()
+            .filter(|v| state_of(v.word) == st::LOCAL)
+            .map(|v| v.page),
+    );
+    if let Err(e) = inner.ram.zap_guest(pages) {
+        // Nothing was proven unmapped: give every victim back untouched.
+        inner.push_error(EngineError::os("zapping evicted pages", e));
+        for v in victims.iter() {
+            restore(inner, v.page);
+        }
+        return;
+    }
+    // 3. Content verdicts, now that the guest cannot write.
+    writes.clear();
+    for v in victims.iter_mut() {
+        v.fp = inner.fingerprint(v.page);
+        let clean = inner.clean_fp(v.page);
+        v.verdict = if v.fp != clean {
+            Verdict::Dirty
+        } else if v.fp == inner.zero_fp {
+            Verdict::Zero
+        } else {
+            Verdict::Clean
+        };
+        if v.verdict == Verdict::Dirty {
+            // SAFETY: the memfd page is owned by the evictor (EVICTING) until its completion.
+            let src = unsafe { PageBuf::new(inner.ram.alias_page(v.page)) }.expect("non-null");
+            writes.push(WriteReq { page: v.page, src });
+        }
+    }
+    // 4. Write back.
+    if !writes.is_empty() {
+        write_back(inner, victims, writes);
+    }
+    // 5. Rescue, keep or free.
+    pages.clear();
+    for v in victims.iter_mut() {
+        let w = inner.table.load(v.page);
+        if w & st::F_WAITERS != 0 {
+            if v.verdict == Verdict::Dirty {
+                inner.set_clean_fp(v.page, v.fp);
+            }
+            inner.publish_local(v.page, |_| 0, true);
+            c.evict_rescued.fetch_add(1, Ordering::Relaxed);
+            v.verdict = Verdict::Keep;
+            continue;
+        }
+        if v.verdict == Verdict::Keep {
+            restore(inner, v.page);
+            continue;
+        }
+        pages.push(v.page);
+    }
+    if let Err(e) = inner.ram.free(pages) {
+        inner.push_error(EngineError::os("freeing evicted pages", e));
+        for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
+            if v.verdict == Verdict::Dirty {
+                inner.set_clean_fp(v.page, v.fp);
+            }
+            restore(inner, v.page);
+        }
+        return;
+    }
+    for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
+        let next = match v.verdict {
+            Verdict::Zero => st::NEVER,
+            _ => st::REMOTE,
+        };
+        account(inner, v);
+        let r = inner.table.update(v.page, |w| {
+            Some(st::pins_only(w) | next | (w & st::F_WAITERS))
+        });
+        let Ok((_, new)) = r else { continue };
+        if new & st::F_WAITERS == 0 {
+            inner.release_frame();
+            continue;
+        }
+        // A fault arrived after the rescue check: the data is gone from the memfd, so serve it
+        // as a fresh demand fault (keeping the frame).
+        let inflight = st::pins_only(new) | st::INFLIGHT | st::F_DEMAND;
+        if inner.table.cas(v.page, new, inflight).is_err() {
+            // The fault handler got there first and took its own frame.
+            inner.release_frame();
+            continue;
+        }
+        if next == st::NEVER {
+            inner.install_zero(v.page, true);
+        } else {
+            inner.t_io[v.page as usize].store(inner.now(), Ordering::Relaxed);
+            // SAFETY: the page is INFLIGHT, owned by this read until its completion.
+            let dst = unsafe { PageBuf::new(inner.ram.alias_page(v.page)) }.expect("non-null");
+            let req = crate::store::ReadReq {
+                page: v.page,
+                priority: crate::store::Priority::Demand,
+                dst,
+            };
+            c.remote_reads_demand.fetch_add(1, Ordering::Relaxed);
+            inner.outstanding.fetch_add(1, Ordering::AcqRel);
+            if let Err(e) = inner.store.read(&[req]) {
+                inner.outstanding.fetch_sub(1, Ordering::AcqRel);
+                inner.on_read_done(v.page, Status::Failed(e));
+            }
+        }
+    }
+}
+
+/// Counts an eviction that completed.
+fn account(inner: &Inner, v: &Victim) {
+    let c = &inner.counters;
+    c.evictions.fetch_add(1, Ordering::Relaxed);
+    let seq = inner.evict_seq.fetch_add(1, Ordering::Relaxed);
+    inner.evicted_at[v.page as usize].store((seq as u32).wrapping_add(1).max(1), Ordering::Relaxed);
+    match v.verdict {
+        Verdict::Clean => c.evict_clean.fetch_add(1, Ordering::Relaxed),
+        Verdict::Zero => c.evict_zero.fetch_add(1, Ordering::Relaxed),
+        _ => c.evict_dirty.fetch_add(1, Ordering::Relaxed),
+    };
+    if v.word & st::F_PREFETCHED != 0 {
+        if state_of(v.word) == st::STAGED {
+            c.prefetch_wasted.fetch_add(1, Ordering::Relaxed);
+            if v.word & st::F_PROBE != 0 {
+                c.probe_wasted.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if v.verdict == Verdict::Dirty {
+            c.prefetch_inferred_hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.prefetch_unconfirmed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Gives a claimed page back as resident. A LOCAL victim's guest mapping was zapped; the next
+/// guest touch faults and the handler maps it again (LOCAL case), so leave it unmapped.
+fn restore(inner: &Inner, p: u64) {
+    let _ = inner.table.update(p, |w| {
+        if w & st::F_WAITERS != 0 {
+            None
+        } else {
+            Some(st::pins_only(w) | st::LOCAL | st::F_REF)
+        }
+    });
+    if state_of(inner.table.load(p)) == st::EVICTING {
+        // A fault waits: map it and wake.
+        inner.publish_local(p, |_| 0, true);
+    }
+}
+
+/// Submits the write-backs and waits for all their completions; marks failures `Keep`.
+fn write_back(inner: &Inner, victims: &mut [Victim], writes: &[WriteReq]) {
+    let c = &inner.counters;
+    inner
+        .outstanding
+        .fetch_add(writes.len() as u64, Ordering::AcqRel);
+    if let Err(e) = inner.store.write(writes) {
+        inner
+            .outstanding
+            .fetch_sub(writes.len() as u64, Ordering::AcqRel);
+        c.store_errors.fetch_add(1, Ordering::Relaxed);
+        c.evict_write_failed
+            .fetch_add(writes.len() as u64, Ordering::Relaxed);
+        inner.push_error(EngineError::Store {
+            op: "write",
+            gpa: writes[0].page * PAGE_SIZE as u64,
+            error: e,
+        });
+        for v in victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
+            v.verdict = Verdict::Keep;
+        }
+        return;
+    }
+    let mut left = writes.len();
+    let mut warned = Instant::now();
+    while left > 0 {
+        match inner.wb_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(done) => {
+                left -= 1;
+                let Ok(i) = victims.binary_search_by_key(&done.page, |v| v.page) else {
+                    tracing::error!("write completion for unexpected page {:#x}", done.page);
+                    continue;
+                };
+                match done.status {
+                    Status::Ok => {
+                        c.remote_writes.fetch_add(1, Ordering::Relaxed);
+                        c.bytes_written
+                            .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
+                    }
+                    Status::Failed(error) => {
+                        c.store_errors.fetch_add(1, Ordering::Relaxed);
+                        c.evict_write_failed.fetch_add(1, Ordering::Relaxed);
+                        inner.push_error(EngineError::Store {
+                            op: "write",
+                            gpa: done.page * PAGE_SIZE as u64,
+                            error,
+                        });
+                        victims[i].verdict = Verdict::Keep;
+                    }
+                    Status::Absent => {
+                        tracing::error!("store answered a write with Absent; treating as failure");
+                        victims[i].verdict = Verdict::Keep;
+                    }
+                }
+            }
+            Err(_) => {
+                if inner.stop.load(Ordering::Acquire) {
+                    // Shutting down: keep whatever has not been confirmed written.
+                    for v in victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
+                        v.verdict = Verdict::Keep;
+                    }
+                    return;
+                }
+                if warned.elapsed() > Duration::from_secs(5) {
+                    tracing::warn!("{left} write-backs still outstanding");
+                    warned = Instant::now();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Stage-2 injection: after a prefetched page is installed in the host mapping, ask KVM to build
+//! the guest-physical (EPT/NPT) entry too, so the guest's first touch takes no exit at all.
+//!
+//! The VMM implements [`StageTwo`] with KVM_PRE_FAULT_MEMORY on a vCPU fd. The engine calls it
+//! once, and if it answers [`PreFaultError::Unsupported`] (EOPNOTSUPP: shadow paging, e.g. PVM on
+//! this host) disables it for good and counts it; the fallback is the host-PTE install alone,
+//! which still lets KVM's shadow MMU prefetch up to 8 present neighbours per guest fault.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PreFaultError {
+    #[error("KVM_PRE_FAULT_MEMORY is not supported by this kernel / KVM backend")]
+    Unsupported,
+    #[error("pre-fault failed (errno {0})")]
+    Failed(i32),
+}
+
+pub trait StageTwo: Send + Sync {
+    /// Populates stage-2 entries for guest-physical `[gpa, gpa + len)`.
+    fn pre_fault(&self, gpa: u64, len: u64) -> Result<(), PreFaultError>;
+}
+
+/// For tests and hosts without the ioctl.
+pub struct NoStageTwo;
+
+impl StageTwo for NoStageTwo {
+    fn pre_fault(&self, _gpa: u64, _len: u64) -> Result<(), PreFaultError> {
+        Err(PreFaultError::Unsupported)
+    }
+}
+
+/// Feature-detecting wrapper: disables itself on the first `Unsupported`.
+pub(crate) struct StageTwoGate {
+    inner: Box<dyn StageTwo>,
+    enabled: AtomicBool,
+}
+
+impl StageTwoGate {
+    pub fn new(inner: Box<dyn StageTwo>) -> Self {
+        Self {
+            inner,
+            enabled: AtomicBool::new(true),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Returns `Some(supported)` if a call was made.
+    pub fn pre_fault(&self, gpa: u64, len: u64) -> Option<bool> {
+        if !self.enabled() {
+            return None;
+        }
+        match self.inner.pre_fault(gpa, len) {
+            Ok(()) => Some(true),
+            Err(PreFaultError::Unsupported) => {
+                tracing::info!("KVM_PRE_FAULT_MEMORY unsupported; host-PTE injection only");
+                self.enabled.store(false, Ordering::Relaxed);
+                Some(false)
+            }
+            Err(e) => {
+                tracing::debug!("pre-fault {gpa:#x}+{len:#x}: {e}");
+                Some(true)
+            }
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! Per-VM metrics: counters (relaxed atomics), latency histograms (HDR, one set per recording
+//! thread so recording never contends; merged on snapshot), and the serialisable [`Stats`]
+//! snapshot with a Prometheus text rendering.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters, bumped with relaxed atomics.
+        #[derive(Default)]
+        pub struct Counters { $($(#[$doc])* pub $name: AtomicU64,)* }
+
+        /// A copy of [`Counters`] at one instant.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct CounterValues { $($(#[$doc])* pub $name: u64,)* }
+
+        impl Counters {
+            pub fn snapshot(&self) -> CounterValues {
+                CounterValues { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+
+        impl CounterValues {
+            /// `(name, value)` pairs, for exporters.
+            pub fn pairs(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Guest faults on pages whose data is remote (each became a demand read).
+    demand_faults,
+    /// Guest faults on never-written pages, served locally with zeros.
+    zero_fills,
+    /// Faults on a page whose read was already in flight (waited on the same fetch).
+    dedup_waits,
+    /// Faults on pages being evicted (rescued or refetched).
+    evicting_waits,
+    /// Faults on pages already local (raced with an install; woken).
+    spurious_faults,
+    /// Demand faults that had to wait for the evictor to free a frame.
+    frame_waits,
+    /// Demand faults on pages evicted less than one budget of evictions ago (working set).
+    hot_refaults,
+    /// Reads issued to the store at demand priority.
+    remote_reads_demand,
+    /// Reads issued to the store at prefetch priority.
+    remote_reads_prefetch,
+    /// Page write-backs completed successfully.
+    remote_writes,
+    /// Reads answered "absent on server".
+    remote_absent,
+    /// Store requests that failed (read or write).
+    store_errors,
+    /// Demand reads re-submitted after a failure.
+    read_retries,
+    /// Bytes received from the store.
+    bytes_read,
+    /// Bytes sent to the store.
+    bytes_written,
+    /// Prefetch reads issued.
+    prefetch_issued,
+    /// Prefetched pages injected into the guest view before use.
+    prefetch_injected,
+    /// Prefetched pages left staged (markers and probes) to observe hits.
+    prefetch_staged,
+    /// Staged pages the guest then touched (exact hits).
+    prefetch_marker_hits,
+    /// Guest faults on a page whose prefetch was still in flight (late hits).
+    prefetch_late_hits,
+    /// Injected pages found modified at eviction (a use seen after the fact).
+    prefetch_inferred_hits,
+    /// Staged pages evicted without being touched (exact waste).
+    prefetch_wasted,
+    /// Prefetches the engine's sampler chose as probes (1 in `probe_every`, markers or not),
+    /// left staged on arrival.
+    probe_staged,
+    /// Probes the guest touched (staged hit or late hit).
+    probe_hits,
+    /// Probes evicted untouched.
+    probe_wasted,
+    /// Injected pages evicted with no evidence of use (an upper bound on injected waste).
+    prefetch_unconfirmed,
+    /// Candidates skipped: not remote (already local, in flight, or never written).
+    prefetch_skipped,
+    /// Candidates deferred for lack of a frame below the low-water mark or an in-flight slot.
+    prefetch_deferred,
+    /// Deferred candidates dropped: the deferral queue was full or they went stale.
+    prefetch_dropped,
+    /// Pages evicted.
+    evictions,
+    /// Evicted pages that were clean and had a valid remote copy (no I/O).
+    evict_clean,
+    /// Evicted pages still all-zero and never stored: returned to "never written".
+    evict_zero,
+    /// Evicted pages written back first.
+    evict_dirty,
+    /// Eviction cancelled because the guest faulted on the page meanwhile.
+    evict_rescued,
+    /// Write-backs that failed (the page stays resident).
+    evict_write_failed,
+    /// Eviction rounds.
+    evict_rounds,
+    /// Stage-2 pre-fault calls attempted.
+    prefault_calls,
+    /// Stage-2 pre-fault unsupported (detected once, then disabled).
+    prefault_unsupported,
+    /// VMM reads/writes resolved through the engine.
+    vmm_accesses,
+}
+
+/// Which latency a sample belongs to.
+#[derive(Clone, Copy, Debug)]
+pub enum Hist {
+    /// Demand fault read from the uffd -> page installed and vCPU woken.
+    FaultService,
+    /// Fault read -> zero page installed.
+    ZeroFill,
+    /// Read submitted -> completion delivered (the store's share).
+    StoreRead,
+    /// Completion delivered -> UFFDIO_CONTINUE returned (hash + install + wake).
+    Install,
+    /// Staged page arrival -> first guest touch (prefetch timeliness).
+    Timeliness,
+    /// One eviction round (claim, zap, hash, write back, free).
+    EvictRound,
+}
+const NHIST: usize = 6;
+const HIST_NAMES: [&str; NHIST] = [
+    "fault_service",
+    "zero_fill",
+    "store_read",
+    "install",
+    "prefetch_timeliness",
+    "evict_round",
+];
+
+/// Histogram slots: each recording thread sticks to one, so locks are uncontended.
+const SLOTS: usize = 8;
+
+pub struct Histograms {
+    slots: [Mutex<[Histogram<u64>; NHIST]>; SLOTS],
+}
+
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static MY_SLOT: Cell<usize> = Cell::new(NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % SLOTS);
+}
+
+fn new_hist() -> Histogram<u64> {
+    // 1 ns .. 100 s at 3 significant digits; allocated once here, recording never allocates.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds are valid")
+}
+
+impl Default for Histograms {
+    fn default() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| Mutex::new(std::array::from_fn(|_| new_hist()))),
+        }
+    }
+}
+
+impl Histograms {
+    pub fn record(&self, h: Hist, ns: u64) {
+        let slot = MY_SLOT.with(|s| s.get());
+        if let Ok(mut g) = self.slots[slot].lock() {
+            g[h as usize].saturating_record(ns.max(1));
+        }
+    }
+
+    fn merged(&self) -> [Histogram<u64>; NHIST] {
+        let mut out: [Histogram<u64>; NHIST] = std::array::from_fn(|_| new_hist());
+        for s in &self.slots {
+            if let Ok(g) = s.lock() {
+                for (o, h) in out.iter_mut().zip(g.iter()) {
+                    let _ = o.add(h);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Summary of one latency distribution, in nanoseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub min: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+    pub mean: f64,
+}
+
+impl LatencySummary {
+    fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        Self {
+            count: h.len(),
+            min: h.min(),
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+            mean: h.mean(),
+        }
+    }
+}
+
+/// Everything the VMM serves on `farvm stats` / Prometheus for one VM.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub counters: CounterValues,
+    pub total_pages: u64,
+    pub budget_pages: u64,
+    pub reserve_pages: u64,
+    /// The evictor works down to this many resident pages once it starts.
+    pub evict_target_pages: u64,
+    pub resident_pages: u64,
+    pub prefetch_inflight: u64,
+    /// Pages per state: never, remote, inflight, local, staged, evicting.
+    pub states: [u64; 6],
+    pub prefetcher: String,
+    pub stage2_prefault: bool,
+    /// Estimated hit rate of all prefetches: probe hits / resolved probes (probes are a
+    /// systematic 1-in-N sample of every prefetch); falls back to `accuracy_markers` when no
+    /// probe has resolved yet.
+    pub accuracy: f64,
+    /// Hits / resolved staged pages (prefetcher markers and probes). Markers sit where the
+    /// prefetcher puts them (e.g. window ends), so this is not an unbiased sample.
+    pub accuracy_markers: f64,
+    /// Estimated prefetch hits / (those + demand faults). Injected hits are estimated as
+    /// `injected * accuracy` (the sample's rate applied to the injected population).
+    pub coverage: f64,
+    pub fault_service: LatencySummary,
+    pub zero_fill: LatencySummary,
+    pub store_read: LatencySummary,
+    pub install: LatencySummary,
+    pub prefetch_timeliness: LatencySummary,
+    pub evict_round: LatencySummary,
+}
+
+impl Stats {
+    pub(crate) fn fill_derived(&mut self, h: &Histograms) {
+        let c = &self.counters;
+        let ratio = |hits: u64, misses: u64| {
+            if hits + misses == 0 {
+                None
+            } else {
+                Some(hits as f64 / (hits + misses) as f64)
+            }
+        };
+        self.accuracy_markers = ratio(c.prefetch_marker_hits, c.prefetch_wasted).unwrap_or(0.0);
+        self.accuracy = ratio(c.probe_hits, c.probe_wasted).unwrap_or(self.accuracy_markers);
+        let est_hits = c.prefetch_marker_hits as f64
+            + c.prefetch_late_hits as f64
+            + c.prefetch_injected as f64 * self.accuracy;
+        let denom = est_hits + c.demand_faults as f64 - c.prefetch_late_hits as f64;
+        self.coverage = if denom <= 0.0 { 0.0 } else { est_hits / denom };
+        let m = h.merged();
+        self.fault_service = LatencySummary::of(&m[Hist::FaultService as usize]);
+        self.zero_fill = LatencySummary::of(&m[Hist::ZeroFill as usize]);
+        self.store_read = LatencySummary::of(&m[Hist::StoreRead as usize]);
+        self.install = LatencySummary::of(&m[Hist::Install as usize]);
+        self.prefetch_timeliness = LatencySummary::of(&m[Hist::Timeliness as usize]);
+        self.evict_round = LatencySummary::of(&m[Hist::EvictRound as usize]);
+    }
+
+    /// Prometheus text exposition (version 0.0.4), every series labelled `vm="<vm>"`.
+    pub fn to_prometheus(&self, vm: &str) -> String {
+        use std::fmt::Write;
+        let vm: String = vm
+            .chars()
+            .map(|c| {
+                if c == '"' || c == '\\' || c == '\n' {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let mut s = String::new();
+        for (name, v) in self.counters.pairs() {
+            let _ = writeln!(s, "# TYPE farvm_ept_{name}_total counter");
+            let _ = writeln!(s, "farvm_ept_{name}_total{{vm=\"{vm}\"}} {v}");
+        }
+        let gauges = [
+            ("total_pages", self.total_pages as f64),
+            ("budget_pages", self.budget_pages as f64),
+            ("reserve_pages", self.reserve_pages as f64),
+            ("resident_pages", self.resident_pages as f64),
+            ("prefetch_inflight", self.prefetch_inflight as f64),
+            ("prefetch_accuracy", self.accuracy),
+            ("prefetch_accuracy_markers", self.accuracy_markers),
+            ("prefetch_coverage", self.coverage),
+        ];
+        for (name, v) in gauges {
+            let _ = writeln!(s, "# TYPE farvm_ept_{name} gauge");
+            let _ = writeln!(s, "farvm_ept_{name}{{vm=\"{vm}\"}} {v}");
+        }
+        let lat = [
+            (HIST_NAMES[0], &self.fault_service),
+            (HIST_NAMES[1], &self.zero_fill),
+            (HIST_NAMES[2], &self.store_read),
+            (HIST_NAMES[3], &self.install),
+            (HIST_NAMES[4], &self.prefetch_timeliness),
+            (HIST_NAMES[5], &self.evict_round),
+        ];
+        for (name, l) in lat {
+            let _ = writeln!(s, "# TYPE farvm_ept_{name}_seconds summary");
+            for (q, v) in [("0.5", l.p50), ("0.99", l.p99), ("0.999", l.p999)] {
+                let _ = writeln!(
+                    s,
+                    "farvm_ept_{name}_seconds{{vm=\"{vm}\",quantile=\"{q}\"}} {}",
+                    v as f64 / 1e9
+                );
+            }
+            let _ = writeln!(
+                s,
+                "farvm_ept_{name}_seconds_sum{{vm=\"{vm}\"}} {}",
+                l.mean * l.count as f64 / 1e9
+            );
+            let _ = writeln!(
+                s,
+                "farvm_ept_{name}_seconds_count{{vm=\"{vm}\"}} {}",
+                l.count
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_merge_across_threads_and_render() {
+        let h = Histograms::default();
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let h = &h;
+                s.spawn(move || {
+                    for i in 1..=1000u64 {
+                        h.record(Hist::FaultService, i * 1000 + t);
+                    }
+                });
+            }
+        });
+        let mut st = Stats::default();
+        st.counters.prefetch_marker_hits = 3;
+        st.counters.prefetch_wasted = 1;
+        st.counters.probe_hits = 1;
+        st.counters.probe_wasted = 1;
+        st.fill_derived(&h);
+        assert_eq!(st.fault_service.count, 4000);
+        assert!((st.fault_service.p50 as i64 - 500_000).abs() < 2_000);
+        assert!((st.accuracy_markers - 0.75).abs() < 1e-9);
+        assert!((st.accuracy - 0.5).abs() < 1e-9, "probes win over markers");
+        let text = st.to_prometheus("vm\"1");
+        assert!(text.contains("farvm_ept_demand_faults_total{vm=\"vm_1\"} 0"));
+        assert!(text.contains("farvm_ept_fault_service_seconds_count{vm=\"vm_1\"} 4000"));
+        let json = serde_json::to_string(&st).unwrap();
+        let back: Stats = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, st);
+    }
+}

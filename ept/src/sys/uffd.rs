@@ -1,0 +1,321 @@
+//! Raw userfaultfd: open, API handshake, register, and the resolving ioctls (COPY, CONTINUE,
+//! WAKE), plus non-blocking event reads into a caller-owned buffer.
+//!
+//! Hand-written instead of the `userfaultfd` crate: that crate runs bindgen (libclang) at build
+//! time, does not name MINOR_SHMEM, and its event reader is per-message; here one `read(2)` drains
+//! up to [`MAX_EVENTS`] messages into a stack buffer with no allocation.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_AA01;
+const UFFDIO_WAKE: libc::c_ulong = 0x8010_AA02;
+const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
+const UFFDIO_CONTINUE: libc::c_ulong = 0xC020_AA07;
+/// `_IO(0xAA, 0)` on /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+
+/// `UFFD_FEATURE_*` bits this engine asks for.
+pub mod feature {
+    pub const MISSING_SHMEM: u64 = 1 << 5;
+    pub const THREAD_ID: u64 = 1 << 8;
+    pub const MINOR_SHMEM: u64 = 1 << 10;
+}
+
+/// `UFFDIO_REGISTER_MODE_*`
+pub mod mode {
+    pub const MISSING: u64 = 1 << 0;
+    pub const MINOR: u64 = 1 << 2;
+}
+
+/// Bit of `_UFFDIO_CONTINUE` in the register reply's `ioctls`.
+const IOCTL_CONTINUE_BIT: u64 = 1 << 7;
+const MODE_DONTWAKE: u64 = 1;
+
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+/// `UFFD_PAGEFAULT_FLAG_WRITE`
+pub const FLAG_WRITE: u64 = 1 << 0;
+/// `UFFD_PAGEFAULT_FLAG_MINOR`
+pub const FLAG_MINOR: u64 = 1 << 2;
+
+const PAGE: u64 = 4096;
+
+/// Messages drained per `read(2)`.
+pub const MAX_EVENTS: usize = 64;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct UffdioContinue {
+    range: UffdioRange,
+    mode: u64,
+    mapped: i64,
+}
+
+/// `struct uffd_msg` (32 bytes), pagefault view.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct RawMsg {
+    event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    flags: u64,
+    address: u64,
+    ptid: u32,
+    _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<RawMsg>() == 32);
+
+/// One page fault as read from the uffd.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fault {
+    pub address: u64,
+    pub flags: u64,
+    /// Faulting thread (UFFD_FEATURE_THREAD_ID).
+    pub tid: u32,
+}
+
+/// Outcome of an install ioctl.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Installed {
+    Done,
+    /// The page was already mapped (EEXIST): someone else installed it.
+    AlreadyMapped,
+}
+
+/// A userfaultfd file descriptor (non-blocking, close-on-exec).
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+impl Uffd {
+    /// Opens a uffd (via /dev/userfaultfd, else the syscall) and negotiates `features`.
+    pub fn open(features: u64) -> io::Result<Self> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let fd = Self::open_dev(flags).or_else(|_| {
+            // SAFETY: plain syscall with integer flags; the result is checked below.
+            let r = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(r as RawFd)
+            }
+        })?;
+        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API takes a pointer to a live `uffdio_api` of the right layout.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd })
+    }
+
+    fn open_dev(flags: i32) -> io::Result<RawFd> {
+        let path = c"/dev/userfaultfd";
+        // SAFETY: `path` is a valid NUL-terminated string.
+        let dev = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if dev < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `dev` is our fd; USERFAULTFD_IOC_NEW takes the flags as its integer argument.
+        let r = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
+        let err = io::Error::last_os_error();
+        // SAFETY: closing the fd we opened above, exactly once.
+        unsafe { libc::close(dev) };
+        if r < 0 {
+            Err(err)
+        } else {
+            Ok(r)
+        }
+    }
+
+    /// Registers `[start, start+len)` in `modes`; fails if CONTINUE is wanted but not offered.
+    pub fn register(&self, start: u64, len: u64, modes: u64) -> io::Result<()> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange { start, len },
+            mode: modes,
+            ioctls: 0,
+        };
+        // SAFETY: pointer to a live `uffdio_register`; the kernel validates the range.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if modes & mode::MINOR != 0 && reg.ioctls & IOCTL_CONTINUE_BIT == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "UFFDIO_CONTINUE not offered for this range",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let range = UffdioRange { start, len };
+        // SAFETY: pointer to a live `uffdio_range`.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &range) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode).
+    pub fn continue_range(&self, start: u64, len: u64, wake: bool) -> io::Result<Installed> {
+        loop {
+            let mut c = UffdioContinue {
+                range: UffdioRange { start, len },
+                mode: if wake { 0 } else { MODE_DONTWAKE },
+                mapped: 0,
+            };
+            // SAFETY: pointer to a live `uffdio_continue`; the range lies in a registered VMA
+            // (checked by the kernel, which returns an error otherwise).
+            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE, &mut c) };
+            if r == 0 {
+                return Ok(Installed::Done);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => continue,
+                Some(libc::EEXIST) if len > PAGE => {
+                    // Part of the range was already mapped; the kernel stops at the first such
+                    // page, so finish page by page.
+                    let mut a = start;
+                    while a < start + len {
+                        self.continue_range(a, PAGE, wake)?;
+                        a += PAGE;
+                    }
+                    return Ok(Installed::AlreadyMapped);
+                }
+                Some(libc::EEXIST) => {
+                    if wake {
+                        self.wake(start, len)?;
+                    }
+                    return Ok(Installed::AlreadyMapped);
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode).
+    pub fn copy(&self, dst: u64, src: *const u8, len: u64, wake: bool) -> io::Result<Installed> {
+        loop {
+            let mut c = UffdioCopy {
+                dst,
+                src: src as u64,
+                len,
+                mode: if wake { 0 } else { MODE_DONTWAKE },
+                copy: 0,
+            };
+            // SAFETY: pointer to a live `uffdio_copy`; the kernel reads `len` bytes at `src`
+            // with copy_from_user (faults become EFAULT, not UB) and validates `dst`.
+            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) };
+            if r == 0 {
+                return Ok(Installed::Done);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => continue,
+                Some(libc::EEXIST) => {
+                    if wake {
+                        self.wake(dst, len)?;
+                    }
+                    return Ok(Installed::AlreadyMapped);
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Wakes threads waiting on faults in the range without installing anything.
+    pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
+        let range = UffdioRange { start, len };
+        // SAFETY: pointer to a live `uffdio_range`.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE, &range) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads pending page faults into `out`; returns how many (0 = none pending).
+    pub fn read_faults(
+        &self,
+        raw: &mut [RawMsg; MAX_EVENTS],
+        out: &mut [Fault; MAX_EVENTS],
+    ) -> io::Result<usize> {
+        // SAFETY: `raw` is a writable buffer of exactly MAX_EVENTS * 32 bytes; the kernel writes
+        // whole `uffd_msg` records into it.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                raw.as_mut_ptr().cast(),
+                core::mem::size_of_val(raw),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let msgs = n as usize / core::mem::size_of::<RawMsg>();
+        let mut k = 0;
+        for m in &raw[..msgs] {
+            if m.event == UFFD_EVENT_PAGEFAULT {
+                out[k] = Fault {
+                    address: m.address,
+                    flags: m.flags,
+                    tid: m.ptid,
+                };
+                k += 1;
+            }
+        }
+        Ok(k)
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

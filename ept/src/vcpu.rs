@@ -1,0 +1,183 @@
+//! Fault attribution: faulting thread id -> vCPU index (registered by the VMM) -> that vCPU's
+//! agent slot in guest RAM -> the process key (CR3) the prefetcher keys its history by.
+//!
+//! The slot is read through the engine's alias mapping with the guest's seqlock protocol
+//! (`farvm_guest_agent::slot`); its page is pinned resident so the read never needs I/O.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
+
+/// vCPUs the table can hold.
+pub const MAX_VCPUS: usize = 64;
+const NO_SLOT: u64 = u64::MAX;
+
+/// Lock-free registry; lookups scan a fixed array (a handful of vCPUs, no hashing needed).
+pub struct VcpuTable {
+    /// `tid + 1` per vCPU index (0 = unregistered).
+    tids: [AtomicU64; MAX_VCPUS],
+    /// Guest page of the agent slot per vCPU, `NO_SLOT` if none.
+    slots: [AtomicU64; MAX_VCPUS],
+}
+
+/// Offsets of the fields read at fault time (pinned by the ABI's const assertions).
+const OFF_MAGIC: usize = core::mem::offset_of!(AgentSlot, magic);
+const OFF_GEN: usize = core::mem::offset_of!(AgentSlot, generation);
+const OFF_PID: usize = core::mem::offset_of!(AgentSlot, pid);
+const OFF_CR3: usize = core::mem::offset_of!(AgentSlot, cr3);
+
+/// What the slot said at fault time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attribution {
+    pub vcpu: Option<u32>,
+    pub pid: u64,
+    pub cr3: u64,
+}
+
+impl Attribution {
+    /// The prefetcher's process key: CR3 identifies an address space; 0 = unknown / kernel.
+    pub fn key(&self) -> u64 {
+        self.cr3
+    }
+}
+
+impl Default for VcpuTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl VcpuTable {
+    pub fn new() -> Self {
+        Self {
+            tids: std::array::from_fn(|_| AtomicU64::new(0)),
+            slots: std::array::from_fn(|_| AtomicU64::new(NO_SLOT)),
+        }
+    }
+
+    pub fn set_tid(&self, vcpu: usize, tid: u32) {
+        self.tids[vcpu].store(tid as u64 + 1, Ordering::Release);
+    }
+
+    pub fn set_slot_page(&self, vcpu: usize, page: u64) -> u64 {
+        self.slots[vcpu].swap(page, Ordering::AcqRel)
+    }
+
+    pub fn slot_page(&self, vcpu: usize) -> Option<u64> {
+        let p = self.slots[vcpu].load(Ordering::Acquire);
+        (p != NO_SLOT).then_some(p)
+    }
+
+    pub fn vcpu_of(&self, tid: u32) -> Option<u32> {
+        let want = tid as u64 + 1;
+        self.tids
+            .iter()
+            .position(|t| t.load(Ordering::Relaxed) == want)
+            .map(|i| i as u32)
+    }
+
+    /// Attributes a fault by thread id. `slot_ptr(page)` gives the alias address of a pinned
+    /// slot page.
+    ///
+    /// # Safety
+    /// `slot_ptr` must return a pointer to 4 KiB of readable, resident memory for every
+    /// registered slot page (see [`read_slot`]).
+    pub unsafe fn attribute(&self, tid: u32, slot_ptr: impl Fn(u64) -> *const u8) -> Attribution {
+        let Some(vcpu) = self.vcpu_of(tid) else {
+            return Attribution::default();
+        };
+        let mut a = Attribution {
+            vcpu: Some(vcpu),
+            ..Default::default()
+        };
+        if let Some(page) = self.slot_page(vcpu as usize) {
+            // SAFETY: forwarded from this function's contract.
+            if let Some((pid, cr3)) = unsafe { read_slot(slot_ptr(page)) } {
+                a.pid = pid;
+                a.cr3 = cr3;
+            }
+        }
+        a
+    }
+}
+
+/// Seqlock read of `(pid, cr3)` from an [`AgentSlot`] at `base`; `None` if the slot is not
+/// initialised or stays mid-update for a few retries (the caller then attributes to "unknown").
+///
+/// # Safety
+/// `base` must point at the start of 4 KiB of readable memory, 8-byte aligned, that stays
+/// mapped during the call (a pinned page of the engine's alias mapping). The guest may write it
+/// concurrently: it is only read with atomic loads.
+pub unsafe fn read_slot(base: *const u8) -> Option<(u64, u64)> {
+    // SAFETY: per the function contract; the offsets are inside AgentSlot (48 bytes) and
+    // 8-byte aligned, and concurrent guest writes are why these are atomics.
+    let field = |off: usize| unsafe { &*(base.add(off) as *const AtomicU64) };
+    if field(OFF_MAGIC).load(Ordering::Relaxed) != SLOT_MAGIC {
+        return None;
+    }
+    for _ in 0..8 {
+        let g1 = field(OFF_GEN).load(Ordering::Acquire);
+        if g1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let pid = field(OFF_PID).load(Ordering::Acquire);
+        let cr3 = field(OFF_CR3).load(Ordering::Acquire);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if field(OFF_GEN).load(Ordering::Relaxed) == g1 {
+            return Some((pid, cr3));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(4096))]
+    struct Page([u8; 4096]);
+
+    #[test]
+    fn attributes_by_tid_through_the_slot() {
+        let mut page = Page([0; 4096]);
+        let slot = AgentSlot {
+            magic: SLOT_MAGIC,
+            generation: 4,
+            cpu: 1,
+            version: 1,
+            pid: 7,
+            cr3: 0x5000,
+            switches: 2,
+        };
+        // SAFETY: the page is 4096 bytes, aligned, and AgentSlot is 48 bytes of plain data.
+        unsafe { core::ptr::write(page.0.as_mut_ptr() as *mut AgentSlot, slot) };
+        let t = VcpuTable::new();
+        t.set_tid(1, 4242);
+        t.set_slot_page(1, 9);
+        let base = page.0.as_ptr();
+        // SAFETY: `base` is the 4 KiB page above, alive for the whole test.
+        let a = unsafe {
+            t.attribute(4242, |p| {
+                assert_eq!(p, 9);
+                base
+            })
+        };
+        assert_eq!(
+            a,
+            Attribution {
+                vcpu: Some(1),
+                pid: 7,
+                cr3: 0x5000
+            }
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { t.attribute(1, |_| base) }, Attribution::default());
+        // Mid-update (odd generation): unknown process, vCPU still known.
+        // SAFETY: same page, writing the generation field in place.
+        unsafe { (*(page.0.as_mut_ptr() as *mut AgentSlot)).generation = 5 };
+        // SAFETY: as above.
+        let a = unsafe { t.attribute(4242, |_| page.0.as_ptr()) };
+        assert_eq!((a.vcpu, a.cr3), (Some(1), 0));
+    }
+}

@@ -1,0 +1,585 @@
+//! Engine behaviour with threads of this process acting as vCPUs on a uffd-registered guest view
+//! and the in-memory store behind it. No KVM needed.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{gettid, none, Recorder, Vm, WORDS};
+use farvm_ept::memstore::MemStoreConfig;
+use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::store::StoreError;
+use farvm_ept::{Budget, Engine, EngineConfig, EngineError, EngineParts, PageState, PAGE_SIZE};
+use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
+
+#[test]
+fn never_written_pages_are_zero_filled_without_store_io() {
+    let vm = Vm::new(8, Budget::Unlimited, none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, (p as usize * 7) % WORDS), 0, "page {p} not zero");
+    }
+    for p in (0..g.pages).step_by(3) {
+        g.store(p, 1, p + 1);
+    }
+    for p in (0..g.pages).step_by(3) {
+        assert_eq!(g.load(p, 1), p + 1);
+    }
+    let s = vm.engine.stats();
+    assert_eq!(s.counters.zero_fills, g.pages);
+    assert_eq!(s.counters.demand_faults, 0);
+    let c = vm.store.counts();
+    assert_eq!(c.reads_demand + c.reads_prefetch + c.writes, 0, "{c:?}");
+    assert_eq!(s.resident_pages, g.pages);
+    assert_eq!(vm.engine.resident_by_mincore().unwrap(), g.pages);
+    // The latency sample is recorded just after the wake: allow the handler to finish.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while vm.engine.stats().zero_fill.count < g.pages && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = vm.engine.stats();
+    assert!(
+        s.zero_fill.count == g.pages && s.zero_fill.p50 > 0,
+        "{:?}",
+        s.zero_fill
+    );
+}
+
+#[test]
+fn evicted_pages_come_back_by_demand_fetch_with_their_data() {
+    // 16 MiB guest, 2 MiB local: every page is evicted and refetched at least once.
+    let vm = Vm::new(16, Budget::Bytes(2 << 20), none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 11);
+    }
+    for p in 0..g.pages {
+        assert_eq!(g.check(p, 11), None, "page {p}");
+    }
+    let s = vm.engine.stats();
+    let c = vm.store.counts();
+    assert!(s.counters.demand_faults >= g.pages / 2, "{s:?}");
+    assert_eq!(c.reads_demand, s.counters.remote_reads_demand);
+    assert!(
+        c.writes >= g.pages - s.budget_pages,
+        "dirty pages must be written back: {c:?}"
+    );
+    assert!(s.fault_service.count > 0 && s.fault_service.p50 > 0);
+    assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
+}
+
+fn slow_store() -> MemStoreConfig {
+    MemStoreConfig {
+        demand_latency: Duration::from_millis(30),
+        prefetch_latency: Duration::from_millis(30),
+        write_latency: Duration::from_millis(1),
+    }
+}
+
+#[test]
+fn dedupe_under_store_latency() {
+    // With a 30 ms store, 8 threads reliably pile up on the same in-flight page.
+    let vm = Vm::with(8, Budget::Bytes(1 << 20), none(), slow_store(), |_| {});
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 0, p ^ 0xABCD);
+    }
+    vm.settle();
+    let target = (1..g.pages)
+        .find(|&p| vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote))
+        .expect("some early page is remote");
+    let before = vm.store.counts().reads_demand;
+    let waits_before = vm.engine.stats().counters.dedup_waits;
+    let go = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let go = go.clone();
+            s.spawn(move || {
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                assert_eq!(g.load(target, 0), target ^ 0xABCD);
+            });
+        }
+        go.store(true, Ordering::Release);
+    });
+    assert_eq!(vm.store.counts().reads_demand - before, 1);
+    let waits = vm.engine.stats().counters.dedup_waits - waits_before;
+    assert!(
+        waits >= 1,
+        "other threads should have waited on the same read"
+    );
+}
+
+#[test]
+fn residency_never_exceeds_the_budget() {
+    let vm = Vm::new(32, Budget::Percent(10.0), none());
+    let g = vm.guest();
+    let budget = vm.engine.stats().budget_pages;
+    let done = Arc::new(AtomicBool::new(false));
+    let max_seen = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        let (done2, max2, engine) = (done.clone(), max_seen.clone(), &vm.engine);
+        s.spawn(move || {
+            while !done2.load(Ordering::Acquire) {
+                // The counter is exact at every instant; mincore is not an atomic snapshot
+                // (its walk races with eviction churn), so it is checked at rest below.
+                max2.fetch_max(engine.stats().resident_pages, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let writers: Vec<_> = (0..2u64)
+            .map(|t| {
+                s.spawn(move || {
+                    for round in 0..2u64 {
+                        for p in (t..g.pages).step_by(2) {
+                            g.store(p, (round as usize) % WORDS, p + round);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+    });
+    let max = max_seen.load(Ordering::Relaxed);
+    assert!(max <= budget, "resident {max} > budget {budget}");
+    assert!(
+        max > budget / 2,
+        "the test did not put pressure on the budget ({max})"
+    );
+    vm.settle();
+    // At rest (the evictor may still be finishing a round) the frame counter matches the
+    // memfd's real residency.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (m, r) = (
+            vm.engine.resident_by_mincore().unwrap(),
+            vm.engine.stats().resident_pages,
+        );
+        if m == r {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mincore {m} != counter {r} at rest"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = vm.engine.stats();
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, 1), p + 1);
+    }
+    assert!(s.counters.evictions > 0);
+    vm.settle();
+    assert!(vm.engine.resident_by_mincore().unwrap() <= budget);
+}
+
+#[test]
+fn dirty_pages_are_written_back_and_clean_pages_dropped_without_io() {
+    let vm = Vm::new(16, Budget::Bytes(2 << 20), none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 77);
+    }
+    // First read pass: evicts everything phase A left resident, so after it every page has
+    // been written back exactly once (each was dirtied once).
+    for p in 0..g.pages {
+        assert_eq!(g.check(p, 77), None, "page {p}");
+    }
+    vm.settle();
+    let s1 = vm.engine.stats();
+    let w1 = vm.store.counts().writes;
+    assert_eq!(
+        w1, g.pages,
+        "each dirty page written back exactly once: {:?}",
+        s1.counters
+    );
+    assert_eq!(s1.counters.remote_writes, w1);
+    // Read-only passes: everything refetched is clean and must be dropped with no write.
+    for _ in 0..2 {
+        for p in 0..g.pages {
+            assert_eq!(g.check(p, 77), None, "page {p}");
+        }
+    }
+    vm.settle();
+    let s2 = vm.engine.stats();
+    assert_eq!(
+        vm.store.counts().writes,
+        w1,
+        "clean evictions must not write"
+    );
+    assert!(
+        s2.counters.evict_clean - s1.counters.evict_clean > g.pages,
+        "{:?}",
+        s2.counters
+    );
+    // A write to one remote page makes exactly that page dirty again.
+    let p = (0..g.pages)
+        .find(|&p| vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote))
+        .unwrap();
+    g.store(p, 3, 0xDEAD);
+    for q in 0..g.pages {
+        if q != p {
+            let _ = g.load(q, 0);
+        }
+    }
+    vm.settle();
+    assert_eq!(vm.store.counts().writes, w1 + 1);
+    assert_eq!(vm.store.get(p).unwrap()[24..32], 0xDEADu64.to_ne_bytes());
+}
+
+#[test]
+fn sequential_scan_is_mostly_served_by_prefetch() {
+    let scan = |prefetcher: Box<dyn farvm_prefetch::Prefetcher>| {
+        let vm = Vm::with(
+            32,
+            Budget::Percent(25.0),
+            prefetcher,
+            MemStoreConfig::default(),
+            |c| c.probe_every = 8,
+        );
+        let g = vm.guest();
+        for p in 0..g.pages {
+            g.store(p, 0, p * 3);
+        }
+        vm.settle();
+        let before = vm.engine.stats().counters;
+        for p in 0..g.pages {
+            assert_eq!(g.load(p, 0), p * 3, "page {p}");
+        }
+        let after = vm.engine.stats();
+        (
+            after.counters.demand_faults - before.demand_faults,
+            after.counters.prefetch_marker_hits - before.prefetch_marker_hits,
+            after,
+            g.pages,
+        )
+    };
+    let (base_faults, _, _, pages) = scan(none());
+    let cfg = farvm_prefetch::registry::Config::default();
+    let pf = farvm_prefetch::registry::build("next-n", &cfg).expect("next-n exists");
+    let (pf_faults, marker_hits, s, _) = scan(pf);
+    eprintln!(
+        "sequential scan of {pages} pages: {base_faults} demand faults without prefetch, \
+         {pf_faults} with next-n; probe hits {marker_hits}, accuracy {:.2}, coverage {:.2}; {:?}",
+        s.accuracy, s.coverage, s.counters
+    );
+    assert!(
+        base_faults > pages / 2,
+        "most pages were remote: {base_faults}"
+    );
+    assert!(
+        pf_faults * 3 < base_faults,
+        "prefetch should remove most demand faults: {pf_faults} vs {base_faults}"
+    );
+    assert!(marker_hits > 0, "probes must reveal hits");
+    assert!(
+        s.accuracy > 0.5,
+        "a sequential scan is predictable: {}",
+        s.accuracy
+    );
+    assert!(s.counters.prefetch_injected > 0);
+}
+
+#[test]
+fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
+    let rec = Recorder::new(8, 2);
+    let hits = rec.hits.clone();
+    let vm = Vm::with(
+        16,
+        Budget::Percent(25.0),
+        Box::new(rec),
+        MemStoreConfig::default(),
+        |c| c.probe_every = 0,
+    );
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 0, p);
+    }
+    vm.settle();
+    let staged_before = vm.engine.stats().counters.prefetch_staged;
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, 0), p);
+    }
+    let s = vm.engine.stats();
+    assert!(s.counters.prefetch_staged > staged_before);
+    assert!(s.counters.prefetch_marker_hits > 0);
+    assert_eq!(
+        hits.load(Ordering::Relaxed),
+        s.counters.prefetch_marker_hits + s.counters.prefetch_late_hits,
+        "every hit the engine saw reached the prefetcher"
+    );
+    assert!(s.prefetch_timeliness.count > 0);
+}
+
+#[test]
+fn transient_read_failures_are_retried_and_surfaced() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 9, !p);
+    }
+    vm.settle();
+    vm.engine.take_errors();
+    vm.store.fail_next_reads(5);
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, 9), !p, "page {p}");
+    }
+    let errs = vm.engine.take_errors();
+    assert!(
+        errs.iter()
+            .filter(|e| matches!(
+                e,
+                EngineError::Store {
+                    op: "read",
+                    error: StoreError::Unavailable,
+                    ..
+                }
+            ))
+            .count()
+            >= 5,
+        "{errs:?}"
+    );
+    let s = vm.engine.stats();
+    assert!(s.counters.read_retries >= 5 && s.counters.store_errors >= 5);
+}
+
+#[test]
+fn outage_blocks_the_vcpu_until_the_store_returns() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 2, p + 7);
+    }
+    vm.settle();
+    vm.store.set_outage(true);
+    let p = (0..g.pages)
+        .find(|&p| vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote))
+        .unwrap();
+    let t = std::thread::spawn(move || g.load(p, 2));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!t.is_finished(), "the vCPU cannot proceed without its page");
+    assert!(vm.engine.errors_total() > 0, "the outage must be reported");
+    vm.store.set_outage(false);
+    assert_eq!(t.join().unwrap(), p + 7);
+}
+
+#[test]
+fn failed_write_backs_keep_the_page_and_lose_nothing() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let g = vm.guest();
+    vm.store.fail_next_writes(40);
+    for p in 0..g.pages {
+        g.fill(p, 3);
+    }
+    for p in 0..g.pages {
+        assert_eq!(g.check(p, 3), None, "page {p}");
+    }
+    let s = vm.engine.stats();
+    assert!(s.counters.evict_write_failed >= 40, "{:?}", s.counters);
+    assert!(vm
+        .engine
+        .take_errors()
+        .iter()
+        .any(|e| matches!(e, EngineError::Store { op: "write", .. })));
+}
+
+#[test]
+fn vmm_accesses_resolve_through_the_engine() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let e = &vm.engine;
+    let mut buf = vec![0xFFu8; 3 * PAGE_SIZE];
+    // Never-written memory reads as zero and is not allocated by reading.
+    e.read_bytes(100, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    assert_eq!(e.stats().resident_pages, 0);
+    // Writes across page boundaries, then pressure to push them remote, then read back.
+    let data: Vec<u8> = (0..3 * PAGE_SIZE + 17)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    e.write_bytes(PAGE_SIZE as u64 - 5, &data).unwrap();
+    let g = vm.guest();
+    for p in 10..g.pages {
+        g.store(p, 0, 1);
+    }
+    vm.settle();
+    assert_eq!(e.page_state(PAGE_SIZE as u64), Some(PageState::Remote));
+    let mut back = vec![0u8; data.len()];
+    e.read_bytes(PAGE_SIZE as u64 - 5, &mut back).unwrap();
+    assert_eq!(back, data);
+    // The guest sees the VMM's write.
+    assert_eq!(g.load(1, 0).to_ne_bytes()[..], data[5..13]);
+    e.ensure_resident(0, 8 * PAGE_SIZE as u64).unwrap();
+    assert!(matches!(e.page_state(0), Some(PageState::Local { .. })));
+    assert!(matches!(
+        e.read_bytes((8 << 20) - 4, &mut [0u8; 8]),
+        Err(EngineError::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn faults_are_attributed_to_the_process_in_the_agent_slot() {
+    let rec = Recorder::new(0, 0);
+    let seen = rec.seen.clone();
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), Box::new(rec));
+    let slot_gpa = 0x3000u64;
+    let slot = AgentSlot {
+        magic: SLOT_MAGIC,
+        generation: 2,
+        cpu: 0,
+        version: 1,
+        pid: 42,
+        cr3: 0xABC000,
+        switches: 1,
+    };
+    // SAFETY: AgentSlot is repr(C) plain data; viewing it as bytes is sound.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&slot as *const AgentSlot).cast::<u8>(),
+            std::mem::size_of::<AgentSlot>(),
+        )
+    };
+    vm.engine.write_bytes(slot_gpa, bytes).unwrap();
+    vm.engine.set_agent_slot(0, slot_gpa).unwrap();
+    let g = vm.guest();
+    for p in (0..g.pages).filter(|&p| p != 3) {
+        g.store(p, 1, p);
+    }
+    vm.settle();
+    assert!(
+        matches!(
+            vm.engine.page_state(slot_gpa),
+            Some(PageState::Local { pinned: true, .. })
+        ),
+        "the slot page is pinned, never evicted"
+    );
+    // A thread registered as vCPU 0 scans all pages (most are remote now).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        go_rx.recv().unwrap();
+        (0..g.pages).map(|p| g.load(p, 1)).sum::<u64>()
+    });
+    vm.engine.register_vcpu(0, rx.recv().unwrap()).unwrap();
+    go_tx.send(()).unwrap();
+    let sum = t.join().unwrap();
+    // Page 3 holds the slot: its word 1 is the slot's generation, not the page number.
+    assert_eq!(sum, (0..vm.pages).sum::<u64>() - 3 + 2);
+    let seen = seen.lock().unwrap();
+    let keyed = seen.iter().filter(|(k, _)| *k == 0xABC000).count();
+    assert!(
+        keyed > 0,
+        "faults of the registered vCPU carry the slot's CR3"
+    );
+    assert!(matches!(
+        vm.engine.register_vcpu(64, 1),
+        Err(EngineError::BadVcpu(64))
+    ));
+}
+
+struct CountingStage2 {
+    calls: Arc<AtomicU64>,
+    supported: bool,
+}
+
+impl StageTwo for CountingStage2 {
+    fn pre_fault(&self, _gpa: u64, _len: u64) -> Result<(), PreFaultError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.supported {
+            Ok(())
+        } else {
+            Err(PreFaultError::Unsupported)
+        }
+    }
+}
+
+#[test]
+fn stage_two_prefault_is_feature_detected_once() {
+    for supported in [false, true] {
+        let calls = Arc::new(AtomicU64::new(0));
+        let store = farvm_ept::memstore::MemStore::new(MemStoreConfig::default());
+        let mut cfg = EngineConfig::new(8 << 20);
+        cfg.budget = Budget::Bytes(1 << 20);
+        cfg.probe_every = 0;
+        let mut parts = EngineParts::new(store, Box::new(Recorder::new(4, 0)));
+        parts.stage2 = Box::new(CountingStage2 {
+            calls: calls.clone(),
+            supported,
+        });
+        let engine = Engine::start(cfg, parts).unwrap();
+        let (base, len) = engine.guest_ram();
+        let g = common::Guest::from_raw(base, len);
+        for p in 0..g.pages {
+            g.store(p, 0, p);
+        }
+        for p in 0..g.pages {
+            assert_eq!(g.load(p, 0), p);
+        }
+        let s = engine.stats();
+        assert!(s.counters.prefetch_injected > 0);
+        if supported {
+            assert_eq!(calls.load(Ordering::SeqCst), s.counters.prefault_calls);
+            // One call per run of neighbouring injected pages.
+            assert!(s.counters.prefault_calls > 0);
+            assert!(s.counters.prefault_calls <= s.counters.prefetch_injected);
+            assert!(s.stage2_prefault);
+        } else {
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                1,
+                "detected once, then disabled"
+            );
+            assert_eq!(s.counters.prefault_unsupported, 1);
+            assert!(!s.stage2_prefault);
+        }
+    }
+}
+
+#[test]
+fn pages_refaulted_soon_after_eviction_are_marked_hot() {
+    let vm = Vm::new(16, Budget::Percent(25.0), none());
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 0, p);
+    }
+    // A small hot set re-read between sweeps over everything else: its pages come back soon
+    // after each eviction, which is what the refault-distance test detects.
+    for round in 0..2 {
+        for p in 0..g.pages {
+            assert_eq!(g.load(p, 0), p, "round {round}");
+            if p % 64 == 0 {
+                for h in 0..32 {
+                    assert_eq!(g.load(h, 0), h);
+                }
+            }
+        }
+    }
+    let s = vm.engine.stats();
+    assert!(s.counters.hot_refaults > 0, "{:?}", s.counters);
+    assert!(s.counters.hot_refaults < s.counters.demand_faults);
+}
+
+#[test]
+fn the_engine_can_be_shared_across_vmm_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Engine>();
+    shareable::<farvm_ept::Stats>();
+}
+
+#[test]
+fn bad_configuration_is_rejected_with_a_clear_error() {
+    let store = farvm_ept::memstore::MemStore::new(MemStoreConfig::default());
+    let mut cfg = EngineConfig::new(8 << 20);
+    cfg.budget = Budget::Bytes(8192);
+    let err = Engine::start(cfg, EngineParts::new(store.clone(), none())).unwrap_err();
+    assert!(err.to_string().contains("too small"), "{err}");
+    let cfg = EngineConfig::new(12345);
+    let err = Engine::start(cfg, EngineParts::new(store, none())).unwrap_err();
+    assert!(matches!(err, EngineError::Config(_)), "{err}");
+}
