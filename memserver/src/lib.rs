@@ -1,1 +1,13 @@
-//! farvm-memserver: remote page store (server) and the client the VMM uses.
+//! farvm-memserver: the remote page store (server) and the client the VMM uses.
+//!
+//! - [`protocol`]: the versioned wire format (PROTOCOL.md), crc32c per page, HMAC handshake.
+//! - [`server`]: the daemon as a library ([`server::Server::start`]).
+//! - [`client`]: pooled, pipelined, two-priority client with replication over several servers.
+//! - [`transport`]: the page-transport abstraction shared by TCP and RDMA (feature `rdma`).
+//! - [`bench`]: the `farvm-memserver bench` latency/throughput comparison with a raw TCP floor.
+
+pub mod bench;
+pub mod client;
+pub mod protocol;
+pub mod server;
+pub mod transport;

@@ -1,0 +1,179 @@
+//! `farvm-memserver`: the memory server daemon, its bench and a token generator.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use farvm_memserver::bench::{self, BenchConfig};
+use farvm_memserver::protocol::auth::{load_token_file, Secret};
+use farvm_memserver::server::{Server, ServerConfig};
+
+/// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
+/// (VM id), served over a pipelined binary protocol (see memserver/PROTOCOL.md).
+///
+/// Without a subcommand it serves until killed. Pages live in one anonymous MAP_NORESERVE
+/// arena of --capacity bytes; a write that would exceed it is refused with
+/// CapacityExhausted (the server is never OOM-killed for it). Nothing is persisted.
+///
+/// Examples:
+///   farvm-memserver --listen 0.0.0.0:7070 --capacity 64G --token-file /etc/farvm/tokens --metrics 127.0.0.1:9370
+///   farvm-memserver bench --duration 2
+///   farvm-memserver gen-token >> /etc/farvm/tokens
+#[derive(Parser, Debug)]
+#[command(
+    name = "farvm-memserver",
+    version,
+    verbatim_doc_comment,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free port; the bound address is logged).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Arena size: bytes, or with a suffix K, M, G, T (powers of 1024), e.g. 64G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Token file: one hex secret (≥ 16 bytes) per line, `#` comments. Each secret is a
+    /// tenant; a namespace belongs to the tenant that first wrote it. Without this option
+    /// the server runs in open mode: no authentication, one anonymous tenant.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Serve Prometheus metrics (text format, any HTTP path) on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Measure 4 KiB read latency (p50/p99) and pages/s at 1, 8 and 32 in flight, next to a
+    /// raw TCP 16 B request / 4096 B response floor measured in the same run on loopback.
+    Bench {
+        /// Seconds per cell and round.
+        #[arg(long, default_value_t = 2.0)]
+        duration: f64,
+        /// Alternating floor/memserver rounds per depth (pooled).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Microseconds the client spins before sleeping at 1 in flight (0: never spin).
+        #[arg(long, default_value_t = 50)]
+        spin_us: u64,
+    },
+    /// Print a fresh random secret (hex) for a token file.
+    GenToken,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 512M, 64G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("farvm-memserver: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::GenToken) => {
+            println!("{}", Secret::generate().to_hex());
+            Ok(())
+        }
+        Some(Cmd::Bench {
+            duration,
+            rounds,
+            spin_us,
+        }) => {
+            if !(duration > 0.0 && duration.is_finite()) {
+                bail!("--duration must be a positive number of seconds");
+            }
+            let cfg = BenchConfig {
+                duration: Duration::from_secs_f64(duration),
+                rounds,
+                spin: Duration::from_micros(spin_us),
+                ..BenchConfig::default()
+            };
+            eprintln!(
+                "bench: {} rounds x {:.1} s per cell, depths {:?}, one TCP connection each",
+                cfg.rounds, duration, cfg.depths
+            );
+            let rows = bench::run(&cfg, |l| eprintln!("{l}"))?;
+            print!("{}", bench::table(&rows));
+            Ok(())
+        }
+        None => {
+            let (Some(listen), Some(capacity)) = (cli.listen, cli.capacity) else {
+                bail!("--listen ADDR and --capacity SIZE are required to serve (see --help)");
+            };
+            let tokens = match &cli.token_file {
+                Some(p) => load_token_file(p).with_context(|| "loading --token-file")?,
+                None => {
+                    tracing::warn!("no --token-file: open mode, clients are not authenticated");
+                    Vec::new()
+                }
+            };
+            let h = Server::start(ServerConfig {
+                listen,
+                capacity_bytes: capacity,
+                tokens,
+                metrics: cli.metrics,
+            })?;
+            // Machine-readable line for tools that start the server on port 0.
+            println!("listening {}", h.addr());
+            if let Some(m) = h.metrics_addr() {
+                println!("metrics {m}");
+            }
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64GiB").unwrap(), 64 << 30);
+        assert_eq!(parse_size("1t").unwrap(), 1 << 40);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

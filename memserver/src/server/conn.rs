@@ -1,0 +1,265 @@
+//! One client connection: handshake, then a loop of request → response.
+//!
+//! Requests on a connection are served in order (the client pipelines several and matches
+//! responses by request id). Responses are accumulated and flushed when no further request is
+//! already buffered, so a pipelined burst costs one `write` instead of one per response.
+//! A malformed frame closes this connection only, with the reason logged.
+
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::metrics::Op;
+use super::store::{Namespace, TenantId};
+use super::Shared;
+use crate::protocol::auth::{proofs_equal, random_bytes};
+use crate::protocol::frame::{
+    self, decode_body, decode_header, encode, encode_error, header_bytes, Body, Frame, Opcode,
+    FLAG_IF_ABSENT, HEADER_LEN, MAX_BODY,
+};
+use crate::protocol::{StatInfo, Status, PROTOCOL_VERSION};
+
+const FLUSH_AT: usize = 256 * 1024;
+
+/// Why a connection ended (logged).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnEnd {
+    /// Socket error or peer closed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent an invalid frame.
+    #[error("malformed frame: {0}")]
+    Malformed(#[from] frame::FrameError),
+    /// A protocol-level violation that ends the session (failed auth, request before auth).
+    #[error("{0}")]
+    Protocol(&'static str),
+}
+
+struct Session {
+    tenant: Option<TenantId>,
+    cached: Option<(u64, Arc<Namespace>)>,
+    out: Vec<u8>,
+}
+
+/// Serves one connection until it closes or fails.
+pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
+    let mut writer = stream;
+    let server_nonce = random_bytes::<32>();
+    let mut sess = Session {
+        tenant: None,
+        cached: None,
+        out: Vec::with_capacity(FLUSH_AT + MAX_BODY + 2 * HEADER_LEN),
+    };
+    let challenge = Frame {
+        req_id: 0,
+        namespace: 0,
+        body: Body::Challenge {
+            server_nonce,
+            max_version: PROTOCOL_VERSION,
+        },
+    };
+    encode(&mut sess.out, &challenge, false);
+    writer.write_all(&sess.out)?;
+    sess.out.clear();
+    let mut body = vec![0u8; MAX_BODY];
+    loop {
+        let mut hb = [0u8; HEADER_LEN];
+        if let Err(e) = reader.read_exact(&mut hb) {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                return Ok(());
+            }
+            return Err(e.into());
+        }
+        let h = decode_header(&hb).inspect_err(|_| sh.metrics.malformed())?;
+        let b = &mut body[..h.body_len as usize];
+        reader.read_exact(b)?;
+        let f = decode_body(&h, b).inspect_err(|_| sh.metrics.malformed())?;
+        let res = handle(&sh, &mut sess, &server_nonce, h.opcode, h.flags, &f);
+        if sess.out.len() >= FLUSH_AT || reader.buffer().is_empty() || res.is_err() {
+            writer.write_all(&sess.out)?;
+            sess.out.clear();
+        }
+        res?;
+    }
+}
+
+fn reply_error(sess: &mut Session, op: Opcode, st: Status, f: &Frame<'_>, msg: &str) {
+    encode_error(&mut sess.out, op, st, f.req_id, f.namespace, msg);
+}
+
+fn namespace(
+    sh: &Shared,
+    sess: &mut Session,
+    tenant: TenantId,
+    id: u64,
+    create: bool,
+) -> Result<Option<Arc<Namespace>>, Status> {
+    if let Some((cid, ns)) = &sess.cached {
+        if *cid == id {
+            return Ok(Some(ns.clone()));
+        }
+    }
+    let ns = sh.store.namespace(id, tenant, create)?;
+    if let Some(ns) = &ns {
+        sess.cached = Some((id, ns.clone()));
+    }
+    Ok(ns)
+}
+
+fn handle(
+    sh: &Shared,
+    sess: &mut Session,
+    server_nonce: &[u8; 32],
+    op: Opcode,
+    flags: u8,
+    f: &Frame<'_>,
+) -> Result<(), ConnEnd> {
+    let t0 = Instant::now();
+    if let Body::Hello {
+        key_id,
+        client_nonce,
+        mac,
+    } = f.body
+    {
+        if sess.tenant.is_some() {
+            reply_error(sess, op, Status::BadRequest, f, "already authenticated");
+            sh.metrics
+                .record(Op::Hello, Status::BadRequest, t0.elapsed());
+            return Ok(());
+        }
+        if sh.tenants.is_empty() {
+            // Open mode (no --token-file): every client is the same anonymous tenant.
+            sess.tenant = Some([0; 8]);
+            let resp = Body::HelloResp {
+                server_mac: [0; 32],
+            };
+            encode(&mut sess.out, &Frame { body: resp, ..*f }, false);
+        } else {
+            let ok = sh
+                .tenants
+                .get(&key_id)
+                .filter(|s| proofs_equal(&s.client_proof(server_nonce, &client_nonce), &mac));
+            let Some(secret) = ok else {
+                reply_error(
+                    sess,
+                    op,
+                    Status::AuthFailed,
+                    f,
+                    "unknown key or wrong proof",
+                );
+                sh.metrics
+                    .record(Op::Hello, Status::AuthFailed, t0.elapsed());
+                return Err(ConnEnd::Protocol("authentication failed"));
+            };
+            sess.tenant = Some(key_id);
+            let resp = Body::HelloResp {
+                server_mac: secret.server_proof(server_nonce, &client_nonce),
+            };
+            encode(&mut sess.out, &Frame { body: resp, ..*f }, false);
+        }
+        sh.metrics.record(Op::Hello, Status::Ok, t0.elapsed());
+        return Ok(());
+    }
+    let Some(tenant) = sess.tenant else {
+        reply_error(sess, op, Status::NotAuthenticated, f, "send HELLO first");
+        return Err(ConnEnd::Protocol("request before HELLO"));
+    };
+    let ns_id = f.namespace;
+    match f.body {
+        Body::Read(sel) => {
+            let ns = match namespace(sh, sess, tenant, ns_id, false) {
+                Ok(ns) => ns,
+                Err(st) => {
+                    reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                    sh.metrics.record(Op::Read, st, t0.elapsed());
+                    return Ok(());
+                }
+            };
+            let at = sess.out.len();
+            sess.out.extend_from_slice(&[0u8; HEADER_LEN]);
+            let present = sh.store.read(ns.as_deref(), &sel, &mut sess.out);
+            let body_len = sess.out.len() - at - HEADER_LEN;
+            let n = sel.len() as u32;
+            let h = header_bytes(
+                Opcode::ReadResp,
+                0,
+                Status::Ok,
+                f.req_id,
+                ns_id,
+                n,
+                body_len,
+            );
+            sess.out[at..at + HEADER_LEN].copy_from_slice(&h);
+            sh.metrics.pages(present as u64, 0, 0);
+            sh.metrics.record(Op::Read, Status::Ok, t0.elapsed());
+        }
+        Body::Write { sel, pages } => {
+            let r = namespace(sh, sess, tenant, ns_id, true).and_then(|ns| {
+                let ns = ns.ok_or(Status::Denied)?;
+                sh.store
+                    .write(&ns, &sel, pages, flags & FLAG_IF_ABSENT != 0)
+            });
+            match r {
+                Ok(written) => {
+                    let resp = Body::WriteResp { written };
+                    encode(&mut sess.out, &Frame { body: resp, ..*f }, false);
+                    sh.metrics.pages(0, written as u64, 0);
+                    sh.metrics.record(Op::Write, Status::Ok, t0.elapsed());
+                }
+                Err(st) => {
+                    let msg = match st {
+                        Status::CapacityExhausted => "server capacity exhausted; batch not stored",
+                        Status::ChecksumMismatch => "page crc32c mismatch; batch not stored",
+                        _ => "namespace belongs to another tenant",
+                    };
+                    reply_error(sess, op, st, f, msg);
+                    sh.metrics.record(Op::Write, st, t0.elapsed());
+                }
+            }
+        }
+        Body::Discard(sel) => match namespace(sh, sess, tenant, ns_id, false) {
+            Ok(ns) => {
+                let freed = ns.map_or(0, |ns| sh.store.discard(&ns, &sel));
+                let resp = Body::DiscardResp { freed };
+                encode(&mut sess.out, &Frame { body: resp, ..*f }, false);
+                sh.metrics.pages(0, 0, freed as u64);
+                sh.metrics.record(Op::Discard, Status::Ok, t0.elapsed());
+            }
+            Err(st) => {
+                reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                sh.metrics.record(Op::Discard, st, t0.elapsed());
+            }
+        },
+        Body::Stat => match namespace(sh, sess, tenant, ns_id, false) {
+            Ok(ns) => {
+                let occ = sh.store.occupancy();
+                let info = StatInfo {
+                    namespace_pages: sh.store.namespace_pages(ns.as_deref()),
+                    ..occ
+                };
+                encode(
+                    &mut sess.out,
+                    &Frame {
+                        body: Body::StatResp(info),
+                        ..*f
+                    },
+                    false,
+                );
+                sh.metrics.record(Op::Stat, Status::Ok, t0.elapsed());
+            }
+            Err(st) => {
+                reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                sh.metrics.record(Op::Stat, st, t0.elapsed());
+            }
+        },
+        _ => {
+            // Response opcodes or a CHALLENGE sent to the server.
+            reply_error(sess, op, Status::BadRequest, f, "not a request");
+            return Err(ConnEnd::Protocol("client sent a non-request frame"));
+        }
+    }
+    Ok(())
+}

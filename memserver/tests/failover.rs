@@ -1,0 +1,148 @@
+//! Replication under failure: a replica server process is SIGKILLed mid-stream; the client
+//! must finish with zero lost or wrong pages, without hanging, and re-replicate when a spare
+//! server exists.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use farvm_memserver::client::{Client, IoBuf, OpKind, Priority};
+use farvm_memserver::protocol::PAGE_SIZE;
+
+const PAGES: u64 = 4096; // 4 slabs of 1024 pages
+
+/// Writes versions of all pages in a loop, reading back and verifying as it goes, and kills
+/// `victim` after `kill_after` batches. Returns (model, pages verified).
+fn stream_with_kill(
+    c: &Client,
+    procs: &mut [ServerProc],
+    victim: usize,
+    kill_after: u64,
+) -> (HashMap<u64, u64>, u64) {
+    let ns = 42;
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    let mut verified = 0;
+    let (tx, rx) = crossbeam_channel::bounded(8);
+    let mut bufs: Vec<IoBuf> = (0..4).map(|_| IoBuf::new(64)).collect();
+    for batch in 0..240u64 {
+        // Four concurrent 64-page writes (pipelined), then four concurrent reads.
+        let base = (batch * 256) % PAGES;
+        for k in 0..4u64 {
+            let mut io = bufs.pop().unwrap();
+            let first = base + k * 64;
+            io.set_run(first, 64).unwrap();
+            for i in 0..64 {
+                page_content(ns, first + i as u64, batch, io.page_mut(i));
+            }
+            c.submit(OpKind::Write, ns, Priority::Demand, io, k, &tx)
+                .unwrap();
+        }
+        // Kill while these writes are in flight.
+        if batch == kill_after {
+            procs[victim].kill();
+        }
+        for _ in 0..4 {
+            let d = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("write completion (no hang)");
+            d.result.expect("write survives a replica loss");
+            let first = d.io.page_index(0);
+            for i in 0..64 {
+                model.insert(first + i, batch);
+            }
+            bufs.push(d.io);
+        }
+        // Read back a different region too (older versions).
+        let rbase = (base + 1024 + (batch % 3) * 64) % PAGES;
+        for k in 0..4u64 {
+            let mut io = bufs.pop().unwrap();
+            io.set_run(rbase + k * 64, 64).unwrap();
+            c.submit(OpKind::Read, ns, Priority::Demand, io, k, &tx)
+                .unwrap();
+        }
+        for _ in 0..4 {
+            let d = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("read completion (no hang)");
+            d.result.expect("read fails over to the surviving replica");
+            for i in 0..64 {
+                let p = d.io.page_index(i);
+                match model.get(&p) {
+                    Some(&v) => {
+                        assert!(d.io.is_present(i), "page {p} lost");
+                        assert_eq!(d.io.page(i), &page(ns, p, v)[..], "page {p} wrong");
+                        verified += 1;
+                    }
+                    None => assert!(!d.io.is_present(i)),
+                }
+            }
+            bufs.push(d.io);
+        }
+    }
+    (model, verified)
+}
+
+fn verify_all(c: &Client, model: &HashMap<u64, u64>) {
+    let mut out = vec![0u8; PAGES as usize * PAGE_SIZE];
+    let present = c.read(42, 0, &mut out).expect("final read");
+    let mut bad = 0;
+    for p in 0..PAGES {
+        let got = &out[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE];
+        match model.get(&p) {
+            Some(&v) => {
+                if !present[p as usize] || got != &page(42, p, v)[..] {
+                    bad += 1;
+                }
+            }
+            None => assert!(!present[p as usize]),
+        }
+    }
+    assert_eq!(bad, 0, "lost or wrong pages after the failure");
+}
+
+#[test]
+fn sigkill_one_of_two_replicas_loses_nothing() {
+    let mut procs = vec![ServerProc::spawn("256M"), ServerProc::spawn("256M")];
+    let addrs: Vec<SocketAddr> = procs.iter().map(|p| p.addr).collect();
+    let c = client(&addrs);
+    assert_eq!(c.replication(), 2);
+    let t0 = Instant::now();
+    let (model, verified) = stream_with_kill(&c, &mut procs, 1, 60);
+    assert!(verified > 10_000, "verified only {verified} pages");
+    verify_all(&c, &model);
+    let st = c.stats();
+    assert_eq!(st.dead_servers, 1);
+    // Only one server is left: the slabs run degraded (no spare to copy to).
+    assert!(st.degraded_slabs > 0);
+    assert!(t0.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn sigkill_with_a_spare_re_replicates_then_survives_a_second_kill() {
+    let mut procs = vec![
+        ServerProc::spawn("256M"),
+        ServerProc::spawn("256M"),
+        ServerProc::spawn("256M"),
+    ];
+    let addrs: Vec<SocketAddr> = procs.iter().map(|p| p.addr).collect();
+    let c = client(&addrs);
+    let (model, _) = stream_with_kill(&c, &mut procs, 0, 40);
+    verify_all(&c, &model);
+    // Wait for the copier to restore R = 2 on the two survivors.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.stats().degraded_slabs > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "re-replication did not finish: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(c.stats().slabs_rereplicated > 0);
+    // Every page now has two live copies: losing another server still loses nothing.
+    procs[1].kill();
+    verify_all(&c, &model);
+}

@@ -1,0 +1,432 @@
+//! Loopback tests of the store semantics: random read/write/discard against a model with many
+//! clients and namespaces, tenancy isolation, capacity exhaustion, priorities, timeouts,
+//! malformed frames and the metrics endpoint.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use farvm_memserver::client::{namespace_for_name, Client, ClientError, IoBuf, OpKind, Priority};
+use farvm_memserver::protocol::auth::Secret;
+use farvm_memserver::protocol::frame::{decode, encode, Body, Frame};
+use farvm_memserver::protocol::PAGE_SIZE;
+use farvm_memserver::server::{Server, ServerConfig};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// 6 clients (threads) × 2 namespaces each on 3 servers with R = 2; random batched reads,
+/// writes and discards (runs and scatter lists, crossing slab boundaries in the blocking
+/// API); every read must equal the model's last write, absent pages must read as absent.
+#[test]
+fn random_ops_match_the_model() {
+    let servers = start_servers(3, 1 << 16);
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let mut threads = Vec::new();
+    for t in 0..6u64 {
+        let addrs = addrs.clone();
+        threads.push(std::thread::spawn(move || {
+            let c = client(&addrs);
+            assert_eq!(c.replication(), 2);
+            let mut rng = Rng(0x1234_5678 + t * 7919);
+            let nss = [t * 2 + 1, t * 2 + 2];
+            // model: (ns, page) -> version (absent when missing)
+            let mut model: HashMap<(u64, u64), u64> = HashMap::new();
+            let (mut reads, mut checked) = (0u64, 0u64);
+            let (tx, rx) = crossbeam_channel::bounded(4);
+            let mut io = IoBuf::new(64);
+            for step in 0..400u64 {
+                let ns = nss[rng.below(2) as usize];
+                // Pages in 0..3000 span three 1024-page slabs.
+                let first = rng.below(3000);
+                let n = 1 + rng.below(40) as usize;
+                match rng.below(10) {
+                    0..=3 => {
+                        let mut data = vec![0u8; n * PAGE_SIZE];
+                        for i in 0..n {
+                            page_content(
+                                ns,
+                                first + i as u64,
+                                step,
+                                &mut data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
+                            );
+                            model.insert((ns, first + i as u64), step);
+                        }
+                        c.write(ns, first, &data).expect("write");
+                    }
+                    4 => {
+                        let freed = c.discard(ns, first, n).expect("discard");
+                        let mut expect = 0;
+                        for i in 0..n {
+                            if model.remove(&(ns, first + i as u64)).is_some() {
+                                expect += 1;
+                            }
+                        }
+                        assert_eq!(freed, expect, "discard count");
+                    }
+                    5 | 6 => {
+                        // Async scatter read within one slab.
+                        let slab = first / 1024;
+                        let pages: Vec<u64> =
+                            (0..n).map(|_| slab * 1024 + rng.below(1024)).collect();
+                        io.set_scatter(&pages).unwrap();
+                        c.submit(OpKind::Read, ns, Priority::Prefetch, io, step, &tx)
+                            .unwrap();
+                        let done = rx.recv().unwrap();
+                        assert_eq!(done.user_data, step);
+                        done.result.expect("scatter read");
+                        io = done.io;
+                        for (i, &p) in pages.iter().enumerate() {
+                            reads += 1;
+                            match model.get(&(ns, p)) {
+                                Some(&v) => {
+                                    assert!(io.is_present(i), "page {p} of ns {ns} lost");
+                                    assert_eq!(
+                                        io.page(i),
+                                        &page(ns, p, v)[..],
+                                        "page {p} of ns {ns} wrong"
+                                    );
+                                    checked += 1;
+                                }
+                                None => assert!(
+                                    !io.is_present(i),
+                                    "page {p} of ns {ns} should be absent"
+                                ),
+                            }
+                        }
+                    }
+                    _ => {
+                        let mut out = vec![0xffu8; n * PAGE_SIZE];
+                        let present = c.read(ns, first, &mut out).expect("read");
+                        for i in 0..n {
+                            let p = first + i as u64;
+                            reads += 1;
+                            let got = &out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                            match model.get(&(ns, p)) {
+                                Some(&v) => {
+                                    assert!(present[i], "page {p} lost");
+                                    assert_eq!(got, &page(ns, p, v)[..], "page {p} wrong");
+                                    checked += 1;
+                                }
+                                None => {
+                                    assert!(!present[i]);
+                                    assert!(
+                                        got.iter().all(|&b| b == 0),
+                                        "absent page not zero-filled"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Final full check of both namespaces.
+            for &ns in &nss {
+                let mut out = vec![0u8; 3100 * PAGE_SIZE];
+                let present = c.read(ns, 0, &mut out).unwrap();
+                for p in 0..3100u64 {
+                    let got = &out[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE];
+                    match model.get(&(ns, p)) {
+                        Some(&v) => assert_eq!(got, &page(ns, p, v)[..]),
+                        None => assert!(!present[p as usize]),
+                    }
+                }
+            }
+            (reads, checked)
+        }));
+    }
+    let mut total = (0, 0);
+    for t in threads {
+        let (r, c) = t.join().expect("client thread");
+        total.0 += r;
+        total.1 += c;
+    }
+    assert!(total.1 > 1000, "too few present pages checked: {total:?}");
+    // Both replicas hold data: R = 2 means stored pages = 2 × distinct pages.
+    let stored: u64 = servers.iter().map(|s| s.pages_stored()).sum();
+    assert!(
+        stored > 0 && stored.is_multiple_of(2),
+        "replicated page count {stored}"
+    );
+}
+
+#[test]
+fn another_token_cannot_read_or_write_a_namespace() {
+    let a = Secret::generate();
+    let b = Secret::generate();
+    let mut cfg = ServerConfig::loopback(1 << 24);
+    cfg.tokens = vec![a.clone(), b.clone()];
+    let srv = Server::start(cfg).unwrap();
+    let with = |s: Option<Secret>| {
+        let mut c = config(&[srv.addr()]);
+        c.secret = s;
+        Client::connect(c)
+    };
+    let ca = with(Some(a.clone())).expect("tenant A connects");
+    let cb = with(Some(b)).expect("tenant B connects");
+    let ns = namespace_for_name("vm-a");
+    ca.write(ns, 5, &page(ns, 5, 1)).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert_eq!(ca.read(ns, 5, &mut out).unwrap(), vec![true]);
+    // B's client has no placement for A's namespace; make it ask the server by writing first.
+    assert_eq!(cb.write(ns, 5, &page(ns, 5, 2)), Err(ClientError::Denied));
+    // Placement now exists in B's client: its read reaches the server and is refused.
+    assert_eq!(cb.read(ns, 5, &mut out), Err(ClientError::Denied));
+    assert!(matches!(cb.stat(ns)[0], Some(Err(ClientError::Denied))));
+    // A's data is untouched.
+    ca.read(ns, 5, &mut out).unwrap();
+    assert_eq!(out, page(ns, 5, 1));
+    // Unknown secret and no secret are refused at the handshake.
+    assert!(matches!(
+        with(Some(Secret::generate())),
+        Err(ClientError::Auth { .. })
+    ));
+    assert!(matches!(with(None), Err(ClientError::Auth { .. })));
+    // The wire never carries the secret.
+    assert!(!srv.metrics_text().contains(&a.to_hex()));
+}
+
+#[test]
+fn capacity_exhaustion_is_a_typed_error_and_batches_are_all_or_nothing() {
+    let srv = Server::start(ServerConfig::loopback(64 * PAGE_SIZE as u64)).unwrap();
+    let c = client(&[srv.addr()]);
+    let data: Vec<u8> = (0..60).flat_map(|p| page(9, p, 0)).collect();
+    c.write(9, 0, &data).unwrap();
+    // 10 more pages do not fit (4 free): nothing of the batch is stored.
+    let more: Vec<u8> = (60..70).flat_map(|p| page(9, p, 0)).collect();
+    assert_eq!(c.write(9, 60, &more), Err(ClientError::CapacityExhausted));
+    assert_eq!(srv.pages_stored(), 60);
+    // Overwriting existing pages needs no new slot.
+    c.write(9, 0, &data[..10 * PAGE_SIZE]).unwrap();
+    c.write(9, 60, &more[..4 * PAGE_SIZE]).unwrap();
+    assert_eq!(
+        c.write(9, 64, &page(9, 64, 0)),
+        Err(ClientError::CapacityExhausted)
+    );
+    // Discard frees room.
+    assert_eq!(c.discard(9, 0, 8).unwrap(), 8);
+    c.write(9, 64, &more[4 * PAGE_SIZE..]).unwrap();
+    let st = c.stat(9)[0].unwrap().unwrap();
+    assert_eq!(
+        (st.namespace_pages, st.used_pages, st.capacity_pages),
+        (62, 62, 64)
+    );
+    assert!(srv
+        .metrics_text()
+        .contains("farvm_memserver_errors_total{op=\"write\",status=\"capacity_exhausted\"} 2"));
+}
+
+#[test]
+fn demand_reads_overtake_queued_prefetches() {
+    let srv = Server::start(ServerConfig::loopback(1 << 24)).unwrap();
+    let mut cfg = config(&[srv.addr()]);
+    cfg.conns_per_server = 1;
+    cfg.window = 2;
+    cfg.demand_reserve = 1;
+    let c = Client::connect(cfg).unwrap();
+    let data: Vec<u8> = (0..64).flat_map(|p| page(3, p, 0)).collect();
+    c.write(3, 0, &data).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    for i in 0..40u64 {
+        let mut io = IoBuf::new(64);
+        io.set_run(0, 64).unwrap();
+        c.submit(OpKind::Read, 3, Priority::Prefetch, io, i, &tx)
+            .unwrap();
+    }
+    let mut io = IoBuf::new(1);
+    io.set_run(7, 1).unwrap();
+    // Completions already delivered before the demand read was submitted.
+    let before = rx.len();
+    c.submit(OpKind::Read, 3, Priority::Demand, io, 999, &tx)
+        .unwrap();
+    let order: Vec<u64> = (0..41).map(|_| rx.recv().unwrap().user_data).collect();
+    let pos = order.iter().position(|&u| u == 999).unwrap();
+    // Prefetches are limited to one in flight, so at most that one (plus one the sender
+    // thread may have been writing at that moment) finishes before the demand read.
+    assert!(
+        before < 35,
+        "prefetches finished too fast to test ordering: {before}"
+    );
+    assert!(
+        pos <= before + 2,
+        "demand read finished at position {pos} (after {before} done): {order:?}"
+    );
+}
+
+/// A server that completes the handshake and then never answers.
+fn silent_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                encode(
+                    &mut out,
+                    &Frame {
+                        req_id: 0,
+                        namespace: 0,
+                        body: Body::Challenge {
+                            server_nonce: [1; 32],
+                            max_version: 1,
+                        },
+                    },
+                    false,
+                );
+                s.write_all(&out).unwrap();
+                let mut hello = [0u8; 32 + 72];
+                if s.read_exact(&mut hello).is_err() {
+                    return;
+                }
+                out.clear();
+                encode(
+                    &mut out,
+                    &Frame {
+                        req_id: 0,
+                        namespace: 0,
+                        body: Body::HelloResp {
+                            server_mac: [0; 32],
+                        },
+                    },
+                    false,
+                );
+                s.write_all(&out).unwrap();
+                let mut sink = [0u8; 65536];
+                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn requests_time_out_with_a_typed_error() {
+    let addr = silent_server();
+    let mut cfg = config(&[addr]);
+    cfg.timeout = Duration::from_millis(300);
+    let c = Client::connect(cfg).unwrap();
+    let t0 = Instant::now();
+    // The first write places the slab; the silent server never answers.
+    let r = c.write(1, 0, &page(1, 0, 0));
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::NoLiveReplica) | Err(ClientError::Timeout)
+        ),
+        "{r:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "timeout not bounded: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(c.stats().dead_servers, 1);
+}
+
+#[test]
+fn malformed_frame_closes_only_that_connection() {
+    let srv = Server::start(ServerConfig {
+        metrics: Some("127.0.0.1:0".parse().unwrap()),
+        ..ServerConfig::loopback(1 << 24)
+    })
+    .unwrap();
+    let good = client(&[srv.addr()]);
+    good.write(1, 0, &page(1, 0, 0)).unwrap();
+    let mut bad = TcpStream::connect(srv.addr()).unwrap();
+    let mut chal = [0u8; 32 + 33];
+    bad.read_exact(&mut chal).unwrap();
+    assert!(decode(&chal).is_ok());
+    bad.write_all(&[0xde; 64]).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(
+        bad.read(&mut b).unwrap_or(0),
+        0,
+        "server must close the bad connection"
+    );
+    // The good client is unaffected.
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert_eq!(good.read(1, 0, &mut out).unwrap(), vec![true]);
+    assert_eq!(out, page(1, 0, 0));
+    // Metrics over HTTP.
+    let mut m = TcpStream::connect(srv.metrics_addr().unwrap()).unwrap();
+    m.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    m.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"));
+    assert!(text.contains("farvm_memserver_pages_stored 1"), "{text}");
+    assert!(text.contains("farvm_memserver_malformed_frames_total 1"));
+    assert!(text.contains("farvm_memserver_op_latency_seconds_count{op=\"read\"} 1"));
+}
+
+/// The three ways to wait: inline `submit_wait`, `submit_polled` + `wait_completion`, and a
+/// plain channel fed by the background receiver; plus the `PageTransport` view of the client.
+#[test]
+fn all_completion_paths_deliver_the_right_pages() {
+    use farvm_memserver::transport::PageTransport;
+    let servers = start_servers(2, 1 << 14);
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let c = client(&addrs);
+    let pages: Vec<u64> = (0..512).collect();
+    let data: Vec<u8> = pages.iter().flat_map(|&p| page(5, p, 3)).collect();
+    c.write_pages(5, &pages, &data).unwrap();
+    // Inline demand read.
+    let mut io = IoBuf::new(8);
+    io.set_scatter(&[3, 700, 9]).unwrap();
+    let done = c.submit_wait(OpKind::Read, 5, io);
+    assert_eq!(done.result, Ok(2));
+    assert!(done.io.is_present(0) && !done.io.is_present(1) && done.io.is_present(2));
+    assert_eq!(done.io.page(2), &page(5, 9, 3)[..]);
+    // Polled: 16 outstanding, collected on this thread.
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    for i in 0..16u64 {
+        let mut io = IoBuf::new(4);
+        io.set_run(i * 4, 4).unwrap();
+        c.submit_polled(OpKind::Read, 5, Priority::Prefetch, io, i, &tx)
+            .unwrap();
+    }
+    let mut seen = [false; 16];
+    for _ in 0..16 {
+        let d = c.wait_completion(&rx);
+        assert_eq!(d.result, Ok(4));
+        for k in 0..4 {
+            let p = d.user_data * 4 + k as u64;
+            assert_eq!(d.io.page(k), &page(5, p, 3)[..]);
+        }
+        seen[d.user_data as usize] = true;
+    }
+    assert!(seen.iter().all(|&s| s));
+    // Polled requests whose caller stops polling are still delivered by the background
+    // receiver (within its park interval).
+    let mut io = IoBuf::new(1);
+    io.set_run(1, 1).unwrap();
+    c.submit_polled(OpKind::Read, 5, Priority::Prefetch, io, 99, &tx)
+        .unwrap();
+    let d = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("background delivery");
+    assert_eq!((d.user_data, d.result), (99, Ok(1)));
+    // PageTransport read with presence.
+    let mut out = vec![0u8; 3 * PAGE_SIZE];
+    let mut present = [false; 3];
+    c.read_pages(5, &[511, 512, 0], &mut out, &mut present)
+        .unwrap();
+    assert_eq!(present, [true, false, true]);
+    assert_eq!(&out[..PAGE_SIZE], &page(5, 511, 3)[..]);
+    assert!(out[PAGE_SIZE..2 * PAGE_SIZE].iter().all(|&b| b == 0));
+}
