@@ -1,1 +1,122 @@
-//! Shared helpers for farvm integration tests.
+//! Shared helpers for farvm integration tests: the /dev/kvm gate, booting the built-in test
+//! guest with a list of `--workload` specs, and native baselines of the same workloads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use farvm_guest_agent::boot::flags;
+use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::devices::pvctl::ProcessRecord;
+use farvm_vmm::devices::serial::SerialOut;
+use farvm_vmm::memory::Backing;
+use farvm_vmm::vm::{BootSpec, RunningVm, Vm, VmConfig, VmReport};
+use farvm_vmm::workload_spec::{place, PlacedWorkload};
+use farvm_workloads::{Outcome, StdEnv};
+
+/// True if KVM tests should run; false only when `FARVM_SKIP_KVM=1`. Panics with a clear
+/// message when /dev/kvm is unusable otherwise.
+pub fn kvm_available() -> bool {
+    if std::env::var("FARVM_SKIP_KVM").as_deref() == Ok("1") {
+        eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
+        return false;
+    }
+    if let Err(e) = farvm_vmm::kvm::check_available() {
+        panic!("this test needs a usable /dev/kvm ({e}); set FARVM_SKIP_KVM=1 to skip it");
+    }
+    true
+}
+
+/// How to boot the test guest.
+#[derive(Clone, Debug)]
+pub struct GuestSetup {
+    pub name: String,
+    pub mem_bytes: u64,
+    pub vcpus: u32,
+    pub workloads: Vec<String>,
+    pub timer_hz: u32,
+    pub flags: u64,
+    pub frame_shuffle_seed: u64,
+    pub timeout: Duration,
+}
+
+impl GuestSetup {
+    pub fn new(name: &str, mem_bytes: u64, vcpus: u32, workloads: &[&str]) -> Self {
+        GuestSetup {
+            name: name.into(),
+            mem_bytes,
+            vcpus,
+            workloads: workloads.iter().map(|s| s.to_string()).collect(),
+            timer_hz: 100,
+            flags: flags::RAM_IS_ZERO,
+            frame_shuffle_seed: 1,
+            timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// The placed workloads (as `farvm run` would place them).
+    pub fn placed(&self) -> Vec<PlacedWorkload> {
+        place(&self.workloads, self.vcpus).expect("valid workload specs")
+    }
+
+    /// The VMM configuration for this setup.
+    pub fn config(&self) -> VmConfig {
+        VmConfig {
+            name: self.name.clone(),
+            mem_bytes: self.mem_bytes,
+            vcpus: self.vcpus,
+            backing: Backing::Anonymous,
+            serial: SerialOut::None,
+            boot: BootSpec::TestGuest {
+                kernel: Arc::from(farvm_vmm::builtin::test_guest_elf()),
+                plan: TestPlan {
+                    procs: self.placed().iter().map(|p| p.process_spec()).collect(),
+                    timer_hz: self.timer_hz,
+                    flags: self.flags,
+                    frame_shuffle_seed: self.frame_shuffle_seed,
+                    frame_run_shift: 0,
+                },
+            },
+            echo_guest_logs: std::env::var_os("FARVM_TEST_GUEST_LOG").is_some(),
+        }
+    }
+
+    /// Creates and starts the VM.
+    pub fn start(&self) -> RunningVm {
+        let vm = Vm::create(self.config()).expect("create the test-guest VM");
+        vm.start().expect("start the test-guest VM")
+    }
+
+    /// Boots, waits for the guest to stop (or the timeout), returns the report.
+    pub fn run(&self) -> VmReport {
+        let running = self.start();
+        let outcome = running.wait(Some(self.timeout), false);
+        running.finish(outcome)
+    }
+}
+
+/// Runs a placed workload natively with the same parameters.
+pub fn native(w: &PlacedWorkload) -> Outcome {
+    let p = w.spec.params();
+    let mut heap = vec![0u64; (p.ws_bytes / 8).max(1) as usize];
+    farvm_workloads::run(w.spec.workload.id, &p, &mut heap, &mut StdEnv::default())
+        .unwrap_or_else(|e| panic!("native {}: {e}", w.name()))
+}
+
+/// The process record of the i-th placed workload (matched by the spec the kernel copied into
+/// the mailbox: workload, ws, seed, cpu; the first unused match).
+pub fn record_for<'a>(
+    report: &'a VmReport,
+    placed: &[PlacedWorkload],
+    i: usize,
+) -> Option<&'a ProcessRecord> {
+    // Pids are assigned in plan order by the test guest (pid = index + 1).
+    let want = placed[i].process_spec();
+    let by_pid = report.processes.iter().find(|p| p.pid as usize == i + 1);
+    match by_pid {
+        Some(p) if p.workload == want.workload && p.cpu == want.cpu => Some(p),
+        _ => report
+            .processes
+            .iter()
+            .find(|p| p.workload == want.workload && p.cpu == want.cpu),
+    }
+}

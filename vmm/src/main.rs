@@ -4,6 +4,7 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
+use farvm_vmm::exit_code;
 
 /// farvm — virtual machines whose memory lives on remote memory servers.
 ///
@@ -22,21 +23,58 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Boot a VM (the built-in test guest by default) and run workloads in it.
+    #[command(long_about = cli::run::LONG_ABOUT)]
+    Run(cli::run::RunArgs),
+    /// Print a running VM's statistics (from its control socket).
+    #[command(long_about = cli::control::STATS_ABOUT)]
+    Stats(cli::control::StatsArgs),
+    /// Print a running VM's status (vCPUs, current guest pids, memory).
+    #[command(long_about = cli::control::STATUS_ABOUT)]
+    Status(cli::control::StatusArgs),
+    /// Shut a running VM down cleanly (through its control socket).
+    #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
+    Shutdown(cli::control::ShutdownArgs),
+    /// Benchmarks (`farvm bench local`: guest vs native workload times).
+    Bench(cli::bench::BenchArgs),
     /// Evaluate prefetchers on page-access traces (generate traces, replay them).
     Trace(cli::trace::TraceArgs),
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // Behave like other command-line tools when the reader of stdout goes away
+    // (`farvm run | head`): die quietly by SIGPIPE instead of panicking in println!.
+    // SAFETY: setting a signal disposition to the default has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => exit_code::USAGE,
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Trace(args) => cli::trace::run(args),
+        Command::Run(args) => cli::run::run(args),
+        Command::Stats(args) => cli::control::stats(args).map(|()| 0),
+        Command::Status(args) => cli::control::status(args).map(|()| 0),
+        Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
+        Command::Bench(args) => cli::bench::run(args).map(|()| 0),
+        Command::Trace(args) => cli::trace::run(args).map(|()| 0),
     };
-    if let Err(err) = result {
-        eprintln!("farvm: error: {err:#}");
-        std::process::exit(1);
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("farvm: error: {err:#}");
+            let code = err.downcast_ref::<cli::Failure>().map_or(1, |f| f.code);
+            std::process::exit(code);
+        }
     }
 }

@@ -1,0 +1,57 @@
+//! Loading a guest kernel and building its entry state: the test-guest ELF (direct 64-bit entry,
+//! VMM-built page tables) and Linux (bzImage / vmlinux through linux-loader).
+
+pub mod elf;
+pub mod linux;
+pub mod testguest;
+
+use crate::memory::MemError;
+
+/// Errors while loading a kernel or building its boot data.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("kernel image is malformed: {0}")]
+    Malformed(String),
+    #[error("kernel image does not fit guest RAM: {0}")]
+    DoesNotFit(String),
+    #[error("boot setup: {0}")]
+    Setup(String),
+    #[error(transparent)]
+    Mem(#[from] MemError),
+}
+
+/// What kind of kernel a file holds, from its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelKind {
+    /// An ELF64 image (the test guest, or a Linux vmlinux when it has Linux notes / is given
+    /// an initrd or cmdline).
+    Elf,
+    /// A Linux bzImage (setup header magic "HdrS" at 0x202).
+    BzImage,
+}
+
+/// Sniffs the kernel kind: ELF magic or the Linux setup-header magic.
+pub fn sniff_kernel(image: &[u8]) -> Option<KernelKind> {
+    if image.len() >= 4 && &image[..4] == b"\x7fELF" {
+        return Some(KernelKind::Elf);
+    }
+    if image.len() >= 0x206 && &image[0x202..0x206] == b"HdrS" {
+        return Some(KernelKind::BzImage);
+    }
+    None
+}
+
+/// The initial register state of one vCPU, as the boot path decided it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryState {
+    pub rip: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub rsp: u64,
+    pub cr3: u64,
+    /// Code and data selectors loaded in the hidden segment state.
+    pub code_selector: u16,
+    pub data_selector: u16,
+    pub gdt_base: u64,
+    pub gdt_limit: u16,
+}

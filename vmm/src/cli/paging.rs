@@ -1,0 +1,117 @@
+//! The human-readable paging summary of a VM with remote memory, shared by `farvm stats` and
+//! the end of `farvm run`. Input is the JSON form of `farvm_vmm::remote::RemoteStats`.
+
+use serde_json::Value;
+
+fn us(v: &Value) -> String {
+    match v.as_f64() {
+        Some(ns) if ns > 0.0 => format!("{:.1}", ns / 1e3),
+        _ => "-".into(),
+    }
+}
+
+/// Renders the summary (several lines, each ending in a newline).
+pub fn render(p: &Value) -> String {
+    use std::fmt::Write;
+    let e = &p["engine"];
+    let c = &e["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let mut s = String::new();
+    let pages = e["total_pages"].as_u64().unwrap_or(0);
+    let budget = e["budget_pages"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "paging: prefetcher {}, local budget {} of {} pages ({:.0}%), resident {}, stage-2 pre-fault {}",
+        e["prefetcher"].as_str().unwrap_or("?"),
+        budget,
+        pages,
+        if pages > 0 { 100.0 * budget as f64 / pages as f64 } else { 0.0 },
+        e["resident_pages"].as_u64().unwrap_or(0),
+        if e["stage2_prefault"].as_bool() == Some(true) { "on" } else { "unsupported" },
+    );
+    let _ = writeln!(
+        s,
+        "  faults: demand {} | zero-fill {} | dedup waits {} | evicting waits {} | hot refaults {}",
+        n("demand_faults"),
+        n("zero_fills"),
+        n("dedup_waits"),
+        n("evicting_waits"),
+        n("hot_refaults")
+    );
+    let _ = writeln!(
+        s,
+        "  remote: reads demand {} prefetch {} | writes {} | bytes in {} out {} | errors {}",
+        n("remote_reads_demand"),
+        n("remote_reads_prefetch"),
+        n("remote_writes"),
+        n("bytes_read"),
+        n("bytes_written"),
+        n("store_errors")
+    );
+    let _ = writeln!(
+        s,
+        "  prefetch: issued {} injected {} staged {} | hits marker {} late {} probe {}/{} | wasted {} | accuracy {:.3} coverage {:.3}",
+        n("prefetch_issued"),
+        n("prefetch_injected"),
+        n("prefetch_staged"),
+        n("prefetch_marker_hits"),
+        n("prefetch_late_hits"),
+        n("probe_hits"),
+        n("probe_staged"),
+        n("prefetch_wasted"),
+        e["accuracy"].as_f64().unwrap_or(0.0),
+        e["coverage"].as_f64().unwrap_or(0.0)
+    );
+    let _ = writeln!(
+        s,
+        "  evictions {} (clean {} dirty {} zero {} rescued {}) in {} rounds",
+        n("evictions"),
+        n("evict_clean"),
+        n("evict_dirty"),
+        n("evict_zero"),
+        n("evict_rescued"),
+        n("evict_rounds")
+    );
+    for (name, k) in [
+        ("fault service", "fault_service"),
+        ("store read", "store_read"),
+        ("install", "install"),
+        ("zero fill", "zero_fill"),
+        ("timeliness", "prefetch_timeliness"),
+    ] {
+        let h = &e[k];
+        if h["count"].as_u64().unwrap_or(0) == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "  {name:<14} µs: p50 {} p99 {} p99.9 {} max {} (n={})",
+            us(&h["p50"]),
+            us(&h["p99"]),
+            us(&h["p999"]),
+            us(&h["max"]),
+            h["count"]
+        );
+    }
+    let r = &p["remote"];
+    if !r.is_null() {
+        let _ = writeln!(
+            s,
+            "  memservers: {}{} | replication {} | dead {} | read fail-overs {} | degraded slabs {}",
+            r["servers"]
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default(),
+            if r["embedded"].as_bool() == Some(true) { " (embedded)" } else { "" },
+            r["replication"],
+            r["dead_servers"],
+            r["read_failovers"],
+            r["degraded_slabs"]
+        );
+    }
+    s
+}

@@ -1,0 +1,447 @@
+//! `farvm run`: boot a VM, stream its console, print each workload's result, exit with the
+//! guest's status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use farvm_guest_agent::boot::flags;
+use farvm_guest_agent::pv::state;
+use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::boot::{sniff_kernel, KernelKind};
+use farvm_vmm::control::{default_socket_path, ControlServer};
+use farvm_vmm::devices::pvctl::ProcessRecord;
+use farvm_vmm::devices::serial::SerialOut;
+use farvm_vmm::memory::Backing;
+use farvm_vmm::size::{format_size, parse_size};
+use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
+use farvm_vmm::workload_spec::{place, workload_name};
+use farvm_vmm::{exit_code, signals};
+
+use super::Failure;
+
+pub const LONG_ABOUT: &str = "\
+Boot a virtual machine and run workloads in it.
+
+Without --kernel, farvm boots its built-in test guest: a tiny ring-0 kernel whose ring-3
+processes run the workloads given with --workload (one process each) and report their time and
+checksum to the VMM. With --kernel PATH, the file is sniffed: an ELF is booted as a test-guest
+kernel (direct 64-bit entry), a bzImage (or an ELF given with --initrd/--cmdline/--linux) as
+Linux through the x86 64-bit boot protocol. Linux does not run at a usable speed on a host
+whose KVM emulates guest ring 0 (PVM); use --stop-at-entry to check its boot setup.
+
+The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the guest shuts
+down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
+checksum (or JSON with --json) and exits with the guest's status.
+
+A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM runs. Ctrl-C
+(SIGINT) or SIGTERM shuts the VM down cleanly.
+
+WORKLOAD SPEC
+  --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
+  workload's own parameters. Names: seq, stride, random, matmul, matmul-blocked, kv, pagerank,
+  quicksort, isolation, crash, intops. Processes without cpu= go round-robin over the vCPUs.
+
+EXAMPLES
+  farvm run --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
+  farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
+  farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
+  farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
+
+EXIT STATUS
+  0        the guest shut down with status 0 (every process ended as expected), or the VM was
+           shut down through its control socket
+  1-63     the guest's own non-zero shutdown status (test guest: 1 = a process failed,
+           2 = bad boot info, 3 = out of memory, 4 = bad user image)
+  64       bad command-line arguments
+  65       the kernel or initrd is malformed or does not fit in guest memory
+  66       the kernel or initrd file cannot be read
+  70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
+           unmapped address, guest kernel panic
+  71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
+  124      --timeout expired
+  130/143  stopped by SIGINT/SIGTERM (the VM was shut down cleanly)";
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Kernel to boot: a test-guest ELF, a Linux bzImage or vmlinux [default: the built-in
+    /// test guest].
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+
+    /// Guest RAM size (K/M/G suffixes; RAM above 3G is placed at 4G).
+    #[arg(long, short = 'm', value_name = "SIZE", default_value = "512M", value_parser = parse_size_arg)]
+    pub memory: u64,
+
+    /// Number of vCPUs (threads vcpu0, vcpu1, ...).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=255))]
+    pub vcpus: u32,
+
+    /// A process running a workload: NAME[:key=value,...] (repeatable; see WORKLOAD SPEC).
+    #[arg(long = "workload", short = 'w', value_name = "SPEC")]
+    pub workloads: Vec<String>,
+
+    /// LAPIC timer frequency for preemption (0 = cooperative only).
+    #[arg(long, value_name = "HZ", default_value_t = 100)]
+    pub timer_hz: u32,
+
+    /// Seed of the guest's physical-frame free-list shuffle (0 = ascending order).
+    #[arg(long, value_name = "SEED", default_value_t = 1)]
+    pub frame_shuffle_seed: u64,
+
+    /// Free-list fragmentation: hand out frames in runs of 2^SHIFT (0 = every frame shuffled).
+    #[arg(long, value_name = "SHIFT", default_value_t = 0)]
+    pub frame_run_shift: u32,
+
+    /// Premap each process's whole heap at start instead of demand paging it.
+    #[arg(long)]
+    pub premap: bool,
+
+    /// Demand-page the heap one 4 KiB page per fault (default: 2 MiB around each fault).
+    #[arg(long, conflicts_with = "premap")]
+    pub demand_4k: bool,
+
+    /// Console destination: stdout, none, or a file path.
+    #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
+    pub serial: SerialOut,
+
+    /// Host backing of guest RAM: anon (private anonymous) or memfd (shared).
+    #[arg(long, value_name = "anon|memfd", default_value = "anon")]
+    pub memory_backing: Backing,
+
+    /// VM name (control socket name) [default: farvm-<pid>].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Control socket path [default: $XDG_RUNTIME_DIR/farvm/NAME.sock or /run/farvm/NAME.sock].
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
+
+    /// Do not open a control socket.
+    #[arg(long, conflicts_with = "control_socket")]
+    pub no_control_socket: bool,
+
+    /// Stop the VM after this many seconds (exit status 124).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+
+    /// Print results (and the run's outcome, exits, phase timestamps) as JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Echo guest log lines (PV log port) on stderr.
+    #[arg(long)]
+    pub guest_log: bool,
+
+    /// Linux: the initial ramdisk.
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+
+    /// Linux: the kernel command line.
+    #[arg(long, value_name = "STRING")]
+    pub cmdline: Option<String>,
+
+    /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline).
+    #[arg(long)]
+    pub linux: bool,
+
+    /// Set everything up, print the entry state (registers, boot data placement) and exit
+    /// without running the guest.
+    #[arg(long)]
+    pub stop_at_entry: bool,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+fn read_input(path: &PathBuf, what: &str) -> Result<Arc<[u8]>, Failure> {
+    std::fs::read(path).map(Arc::from).map_err(|e| {
+        Failure::new(
+            exit_code::NO_INPUT,
+            format!("cannot read {what} {}: {e}", path.display()),
+        )
+    })
+}
+
+/// Builds the VM configuration from the arguments (no KVM yet).
+pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
+    let name = a
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("farvm-{}", std::process::id()));
+    if name.is_empty() || name.contains('/') {
+        return Err(Failure::new(
+            exit_code::USAGE,
+            format!("invalid --name `{name}`: must be non-empty and contain no `/`"),
+        ));
+    }
+    let kernel: Arc<[u8]> = match &a.kernel {
+        Some(p) => read_input(p, "kernel")?,
+        None => {
+            if farvm_vmm::builtin::test_guest_elf().is_empty() {
+                return Err(Failure::new(
+                    exit_code::BAD_KERNEL,
+                    "the built-in test guest is empty in this build; pass --kernel PATH",
+                ));
+            }
+            Arc::from(farvm_vmm::builtin::test_guest_elf())
+        }
+    };
+    let kind = sniff_kernel(&kernel).ok_or_else(|| {
+        Failure::new(
+            exit_code::BAD_KERNEL,
+            format!(
+                "{}: not a kernel image (neither ELF nor a Linux bzImage)",
+                a.kernel
+                    .as_ref()
+                    .map_or("built-in test guest".into(), |p| p.display().to_string())
+            ),
+        )
+    })?;
+    let linux = kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some();
+    let boot = if linux {
+        if !a.workloads.is_empty() {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                "--workload needs the test guest; it cannot be used with a Linux kernel",
+            ));
+        }
+        let initrd = a
+            .initrd
+            .as_ref()
+            .map(|p| read_input(p, "initrd"))
+            .transpose()?;
+        BootSpec::Linux {
+            kernel,
+            initrd,
+            cmdline: a
+                .cmdline
+                .clone()
+                .unwrap_or_else(|| "console=ttyS0 reboot=k panic=1".into()),
+        }
+    } else {
+        let placed = place(&a.workloads, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
+        if total_ws >= a.memory {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                format!(
+                    "the workloads' working sets add up to {} but --memory is {}; give the \
+                     guest more memory (working sets + page tables + ~32M)",
+                    format_size(total_ws),
+                    format_size(a.memory)
+                ),
+            ));
+        }
+        let mut f = flags::RAM_IS_ZERO;
+        if a.premap {
+            f |= flags::PREMAP_HEAP;
+        }
+        if a.demand_4k {
+            f |= flags::DEMAND_4K;
+        }
+        BootSpec::TestGuest {
+            kernel,
+            plan: TestPlan {
+                procs: placed.iter().map(|p| p.process_spec()).collect(),
+                timer_hz: a.timer_hz,
+                flags: f,
+                frame_shuffle_seed: a.frame_shuffle_seed,
+                frame_run_shift: a.frame_run_shift,
+            },
+        }
+    };
+    Ok(VmConfig {
+        name,
+        mem_bytes: a.memory,
+        vcpus: a.vcpus,
+        backing: a.memory_backing,
+        serial: a.serial.clone(),
+        boot,
+        echo_guest_logs: a.guest_log,
+    })
+}
+
+/// Creates the VM, mapping errors to exit statuses.
+pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
+    Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
+}
+
+/// Runs a created VM to its end (control socket, signals, timeout) and returns the report.
+pub fn run_vm(
+    vm: Vm,
+    control: Option<PathBuf>,
+    timeout: Option<Duration>,
+) -> Result<VmReport, Failure> {
+    let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
+    signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
+    let server = match control {
+        Some(p) => {
+            Some(ControlServer::start(&p, vm.shared().clone()).map_err(|e| host(e.to_string()))?)
+        }
+        None => None,
+    };
+    let running = vm.start().map_err(|e| host(e.to_string()))?;
+    let outcome = running.wait(timeout, true);
+    let report = running.finish(outcome);
+    drop(server);
+    Ok(report)
+}
+
+pub fn run(a: RunArgs) -> Result<i32> {
+    let cfg = build_config(&a)?;
+    let name = cfg.name.clone();
+    let vm = create_vm(cfg)?;
+    if a.stop_at_entry {
+        print_entry(&vm, a.json)?;
+        return Ok(exit_code::OK);
+    }
+    let control = if a.no_control_socket {
+        None
+    } else {
+        Some(
+            a.control_socket
+                .clone()
+                .unwrap_or_else(|| default_socket_path(&name)),
+        )
+    };
+    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
+    print_report(&report, a.json);
+    let code = exit_code::for_outcome(&report.outcome);
+    if code != exit_code::OK {
+        eprintln!("farvm: {}", report.outcome);
+    }
+    Ok(code)
+}
+
+fn print_entry(vm: &Vm, json: bool) -> Result<()> {
+    let (regs, sregs) = vm.vcpu_regs(0)?;
+    let v = serde_json::json!({
+        "rip": regs.rip, "rsi": regs.rsi, "rdi": regs.rdi, "rsp": regs.rsp,
+        "cr0": sregs.cr0, "cr3": sregs.cr3, "cr4": sregs.cr4, "efer": sregs.efer,
+        "cs": sregs.cs.selector, "ds": sregs.ds.selector, "cs_long_mode": sregs.cs.l == 1,
+        "gdt_base": sregs.gdt.base, "gdt_limit": sregs.gdt.limit,
+        "linux": vm.linux_boot(),
+        "memory_regions": vm.ram().regions().iter().map(|r| (r.gpa(), r.len())).collect::<Vec<_>>(),
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("entry state of vCPU 0 (not run):");
+        println!(
+            "  rip {:#x}  rsi {:#x}  rdi {:#x}  rsp {:#x}",
+            regs.rip, regs.rsi, regs.rdi, regs.rsp
+        );
+        println!(
+            "  cr0 {:#x}  cr3 {:#x}  cr4 {:#x}  efer {:#x}  cs {:#x} (L={})",
+            sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, sregs.cs.selector, sregs.cs.l
+        );
+        if let Some(l) = vm.linux_boot() {
+            println!(
+                "  linux {}: protocol {}.{:02}, kernel {:#x}..{:#x}, entry {:#x}",
+                l.kind,
+                l.protocol_version >> 8,
+                l.protocol_version & 0xff,
+                l.kernel_load,
+                l.kernel_end,
+                l.entry
+            );
+            println!(
+                "  boot_params at {:#x}, cmdline at {:#x} ({} bytes)",
+                l.boot_params_gpa, l.cmdline_gpa, l.cmdline_len
+            );
+            match l.initrd_gpa {
+                Some(g) => println!("  initrd at {g:#x} ({} bytes)", l.initrd_len),
+                None => println!("  no initrd"),
+            }
+            for (a, s, t) in &l.e820 {
+                println!("  e820 {a:#014x} +{:<8} type {t}", format_size(*s));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Name of a mailbox state.
+pub fn state_name(s: u32) -> &'static str {
+    match s {
+        state::STARTING => "starting",
+        state::RUNNING => "running",
+        state::DONE => "done",
+        state::KILLED => "killed",
+        state::FAILED => "failed",
+        _ => "?",
+    }
+}
+
+fn print_report(r: &VmReport, json: bool) {
+    if json {
+        let procs: Vec<serde_json::Value> = r.processes.iter().map(process_json).collect();
+        let v = serde_json::json!({
+            "name": r.name,
+            "outcome": r.outcome,
+            "exit_status": exit_code::for_outcome(&r.outcome),
+            "uptime_secs": r.uptime_secs,
+            "exits": r.exits,
+            "processes": procs,
+        });
+        println!("{v}");
+        return;
+    }
+    if r.processes.is_empty() {
+        return;
+    }
+    println!(
+        "{:>4} {:<15} {:>3} {:<8} {:>12} {:>12} {:>18}",
+        "pid", "workload", "cpu", "state", "time_ms", "ops", "checksum"
+    );
+    for p in &r.processes {
+        let extra = match p.state {
+            state::KILLED => format!(
+                "  (vector {} error {:#x} cr2 {:#x} rip {:#x})",
+                p.fault_vector, p.fault_error, p.fault_cr2, p.fault_rip
+            ),
+            state::FAILED => format!(
+                "  ({}, code {})",
+                farvm_workloads::Error::describe_code(p.error),
+                p.error
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "{:>4} {:<15} {:>3} {:<8} {:>12.3} {:>12} {:>#18x}{extra}",
+            p.pid,
+            workload_name(p.workload),
+            p.cpu,
+            state_name(p.state),
+            p.elapsed_ns as f64 / 1e6,
+            p.ops,
+            p.checksum
+        );
+    }
+    if let VmOutcome::GuestShutdown { status } = r.outcome {
+        println!(
+            "guest shut down with status {status} after {:.3} s",
+            r.uptime_secs
+        );
+    }
+}
+
+fn process_json(p: &ProcessRecord) -> serde_json::Value {
+    let mut v = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("name".into(), workload_name(p.workload).into());
+        o.insert("state_name".into(), state_name(p.state).into());
+        o.insert("time_ms".into(), (p.elapsed_ns as f64 / 1e6).into());
+        if p.state == state::FAILED {
+            o.insert(
+                "error_text".into(),
+                farvm_workloads::Error::describe_code(p.error).into(),
+            );
+        }
+    }
+    v
+}

@@ -1,0 +1,300 @@
+//! The per-VM control socket: a Unix stream socket taking one JSON request per line
+//! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"shutdown"}`; a bare word works too) and
+//! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
+//!
+//! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::vm::{VmOutcome, VmShared};
+use crate::workload_spec::workload_name;
+
+/// Errors of the control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("control socket {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("a VM named `{0}` is already running (its control socket answers)")]
+    InUse(String),
+    #[error("bad reply from {path}: {msg}")]
+    BadReply { path: PathBuf, msg: String },
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// The directory holding control sockets.
+pub fn socket_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("farvm"),
+        _ => PathBuf::from("/run/farvm"),
+    }
+}
+
+/// The default control-socket path of VM `name`.
+pub fn default_socket_path(name: &str) -> PathBuf {
+    socket_dir().join(format!("{name}.sock"))
+}
+
+/// A running control-socket server; stops and removes the socket on drop.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Binds `path` (creating its directory) and serves `vm` from a thread named `control`.
+    pub fn start(path: &Path, vm: Arc<VmShared>) -> Result<Self, ControlError> {
+        let ioerr = |source| ControlError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(ioerr)?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(ControlError::InUse(vm.name.clone()));
+            }
+            // A stale socket of a VMM that died: replace it.
+            std::fs::remove_file(path).map_err(ioerr)?;
+        }
+        let listener = UnixListener::bind(path).map_err(ioerr)?;
+        listener.set_nonblocking(true).map_err(ioerr)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || serve(listener, vm, stop2))
+            .map_err(ioerr)?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: UnixListener, vm: Arc<VmShared>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                // One client at a time is plenty for status/stats; a slow client cannot wedge
+                // the server for long thanks to the timeouts.
+                if let Err(e) = handle_client(stream, &vm) {
+                    tracing::debug!("control client: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+fn handle_client(stream: UnixStream, vm: &VmShared) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut w = stream;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match parse_request(&line) {
+            Ok(cmd) => match answer(&cmd, vm) {
+                Ok(v) => json!({"ok": true, "result": v}),
+                Err(e) => json!({"ok": false, "error": e}),
+            },
+            Err(e) => json!({"ok": false, "error": e}),
+        };
+        writeln!(w, "{reply}")?;
+    }
+}
+
+fn parse_request(line: &str) -> Result<String, String> {
+    let t = line.trim();
+    if t.starts_with('{') {
+        let v: Value = serde_json::from_str(t).map_err(|e| format!("malformed JSON: {e}"))?;
+        v.get("cmd")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| "request has no string field \"cmd\"".to_string())
+    } else {
+        Ok(t.to_string())
+    }
+}
+
+fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
+    match cmd {
+        "status" => Ok(status(vm)),
+        "stats" => Ok(stats(vm)),
+        "shutdown" => {
+            vm.request_stop(VmOutcome::ControlShutdown);
+            Ok(json!({"stopping": true}))
+        }
+        other => Err(format!(
+            "unknown command `{other}` (known: status, stats, shutdown)"
+        )),
+    }
+}
+
+/// The `status` reply.
+pub fn status(vm: &VmShared) -> Value {
+    let tids = vm.vcpu_tids();
+    let vcpus: Vec<Value> = (0..vm.ncpus)
+        .map(|c| {
+            let slot = vm.pv.read_agent_slot(c);
+            json!({
+                "index": c,
+                "thread": format!("vcpu{c}"),
+                "tid": tids.get(c as usize).copied().unwrap_or(0),
+                "agent_slot_gpa": vm.pv.agent_slot_gpa(c),
+                "current_pid": slot.map(|s| s.pid),
+                "cr3": slot.map(|s| s.cr3),
+                "context_switches": slot.map(|s| s.switches),
+                "done": vm.pv.cpu_done(c),
+            })
+        })
+        .collect();
+    json!({
+        "name": vm.name,
+        "state": match vm.outcome() { None => "running".to_string(), Some(o) => format!("stopping: {o}") },
+        "uptime_secs": vm.started.elapsed().as_secs_f64(),
+        "vcpus": vm.ncpus,
+        "memory_bytes": vm.ram.total_bytes(),
+        "memory_backing": format!("{:?}", vm.ram.backing()),
+        "regions": vm.ram.regions().iter().map(|r| json!({"gpa": r.gpa(), "len": r.len()})).collect::<Vec<_>>(),
+        "vcpu": vcpus,
+    })
+}
+
+/// The `stats` reply.
+pub fn stats(vm: &VmShared) -> Value {
+    let c = &vm.pv.counters;
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let exits = vm.exits.snapshot();
+    let procs: Vec<Value> = vm
+        .pv
+        .processes()
+        .into_iter()
+        .map(|p| {
+            let mut v = serde_json::to_value(&p).unwrap_or(Value::Null);
+            if let Some(o) = v.as_object_mut() {
+                o.insert("name".into(), json!(workload_name(p.workload)));
+            }
+            v
+        })
+        .collect();
+    let vcpus: Vec<Value> = (0..vm.ncpus)
+        .map(|c| {
+            let slot = vm.pv.read_agent_slot(c);
+            json!({
+                "index": c,
+                "current_pid": slot.map(|s| s.pid),
+                "context_switches": slot.map(|s| s.switches),
+                "done": vm.pv.cpu_done(c),
+            })
+        })
+        .collect();
+    json!({
+        "name": vm.name,
+        "uptime_secs": vm.started.elapsed().as_secs_f64(),
+        "vcpu": vcpus,
+        "exits": exits,
+        "exits_total": exits.total(),
+        "pv": {
+            "logs": l(&c.logs),
+            "doorbells": l(&c.doorbells),
+            "bad_doorbells": l(&c.bad_doorbells),
+            "bulk_ops": l(&c.bulk_ops),
+            "bulk_refused": l(&c.bulk_refused),
+            "bulk_bytes": l(&c.bulk_bytes),
+        },
+        "processes": procs,
+        "kvm": vm.kvm_stats().into_iter().map(|s| s.map(|v| v.into_iter().map(|(k, n)| (k, Value::from(n))).collect::<serde_json::Map<String, Value>>())).collect::<Vec<_>>(),
+    })
+}
+
+/// Sends one request to a control socket and returns the `result` (or the server's error).
+pub fn request(path: &Path, cmd: &str) -> Result<Value, ControlError> {
+    let ioerr = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut s = UnixStream::connect(path).map_err(ioerr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(ioerr)?;
+    writeln!(s, "{}", json!({"cmd": cmd})).map_err(ioerr)?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).map_err(ioerr)?;
+    let v: Value = serde_json::from_str(line.trim()).map_err(|e| ControlError::BadReply {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    if v.get("ok").and_then(Value::as_bool) == Some(true) {
+        Ok(v.get("result").cloned().unwrap_or(Value::Null))
+    } else {
+        Err(ControlError::Refused(
+            v.get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown error")
+                .to_string(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(parse_request("status\n").unwrap(), "status");
+        assert_eq!(parse_request(r#"{"cmd":"stats"}"#).unwrap(), "stats");
+        assert!(parse_request("{not json")
+            .unwrap_err()
+            .contains("malformed JSON"));
+        assert!(parse_request(r#"{"cmd":5}"#)
+            .unwrap_err()
+            .contains("\"cmd\""));
+    }
+
+    #[test]
+    fn default_path_uses_runtime_dir() {
+        let p = default_socket_path("vm1");
+        assert!(p.ends_with("farvm/vm1.sock"), "{}", p.display());
+    }
+}

@@ -1,0 +1,693 @@
+//! The paravirtual control device (ports 0x500..0x50F, `farvm_guest_agent::pv`): guest log
+//! lines, process mailboxes with host timestamps, CPU-done, shutdown, bulk memory operations
+//! done by the VMM on the guest's behalf, agent-slot registration and kernel panics.
+//!
+//! All guest memory accesses go through [`GuestRam`]; every guest-supplied address and length
+//! is validated and a bad request is refused (`BulkOp::status != 0`), never trusted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use farvm_guest_agent::boot::MemRange;
+use farvm_guest_agent::frames::FrameOrder;
+use farvm_guest_agent::pv::{self, BulkOp, LogRecord, Mailbox, LOG_MAX, MAILBOX_MAGIC};
+use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
+use farvm_guest_agent::PAGE_SIZE;
+use serde::Serialize;
+
+use crate::memory::GuestRam;
+
+/// `BulkOp::status` values written by the VMM (`farvm_guest_agent::pv::status`).
+pub mod bulk_status {
+    pub use farvm_guest_agent::pv::status::{BAD_RANGE, OK, UNKNOWN_OP};
+}
+
+/// What the vCPU loop must do after a PV port write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PvAction {
+    Continue,
+    /// The guest asked to power off with this status.
+    Shutdown(u32),
+    /// The guest kernel panicked (message from its record).
+    Panic(String),
+}
+
+/// One mailbox doorbell, timestamped by the host.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct PhaseEvent {
+    pub phase: u32,
+    pub state: u32,
+    /// Host monotonic time since the VM started, ns.
+    pub host_ns: u64,
+    pub cpu: u32,
+}
+
+/// What the VMM knows about one guest process, from its mailbox.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessRecord {
+    pub pid: u32,
+    pub cpu: u32,
+    pub workload: u32,
+    pub state: u32,
+    pub phase: u32,
+    pub elapsed_ns: u64,
+    pub checksum: u64,
+    pub ops: u64,
+    pub cr3: u64,
+    pub fault_vector: u64,
+    pub fault_error: u64,
+    pub fault_cr2: u64,
+    pub fault_rip: u64,
+    pub counters: [u64; 8],
+    /// `farvm_workloads::Error` code when `state == FAILED`.
+    pub error: u64,
+    /// Heap size the kernel mapped for the process.
+    pub heap_bytes: u64,
+    /// GPA of the mailbox page.
+    pub mailbox_gpa: u64,
+    pub events: Vec<PhaseEvent>,
+}
+
+impl ProcessRecord {
+    fn update(&mut self, m: &Mailbox) {
+        self.pid = m.pid;
+        self.cpu = m.cpu;
+        self.workload = m.workload;
+        self.state = m.state;
+        self.phase = m.phase;
+        self.elapsed_ns = m.elapsed_ns;
+        self.checksum = m.checksum;
+        self.ops = m.ops;
+        self.cr3 = m.cr3;
+        self.fault_vector = m.fault_vector;
+        self.fault_error = m.fault_error;
+        self.fault_cr2 = m.fault_cr2;
+        self.fault_rip = m.fault_rip;
+        self.counters = m.counters;
+        self.error = m.error;
+        self.heap_bytes = m.heap_bytes;
+    }
+}
+
+/// Counters of PV traffic.
+#[derive(Debug, Default)]
+pub struct PvCounters {
+    pub logs: AtomicU64,
+    pub doorbells: AtomicU64,
+    pub bad_doorbells: AtomicU64,
+    pub bulk_ops: AtomicU64,
+    pub bulk_refused: AtomicU64,
+    pub bulk_bytes: AtomicU64,
+}
+
+/// The PV control device of one VM.
+pub struct PvCtl {
+    ram: Arc<GuestRam>,
+    /// RAM ranges as the guest sees them in `BootInfo::ram` (for FRAME_BATCH).
+    ram_ranges: Vec<MemRange>,
+    start: Instant,
+    slots: Vec<AtomicU64>,
+    cpu_done: Vec<AtomicBool>,
+    procs: Mutex<BTreeMap<u32, ProcessRecord>>,
+    log_lines: Mutex<Vec<String>>,
+    pub counters: PvCounters,
+    /// Print guest log lines on stderr (besides tracing).
+    echo_logs: bool,
+}
+
+/// Keeps at most this many guest log lines for `stats`.
+const MAX_KEPT_LOG_LINES: usize = 256;
+
+impl PvCtl {
+    pub fn new(ram: Arc<GuestRam>, ncpus: u32, echo_logs: bool) -> Self {
+        let ram_ranges = ram
+            .regions()
+            .iter()
+            .map(|r| MemRange {
+                gpa: r.gpa(),
+                len: r.len(),
+            })
+            .collect();
+        PvCtl {
+            ram,
+            ram_ranges,
+            start: Instant::now(),
+            slots: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
+            cpu_done: (0..ncpus).map(|_| AtomicBool::new(false)).collect(),
+            procs: Mutex::new(BTreeMap::new()),
+            log_lines: Mutex::new(Vec::new()),
+            counters: PvCounters::default(),
+            echo_logs,
+        }
+    }
+
+    /// Whether `port` belongs to this device.
+    pub fn owns(port: u16) -> bool {
+        (pv::PORT_BASE..pv::PORT_BASE + 16).contains(&port)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Guest `out` of `value` to `port` from vCPU `cpu`.
+    pub fn write(&self, cpu: u32, port: u16, value: u32) -> PvAction {
+        let gpa = u64::from(value);
+        match port {
+            pv::PORT_LOG => {
+                self.counters.logs.fetch_add(1, Ordering::Relaxed);
+                match self.read_log(gpa) {
+                    Some((c, text)) => {
+                        tracing::info!(target: "guest", cpu = c, "{text}");
+                        if self.echo_logs {
+                            eprintln!("guest[{c}]: {text}");
+                        }
+                        let mut lines = self.log_lines.lock().unwrap_or_else(|p| p.into_inner());
+                        if lines.len() < MAX_KEPT_LOG_LINES {
+                            lines.push(text);
+                        }
+                    }
+                    None => tracing::warn!(cpu, "guest log record at {gpa:#x} is not in RAM"),
+                }
+                PvAction::Continue
+            }
+            pv::PORT_MAILBOX => {
+                self.doorbell(cpu, gpa);
+                PvAction::Continue
+            }
+            pv::PORT_CPU_DONE => {
+                if let Some(d) = self.cpu_done.get(cpu as usize) {
+                    d.store(true, Ordering::Release);
+                }
+                tracing::debug!(cpu, "guest cpu done");
+                PvAction::Continue
+            }
+            pv::PORT_SHUTDOWN => PvAction::Shutdown(value),
+            pv::PORT_BULK => {
+                self.bulk(gpa);
+                PvAction::Continue
+            }
+            pv::PORT_AGENT_SLOT => {
+                if gpa % PAGE_SIZE != 0 || !self.ram.contains(gpa, PAGE_SIZE) {
+                    tracing::warn!(cpu, "agent slot GPA {gpa:#x} is not a RAM page; ignored");
+                } else if let Some(s) = self.slots.get(cpu as usize) {
+                    s.store(gpa, Ordering::Release);
+                }
+                PvAction::Continue
+            }
+            pv::PORT_PANIC => {
+                let msg = self
+                    .read_log(gpa)
+                    .map(|(c, t)| format!("cpu {c}: {t}"))
+                    .unwrap_or_else(|| format!("cpu {cpu}: (panic record at {gpa:#x} unreadable)"));
+                PvAction::Panic(msg)
+            }
+            other => {
+                tracing::debug!(cpu, "write {value:#x} to unused PV port {other:#x}");
+                PvAction::Continue
+            }
+        }
+    }
+
+    /// Guest `in` from a PV port: reads return the ABI version on the base port, else 0.
+    pub fn read(&self, port: u16) -> u32 {
+        if port == pv::PORT_BASE {
+            farvm_guest_agent::ABI_VERSION
+        } else {
+            0
+        }
+    }
+
+    fn read_log(&self, gpa: u64) -> Option<(u32, String)> {
+        let rec: LogRecord = self.ram.read_obj(gpa).ok()?;
+        let len = (rec.len as usize).min(LOG_MAX);
+        let text = String::from_utf8_lossy(&rec.bytes[..len])
+            .trim_end()
+            .to_string();
+        Some((rec.cpu, text))
+    }
+
+    fn doorbell(&self, cpu: u32, gpa: u64) {
+        let host_ns = self.now_ns();
+        self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
+        let m: Mailbox = match self.ram.read_obj::<Mailbox>(gpa) {
+            Ok(m) if m.magic == MAILBOX_MAGIC => m,
+            _ => {
+                self.counters.bad_doorbells.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cpu, "mailbox doorbell for {gpa:#x}: no valid mailbox there");
+                return;
+            }
+        };
+        let mut procs = self.procs.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = procs.entry(m.pid).or_insert_with(|| ProcessRecord {
+            pid: m.pid,
+            cpu: m.cpu,
+            workload: m.workload,
+            state: m.state,
+            phase: m.phase,
+            elapsed_ns: 0,
+            checksum: 0,
+            ops: 0,
+            cr3: 0,
+            fault_vector: 0,
+            fault_error: 0,
+            fault_cr2: 0,
+            fault_rip: 0,
+            counters: [0; 8],
+            error: 0,
+            heap_bytes: 0,
+            mailbox_gpa: gpa,
+            events: Vec::new(),
+        });
+        rec.update(&m);
+        rec.mailbox_gpa = gpa;
+        rec.events.push(PhaseEvent {
+            phase: m.phase,
+            state: m.state,
+            host_ns,
+            cpu,
+        });
+    }
+
+    fn bulk(&self, gpa: u64) {
+        self.counters.bulk_ops.fetch_add(1, Ordering::Relaxed);
+        let op: BulkOp = match self.ram.read_obj(gpa) {
+            Ok(op) => op,
+            Err(_) => {
+                // Nowhere to write a status: the record itself is out of RAM.
+                self.counters.bulk_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("bulk op record at {gpa:#x} is outside RAM");
+                return;
+            }
+        };
+        let status = self.do_bulk(&op);
+        if status != bulk_status::OK {
+            self.counters.bulk_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(?op, status, "bulk op refused");
+        } else {
+            self.counters
+                .bulk_bytes
+                .fetch_add(op.len, Ordering::Relaxed);
+        }
+        // `status` is the u32 right after `op`.
+        let _ = self.ram.write_obj(gpa + 4, &status);
+    }
+
+    /// Performs one bulk operation; returns its status.
+    pub fn do_bulk(&self, op: &BulkOp) -> u32 {
+        match op.op {
+            pv::bulk::ZERO => match self.ram.fill(op.dst, op.len, 0) {
+                Ok(()) => bulk_status::OK,
+                Err(_) => bulk_status::BAD_RANGE,
+            },
+            pv::bulk::COPY => match self.ram.copy_within(op.dst, op.src, op.len) {
+                Ok(()) => bulk_status::OK,
+                Err(_) => bulk_status::BAD_RANGE,
+            },
+            pv::bulk::FILL_PTES => self.fill_ptes(op),
+            pv::bulk::FRAME_BATCH => self.frame_batch(op),
+            _ => bulk_status::UNKNOWN_OP,
+        }
+    }
+
+    fn fill_ptes(&self, op: &BulkOp) -> u32 {
+        const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+        let n = op.len as usize;
+        // `dst` may point into the table (entry `first` of a 2 MiB chunk); the entries must
+        // stay inside that one page-table page.
+        if !op.dst.is_multiple_of(8)
+            || n == 0
+            || n > 512
+            || (op.dst % PAGE_SIZE) as usize + n * 8 > PAGE_SIZE as usize
+            || !self.ram.contains(op.dst, n as u64 * 8)
+            || !op.src.is_multiple_of(8)
+        {
+            return bulk_status::BAD_RANGE;
+        }
+        if op.pte_flags & ADDR_MASK != 0 {
+            return bulk_status::BAD_RANGE;
+        }
+        let mut frames = [0u8; 4096];
+        if self.ram.read(op.src, &mut frames[..n * 8]).is_err() {
+            return bulk_status::BAD_RANGE;
+        }
+        let mut table = [0u8; 4096];
+        for i in 0..n {
+            let f = u64::from_le_bytes(frames[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            if f & !ADDR_MASK != 0 || !self.ram.contains(f, PAGE_SIZE) {
+                return bulk_status::BAD_RANGE;
+            }
+            table[i * 8..i * 8 + 8].copy_from_slice(&(f | op.pte_flags).to_le_bytes());
+        }
+        match self.ram.write(op.dst, &table[..n * 8]) {
+            Ok(()) => bulk_status::OK,
+            Err(_) => bulk_status::BAD_RANGE,
+        }
+    }
+
+    /// Writes `len` frame GPAs of the guest's shuffled free-frame order, positions `src..`, at
+    /// `dst` (the permutation is cheap natively and ~1 µs/instruction in emulated ring 0).
+    fn frame_batch(&self, op: &BulkOp) -> u32 {
+        let n = op.len as usize;
+        if n == 0 || n > 512 || !op.dst.is_multiple_of(8) {
+            return bulk_status::BAD_RANGE;
+        }
+        let order = FrameOrder::new(op.aux[0], op.aux[1] as u32, op.aux[2], &self.ram_ranges);
+        let mut out = [0u8; 4096];
+        for i in 0..n {
+            let Some(f) = op
+                .src
+                .checked_add(i as u64)
+                .and_then(|pos| order.frame_gpa(pos))
+            else {
+                return bulk_status::BAD_RANGE;
+            };
+            out[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
+        }
+        match self.ram.write(op.dst, &out[..n * 8]) {
+            Ok(()) => bulk_status::OK,
+            Err(_) => bulk_status::BAD_RANGE,
+        }
+    }
+
+    /// GPA of vCPU `cpu`'s agent slot, once announced.
+    pub fn agent_slot_gpa(&self, cpu: u32) -> Option<u64> {
+        match self.slots.get(cpu as usize)?.load(Ordering::Acquire) {
+            0 => None,
+            g => Some(g),
+        }
+    }
+
+    /// Reads vCPU `cpu`'s agent slot consistently (seqlock); `None` before it is announced or
+    /// if the guest keeps writing it (gives up after a bounded number of retries).
+    pub fn read_agent_slot(&self, cpu: u32) -> Option<AgentSlot> {
+        let gpa = self.agent_slot_gpa(cpu)?;
+        for _ in 0..1000 {
+            let g1 = self.ram.read_u64_volatile(gpa + 8).ok()?;
+            if g1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::sync::atomic::fence(Ordering::Acquire);
+            let slot: AgentSlot = self.ram.read_obj(gpa).ok()?;
+            std::sync::atomic::fence(Ordering::Acquire);
+            let g2 = self.ram.read_u64_volatile(gpa + 8).ok()?;
+            if g1 == g2 {
+                return (slot.magic == SLOT_MAGIC).then_some(slot);
+            }
+        }
+        None
+    }
+
+    /// The pid running on vCPU `cpu` now (0 = kernel/idle), from its agent slot.
+    pub fn current_pid(&self, cpu: u32) -> Option<u64> {
+        self.read_agent_slot(cpu).map(|s| s.pid)
+    }
+
+    /// Whether vCPU `cpu` reported CPU-done.
+    pub fn cpu_done(&self, cpu: u32) -> bool {
+        self.cpu_done
+            .get(cpu as usize)
+            .is_some_and(|d| d.load(Ordering::Acquire))
+    }
+
+    /// Snapshot of every process record, by pid.
+    pub fn processes(&self) -> Vec<ProcessRecord> {
+        let procs = self.procs.lock().unwrap_or_else(|p| p.into_inner());
+        procs.values().cloned().collect()
+    }
+
+    /// The guest log lines kept so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log_lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Backing;
+    use farvm_guest_agent::pv::bulk;
+
+    fn dev() -> PvCtl {
+        let ram = Arc::new(GuestRam::new(&[(0, 4 << 20)], Backing::Anonymous).unwrap());
+        PvCtl::new(ram, 2, false)
+    }
+
+    fn run_bulk(d: &PvCtl, op: BulkOp) -> u32 {
+        d.ram.write_obj(0x8000, &op).unwrap();
+        assert_eq!(d.write(0, pv::PORT_BULK, 0x8000), PvAction::Continue);
+        d.ram.read_obj::<BulkOp>(0x8000).unwrap().status
+    }
+
+    #[test]
+    fn bulk_zero_copy_fill() {
+        let d = dev();
+        d.ram.fill(0x10000, 0x2000, 0x5a).unwrap();
+        let z = BulkOp {
+            op: bulk::ZERO,
+            dst: 0x10000,
+            len: 0x1000,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, z), 0);
+        assert_eq!(d.ram.read_obj::<u64>(0x10ff8).unwrap(), 0);
+        assert_eq!(d.ram.read_obj::<u8>(0x11000).unwrap(), 0x5a);
+        let c = BulkOp {
+            op: bulk::COPY,
+            dst: 0x20000,
+            src: 0x11000,
+            len: 0x1000,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, c), 0);
+        assert_eq!(d.ram.read_obj::<u8>(0x20fff).unwrap(), 0x5a);
+        for (i, f) in [0x30_0000u64, 0x1000, 0x3f_f000].iter().enumerate() {
+            d.ram.write_obj(0x9000 + 8 * i as u64, f).unwrap();
+        }
+        let f = BulkOp {
+            op: bulk::FILL_PTES,
+            dst: 0x40000,
+            src: 0x9000,
+            len: 3,
+            pte_flags: 0x8000_0000_0000_0007,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, f), 0);
+        assert_eq!(
+            d.ram.read_obj::<u64>(0x40008).unwrap(),
+            0x8000_0000_0000_1007
+        );
+        assert_eq!(
+            d.ram.read_obj::<u64>(0x40010).unwrap(),
+            0x8000_0000_003f_f007
+        );
+        // Into the middle of a table: entries 510 and 511.
+        let f = BulkOp {
+            op: bulk::FILL_PTES,
+            dst: 0x40ff0,
+            src: 0x9000,
+            len: 2,
+            pte_flags: 1,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, f), 0);
+        assert_eq!(d.ram.read_obj::<u64>(0x40ff8).unwrap(), 0x1001);
+    }
+
+    #[test]
+    fn bulk_refuses_bad_requests() {
+        let d = dev();
+        let cases = [
+            (
+                BulkOp {
+                    op: bulk::ZERO,
+                    dst: 4 << 20,
+                    len: 1,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: bulk::ZERO,
+                    dst: 0,
+                    len: u64::MAX,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: bulk::COPY,
+                    dst: 0x1000,
+                    src: 0x1800,
+                    len: 0x1000,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: 99,
+                    ..Default::default()
+                },
+                bulk_status::UNKNOWN_OP,
+            ),
+            (
+                BulkOp {
+                    op: bulk::FILL_PTES,
+                    dst: 0x40001,
+                    src: 0x9000,
+                    len: 1,
+                    pte_flags: 3,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: bulk::FILL_PTES,
+                    dst: 0x40ff8,
+                    src: 0x9000,
+                    len: 2,
+                    pte_flags: 3,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: bulk::FILL_PTES,
+                    dst: 0x40000,
+                    src: 0x9000,
+                    len: 513,
+                    pte_flags: 3,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+            (
+                BulkOp {
+                    op: bulk::FILL_PTES,
+                    dst: 0x40000,
+                    src: 0x9000,
+                    len: 1,
+                    pte_flags: 0x5000,
+                    ..Default::default()
+                },
+                bulk_status::BAD_RANGE,
+            ),
+        ];
+        for (op, want) in cases {
+            assert_eq!(run_bulk(&d, op), want, "{op:?}");
+        }
+        d.ram.write_obj(0x9000, &(64u64 << 20)).unwrap();
+        let f = BulkOp {
+            op: bulk::FILL_PTES,
+            dst: 0x40000,
+            src: 0x9000,
+            len: 1,
+            pte_flags: 3,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, f), bulk_status::BAD_RANGE, "frame outside RAM");
+        assert_eq!(d.counters.bulk_refused.load(Ordering::Relaxed), 9);
+    }
+
+    #[test]
+    fn frame_batch_matches_frame_order() {
+        let d = dev();
+        let aux = [0x1234, 0, 0x20_0000, 0];
+        let op = BulkOp {
+            op: bulk::FRAME_BATCH,
+            dst: 0x9000,
+            src: 5,
+            len: 16,
+            aux,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, op), 0);
+        let ranges = [MemRange {
+            gpa: 0,
+            len: 4 << 20,
+        }];
+        let order = FrameOrder::new(0x1234, 0, 0x20_0000, &ranges);
+        for i in 0..16u64 {
+            let got: u64 = d.ram.read_obj(0x9000 + 8 * i).unwrap();
+            assert_eq!(Some(got), order.frame_gpa(5 + i));
+            assert!((0x20_0000..4 << 20).contains(&got));
+        }
+        let past = BulkOp {
+            op: bulk::FRAME_BATCH,
+            dst: 0x9000,
+            src: order.len() - 1,
+            len: 2,
+            aux,
+            ..Default::default()
+        };
+        assert_eq!(run_bulk(&d, past), bulk_status::BAD_RANGE);
+    }
+
+    #[test]
+    fn mailbox_and_agent_slot() {
+        let d = dev();
+        let m = Mailbox {
+            magic: MAILBOX_MAGIC,
+            pid: 7,
+            cpu: 1,
+            workload: 1,
+            state: 2,
+            phase: 2,
+            checksum: 99,
+            ..Default::default()
+        };
+        d.ram.write_obj(0x50000, &m).unwrap();
+        d.write(1, pv::PORT_MAILBOX, 0x50000);
+        d.write(1, pv::PORT_MAILBOX, 0x60000); // no mailbox there
+        let p = d.processes();
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].pid, p[0].checksum, p[0].events.len()), (7, 99, 1));
+        assert_eq!(d.counters.bad_doorbells.load(Ordering::Relaxed), 1);
+
+        assert_eq!(d.current_pid(1), None);
+        let s = AgentSlot {
+            magic: SLOT_MAGIC,
+            generation: 4,
+            cpu: 1,
+            version: 1,
+            pid: 7,
+            cr3: 0x5000,
+            switches: 2,
+        };
+        d.ram.write_obj(0x70000, &s).unwrap();
+        d.write(1, pv::PORT_AGENT_SLOT, 0x70001); // misaligned: ignored
+        assert_eq!(d.agent_slot_gpa(1), None);
+        d.write(1, pv::PORT_AGENT_SLOT, 0x70000);
+        assert_eq!(d.current_pid(1), Some(7));
+        d.ram.write_obj(0x70008, &5u64).unwrap(); // writer in progress
+        assert_eq!(d.current_pid(1), None);
+    }
+
+    #[test]
+    fn shutdown_and_panic() {
+        let d = dev();
+        assert_eq!(d.write(0, pv::PORT_SHUTDOWN, 3), PvAction::Shutdown(3));
+        let mut rec = LogRecord {
+            len: 9,
+            cpu: 1,
+            bytes: [0; LOG_MAX],
+        };
+        rec.bytes[..9].copy_from_slice(b"main.rs:4");
+        d.ram.write_obj(0x3000, &rec).unwrap();
+        assert_eq!(
+            d.write(1, pv::PORT_PANIC, 0x3000),
+            PvAction::Panic("cpu 1: main.rs:4".into())
+        );
+    }
+}

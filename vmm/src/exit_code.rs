@@ -1,0 +1,48 @@
+//! `farvm run` exit statuses (documented in `farvm run --help`, EXIT STATUS).
+
+/// The guest shut down with status 0 (or the VM was shut down through its control socket).
+pub const OK: i32 = 0;
+/// Guest statuses 1..=63 are passed through; larger ones are reported as this.
+pub const GUEST_STATUS_MAX: i32 = 63;
+/// Bad command-line arguments (EX_USAGE).
+pub const USAGE: i32 = 64;
+/// The kernel image (or initrd) is malformed or does not fit (EX_DATAERR).
+pub const BAD_KERNEL: i32 = 65;
+/// The kernel or initrd file cannot be read (EX_NOINPUT).
+pub const NO_INPUT: i32 = 66;
+/// The guest crashed: KVM internal error, triple fault, failed entry, bad MMIO, guest kernel
+/// panic (EX_SOFTWARE).
+pub const GUEST_CRASH: i32 = 70;
+/// A host-side failure: /dev/kvm unusable, an ioctl failed, out of memory (EX_OSERR).
+pub const HOST_ERROR: i32 = 71;
+/// `--timeout` expired (as timeout(1)).
+pub const TIMEOUT: i32 = 124;
+/// SIGINT (128 + 2) and SIGTERM (128 + 15): the VM was shut down cleanly.
+pub const SIGINT: i32 = 130;
+pub const SIGTERM: i32 = 143;
+
+/// The exit status for a finished VM.
+pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
+    use crate::vm::VmOutcome::*;
+    match o {
+        GuestShutdown { status } => (*status).min(GUEST_STATUS_MAX as u32) as i32,
+        ControlShutdown => OK,
+        GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
+        HostError { .. } => HOST_ERROR,
+        Timeout { .. } => TIMEOUT,
+        Signal { signal } => 128 + signal,
+    }
+}
+
+/// The exit status for an error creating the VM.
+pub fn for_vm_error(e: &crate::vm::VmError) -> i32 {
+    use crate::boot::BootError;
+    use crate::vm::VmError;
+    match e {
+        VmError::Config(_) => USAGE,
+        VmError::Boot(BootError::Mem(_)) | VmError::Mem(_) | VmError::Kvm(_) | VmError::Io(_) => {
+            HOST_ERROR
+        }
+        VmError::Boot(_) => BAD_KERNEL,
+    }
+}

@@ -1,0 +1,117 @@
+//! Helpers for the VMM's own tests: the /dev/kvm gate and tiny hand-assembled guests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use farvm_guest_agent::boot::{KERNEL_PHYS_BASE, KERNEL_WINDOW_BASE};
+use farvm_vmm::boot::elf::build_test_elf;
+use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::devices::serial::SerialOut;
+use farvm_vmm::memory::Backing;
+use farvm_vmm::vm::{BootSpec, VmConfig};
+
+/// True if KVM tests should run; false only when FARVM_SKIP_KVM=1. Panics with a clear message
+/// when /dev/kvm is unusable otherwise.
+pub fn kvm_available() -> bool {
+    if std::env::var("FARVM_SKIP_KVM").as_deref() == Ok("1") {
+        eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
+        return false;
+    }
+    if let Err(e) = farvm_vmm::kvm::check_available() {
+        panic!("this test needs a usable /dev/kvm ({e}); set FARVM_SKIP_KVM=1 to skip it");
+    }
+    true
+}
+
+/// Virtual address of the first code byte of a test kernel.
+pub const ENTRY: u64 = KERNEL_WINDOW_BASE + KERNEL_PHYS_BASE;
+/// Offset of the data area inside the test kernel image.
+pub const DATA_OFF: usize = 0x400;
+
+/// A tiny x86-64 assembler for the few instructions the tests need.
+#[derive(Default)]
+pub struct Asm {
+    pub code: Vec<u8>,
+}
+
+impl Asm {
+    pub fn mov_dx(&mut self, port: u16) -> &mut Self {
+        self.code.extend_from_slice(&[0x66, 0xba]);
+        self.code.extend_from_slice(&port.to_le_bytes());
+        self
+    }
+    pub fn mov_eax(&mut self, v: u32) -> &mut Self {
+        self.code.push(0xb8);
+        self.code.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn mov_al(&mut self, v: u8) -> &mut Self {
+        self.code.extend_from_slice(&[0xb0, v]);
+        self
+    }
+    /// out dx, eax
+    pub fn out32(&mut self) -> &mut Self {
+        self.code.push(0xef);
+        self
+    }
+    /// out dx, al
+    pub fn out8(&mut self) -> &mut Self {
+        self.code.push(0xee);
+        self
+    }
+    /// mov eax, esi; add eax, imm8
+    pub fn eax_from_esi_plus(&mut self, k: u8) -> &mut Self {
+        self.code.extend_from_slice(&[0x89, 0xf0, 0x83, 0xc0, k]);
+        self
+    }
+    /// pause; jmp back to pause (spin forever)
+    pub fn spin(&mut self) -> &mut Self {
+        self.code.extend_from_slice(&[0xf3, 0x90, 0xeb, 0xfc]);
+        self
+    }
+    pub fn raw(&mut self, b: &[u8]) -> &mut Self {
+        self.code.extend_from_slice(b);
+        self
+    }
+    /// Writes `value` to PV/serial `port` (32-bit).
+    pub fn out_port(&mut self, port: u16, value: u32) -> &mut Self {
+        self.mov_dx(port).mov_eax(value).out32()
+    }
+}
+
+/// An ELF whose segment holds `code` at offset 0 and `data` at [`DATA_OFF`].
+pub fn kernel_with(code: &[u8], data: &[u8]) -> Vec<u8> {
+    assert!(code.len() <= DATA_OFF);
+    let mut img = code.to_vec();
+    img.resize(DATA_OFF, 0x90);
+    img.extend_from_slice(data);
+    build_test_elf(&img, ENTRY, KERNEL_PHYS_BASE)
+}
+
+/// GPA of byte `off` of the data area.
+pub fn data_gpa(off: usize) -> u32 {
+    (KERNEL_PHYS_BASE + (DATA_OFF + off) as u64) as u32
+}
+
+/// A VM config booting `kernel` as a test guest.
+pub fn config(name: &str, kernel: Vec<u8>, vcpus: u32) -> VmConfig {
+    VmConfig {
+        name: name.into(),
+        mem_bytes: 64 << 20,
+        vcpus,
+        backing: Backing::Anonymous,
+        serial: SerialOut::None,
+        boot: BootSpec::TestGuest {
+            kernel: Arc::from(kernel),
+            plan: TestPlan::default(),
+        },
+        echo_guest_logs: false,
+    }
+}
+
+/// Raw bytes of a repr(C) value.
+pub fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: reading the bytes of a Copy repr(C) value of known size.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
+}

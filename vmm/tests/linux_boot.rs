@@ -1,0 +1,238 @@
+//! Linux boot up to the entry point (Linux itself cannot run at a usable speed on this PVM
+//! host): a synthetic bzImage (and a vmlinux ELF) with initrd and command line; checks the
+//! entry registers, boot_params (setup header, cmdline, initrd, e820) and page tables.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::kvm_available;
+use farvm_vmm::boot::linux::{CMDLINE_GPA, ZERO_PAGE_GPA};
+use farvm_vmm::boot::testguest::translate;
+use farvm_vmm::devices::serial::SerialOut;
+use farvm_vmm::memory::{Backing, GuestRam};
+use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmError};
+
+const PREF: u64 = 0x100_0000;
+
+/// A minimal bzImage: 4 setup sectors with a 2.15 setup header, then `payload`.
+fn bzimage(version: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 5 * 512];
+    let put = |f: &mut Vec<u8>, off: usize, b: &[u8]| f[off..off + b.len()].copy_from_slice(b);
+    put(&mut f, 0x1f1, &[4]);
+    put(&mut f, 0x1fe, &0xaa55u16.to_le_bytes());
+    put(&mut f, 0x202, b"HdrS");
+    put(&mut f, 0x206, &version.to_le_bytes());
+    put(&mut f, 0x211, &[1]); // LOADED_HIGH
+    put(&mut f, 0x214, &0x100000u32.to_le_bytes());
+    put(&mut f, 0x22c, &0x7fff_ffffu32.to_le_bytes());
+    put(&mut f, 0x230, &0x20_0000u32.to_le_bytes());
+    put(&mut f, 0x234, &[1]); // relocatable
+    put(&mut f, 0x236, &1u16.to_le_bytes()); // XLF_KERNEL_64
+    put(&mut f, 0x238, &2048u32.to_le_bytes());
+    put(&mut f, 0x258, &PREF.to_le_bytes());
+    put(&mut f, 0x260, &0x40_0000u32.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn config(mem: u64, kernel: Vec<u8>, initrd: Option<Vec<u8>>, cmdline: &str) -> VmConfig {
+    VmConfig {
+        name: "linux-test".into(),
+        mem_bytes: mem,
+        vcpus: 1,
+        backing: Backing::Anonymous,
+        serial: SerialOut::None,
+        boot: BootSpec::Linux {
+            kernel: Arc::from(kernel),
+            initrd: initrd.map(Arc::from),
+            cmdline: cmdline.into(),
+        },
+        echo_guest_logs: false,
+    }
+}
+
+fn u32_at(ram: &GuestRam, gpa: u64) -> u32 {
+    ram.read_obj(gpa).unwrap()
+}
+
+fn e820(ram: &GuestRam) -> Vec<(u64, u64, u32)> {
+    let n: u8 = ram.read_obj(ZERO_PAGE_GPA + 0x1e8).unwrap();
+    (0..n as u64)
+        .map(|i| {
+            let e = ZERO_PAGE_GPA + 0x2d0 + 20 * i;
+            (
+                ram.read_obj(e).unwrap(),
+                ram.read_obj(e + 8).unwrap(),
+                ram.read_obj(e + 16).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn bzimage_entry_state_and_boot_params() {
+    if !kvm_available() {
+        return;
+    }
+    let payload: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
+    let initrd: Vec<u8> = (0..300_000u32).map(|i| (i % 13) as u8).collect();
+    let cmdline = "console=ttyS0 root=/dev/ram0 farvm.test=1";
+    let mem = 512u64 << 20;
+    let vm = Vm::create(config(
+        mem,
+        bzimage(0x020f, &payload),
+        Some(initrd.clone()),
+        cmdline,
+    ))
+    .expect("bzImage setup");
+    let ram = vm.ram().clone();
+
+    // Entry: startup_64 = load address + 0x200, rsi = boot_params, 64-bit boot GDT.
+    let (regs, sregs) = vm.vcpu_regs(0).unwrap();
+    assert_eq!(regs.rip, PREF + 0x200);
+    assert_eq!(regs.rsi, ZERO_PAGE_GPA);
+    assert_eq!((sregs.cs.selector, sregs.ds.selector), (0x10, 0x18));
+    assert_eq!(sregs.cs.l, 1);
+    assert_ne!(sregs.efer & (1 << 10), 0, "EFER.LMA");
+    assert_ne!(sregs.cr0 & (1 << 31), 0, "paging on");
+    // Identity-mapped page tables cover the kernel, boot_params and cmdline.
+    for va in [PREF + 0x200, ZERO_PAGE_GPA, CMDLINE_GPA, mem - 8] {
+        assert_eq!(translate(&ram, sregs.cr3, va), Some(va));
+    }
+
+    // The protected-mode kernel is at its preferred address.
+    let mut got = vec![0u8; payload.len()];
+    ram.read(PREF, &mut got).unwrap();
+    assert_eq!(got, payload);
+
+    // Setup header in the zero page.
+    let zp = ZERO_PAGE_GPA;
+    assert_eq!(&u32_at(&ram, zp + 0x202).to_le_bytes(), b"HdrS");
+    assert_eq!(
+        ram.read_obj::<u8>(zp + 0x210).unwrap(),
+        0xff,
+        "type_of_loader"
+    );
+    assert_eq!(ram.read_obj::<u16>(zp + 0x206).unwrap(), 0x020f);
+
+    // Command line: pointer, NUL-terminated text.
+    assert_eq!(u64::from(u32_at(&ram, zp + 0x228)), CMDLINE_GPA);
+    let mut c = vec![0u8; cmdline.len() + 1];
+    ram.read(CMDLINE_GPA, &mut c).unwrap();
+    assert_eq!(&c[..cmdline.len()], cmdline.as_bytes());
+    assert_eq!(c[cmdline.len()], 0);
+
+    // Initrd: page aligned, above the kernel, below initrd_addr_max and RAM end, intact.
+    let rd = u64::from(u32_at(&ram, zp + 0x218));
+    let rd_len = u64::from(u32_at(&ram, zp + 0x21c));
+    assert_eq!(rd_len, initrd.len() as u64);
+    assert_eq!(rd % 4096, 0);
+    assert!(rd >= PREF + payload.len() as u64);
+    assert!(rd + rd_len <= mem);
+    assert!(mem - (rd + rd_len) < 4096, "placed as high as possible");
+    let mut got = vec![0u8; initrd.len()];
+    ram.read(rd, &mut got).unwrap();
+    assert_eq!(got, initrd);
+
+    // e820: low RAM, the EBDA/BIOS hole, RAM from 1 MiB.
+    assert_eq!(
+        e820(&ram),
+        vec![
+            (0, 0x9fc00, 1),
+            (0x9fc00, 0x100000 - 0x9fc00, 2),
+            (0x100000, mem - 0x100000, 1)
+        ]
+    );
+    let info = vm.linux_boot().unwrap();
+    assert_eq!(info.kind, "bzImage");
+    assert_eq!(info.initrd_gpa, Some(rd));
+}
+
+#[test]
+fn large_memory_e820_has_high_ram() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::create(config(5 << 30, bzimage(0x020f, &[0xf4; 4096]), None, "x")).unwrap();
+    let ram = vm.ram();
+    let map = e820(ram);
+    assert_eq!(map.len(), 4);
+    assert_eq!(map[2], (0x100000, (3 << 30) - 0x100000, 1));
+    assert_eq!(map[3], (4 << 30, 2 << 30, 1));
+    assert_eq!(
+        ram.read_obj::<u32>(ZERO_PAGE_GPA + 0x218).unwrap(),
+        0,
+        "no initrd"
+    );
+}
+
+#[test]
+fn vmlinux_elf_entry() {
+    if !kvm_available() {
+        return;
+    }
+    let elf = farvm_vmm::boot::elf::build_test_elf(&[0xf4; 64], PREF, PREF);
+    let vm = Vm::create(config(256 << 20, elf, None, "console=ttyS0")).unwrap();
+    let (regs, _) = vm.vcpu_regs(0).unwrap();
+    assert_eq!(regs.rip, PREF);
+    assert_eq!(regs.rsi, ZERO_PAGE_GPA);
+    assert_eq!(vm.linux_boot().unwrap().kind, "vmlinux");
+}
+
+#[test]
+fn bad_linux_inputs_are_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let err = |cfg| match Vm::create(cfg) {
+        Err(VmError::Boot(e)) => e.to_string(),
+        Err(e) => panic!("unexpected error kind: {e}"),
+        Ok(_) => panic!("accepted a bad Linux setup"),
+    };
+    let e = err(config(256 << 20, bzimage(0x0209, &[0; 4096]), None, ""));
+    assert!(e.contains("too old"), "{e}");
+    let e = err(config(
+        256 << 20,
+        bzimage(0x020f, &[0; 4096]),
+        Some(vec![1; 300 << 20]),
+        "",
+    ));
+    assert!(e.contains("initrd"), "{e}");
+    let long = "x".repeat(5000);
+    let e = err(config(256 << 20, bzimage(0x020f, &[0; 4096]), None, &long));
+    assert!(e.contains("command line"), "{e}");
+    let e = err(config(256 << 20, bzimage(0x020f, &[]), None, ""));
+    assert!(e.contains("no protected-mode kernel"), "{e}");
+}
+
+#[test]
+fn cli_stop_at_entry_reports_linux_setup() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("farvm-linux-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k = dir.join("bzImage");
+    let rd = dir.join("initrd");
+    std::fs::write(&k, bzimage(0x020f, &[0x90; 8192])).unwrap();
+    std::fs::write(&rd, vec![7u8; 10000]).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_farvm"))
+        .args([
+            "run",
+            "--kernel",
+            k.to_str().unwrap(),
+            "--initrd",
+            rd.to_str().unwrap(),
+        ])
+        .args(["--cmdline", "console=ttyS0", "--stop-at-entry", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rip"], PREF + 0x200);
+    assert_eq!(v["rsi"], ZERO_PAGE_GPA);
+    assert_eq!(v["linux"]["kind"], "bzImage");
+    assert_eq!(v["linux"]["initrd_len"], 10000);
+    assert_eq!(v["linux"]["cmdline_len"], "console=ttyS0".len());
+}
