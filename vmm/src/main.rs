@@ -38,6 +38,7 @@ enum Command {
     /// Benchmarks (`farvm bench local`: guest vs native workload times).
     Bench(cli::bench::BenchArgs),
     /// Evaluate prefetchers on page-access traces (generate traces, replay them).
+    #[command(long_about = cli::trace::TRACE_ABOUT)]
     Trace(cli::trace::TraceArgs),
 }
 

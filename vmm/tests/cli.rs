@@ -44,6 +44,10 @@ fn bad_arguments_exit_64() {
         (vec!["run", "--memory", "lots"], "invalid size"),
         (vec!["run", "--vcpus", "0"], "0 is not in 1..=255"),
         (
+            vec!["run", "--vcpus", "17"],
+            "more than the test guest supports (16)",
+        ),
+        (
             vec!["run", "--workload", "nosuch"],
             "unknown workload `nosuch`",
         ),

@@ -223,6 +223,16 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 .unwrap_or_else(|| "console=ttyS0 reboot=k panic=1".into()),
         }
     } else {
+        let max_cpus = farvm_guest_agent::boot::MAX_CPUS as u32;
+        if a.vcpus > max_cpus {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                format!(
+                    "--vcpus {} is more than the test guest supports ({max_cpus})",
+                    a.vcpus
+                ),
+            ));
+        }
         let placed = place(&a.workloads, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
         let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
         if total_ws >= a.memory {
