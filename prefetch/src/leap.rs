@@ -187,6 +187,24 @@ impl Leap {
             .map(|s| self.states[s].pw_prev)
     }
 
+    /// The pages a marker hit on `page` credits as consumed: `(first, Δ, count)`, the window's
+    /// pages since the last logged access, all of them when hits were invisible, just the
+    /// marker when the caller reported the others. `None` if `page` is not the outstanding
+    /// marker of `key` (for `leap+stream`, which tells its stream table about them).
+    pub fn marker_window(&self, key: ProcessKey, page: PageNo) -> Option<(PageNo, i64, usize)> {
+        let s = self.slots.find(self.key(key))?;
+        self.window_consumed(s, page)
+    }
+
+    fn window_consumed(&self, s: usize, page: PageNo) -> Option<(PageNo, i64, usize)> {
+        let st = &self.states[s];
+        let (marker, _start, d) = st.marker.filter(|m| m.0 == page)?;
+        let gap = marker.wrapping_sub(st.last_page) as i64;
+        let steps = gap.checked_div(d).filter(|_| gap.checked_rem(d) == Some(0));
+        let steps = steps.filter(|&k| k > 0 && k <= self.params.pw_max as i64)?;
+        Some((st.last_page.wrapping_add_signed(d), d, steps as usize))
+    }
+
     /// GETPREFETCHWINDOWSIZE (Alg. 2).
     fn window_size(&mut self, slot: usize, follows_trend: bool) -> usize {
         let pw_max = self.params.pw_max;
@@ -285,22 +303,15 @@ impl Prefetcher for Leap {
         let Some(s) = self.slots.find(self.key(key)) else {
             return;
         };
-        let st = self.states[s];
-        let Some((marker, _start, d)) = st.marker.filter(|m| m.0 == page) else {
+        let window = self.window_consumed(s, page);
+        if self.states[s].marker.is_some_and(|m| m.0 == page) {
+            self.states[s].marker = None;
+        }
+        let Some((first, d, consumed)) = window else {
             return self.on_hit(key, page, now);
         };
-        self.states[s].marker = None;
-        // How many window pages since the last logged access: all of them when hits were
-        // invisible, just the marker when the caller reported the others.
-        let gap = marker.wrapping_sub(st.last_page) as i64;
-        let steps = gap.checked_div(d).filter(|_| gap.checked_rem(d) == Some(0));
-        let Some(steps) = steps.filter(|&k| k > 0 && k <= self.params.pw_max as i64) else {
-            return self.on_hit(key, page, now);
-        };
-        let consumed = steps as usize;
-        for i in 1..=consumed {
-            let p = st.last_page.wrapping_add_signed(d.wrapping_mul(i as i64));
-            self.log(s, p);
+        for i in 0..consumed {
+            self.log(s, first.wrapping_add_signed(d.wrapping_mul(i as i64)));
         }
         self.states[s].c_hit += consumed;
     }

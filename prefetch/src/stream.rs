@@ -14,8 +14,17 @@
 //! consumes what it fetched: its marker is used, or it faults just past its frontier. Each
 //! window carries one marker in its middle; when the caller reports the marker's first use
 //! ([`Prefetcher::on_marker_hit`]) the stream issues its next window at once, so a steady scan
-//! never misses even when ordinary hits are invisible (injected pages). Visible hits (`on_hit`)
-//! only advance the stream's last page and keep it recent.
+//! never misses even when ordinary hits are invisible (injected pages).
+//!
+//! A fault *inside* the issued window means the window is behind the guest (a page of it was
+//! evicted before use, or the caller still holds it in a queue): the window restarts right
+//! after the fault at half the depth (not below `init_depth`), instead of fetching further past
+//! the frontier. Without that, a paging engine saw the frontier run away from the guest, every
+//! later page fault, and ~1M proposals of pages already present per 16k-page re-read.
+//!
+//! Hits (`on_hit`: visible or late hits, and in `leap+stream` the pages of consumed Leap
+//! windows) are accesses: they advance a confirmed stream and count towards an unconfirmed
+//! stream's stride, but never create an entry or issue.
 
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey, MAX_CANDIDATES};
 
@@ -361,17 +370,22 @@ impl Prefetcher for Stream {
         let e = &mut self.entries[i];
         if e.confirmed() {
             // On the lattice ahead (checked by `find`). Just past the frontier means the whole
-            // window was used: grow. Inside it means a fetched page was lost: keep the depth.
+            // window was used: grow.
             if let Some(f) = e.frontier {
                 if f.checked_add_signed(e.stride) == Some(page) {
                     e.depth = (e.depth * 2).min(max_depth);
                 }
             }
-            let inside = e.covers(page);
-            e.last = page;
-            if !inside {
-                e.frontier = None;
+            // Inside the window means the window is behind the guest: a page it issued is
+            // missing as the guest arrives (still queued by the caller, or evicted before use).
+            // Fetching further past the frontier would run away from the guest, and every
+            // later page of the window would fault the same way; restart the window at the
+            // fault instead, at half the depth, so repeated misses shrink what is re-proposed.
+            if e.covers(page) {
+                e.depth = (e.depth / 2).max(init_depth.min(max_depth)).max(1);
             }
+            e.last = page;
+            e.frontier = None;
             self.touch(i);
             self.issue(i, out);
             return;
@@ -400,14 +414,7 @@ impl Prefetcher for Stream {
     }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, _now: Nanos) {
-        let key = self.key(key);
-        for i in 0..self.keys.len() {
-            if self.live(i, key) && self.entries[i].confirmed() && self.entries[i].covers(page) {
-                self.entries[i].last = page;
-                self.touch(i);
-                return;
-            }
-        }
+        self.hit(key, page);
     }
 
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, _now: Nanos, out: &mut Candidates) {
@@ -427,6 +434,40 @@ impl Prefetcher for Stream {
 }
 
 impl Stream {
+    /// A page someone prefetched was used (a visible or late hit, or a page another policy
+    /// fetched and the guest consumed). It is an access like a fault, so it advances the stream
+    /// it belongs to and counts towards an unconfirmed stream's stride: otherwise a stream
+    /// whose every other page is prefetched (by Leap in `leap+stream`) only sees the gaps
+    /// between prefetch windows and learns their width as its stride. A hit never creates an
+    /// entry (hits are not the stream table's business when no stream is near) and never
+    /// issues; the next fault or marker hit does.
+    pub fn hit(&mut self, key: ProcessKey, page: PageNo) {
+        let key = self.key(key);
+        let Ok(i) = self.find(key, page) else {
+            return;
+        };
+        let e = &mut self.entries[i];
+        if !e.confirmed() {
+            let delta = page.wrapping_sub(e.last) as i64;
+            if delta == 0 {
+                return;
+            }
+            if delta == e.stride {
+                e.run += 1;
+            } else {
+                e.stride = delta;
+                e.run = 1;
+            }
+            if e.confirmed() {
+                e.depth = self.params.init_depth;
+                e.frontier = None;
+            }
+        }
+        // A confirmed stream only accepts pages on its lattice ahead (checked by `find`).
+        e.last = page;
+        self.touch(i);
+    }
+
     /// [`Prefetcher::on_marker_hit`]; returns whether `page` was one of this table's markers.
     pub fn marker_hit(&mut self, key: ProcessKey, page: PageNo, out: &mut Candidates) -> bool {
         out.clear();
@@ -490,6 +531,47 @@ mod tests {
         assert_eq!(s.confirmed_streams(1), 1);
         assert_eq!(out.as_slice(), &[130, 140, 150, 160]);
         assert!(out.is_marker(2), "one marker in the middle of the window");
+    }
+
+    #[test]
+    fn a_fault_inside_the_window_restarts_it_at_the_fault() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        for p in 0..3 {
+            s.on_fault(1, p, p, &mut out);
+        }
+        // Grow to depth 16 on frontier faults: 3..=6, then 8..=15, then 17..=32.
+        s.on_fault(1, 7, 3, &mut out);
+        s.on_fault(1, 16, 4, &mut out);
+        assert_eq!(out.as_slice(), (17..=32).collect::<Vec<_>>().as_slice());
+        // Page 20 of the issued window faults (lost, or still queued by the caller): the window
+        // is behind the guest. Restart right after the fault at half the depth, instead of
+        // fetching 32..=47 past the frontier.
+        s.on_fault(1, 20, 5, &mut out);
+        assert_eq!(out.as_slice(), (21..=28).collect::<Vec<_>>().as_slice());
+        // Repeated misses inside the window shrink the re-proposals down to the initial depth.
+        s.on_fault(1, 22, 6, &mut out);
+        assert_eq!(out.as_slice(), &[23, 24, 25, 26]);
+        s.on_fault(1, 23, 7, &mut out);
+        assert_eq!(out.as_slice(), &[24, 25, 26, 27]);
+        // Just past the frontier grows again.
+        s.on_fault(1, 28, 8, &mut out);
+        assert_eq!(out.len(), 8);
+        assert_eq!(out.as_slice()[0], 29);
+    }
+
+    #[test]
+    fn hits_count_towards_an_unconfirmed_stride_but_create_nothing() {
+        let mut s = Stream::new(StreamParams::default());
+        let mut out = Candidates::new();
+        s.on_hit(1, 500, 0);
+        assert_eq!(s.confirmed_streams(1), 0);
+        s.on_fault(1, 100, 0, &mut out);
+        s.on_hit(1, 101, 1);
+        s.on_hit(1, 102, 2);
+        assert_eq!(s.confirmed_streams(1), 1, "100, 101, 102: stride 1");
+        s.on_fault(1, 103, 3, &mut out);
+        assert_eq!(out.as_slice(), &[104, 105, 106, 107]);
     }
 
     #[test]

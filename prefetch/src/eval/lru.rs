@@ -187,6 +187,40 @@ impl Lru {
         evicted
     }
 
+    /// Evicts the least recently used page, if any (a frame freed ahead of a read).
+    pub fn pop_lru(&mut self) -> Option<Evicted> {
+        if self.tail == NIL {
+            return None;
+        }
+        let victim = self.tail;
+        self.unlink(victim);
+        let old = self.nodes[victim as usize];
+        self.map.remove(&(old.key, old.page));
+        // Keep the node array dense: move the last node into the hole.
+        let last = (self.nodes.len() - 1) as u32;
+        if victim != last {
+            let moved = self.nodes[last as usize];
+            self.nodes[victim as usize] = moved;
+            if moved.prev == NIL {
+                self.head = victim;
+            } else {
+                self.nodes[moved.prev as usize].next = victim;
+            }
+            if moved.next == NIL {
+                self.tail = victim;
+            } else {
+                self.nodes[moved.next as usize].prev = victim;
+            }
+            self.map.insert((moved.key, moved.page), victim);
+        }
+        self.nodes.pop();
+        Some(Evicted {
+            key: old.key,
+            page: old.page,
+            meta: old.meta,
+        })
+    }
+
     /// Every resident page's metadata (for end-of-run accounting).
     pub fn metas(&self) -> impl Iterator<Item = &Meta> {
         self.nodes.iter().map(|n| &n.meta)
@@ -213,6 +247,23 @@ mod tests {
         assert_eq!((ev.key, ev.page), (1, 3), "a demoted page goes first");
         assert!(l.get(2, 3).is_some() && l.get(1, 0).is_some() && l.get(1, 2).is_some());
         assert_eq!(l.len(), 3);
+    }
+
+    #[test]
+    fn pop_lru_frees_the_oldest_and_keeps_links() {
+        let mut l = Lru::new(4);
+        for p in 0..4 {
+            l.insert(1, p, Meta::default());
+        }
+        let i1 = l.get(1, 1).unwrap();
+        l.touch(i1);
+        assert_eq!(l.pop_lru().map(|e| e.page), Some(0));
+        assert_eq!(l.pop_lru().map(|e| e.page), Some(2));
+        l.insert(1, 9, Meta::default());
+        assert_eq!(l.len(), 3);
+        let order: Vec<u64> = std::iter::from_fn(|| l.pop_lru().map(|e| e.page)).collect();
+        assert_eq!(order, [3, 1, 9]);
+        assert!(l.is_empty() && l.pop_lru().is_none());
     }
 
     #[test]

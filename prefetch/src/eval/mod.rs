@@ -21,6 +21,7 @@
 //! to first use, p50 and p95, in nanoseconds for timed traces and in accesses otherwise.
 //! Waste = prefetched pages never used / all pages fetched (demand + prefetch).
 
+pub mod engine;
 pub mod lru;
 
 use lru::{Lru, Meta};
