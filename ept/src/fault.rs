@@ -291,9 +291,19 @@ impl Handler {
                         .record(Hist::Timeliness, now.saturating_sub(staged_at));
                     let key = self.key_of(f.tid);
                     let pf = self.space.to_prefetch(key, p);
-                    self.prefetcher.on_hit(key, pf, now);
+                    // A marker hit may answer with the prefetcher's next window (like Linux's
+                    // async read-ahead marker); those candidates go out with this round's
+                    // prefetch batch.
+                    self.prefetcher.on_marker_hit(key, pf, now, &mut self.cands);
                     inner.publish_local(p, |_| st::F_CONSUMED, true);
                     let _ = inner.consumed_tx.try_send(p);
+                    if self.inner.cfg.prefetch {
+                        for j in 0..self.cands.len() {
+                            let (cand, marker) =
+                                (self.cands.as_slice()[j], self.cands.is_marker(j));
+                            self.issue_prefetch(key, cand, marker, now);
+                        }
+                    }
                     return;
                 }
                 st::LOCAL => {
