@@ -14,6 +14,9 @@ use crate::client::{Client, ClientConfig, ClientError, IoBuf, OpKind, Priority};
 use crate::protocol::PAGE_SIZE;
 use crate::server::{Server, ServerConfig, ServerError};
 
+/// Longest stretch measured on one side before switching to the other.
+const SLICE: Duration = Duration::from_millis(100);
+
 /// Bench failures.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -154,6 +157,7 @@ fn run_floor(addr: SocketAddr, depth: usize, d: Duration, acc: &mut Acc) -> Resu
 fn run_memserver(
     c: &Client,
     cfg: &BenchConfig,
+    duration: Duration,
     depth: usize,
     acc: &mut Acc,
     bufs: &mut Vec<IoBuf>,
@@ -171,7 +175,7 @@ fn run_memserver(
     if depth == 1 {
         // One request at a time: the demand-read path (submit and receive on this thread).
         let mut io = bufs.pop().unwrap_or_else(|| IoBuf::new(1));
-        while t0.elapsed() < cfg.duration {
+        while t0.elapsed() < duration {
             io.set_run(next_page(&mut rng), 1)?;
             let st = Instant::now();
             let done = c.submit_wait(OpKind::Read, 1, io);
@@ -205,7 +209,7 @@ fn run_memserver(
         let _ = acc.hist.record(sent[i].elapsed().as_nanos() as u64);
         acc.ops += 1;
         let mut io = done.io;
-        if t0.elapsed() < cfg.duration {
+        if t0.elapsed() < duration {
             io.set_run(next_page(&mut rng), 1)?;
             sent[i] = Instant::now();
             c.submit_polled(OpKind::Read, 1, Priority::Demand, io, i as u64, &tx)
@@ -250,9 +254,15 @@ pub fn run(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>
     let mut rows = Vec::new();
     for &depth in &cfg.depths {
         let (mut fa, mut ma) = (Acc::new()?, Acc::new()?);
-        for _ in 0..cfg.rounds.max(1) {
-            run_floor(faddr, depth, cfg.duration, &mut fa)?;
-            run_memserver(&client, cfg, depth, &mut ma, &mut bufs)?;
+        // Alternate floor and memserver in slices of at most `SLICE`, not whole rounds: on
+        // this shared 2-core host the load (and with it the wake-up latency: ~14 µs per
+        // round trip when busy, ~60 µs when the cores idle) changes within seconds, and a
+        // change must hit both sides alike for the same-run ratio to mean anything.
+        let slices = (cfg.duration.as_nanos() / SLICE.as_nanos()).max(1) as u32;
+        let slice = cfg.duration / slices;
+        for _ in 0..cfg.rounds.max(1) * slices as usize {
+            run_floor(faddr, depth, slice, &mut fa)?;
+            run_memserver(&client, cfg, slice, depth, &mut ma, &mut bufs)?;
         }
         let row = Row {
             depth,

@@ -62,6 +62,13 @@ enum Cmd {
         /// Microseconds the client spins before sleeping at 1 in flight (0: never spin).
         #[arg(long, default_value_t = 50)]
         spin_us: u64,
+        /// Comma-separated in-flight depths to measure (e.g. `1` for the latency cell only).
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
+        depths: Vec<usize>,
+        /// Pages stored before reading; each read picks one at random (8192 pages = 32 MiB,
+        /// more than the CPU caches, like a real server; 1 = always the same cache-hot page).
+        #[arg(long, default_value_t = 8192)]
+        pages: u64,
     },
     /// Print a fresh random secret (hex) for a token file.
     GenToken,
@@ -116,15 +123,24 @@ fn run() -> Result<()> {
             duration,
             rounds,
             spin_us,
+            depths,
+            pages,
         }) => {
             if !(duration > 0.0 && duration.is_finite()) {
                 bail!("--duration must be a positive number of seconds");
+            }
+            if depths.is_empty() || depths.iter().any(|&d| d == 0 || d > 256) {
+                bail!("--depths must list in-flight depths between 1 and 256");
+            }
+            if pages == 0 || pages > 1 << 20 {
+                bail!("--pages must be between 1 and 1048576 (4 GiB)");
             }
             let cfg = BenchConfig {
                 duration: Duration::from_secs_f64(duration),
                 rounds,
                 spin: Duration::from_micros(spin_us),
-                ..BenchConfig::default()
+                depths,
+                pages,
             };
             eprintln!(
                 "bench: {} rounds x {:.1} s per cell, depths {:?}, one TCP connection each",
