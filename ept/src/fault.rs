@@ -257,6 +257,9 @@ impl Handler {
                         continue;
                     }
                     if late {
+                        // The vCPU now waits on this read: its fault-service time starts here
+                        // (t_fault may hold a fault of an earlier residency of the page).
+                        inner.t_fault[p as usize].store(now, Ordering::Relaxed);
                         inner.store.promote(p);
                         c.prefetch_late_hits.fetch_add(1, Ordering::Relaxed);
                         if w & st::F_PROBE != 0 {
@@ -328,6 +331,7 @@ impl Handler {
                     if w & st::F_WAITERS == 0 && inner.table.cas(p, w, w | st::F_WAITERS).is_err() {
                         continue;
                     }
+                    inner.t_fault[p as usize].store(now, Ordering::Relaxed);
                     c.evicting_waits.fetch_add(1, Ordering::Relaxed);
                     return;
                 }

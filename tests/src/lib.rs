@@ -36,6 +36,8 @@ pub struct GuestSetup {
     pub timer_hz: u32,
     pub flags: u64,
     pub frame_shuffle_seed: u64,
+    /// Frames handed out in runs of 2^shift (0 = every frame shuffled).
+    pub frame_run_shift: u32,
     pub timeout: Duration,
 }
 
@@ -49,6 +51,7 @@ impl GuestSetup {
             timer_hz: 100,
             flags: flags::RAM_IS_ZERO,
             frame_shuffle_seed: 1,
+            frame_run_shift: 0,
             timeout: Duration::from_secs(300),
         }
     }
@@ -73,7 +76,7 @@ impl GuestSetup {
                     timer_hz: self.timer_hz,
                     flags: self.flags,
                     frame_shuffle_seed: self.frame_shuffle_seed,
-                    frame_run_shift: 0,
+                    frame_run_shift: self.frame_run_shift,
                 },
             },
             echo_guest_logs: std::env::var_os("FARVM_TEST_GUEST_LOG").is_some(),

@@ -245,6 +245,7 @@ pub fn stats(vm: &VmShared) -> Value {
         },
         "processes": procs,
         "kvm": vm.kvm_stats().into_iter().map(|s| s.map(|v| v.into_iter().map(|(k, n)| (k, Value::from(n))).collect::<serde_json::Map<String, Value>>())).collect::<Vec<_>>(),
+        "paging": vm.paging_stats.get().map(|f| f().0),
     })
 }
 

@@ -14,6 +14,8 @@ pub mod exit_code;
 pub mod kvm;
 pub mod layout;
 pub mod memory;
+pub mod metrics;
+pub mod remote;
 pub mod signals;
 pub mod size;
 pub mod stats;

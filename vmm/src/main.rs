@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Boot a VM (the built-in test guest by default) and run workloads in it.
     #[command(long_about = cli::run::LONG_ABOUT)]
-    Run(cli::run::RunArgs),
+    Run(Box<cli::run::RunArgs>),
     /// Print a running VM's statistics (from its control socket).
     #[command(long_about = cli::control::STATS_ABOUT)]
     Stats(cli::control::StatsArgs),
@@ -63,7 +63,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Run(args) => cli::run::run(args),
+        Command::Run(args) => cli::run::run(*args),
         Command::Stats(args) => cli::control::stats(args).map(|()| 0),
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),

@@ -46,6 +46,8 @@ pub enum Backing {
     Anonymous,
     /// A memfd mapped `MAP_SHARED` (the fd is kept for an alias mapping / hole punching).
     Memfd,
+    /// Owned by the remote-memory engine ([`GuestRam::external`]); not selectable by name.
+    External,
 }
 
 impl std::str::FromStr for Backing {
@@ -59,6 +61,20 @@ impl std::str::FromStr for Backing {
             )),
         }
     }
+}
+
+/// Guest RAM owned by another component (the remote-memory engine, `farvm-ept`): one region
+/// at guest-physical 0. The VMM gives [`ExternalRam::guest_view`] to KVM as the memslot and
+/// never dereferences it; every VMM access is one of these copies, which the owner makes
+/// through its own private mapping after pinning the page (so the VMM never loads or stores
+/// through the uffd-registered guest view, where an absent page would fault).
+pub trait ExternalRam: Send + Sync + std::fmt::Debug {
+    /// Host address and length of the mapping KVM uses (guest-physical `0..len`).
+    fn guest_view(&self) -> (u64, u64);
+    /// Copies guest memory at `gpa` into `buf`.
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), String>;
+    /// Copies `data` into guest memory at `gpa`.
+    fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String>;
 }
 
 /// Called before every VMM access to guest memory. The remote-memory engine implements it to
@@ -153,6 +169,8 @@ pub struct GuestRam {
     hook: OnceLock<Arc<dyn AccessHook>>,
     /// Keeps an external owner of the mapping (e.g. the paging engine) alive.
     _owner: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Set for [`Backing::External`]: the owner of the mapping, which does every access.
+    external: Option<Arc<dyn ExternalRam>>,
 }
 
 impl std::fmt::Debug for GuestRam {
@@ -200,7 +218,54 @@ impl GuestRam {
             backing,
             hook: OnceLock::new(),
             _owner: None,
+            external: None,
         })
+    }
+
+    /// Guest RAM owned by `owner` (one region at guest-physical 0, see [`ExternalRam`]).
+    pub fn external(owner: Arc<dyn ExternalRam>) -> Result<Self, MemError> {
+        let (host, len) = owner.guest_view();
+        if len == 0 || len % 4096 != 0 || host % 4096 != 0 {
+            return Err(MemError::Layout(format!(
+                "external guest RAM {host:#x}+{len:#x} must be non-empty and 4 KiB aligned"
+            )));
+        }
+        if len > crate::layout::LOW_RAM_MAX {
+            return Err(MemError::Layout(format!(
+                "remote guest memory is limited to {} GiB (one region below the MMIO hole)",
+                crate::layout::LOW_RAM_MAX >> 30
+            )));
+        }
+        Ok(GuestRam {
+            regions: vec![RamRegion {
+                gpa: 0,
+                len,
+                host: host as *mut u8,
+                memfd: None,
+                owned: false,
+            }],
+            backing: Backing::External,
+            hook: OnceLock::new(),
+            _owner: None,
+            external: Some(owner),
+        })
+    }
+
+    /// The owner of external RAM, if any (after checking the range).
+    fn ext(&self, gpa: u64, len: u64) -> Result<Option<&Arc<dyn ExternalRam>>, MemError> {
+        match &self.external {
+            None => Ok(None),
+            Some(x) => {
+                if self.find(gpa, len).is_none() {
+                    return Err(MemError::OutOfRange { gpa, len });
+                }
+                Ok(Some(x))
+            }
+        }
+    }
+
+    fn ext_err(gpa: u64, len: u64, reason: String) -> MemError {
+        MemError::Hook { gpa, len, reason }
     }
 
     /// Guest RAM on a host mapping owned by someone else (the remote-memory engine allocates
@@ -249,6 +314,7 @@ impl GuestRam {
             backing: Backing::Anonymous,
             hook: OnceLock::new(),
             _owner: Some(owner),
+            external: None,
         })
     }
 
@@ -310,6 +376,10 @@ impl GuestRam {
 
     /// Copies guest memory at `gpa` into `buf`.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        if let Some(x) = self.ext(gpa, buf.len() as u64)? {
+            let len = buf.len() as u64;
+            return x.read(gpa, buf).map_err(|r| Self::ext_err(gpa, len, r));
+        }
         let p = self.prepare(gpa, buf.len() as u64, false)?;
         // SAFETY: `prepare` checked that `buf.len()` bytes at `p` are inside the mapping; guest
         // memory never aliases a Rust object, so the regions do not overlap.
@@ -319,6 +389,10 @@ impl GuestRam {
 
     /// Copies `buf` into guest memory at `gpa`.
     pub fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        if let Some(x) = self.ext(gpa, buf.len() as u64)? {
+            let len = buf.len() as u64;
+            return x.write(gpa, buf).map_err(|r| Self::ext_err(gpa, len, r));
+        }
         let p = self.prepare(gpa, buf.len() as u64, true)?;
         // SAFETY: as in `read`, with the direction reversed.
         unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), p, buf.len()) };
@@ -327,6 +401,17 @@ impl GuestRam {
 
     /// Sets `len` bytes at `gpa` to `byte`.
     pub fn fill(&self, gpa: u64, len: u64, byte: u8) -> Result<(), MemError> {
+        if let Some(x) = self.ext(gpa, len)? {
+            let chunk = [byte; 4096];
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(4096);
+                x.write(gpa + done, &chunk[..n as usize])
+                    .map_err(|r| Self::ext_err(gpa, len, r))?;
+                done += n;
+            }
+            return Ok(());
+        }
         let p = self.prepare(gpa, len, true)?;
         // SAFETY: `prepare` checked the range lies inside the mapping.
         unsafe { std::ptr::write_bytes(p, byte, len as usize) };
@@ -339,6 +424,20 @@ impl GuestRam {
         if overlap && len != 0 {
             return Err(MemError::OutOfRange { gpa: dst, len });
         }
+        if let Some(x) = self.ext(src, len)? {
+            self.ext(dst, len)?;
+            let mut chunk = vec![0u8; len.min(1 << 16) as usize];
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(chunk.len() as u64) as usize;
+                x.read(src + done, &mut chunk[..n])
+                    .map_err(|r| Self::ext_err(src, len, r))?;
+                x.write(dst + done, &chunk[..n])
+                    .map_err(|r| Self::ext_err(dst, len, r))?;
+                done += n as u64;
+            }
+            return Ok(());
+        }
         let s = self.prepare(src, len, false)?;
         let d = self.prepare(dst, len, true)?;
         // SAFETY: both ranges were checked to be inside the mapping and not to overlap.
@@ -348,6 +447,19 @@ impl GuestRam {
 
     /// Reads a plain-old-data value at `gpa`.
     pub fn read_obj<T: Pod>(&self, gpa: u64) -> Result<T, MemError> {
+        if self.external.is_some() {
+            let mut v: T = zeroed();
+            // SAFETY: `T: Pod` is plain data that accepts any bit pattern; the slice covers
+            // exactly `v` and lives no longer than it.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (&mut v as *mut T).cast::<u8>(),
+                    std::mem::size_of::<T>(),
+                )
+            };
+            self.read(gpa, bytes)?;
+            return Ok(v);
+        }
         let p = self.prepare(gpa, std::mem::size_of::<T>() as u64, false)?;
         // SAFETY: the range is inside the mapping; `T: Pod` accepts any bit pattern and
         // `read_unaligned` copes with any alignment.
@@ -356,6 +468,14 @@ impl GuestRam {
 
     /// Writes a plain-old-data value at `gpa`.
     pub fn write_obj<T: Pod>(&self, gpa: u64, val: &T) -> Result<(), MemError> {
+        if self.external.is_some() {
+            // SAFETY: `T: Pod` has no padding-dependent invariants; the slice covers exactly
+            // `*val` and lives no longer than the borrow.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((val as *const T).cast::<u8>(), std::mem::size_of::<T>())
+            };
+            return self.write(gpa, bytes);
+        }
         let p = self.prepare(gpa, std::mem::size_of::<T>() as u64, true)?;
         // SAFETY: the range is inside the mapping; `write_unaligned` copes with any alignment.
         unsafe { std::ptr::write_unaligned(p.cast::<T>(), *val) };
@@ -368,6 +488,12 @@ impl GuestRam {
         if !gpa.is_multiple_of(8) {
             return Err(MemError::OutOfRange { gpa, len: 8 });
         }
+        if self.external.is_some() {
+            // The owner copies the 8 aligned bytes from its alias mapping in one piece.
+            let mut b = [0u8; 8];
+            self.read(gpa, &mut b)?;
+            return Ok(u64::from_ne_bytes(b));
+        }
         let p = self.prepare(gpa, 8, false)?;
         // SAFETY: in range and 8-byte aligned (host mappings are page aligned and gpa % 8 == 0).
         Ok(unsafe { std::ptr::read_volatile(p.cast::<u64>()) })
@@ -378,7 +504,7 @@ impl GuestRam {
     pub fn vm_memory_view(&self) -> Result<vm_memory::GuestMemoryMmap, MemError> {
         use vm_memory::mmap::MmapRegionBuilder;
         use vm_memory::{GuestAddress, GuestRegionMmap};
-        if self.has_access_hook() {
+        if self.has_access_hook() || self.external.is_some() {
             return Err(MemError::Layout(
                 "the vm-memory view bypasses the access hook; use it before installing one".into(),
             ));
@@ -409,6 +535,11 @@ fn map_region(gpa: u64, len: u64, backing: Backing) -> Result<RamRegion, MemErro
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             None,
         ),
+        Backing::External => {
+            return Err(MemError::Layout(
+                "external guest RAM is created with GuestRam::external".into(),
+            ))
+        }
         Backing::Memfd => {
             let name = c"farvm-guest-ram";
             // SAFETY: `name` is a valid NUL-terminated string; the return value is checked.

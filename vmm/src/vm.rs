@@ -106,6 +106,9 @@ impl std::fmt::Display for VmOutcome {
     }
 }
 
+/// Produces the paging statistics of a VM with remote memory (JSON, Prometheus text).
+pub type PagingStatsFn = Arc<dyn Fn() -> (serde_json::Value, String) + Send + Sync>;
+
 /// State shared by the vCPU threads, the control socket and the caller.
 pub struct VmShared {
     pub name: String,
@@ -121,6 +124,9 @@ pub struct VmShared {
     threads: OnceLock<Vec<libc::pthread_t>>,
     tids: Vec<AtomicI32>,
     kvm_stats: Vec<Option<VcpuStats>>,
+    /// Paging statistics of remote memory (set by `farvm run` when RAM is remote), for the
+    /// control socket's `stats` and the Prometheus endpoint.
+    pub paging_stats: OnceLock<PagingStatsFn>,
     /// Opened by `Vm::start` once every vCPU thread has published its tid: no guest
     /// instruction runs before the memory engine can map uffd thread ids to vCPUs.
     go: Mutex<bool>,
@@ -296,6 +302,7 @@ impl Vm {
             threads: OnceLock::new(),
             tids: (0..cfg.vcpus).map(|_| AtomicI32::new(0)).collect(),
             kvm_stats,
+            paging_stats: OnceLock::new(),
             go: Mutex::new(false),
             go_cond: Condvar::new(),
         });

@@ -54,6 +54,9 @@ pub enum BenchCmd {
     /// Guest (test guest, local memory) vs native time for each workload.
     #[command(long_about = LOCAL_ABOUT)]
     Local(LocalArgs),
+    /// Remote memory: workloads x local share x prefetcher vs all-local and the TCP floor.
+    #[command(long_about = super::bench_remote::REMOTE_ABOUT)]
+    Remote(super::bench_remote::RemoteArgs),
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +186,7 @@ fn guest_run(w: &PlacedWorkload, a: &LocalArgs) -> Result<(f64, f64, u64)> {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
         BenchCmd::Local(l) => local(l),
+        BenchCmd::Remote(r) => super::bench_remote::run(r),
     }
 }
 

@@ -110,6 +110,9 @@ pub fn stats(a: StatsArgs) -> Result<()> {
             println!("  {k:<16} {n}");
         }
     }
+    if !v["paging"].is_null() {
+        print!("{}", super::paging::render(&v["paging"]));
+    }
     println!(
         "{:>4} {:<15} {:>3} {:<8} {:>5} {:>12} {:>18}",
         "pid", "workload", "cpu", "state", "phase", "time_ms", "checksum"

@@ -1,7 +1,10 @@
 //! One module per `farvm` subcommand.
 
 pub mod bench;
+pub mod bench_remote;
 pub mod control;
+pub mod paging;
+pub mod plot;
 pub mod run;
 pub mod trace;
 

@@ -1,6 +1,7 @@
 //! `farvm run`: boot a VM, stream its console, print each workload's result, exit with the
 //! guest's status.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,8 @@ use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::devices::serial::SerialOut;
 use farvm_vmm::memory::Backing;
+use farvm_vmm::metrics::MetricsServer;
+use farvm_vmm::remote::{RemoteMemory, RemoteSpec};
 use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
 use farvm_vmm::workload_spec::{place, workload_name};
@@ -36,6 +39,20 @@ The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the
 down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
 checksum (or JSON with --json) and exits with the guest's status.
 
+REMOTE MEMORY
+By default guest RAM is remote memory: only --local-memory of it (50% unless told) may be
+resident on this host; the rest lives on memory servers (--memserver ADDR, repeatable;
+--replicas R copies per page). With no --memserver, farvm starts one embedded memory server
+on loopback. Guest faults on non-resident pages are served by the paging engine (userfaultfd),
+never-written pages are zero-filled locally, and --prefetcher (leap+stream unless told;
+none, next-n, stride, read-ahead, leap, stream, leap+stream) fetches and installs pages before
+the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` shows it live
+and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
+Linux guests always use local RAM (their loader writes RAM directly).
+
+Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
+random:ws=64M in 512M of RAM at 50% local.
+
 A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM runs. Ctrl-C
 (SIGINT) or SIGTERM shuts the VM down cleanly.
 
@@ -45,7 +62,11 @@ WORKLOAD SPEC
   quicksort, isolation, crash, intops. Processes without cpu= go round-robin over the vCPUs.
 
 EXAMPLES
-  farvm run --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
+  farvm run                                   # test guest, 50% local, embedded memserver
+  farvm run --local-memory 25% --prefetcher none --workload stride:ws=128M
+  farvm run --memserver 10.0.0.5:7070 --memserver 10.0.0.6:7070 --replicas 2 \\
+            --memserver-token-file tokens --metrics 127.0.0.1:9300
+  farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
@@ -91,9 +112,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SEED", default_value_t = 1)]
     pub frame_shuffle_seed: u64,
 
-    /// Free-list fragmentation: hand out frames in runs of 2^SHIFT (0 = every frame shuffled).
-    #[arg(long, value_name = "SHIFT", default_value_t = 0)]
-    pub frame_run_shift: u32,
+    /// Free-list fragmentation: hand out frames in runs of 2^SHIFT (0 = every frame shuffled)
+    /// [default: 9 (2 MiB runs) with remote memory, else 0]. The prefetcher learns from
+    /// guest-physical pages, so contiguous runs are what let it see a sequential stream.
+    #[arg(long, value_name = "SHIFT")]
+    pub frame_run_shift: Option<u32>,
 
     /// Premap each process's whole heap at start instead of demand paging it.
     #[arg(long)]
@@ -122,6 +145,34 @@ pub struct RunArgs {
     /// Do not open a control socket.
     #[arg(long, conflicts_with = "control_socket")]
     pub no_control_socket: bool,
+
+    /// Local-memory budget: SIZE (e.g. 256M) or PCT% of guest RAM; the rest is remote.
+    #[arg(long, value_name = "SIZE|PCT%", default_value = "50%")]
+    pub local_memory: String,
+
+    /// A memory server (host:port; repeatable) [default: an embedded one on loopback].
+    #[arg(long = "memserver", value_name = "ADDR")]
+    pub memservers: Vec<SocketAddr>,
+
+    /// Copies of each remote page [default: 2 with two or more memservers, else 1].
+    #[arg(long, value_name = "R")]
+    pub replicas: Option<usize>,
+
+    /// Tenant secret for the memory servers (hex, first line of the file).
+    #[arg(long, value_name = "FILE")]
+    pub memserver_token_file: Option<PathBuf>,
+
+    /// Prefetcher: none, next-n, stride, read-ahead, leap, stream, leap+stream.
+    #[arg(long, value_name = "NAME", default_value = farvm_prefetch::registry::DEFAULT)]
+    pub prefetcher: String,
+
+    /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+
+    /// Keep all guest RAM local: no paging engine, no memory server.
+    #[arg(long, conflicts_with_all = ["memservers", "replicas", "memserver_token_file"])]
+    pub local_only: bool,
 
     /// Stop the VM after this many seconds (exit status 124).
     #[arg(long, value_name = "SECS")]
@@ -233,7 +284,13 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 ),
             ));
         }
-        let placed = place(&a.workloads, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        let defaults = default_workloads(a);
+        let specs = if a.workloads.is_empty() {
+            &defaults
+        } else {
+            &a.workloads
+        };
+        let placed = place(specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
         let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
         if total_ws >= a.memory {
             return Err(Failure::new(
@@ -260,7 +317,9 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 timer_hz: a.timer_hz,
                 flags: f,
                 frame_shuffle_seed: a.frame_shuffle_seed,
-                frame_run_shift: a.frame_run_shift,
+                frame_run_shift: a
+                    .frame_run_shift
+                    .unwrap_or(if a.local_only { 0 } else { 9 }),
             },
         }
     };
@@ -275,9 +334,128 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
     })
 }
 
+/// The workloads of a bare `farvm run` (test guest, no --workload, no --kernel): a sequential
+/// scan larger than the default local budget plus a random-access one, so the run pages.
+fn default_workloads(a: &RunArgs) -> Vec<String> {
+    if a.kernel.is_some() || a.memory < (384 << 20) {
+        return Vec::new();
+    }
+    vec!["seq:ws=192M".into(), "random:ws=64M".into()]
+}
+
 /// Creates the VM, mapping errors to exit statuses.
 pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
     Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
+}
+
+/// The remote-memory settings of `a`, or `None` when guest RAM stays local.
+pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
+    let usage = |m: String| Failure::new(exit_code::USAGE, m);
+    if a.local_only {
+        return Ok(None);
+    }
+    // Sizes the VM refuses anyway: let `Vm::create` report them with its own message.
+    if cfg.vcpus == 0
+        || cfg.mem_bytes < farvm_vmm::layout::MIN_RAM
+        || cfg.mem_bytes > farvm_vmm::layout::MAX_RAM
+    {
+        return Ok(None);
+    }
+    if matches!(cfg.boot, BootSpec::Linux { .. }) {
+        if !a.memservers.is_empty() {
+            return Err(usage(
+                "--memserver needs the test guest: Linux guests run on local RAM here".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if cfg.mem_bytes > farvm_vmm::layout::LOW_RAM_MAX {
+        return Err(usage(format!(
+            "remote memory supports at most {} of guest RAM; use --local-only for more",
+            format_size(farvm_vmm::layout::LOW_RAM_MAX)
+        )));
+    }
+    let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
+    if !farvm_prefetch::registry::names().contains(&a.prefetcher.as_str()) {
+        return Err(usage(format!(
+            "unknown --prefetcher `{}` (known: {})",
+            a.prefetcher,
+            farvm_prefetch::registry::names().join(", ")
+        )));
+    }
+    let mut spec = RemoteSpec::new(&cfg.name);
+    spec.servers = a.memservers.clone();
+    spec.replicas = a.replicas;
+    spec.token_file = a.memserver_token_file.clone();
+    spec.budget = budget;
+    spec.prefetcher = a.prefetcher.clone();
+    Ok(Some(spec))
+}
+
+/// Starts remote memory and creates the VM on it; binds stage-2, vCPU attribution and stats.
+pub fn create_remote_vm(spec: &RemoteSpec, cfg: VmConfig) -> Result<(Vm, RemoteMemory), Failure> {
+    let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
+    let mut remote = RemoteMemory::start(spec, cfg.mem_bytes).map_err(|e| match e {
+        farvm_vmm::remote::RemoteError::Config(_)
+        | farvm_vmm::remote::RemoteError::Token { .. } => {
+            Failure::new(exit_code::USAGE, e.to_string())
+        }
+        other => host(other.to_string()),
+    })?;
+    let ram = remote.guest_ram().map_err(|e| host(e.to_string()))?;
+    let ncpus = cfg.vcpus;
+    let vm = Vm::create_with_ram(cfg, ram)
+        .map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))?;
+    remote.bind_kvm(vm.vm_fd(), ncpus);
+    let w1 = Arc::downgrade(vm.shared());
+    let w2 = w1.clone();
+    remote.watch_vcpus(
+        ncpus,
+        move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
+        move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
+    );
+    let src = remote.stats_source();
+    let name = vm.shared().name.clone();
+    let _ = vm
+        .shared()
+        .paging_stats
+        .set(Arc::new(move || match src.stats() {
+            Some(s) => (
+                serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
+                s.to_prometheus(&name),
+            ),
+            None => (serde_json::Value::Null, String::new()),
+        }));
+    Ok((vm, remote))
+}
+
+/// Starts the Prometheus endpoint for `vm`.
+fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<MetricsServer, Failure> {
+    let shared = Arc::downgrade(vm.shared());
+    MetricsServer::start(
+        addr,
+        Arc::new(move || {
+            let Some(s) = shared.upgrade() else {
+                return String::new();
+            };
+            let mut text = s.paging_stats.get().map(|f| f().1).unwrap_or_default();
+            let exits = s.exits.snapshot();
+            let vm = s.name.replace(['"', '\\', '\n'], "_");
+            text.push_str(&format!(
+                "# TYPE farvm_vm_exits_total counter\nfarvm_vm_exits_total{{vm=\"{vm}\"}} {}\n\
+                 # TYPE farvm_vm_uptime_seconds gauge\nfarvm_vm_uptime_seconds{{vm=\"{vm}\"}} {}\n",
+                exits.total(),
+                s.started.elapsed().as_secs_f64()
+            ));
+            text
+        }),
+    )
+    .map_err(|e| {
+        Failure::new(
+            exit_code::HOST_ERROR,
+            format!("cannot serve --metrics on {addr}: {e}"),
+        )
+    })
 }
 
 /// Runs a created VM to its end (control socket, signals, timeout) and returns the report.
@@ -304,9 +482,23 @@ pub fn run_vm(
 pub fn run(a: RunArgs) -> Result<i32> {
     let cfg = build_config(&a)?;
     let name = cfg.name.clone();
-    let vm = create_vm(cfg)?;
+    let (vm, remote) = match remote_spec(&a, &cfg)? {
+        Some(spec) => {
+            let (vm, r) = create_remote_vm(&spec, cfg)?;
+            (vm, Some(r))
+        }
+        None => (create_vm(cfg)?, None),
+    };
+    let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
+    if let Some(m) = &metrics {
+        eprintln!("farvm: metrics on http://{}/metrics", m.addr());
+    }
     if a.stop_at_entry {
         print_entry(&vm, a.json)?;
+        drop(vm);
+        if let Some(r) = remote {
+            r.shutdown();
+        }
         return Ok(exit_code::OK);
     }
     let control = if a.no_control_socket {
@@ -319,7 +511,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
         )
     };
     let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
-    print_report(&report, a.json);
+    drop(metrics);
+    let paging = remote.as_ref().map(|r| r.stats());
+    print_report(&report, a.json, paging.as_ref());
+    if let Some(r) = remote {
+        r.shutdown();
+    }
     let code = exit_code::for_outcome(&report.outcome);
     if code != exit_code::OK {
         eprintln!("farvm: {}", report.outcome);
@@ -387,7 +584,8 @@ pub fn state_name(s: u32) -> &'static str {
     }
 }
 
-fn print_report(r: &VmReport, json: bool) {
+fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::RemoteStats>) {
+    let paging_json = paging.map(|p| serde_json::to_value(p).unwrap_or(serde_json::Value::Null));
     if json {
         let procs: Vec<serde_json::Value> = r.processes.iter().map(process_json).collect();
         let v = serde_json::json!({
@@ -397,9 +595,13 @@ fn print_report(r: &VmReport, json: bool) {
             "uptime_secs": r.uptime_secs,
             "exits": r.exits,
             "processes": procs,
+            "paging": paging_json,
         });
         println!("{v}");
         return;
+    }
+    if let Some(p) = &paging_json {
+        print!("{}", super::paging::render(p));
     }
     if r.processes.is_empty() {
         return;

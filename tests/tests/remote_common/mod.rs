@@ -1,0 +1,190 @@
+//! Shared helpers of the remote-memory integration tests: boot the test guest on remote memory
+//! (paging engine + memserver), check every process's checksum against the native build, and
+//! locate the `farvm-memserver` binary for tests that spawn (and kill) server processes.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use farvm_guest_agent::pv::state;
+use farvm_tests::{native, record_for, GuestSetup};
+use farvm_vmm::remote::{RemoteMemory, RemoteSpec, RemoteStats};
+use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
+
+/// Boots `setup` with its RAM on remote memory per `spec`; returns the report and the final
+/// paging statistics. `during` runs on the test thread while the guest runs.
+pub fn run_remote_with(
+    setup: &GuestSetup,
+    spec: &RemoteSpec,
+    during: impl FnOnce(&RemoteMemory),
+) -> (VmReport, RemoteStats) {
+    let mut remote = RemoteMemory::start(spec, setup.mem_bytes).expect("start remote memory");
+    let cfg = setup.config();
+    let ncpus = cfg.vcpus;
+    let vm = Vm::create_with_ram(cfg, remote.guest_ram().expect("engine guest RAM"))
+        .expect("create the test-guest VM on remote memory");
+    remote.bind_kvm(vm.vm_fd(), ncpus);
+    let w1 = std::sync::Arc::downgrade(vm.shared());
+    let w2 = w1.clone();
+    remote.watch_vcpus(
+        ncpus,
+        move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
+        move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
+    );
+    let running = vm.start().expect("start the VM");
+    during(&remote);
+    let outcome = running.wait(Some(setup.timeout), false);
+    let report = running.finish(outcome);
+    let stats = remote.stats();
+    let errors = remote.engine().take_errors();
+    assert!(errors.is_empty(), "paging engine errors: {errors:?}");
+    remote.shutdown();
+    (report, stats)
+}
+
+pub fn run_remote(setup: &GuestSetup, spec: &RemoteSpec) -> (VmReport, RemoteStats) {
+    run_remote_with(setup, spec, |_| {})
+}
+
+/// A guest setup for remote-memory tests: frames handed out in 2 MiB runs (as `farvm run`
+/// does with remote memory), no timer noise beyond the default.
+pub fn setup(name: &str, mem: u64, workloads: &[&str]) -> GuestSetup {
+    let mut s = GuestSetup::new(name, mem, 1, workloads);
+    s.frame_run_shift = 9;
+    s.timeout = Duration::from_secs(240);
+    s
+}
+
+/// Asserts a clean shutdown and native-identical checksums for every process.
+pub fn assert_native_checksums(setup: &GuestSetup, report: &VmReport, stats: &RemoteStats) {
+    assert_eq!(
+        report.outcome,
+        VmOutcome::GuestShutdown { status: 0 },
+        "guest did not finish cleanly: {report:#?}\npaging: {stats:#?}"
+    );
+    let placed = setup.placed();
+    assert_eq!(report.processes.len(), placed.len(), "{report:#?}");
+    for (i, w) in placed.iter().enumerate() {
+        let rec = record_for(report, &placed, i)
+            .unwrap_or_else(|| panic!("no mailbox for {}: {report:#?}", w.name()));
+        assert_eq!(rec.state, state::DONE, "{}: state {}", w.name(), rec.state);
+        let nat = native(w);
+        eprintln!(
+            "{:<15} ws {:>10} guest {:>10.3} ms native {:>10.3} ms checksum {:#018x} {}",
+            w.name(),
+            w.spec.ws_bytes,
+            rec.elapsed_ns as f64 / 1e6,
+            nat.elapsed_ns as f64 / 1e6,
+            rec.checksum,
+            if rec.checksum == nat.checksum {
+                "=="
+            } else {
+                "!= native"
+            }
+        );
+        assert_eq!(
+            rec.checksum,
+            nat.checksum,
+            "{}: checksum on remote memory {:#x} != native {:#x}",
+            w.name(),
+            rec.checksum,
+            nat.checksum
+        );
+        assert_eq!(rec.ops, nat.ops, "{}: ops differ", w.name());
+    }
+    let c = &stats.engine.counters;
+    eprintln!(
+        "paging: budget {} of {} pages, demand faults {}, zero fills {}, evictions {} (dirty {}), \
+         prefetch issued {}, coverage {:.3}, store errors {}",
+        stats.engine.budget_pages,
+        stats.engine.total_pages,
+        c.demand_faults,
+        c.zero_fills,
+        c.evictions,
+        c.evict_dirty,
+        c.prefetch_issued,
+        stats.engine.coverage,
+        c.store_errors
+    );
+    assert!(
+        stats.engine.resident_pages <= stats.engine.budget_pages,
+        "resident {} over budget {}",
+        stats.engine.resident_pages,
+        stats.engine.budget_pages
+    );
+}
+
+/// The `farvm-memserver` binary next to this test's build (target/<profile>/), or a clear
+/// failure telling how to build it.
+pub fn memserver_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("FARVM_MEMSERVER_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/farvm-memserver
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = dir.join("farvm-memserver");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build --release -p farvm-memserver`, which \
+         `cargo test --workspace --release` does) or set FARVM_MEMSERVER_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A `farvm-memserver` child process on an ephemeral loopback port.
+pub struct MemserverProcess {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl MemserverProcess {
+    pub fn spawn(capacity: &str) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(memserver_binary())
+            .args(["--listen", "127.0.0.1:0", "--capacity", capacity])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn farvm-memserver");
+        let out = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("read the memserver's first line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected memserver banner {line:?}"));
+        Self { child, addr }
+    }
+
+    /// SIGKILL, no clean-up: the server's RAM (and every page on it) is gone.
+    pub fn kill(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MemserverProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A remote spec with `budget` (e.g. "25%") and `prefetcher`.
+pub fn spec(name: &str, budget: &str, prefetcher: &str) -> RemoteSpec {
+    let mut s = RemoteSpec::new(name);
+    s.budget = farvm_vmm::remote::Budget::parse(budget).expect("budget");
+    s.prefetcher = prefetcher.to_string();
+    s
+}

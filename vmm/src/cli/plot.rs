@@ -1,0 +1,173 @@
+//! PNG charts for `farvm bench remote` (plotters, bitmap backend). Text is rendered with a
+//! TrueType font found on the host (DejaVu Sans or Liberation Sans, as Debian's fonts-dejavu-core
+//! / fonts-liberation install them); without one the charts are skipped with a clear message,
+//! the table and JSON are still written.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Registers a host font as "sans-serif" once; the error says what to install.
+pub fn ensure_font() -> Result<()> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        for p in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(p) {
+                // The font must live as long as the process (plotters keeps a reference).
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        Err(format!(
+            "no TrueType font found (looked for {}); install fonts-dejavu-core to get PNG charts",
+            FONT_PATHS.join(", ")
+        ))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// One bar series of a grouped bar chart.
+pub struct Series {
+    pub name: String,
+    pub values: Vec<f64>,
+}
+
+/// A horizontal reference line.
+pub struct RefLine {
+    pub label: String,
+    pub value: f64,
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(0x4c, 0x72, 0xb0),
+    RGBColor(0xdd, 0x84, 0x52),
+    RGBColor(0x55, 0xa8, 0x68),
+    RGBColor(0xc4, 0x4e, 0x52),
+    RGBColor(0x81, 0x72, 0xb3),
+    RGBColor(0x93, 0x78, 0x60),
+    RGBColor(0xda, 0x8b, 0xc3),
+    RGBColor(0x8c, 0x8c, 0x8c),
+];
+
+/// Grouped bars: one group per category, one bar per series; optional log scale and
+/// reference lines. Non-finite values are drawn as missing.
+pub fn grouped_bars(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    categories: &[String],
+    series: &[Series],
+    lines: &[RefLine],
+    log_y: bool,
+) -> Result<()> {
+    ensure_font()?;
+    let finite = series
+        .iter()
+        .flat_map(|s| s.values.iter().copied())
+        .chain(lines.iter().map(|l| l.value))
+        .filter(|v| v.is_finite() && (!log_y || *v > 0.0));
+    let (lo, hi) = finite.fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+    let hi = match (hi > 0.0, log_y) {
+        (false, _) => 1.0,
+        (true, true) => hi * 4.0,
+        (true, false) => hi * 1.25,
+    };
+    let lo = if log_y {
+        if lo.is_finite() {
+            (lo / 2.0).max(1e-6)
+        } else {
+            0.1
+        }
+    } else {
+        0.0
+    };
+    let w = (160 + categories.len() * (series.len() * 14 + 30)).max(900) as u32;
+    let root = BitMapBackend::new(path, (w, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = categories.len() as f64;
+    let ns = series.len().max(1) as f64;
+    let mut b = ChartBuilder::on(&root);
+    b.caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(60)
+        .y_label_area_size(80);
+    macro_rules! body {
+        ($chart:expr, $y:expr) => {{
+            let mut chart = $chart;
+            let cats = categories.to_vec();
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(categories.len() * 2 + 1)
+                .x_label_formatter(&|x: &f64| {
+                    let i = x.floor();
+                    if (x - i - 0.5).abs() < 0.01 && i >= 0.0 && (i as usize) < cats.len() {
+                        cats[i as usize].clone()
+                    } else {
+                        String::new()
+                    }
+                })
+                .y_desc(y_label)
+                .label_style(("sans-serif", 14))
+                .draw()?;
+            for (si, s) in series.iter().enumerate() {
+                let color = COLORS[si % COLORS.len()];
+                let bw = 0.8 / ns;
+                let rects: Vec<_> = s
+                    .values
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_finite() && (!log_y || **v > 0.0))
+                    .map(|(ci, v)| {
+                        let x0 = ci as f64 + 0.1 + si as f64 * bw;
+                        Rectangle::new([(x0, $y(lo)), (x0 + bw * 0.9, $y(*v))], color.filled())
+                    })
+                    .collect();
+                chart
+                    .draw_series(rects)?
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                    });
+            }
+            for (li, l) in lines.iter().enumerate() {
+                let style = BLACK.stroke_width(if li == 0 { 2 } else { 1 });
+                chart
+                    .draw_series(LineSeries::new(
+                        vec![(0.0, $y(l.value)), (n, $y(l.value))],
+                        style,
+                    ))?
+                    .label(l.label.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], style));
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()?;
+        }};
+    }
+    if log_y {
+        let chart = b.build_cartesian_2d(0f64..n, (lo..hi).log_scale())?;
+        body!(chart, |v: f64| v);
+    } else {
+        let chart = b.build_cartesian_2d(0f64..n, lo..hi)?;
+        body!(chart, |v: f64| v);
+    }
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,439 @@
+//! Assembling a VM's remote memory: memserver client (or an embedded loopback memserver),
+//! the [`MemserverStore`] adapter, the prefetcher, and the paging engine (`farvm-ept`) that owns
+//! guest RAM. Also the glue that tells the engine which host thread runs which vCPU and where
+//! each vCPU's agent slot is, and the late binding of stage-2 injection to the KVM VM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::{Budget, Engine, EngineConfig, EngineError, EngineParts, Stats};
+use farvm_memserver::client::{namespace_for_name, Client, ClientConfig, ClientStats};
+use farvm_memserver::protocol::auth::load_token_file;
+use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
+use serde::Serialize;
+
+use super::ram::EngineRam;
+use super::stage2::KvmPreFault;
+use super::store::{MemserverStore, StoreConfig};
+use crate::memory::{GuestRam, MemError};
+
+/// Errors setting up remote memory.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("invalid remote-memory setting: {0}")]
+    Config(String),
+    #[error("cannot start the embedded memserver: {0}")]
+    Embedded(String),
+    #[error("cannot reach the memory servers: {0}")]
+    Connect(String),
+    #[error("cannot read --memserver-token-file {path}: {msg}")]
+    Token { path: PathBuf, msg: String },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// What `farvm run` was asked for.
+#[derive(Clone, Debug)]
+pub struct RemoteSpec {
+    /// VM name (the memserver namespace is derived from it).
+    pub vm_name: String,
+    /// Memory servers; empty = start one embedded on loopback.
+    pub servers: Vec<SocketAddr>,
+    /// Replication factor (default: 2 with ≥ 2 servers, else 1).
+    pub replicas: Option<usize>,
+    /// Tenant secret file (one hex secret; the first line is used).
+    pub token_file: Option<PathBuf>,
+    /// Local-memory budget.
+    pub budget: Budget,
+    /// Prefetcher name (`farvm_prefetch::registry::names()`).
+    pub prefetcher: String,
+    /// Every N-th injected prefetch stays staged as a probe (0 = off).
+    pub probe_every: u32,
+    /// Request timeout of the client.
+    pub timeout: Duration,
+}
+
+impl RemoteSpec {
+    /// Defaults: embedded memserver, 50% local, the default prefetcher.
+    pub fn new(vm_name: &str) -> Self {
+        Self {
+            vm_name: vm_name.to_string(),
+            servers: Vec::new(),
+            replicas: None,
+            token_file: None,
+            budget: Budget::Percent(50.0),
+            prefetcher: farvm_prefetch::registry::DEFAULT.to_string(),
+            probe_every: 16,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A stage-2 injector bound to the KVM VM once it exists (the engine, which owns guest RAM,
+/// must start before the VM is created). Until then a call fails softly (`Failed`, which keeps
+/// the engine trying) — in practice nothing is injected before the guest runs.
+#[derive(Default)]
+pub struct LateStageTwo(OnceLock<KvmPreFault>);
+
+impl StageTwo for LateStageTwo {
+    fn pre_fault(&self, gpa: u64, len: u64) -> Result<(), PreFaultError> {
+        match self.0.get() {
+            Some(s) => s.pre_fault(gpa, len),
+            None => Err(PreFaultError::Failed(libc::EAGAIN)),
+        }
+    }
+}
+
+/// Health of the memserver side, for stats.
+#[derive(Clone, Debug, Serialize)]
+pub struct RemoteHealth {
+    pub servers: Vec<String>,
+    pub embedded: bool,
+    pub replication: usize,
+    pub dead_servers: u64,
+    pub read_failovers: u64,
+    pub slabs_rereplicated: u64,
+    pub degraded_slabs: u64,
+    pub wire_requests: u64,
+    pub slot_waits: u64,
+    pub busy: u64,
+    pub failed_requests: u64,
+}
+
+/// Everything `farvm stats` shows about paging.
+#[derive(Clone, Debug, Serialize)]
+pub struct RemoteStats {
+    pub engine: Stats,
+    pub remote: RemoteHealth,
+}
+
+impl RemoteStats {
+    /// Prometheus text: the engine's series plus memserver health, labelled `vm="<vm>"`.
+    pub fn to_prometheus(&self, vm: &str) -> String {
+        use std::fmt::Write;
+        let mut s = self.engine.to_prometheus(vm);
+        let vm: String = vm
+            .chars()
+            .map(|c| {
+                if matches!(c, '"' | '\\' | '\n') {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let r = &self.remote;
+        for (name, kind, v) in [
+            ("memservers", "gauge", r.servers.len() as u64),
+            ("replication", "gauge", r.replication as u64),
+            ("memserver_dead", "gauge", r.dead_servers),
+            (
+                "memserver_read_failovers_total",
+                "counter",
+                r.read_failovers,
+            ),
+            (
+                "memserver_slabs_rereplicated_total",
+                "counter",
+                r.slabs_rereplicated,
+            ),
+            ("memserver_degraded_slabs", "gauge", r.degraded_slabs),
+            ("memserver_requests_total", "counter", r.wire_requests),
+            (
+                "memserver_failed_requests_total",
+                "counter",
+                r.failed_requests,
+            ),
+        ] {
+            let _ = writeln!(s, "# TYPE farvm_{name} {kind}");
+            let _ = writeln!(s, "farvm_{name}{{vm=\"{vm}\"}} {v}");
+        }
+        s
+    }
+}
+
+/// Where stats come from, without keeping the engine alive (for the control socket and the
+/// metrics endpoint, which may outlive a run by a moment).
+#[derive(Clone)]
+pub struct StatsSource {
+    engine: Weak<Engine>,
+    store: Weak<MemserverStore>,
+    servers: Vec<SocketAddr>,
+    embedded: bool,
+}
+
+impl StatsSource {
+    /// Current statistics, or `None` once the engine is gone.
+    pub fn stats(&self) -> Option<RemoteStats> {
+        let engine = self.engine.upgrade()?;
+        let store = self.store.upgrade()?;
+        Some(collect(&engine, &store, &self.servers, self.embedded))
+    }
+}
+
+fn collect(
+    engine: &Engine,
+    store: &MemserverStore,
+    servers: &[SocketAddr],
+    embedded: bool,
+) -> RemoteStats {
+    let client = store.client();
+    let ClientStats {
+        dead_servers,
+        read_failovers,
+        slabs_rereplicated,
+        degraded_slabs,
+    } = client.stats();
+    let c = store.counters();
+    RemoteStats {
+        engine: engine.stats(),
+        remote: RemoteHealth {
+            servers: servers.iter().map(|s| s.to_string()).collect(),
+            embedded,
+            replication: client.replication(),
+            dead_servers,
+            read_failovers,
+            slabs_rereplicated,
+            degraded_slabs,
+            wire_requests: c.requests.load(Ordering::Relaxed),
+            slot_waits: c.slot_waits.load(Ordering::Relaxed),
+            busy: c.busy.load(Ordering::Relaxed),
+            failed_requests: c.failed_requests.load(Ordering::Relaxed),
+        },
+    }
+}
+
+/// A VM's remote memory: the engine owning guest RAM plus its store.
+pub struct RemoteMemory {
+    engine: Arc<Engine>,
+    store: Arc<MemserverStore>,
+    stage2: Arc<LateStageTwo>,
+    servers: Vec<SocketAddr>,
+    embedded: Option<ServerHandle>,
+    watcher_stop: Arc<AtomicBool>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RemoteMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteMemory")
+            .field("servers", &self.servers)
+            .field("embedded", &self.embedded.is_some())
+            .finish()
+    }
+}
+
+/// Forwards to a shared [`LateStageTwo`] (the engine takes a `Box<dyn StageTwo>`).
+struct SharedStageTwo(Arc<LateStageTwo>);
+
+impl StageTwo for SharedStageTwo {
+    fn pre_fault(&self, gpa: u64, len: u64) -> Result<(), PreFaultError> {
+        self.0.pre_fault(gpa, len)
+    }
+}
+
+impl RemoteMemory {
+    /// Connects (or starts an embedded memserver), builds the prefetcher and starts the engine
+    /// with `mem_bytes` of guest RAM (guest-physical `0..mem_bytes`).
+    pub fn start(spec: &RemoteSpec, mem_bytes: u64) -> Result<Self, RemoteError> {
+        let prefetcher = farvm_prefetch::registry::build(
+            &spec.prefetcher,
+            &farvm_prefetch::registry::Config::default(),
+        )
+        .map_err(|e| RemoteError::Config(e.to_string()))?;
+        let (servers, embedded) = if spec.servers.is_empty() {
+            // Room for every guest page plus slack; the arena is MAP_NORESERVE, so only pages
+            // actually written back cost host memory.
+            let h = Server::start(ServerConfig::loopback(mem_bytes + (64 << 20)))
+                .map_err(|e| RemoteError::Embedded(e.to_string()))?;
+            (vec![h.addr()], Some(h))
+        } else {
+            (spec.servers.clone(), None)
+        };
+        let mut ccfg = ClientConfig::new(servers.clone());
+        ccfg.replication = spec.replicas;
+        ccfg.timeout = spec.timeout;
+        // One connection per server: the store's receiver thread then polls the connection its
+        // requests are on (see store.rs), so responses are read with no thread hand-off.
+        ccfg.conns_per_server = 1;
+        if let Some(path) = &spec.token_file {
+            let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+            let first = tokens
+                .into_iter()
+                .next()
+                .ok_or_else(|| RemoteError::Token {
+                    path: path.clone(),
+                    msg: "the file holds no secret".into(),
+                })?;
+            ccfg.secret = Some(first);
+        }
+        if let Some(r) = spec.replicas {
+            if r == 0 || r > servers.len() {
+                return Err(RemoteError::Config(format!(
+                    "--replicas {r} needs between 1 and {} (the number of --memserver)",
+                    servers.len()
+                )));
+            }
+        }
+        let client =
+            Arc::new(Client::connect(ccfg).map_err(|e| RemoteError::Connect(e.to_string()))?);
+        let store = MemserverStore::new(
+            client,
+            StoreConfig {
+                namespace: namespace_for_name(&spec.vm_name),
+                slots: 256,
+            },
+        )
+        .map_err(|e| RemoteError::Connect(e.to_string()))?;
+        let mut cfg = EngineConfig::new(mem_bytes);
+        cfg.budget = spec.budget;
+        cfg.probe_every = spec.probe_every;
+        cfg.prefetch = spec.prefetcher != "none";
+        let stage2 = Arc::new(LateStageTwo::default());
+        let mut parts = EngineParts::new(store.clone(), prefetcher);
+        parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        let engine = Arc::new(Engine::start(cfg, parts)?);
+        Ok(Self {
+            engine,
+            store,
+            stage2,
+            servers,
+            embedded,
+            watcher_stop: Arc::new(AtomicBool::new(false)),
+            watcher: None,
+        })
+    }
+
+    /// The engine (guest RAM, stats).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The memory servers in use.
+    pub fn servers(&self) -> &[SocketAddr] {
+        &self.servers
+    }
+
+    /// Binds stage-2 injection to the KVM VM (`guest_vcpus` = the guest's vCPU count; the
+    /// pre-fault vCPU, if supported, gets the next id).
+    pub fn bind_kvm(&self, vm_fd: std::os::fd::RawFd, guest_vcpus: u32) {
+        let _ = self.stage2.0.set(KvmPreFault::new(vm_fd, guest_vcpus));
+    }
+
+    /// Starts a thread that registers each vCPU thread id (`tids()`, 0 = not started yet) and
+    /// each vCPU's agent slot (`slot(cpu)`) with the engine as they appear.
+    pub fn watch_vcpus(
+        &mut self,
+        ncpus: u32,
+        tids: impl Fn() -> Vec<i32> + Send + 'static,
+        slot: impl Fn(u32) -> Option<u64> + Send + 'static,
+    ) {
+        let engine = self.engine.clone();
+        let stop = self.watcher_stop.clone();
+        let h = std::thread::Builder::new()
+            .name("ept-attach".into())
+            .spawn(move || {
+                let mut tid_done = vec![0i32; ncpus as usize];
+                let mut slot_done = vec![None; ncpus as usize];
+                let mut round = 0u32;
+                while !stop.load(Ordering::Acquire) {
+                    for (cpu, t) in tids().into_iter().enumerate().take(ncpus as usize) {
+                        if t > 0 && tid_done[cpu] != t {
+                            if let Err(e) = engine.register_vcpu(cpu as u32, t as u32) {
+                                tracing::warn!("registering vCPU {cpu}: {e}");
+                            }
+                            tid_done[cpu] = t;
+                        }
+                    }
+                    for cpu in 0..ncpus {
+                        let s = slot(cpu);
+                        if s.is_some() && s != slot_done[cpu as usize] {
+                            if let Err(e) = engine.set_agent_slot(cpu, s.unwrap_or_default()) {
+                                tracing::warn!("agent slot of vCPU {cpu}: {e}");
+                            }
+                            slot_done[cpu as usize] = s;
+                        }
+                    }
+                    // Fast at boot (faults before registration are unattributed), slow after.
+                    round += 1;
+                    let all =
+                        tid_done.iter().all(|&t| t > 0) && slot_done.iter().all(|s| s.is_some());
+                    std::thread::sleep(if all || round > 2000 {
+                        Duration::from_millis(50)
+                    } else {
+                        Duration::from_micros(500)
+                    });
+                }
+            });
+        match h {
+            Ok(h) => self.watcher = Some(h),
+            Err(e) => tracing::warn!("cannot start the vCPU attach thread: {e}"),
+        }
+    }
+
+    /// Engine and memserver statistics.
+    pub fn stats(&self) -> RemoteStats {
+        collect(
+            &self.engine,
+            &self.store,
+            &self.servers,
+            self.embedded.is_some(),
+        )
+    }
+
+    /// A handle for reading stats later without keeping the engine alive.
+    pub fn stats_source(&self) -> StatsSource {
+        StatsSource {
+            engine: Arc::downgrade(&self.engine),
+            store: Arc::downgrade(&self.store),
+            servers: self.servers.clone(),
+            embedded: self.embedded.is_some(),
+        }
+    }
+
+    /// Guest RAM for [`crate::vm::Vm::create_with_ram`]: the engine's guest view as the KVM
+    /// memslot, every VMM access through the engine. Drop the VM before [`Self::shutdown`].
+    pub fn guest_ram(&self) -> Result<Arc<GuestRam>, MemError> {
+        Ok(Arc::new(GuestRam::external(Arc::new(EngineRam(
+            self.engine.clone(),
+        )))?))
+    }
+
+    /// Stops the watcher, then the engine (waiting for its outstanding I/O), then the store
+    /// and the embedded server. Call once nothing else holds the engine (the VM is dropped);
+    /// if something still does, the embedded server is left running rather than pulled from
+    /// under a live engine.
+    pub fn shutdown(mut self) {
+        self.watcher_stop.store(true, Ordering::Release);
+        if let Some(h) = self.watcher.take() {
+            let _ = h.join();
+        }
+        let Self {
+            engine,
+            embedded,
+            store,
+            ..
+        } = self;
+        match Arc::into_inner(engine) {
+            Some(e) => e.shutdown(),
+            None => {
+                tracing::warn!("paging engine still referenced at shutdown; leaving it running");
+                std::mem::forget(embedded);
+                return;
+            }
+        }
+        // Close the client first so the server going away is not seen as a failure.
+        drop(store);
+        if let Some(h) = embedded {
+            h.shutdown();
+        }
+    }
+}

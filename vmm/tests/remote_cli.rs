@@ -1,0 +1,160 @@
+//! `farvm run` on remote memory, end to end through the binary: the default embedded memserver,
+//! `farvm stats` showing the paging engine live, the Prometheus endpoint, the exit summary, and
+//! clear errors for bad remote-memory arguments.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kvm_available;
+
+fn farvm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_farvm"))
+}
+
+#[test]
+fn bad_remote_arguments_are_usage_errors() {
+    for (args, want) in [
+        (vec!["run", "--local-memory", "0%"], "local-memory"),
+        (vec!["run", "--local-memory", "12Q"], "local-memory"),
+        (
+            vec!["run", "--prefetcher", "oracle"],
+            "unknown --prefetcher",
+        ),
+        (
+            vec!["run", "--memserver", "127.0.0.1:1", "--replicas", "3"],
+            "--replicas 3",
+        ),
+        (
+            vec!["run", "--local-only", "--memserver", "127.0.0.1:1"],
+            "cannot be used with",
+        ),
+    ] {
+        let o = farvm().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn unreachable_memserver_is_a_clear_host_error() {
+    if !kvm_available() {
+        return;
+    }
+    // Port 1 on loopback: nothing listens there.
+    let o = farvm()
+        .args(["run", "--memserver", "127.0.0.1:1", "--no-control-socket"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(err.contains("memory servers"), "{err}");
+}
+
+#[test]
+fn run_pages_remotely_with_live_stats_and_metrics() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("farvm-remote-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("remote.sock");
+    let mut child = farvm()
+        .args([
+            "run",
+            "--memory",
+            "160M",
+            "--local-memory",
+            "25%",
+            "--workload",
+            "seq:ws=96M,passes=30",
+            "--name",
+            "remote-cli",
+            "--control-socket",
+            sock.to_str().unwrap(),
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The metrics address is announced on stderr before the guest runs.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr: std::net::SocketAddr = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no metrics line");
+        if let Some(rest) = line.trim().strip_prefix("farvm: metrics on http://") {
+            break rest.trim_end_matches("/metrics").parse().unwrap();
+        }
+    };
+    let err_thread = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+        rest
+    });
+    // Live: the control socket's stats carry the engine's counters once the guest faults.
+    let t0 = Instant::now();
+    let v = loop {
+        let o = farvm()
+            .args(["stats", "--socket", sock.to_str().unwrap(), "--json"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            if v["paging"]["engine"]["counters"]["evictions"].as_u64() > Some(0) {
+                break v;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no paging stats with evictions on the control socket"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["paging"]["engine"]["prefetcher"], "leap+stream");
+    assert_eq!(v["paging"]["remote"]["embedded"], true);
+    let text = farvm()
+        .args(["stats", "--socket", sock.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("paging: prefetcher leap+stream"), "{text}");
+    let (code, body) = farvm_vmm::metrics::scrape(addr, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for series in [
+        "farvm_ept_demand_faults_total{vm=\"remote-cli\"}",
+        "farvm_ept_fault_service_seconds{vm=\"remote-cli\",quantile=\"0.99\"}",
+        "farvm_ept_prefetch_coverage{vm=\"remote-cli\"}",
+        "farvm_memservers{vm=\"remote-cli\"} 1",
+        "farvm_vm_exits_total{vm=\"remote-cli\"}",
+    ] {
+        assert!(body.contains(series), "missing {series} in:\n{body}");
+    }
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(240),
+            "farvm run did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    let err_rest = err_thread.join().unwrap();
+    assert!(status.success(), "{out}\n{err_rest}");
+    assert!(
+        out.contains("paging: prefetcher leap+stream, local budget"),
+        "{out}"
+    );
+    assert!(out.contains("(embedded)"), "{out}");
+    assert!(out.contains(" seq ") && out.contains(" done "), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
