@@ -105,6 +105,26 @@ pub fn native(w: &PlacedWorkload) -> Outcome {
         .unwrap_or_else(|e| panic!("native {}: {e}", w.name()))
 }
 
+/// Runs `w` natively, prints one guest-vs-native line for it and returns the native outcome;
+/// the caller asserts on the checksums (each test says what a mismatch means for it).
+pub fn compare_with_native(w: &PlacedWorkload, rec: &ProcessRecord) -> Outcome {
+    let nat = native(w);
+    eprintln!(
+        "{:<15} ws {:>10} guest {:>10.3} ms native {:>10.3} ms  checksum {:#018x} {}",
+        w.name(),
+        w.spec.ws_bytes,
+        rec.elapsed_ns as f64 / 1e6,
+        nat.elapsed_ns as f64 / 1e6,
+        rec.checksum,
+        if rec.checksum == nat.checksum {
+            "=="
+        } else {
+            "!= native"
+        }
+    );
+    nat
+}
+
 /// The process record of the i-th placed workload (matched by the spec the kernel copied into
 /// the mailbox: workload, ws, seed, cpu; the first unused match).
 pub fn record_for<'a>(

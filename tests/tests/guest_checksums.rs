@@ -2,7 +2,7 @@
 //! same code with the same parameters (bit for bit), at 64 MiB and, for a few, up to 1 GiB.
 
 use farvm_guest_agent::pv::state;
-use farvm_tests::{kvm_available, native, record_for, GuestSetup};
+use farvm_tests::{compare_with_native, kvm_available, native, record_for, GuestSetup};
 use farvm_vmm::vm::VmOutcome;
 
 fn check(setup: &GuestSetup) {
@@ -17,20 +17,7 @@ fn check(setup: &GuestSetup) {
     let mut bad = Vec::new();
     for (i, w) in placed.iter().enumerate() {
         let rec = record_for(&report, &placed, i).expect("mailbox");
-        let nat = native(w);
-        eprintln!(
-            "{:<15} ws {:>10} guest {:>10.3} ms native {:>10.3} ms  checksum {:#018x} {}",
-            w.name(),
-            w.spec.ws_bytes,
-            rec.elapsed_ns as f64 / 1e6,
-            nat.elapsed_ns as f64 / 1e6,
-            rec.checksum,
-            if rec.checksum == nat.checksum {
-                "=="
-            } else {
-                "!= native"
-            }
-        );
+        let nat = compare_with_native(w, rec);
         if rec.checksum != nat.checksum {
             bad.push(w.name());
         }

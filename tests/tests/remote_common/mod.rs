@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use farvm_guest_agent::pv::state;
-use farvm_tests::{native, record_for, GuestSetup};
+use farvm_tests::{compare_with_native, record_for, GuestSetup};
 use farvm_vmm::remote::{RemoteMemory, RemoteSpec, RemoteStats};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
 
@@ -70,20 +70,7 @@ pub fn assert_native_checksums(setup: &GuestSetup, report: &VmReport, stats: &Re
         let rec = record_for(report, &placed, i)
             .unwrap_or_else(|| panic!("no mailbox for {}: {report:#?}", w.name()));
         assert_eq!(rec.state, state::DONE, "{}: state {}", w.name(), rec.state);
-        let nat = native(w);
-        eprintln!(
-            "{:<15} ws {:>10} guest {:>10.3} ms native {:>10.3} ms checksum {:#018x} {}",
-            w.name(),
-            w.spec.ws_bytes,
-            rec.elapsed_ns as f64 / 1e6,
-            nat.elapsed_ns as f64 / 1e6,
-            rec.checksum,
-            if rec.checksum == nat.checksum {
-                "=="
-            } else {
-                "!= native"
-            }
-        );
+        let nat = compare_with_native(w, rec);
         assert_eq!(
             rec.checksum,
             nat.checksum,
