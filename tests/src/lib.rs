@@ -11,7 +11,7 @@ use farvm_vmm::devices::serial::SerialOut;
 use farvm_vmm::memory::Backing;
 use farvm_vmm::vm::{BootSpec, RunningVm, Vm, VmConfig, VmReport};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
-use farvm_workloads::{Outcome, StdEnv};
+use farvm_workloads::Outcome;
 
 /// True if KVM tests should run; false only when `FARVM_SKIP_KVM=1`. Panics with a clear
 /// message when /dev/kvm is unusable otherwise.
@@ -99,9 +99,7 @@ impl GuestSetup {
 
 /// Runs a placed workload natively with the same parameters.
 pub fn native(w: &PlacedWorkload) -> Outcome {
-    let p = w.spec.params();
-    let mut heap = vec![0u64; (p.ws_bytes / 8).max(1) as usize];
-    farvm_workloads::run(w.spec.workload.id, &p, &mut heap, &mut StdEnv::default())
+    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
         .unwrap_or_else(|e| panic!("native {}: {e}", w.name()))
 }
 

@@ -325,15 +325,7 @@ fn builtin_guest_runs_workloads_and_reports_json() {
     {
         let placed = farvm_vmm::workload_spec::place(&[spec.to_string()], 1).unwrap();
         let w = &placed[0];
-        let prm = w.spec.params();
-        let mut heap = vec![0u64; (prm.ws_bytes / 8) as usize];
-        let native = farvm_workloads::run(
-            w.spec.workload.id,
-            &prm,
-            &mut heap,
-            &mut farvm_workloads::StdEnv::default(),
-        )
-        .unwrap();
+        let native = farvm_workloads::run_native(w.spec.workload.id, &w.spec.params()).unwrap();
         assert_eq!(p["state_name"], "done", "{p}");
         assert_eq!(p["cpu"], cpu, "{p}");
         assert_eq!(p["checksum"].as_u64(), Some(native.checksum), "{p}");

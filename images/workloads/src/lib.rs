@@ -207,6 +207,14 @@ fn as_u32(words: &mut [u64]) -> &mut [u32] {
     unsafe { core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u32>(), words.len() * 2) }
 }
 
+/// Runs workload `id` natively on a fresh zeroed heap of `p.ws_bytes` (feature `std`): the
+/// baseline that the VMM's benchmarks and tests compare guest runs against.
+#[cfg(feature = "std")]
+pub fn run_native(id: u32, p: &Params) -> Result<Outcome, Error> {
+    let mut heap = std::vec![0u64; (p.ws_bytes / 8).max(1) as usize];
+    run(id, p, &mut heap, &mut StdEnv::default())
+}
+
 /// A native [`Env`] on `std::time::Instant` (feature `std`).
 #[cfg(feature = "std")]
 pub struct StdEnv {

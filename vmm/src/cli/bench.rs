@@ -22,7 +22,6 @@ use farvm_vmm::memory::Backing;
 use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
-use farvm_workloads::StdEnv;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -123,9 +122,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn native_run(w: &PlacedWorkload) -> Result<(f64, u64)> {
-    let p = w.spec.params();
-    let mut heap = vec![0u64; (p.ws_bytes / 8).max(1) as usize];
-    let o = farvm_workloads::run(w.spec.workload.id, &p, &mut heap, &mut StdEnv::default())
+    let o = farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
         .map_err(|e| anyhow::anyhow!("native {}: {e}", w.name()))?;
     Ok((o.elapsed_ns as f64 / 1e6, o.checksum))
 }
