@@ -15,7 +15,7 @@ use crate::engine::Inner;
 use crate::error::EngineError;
 use crate::state::{self as st, state_of};
 use crate::stats::Hist;
-use crate::store::{PageBuf, Priority, ReadReq, Status};
+use crate::store::{Completion, Op, PageBuf, Priority, ReadReq, Status};
 use crate::sys::poll::Epoll;
 use crate::sys::uffd::{Fault, RawMsg, MAX_EVENTS};
 use crate::translate::PageSpace;
@@ -515,6 +515,37 @@ impl Handler {
     }
 }
 
+/// Serves demand reads synchronously where the store can ([`RemoteStore::read_now`]), one by
+/// one, installing each as it lands. Returns how many of `reqs` (moved to its front) still
+/// need an asynchronous read: all of them if the store has no synchronous path.
+///
+/// [`RemoteStore::read_now`]: crate::store::RemoteStore::read_now
+fn read_demand_now(inner: &Inner, reqs: &mut [ReadReq]) -> usize {
+    let c = &inner.counters;
+    let mut left = 0;
+    for i in 0..reqs.len() {
+        let r = reqs[i];
+        inner.outstanding.fetch_add(1, Ordering::AcqRel);
+        match inner.store.read_now(r.page, r.dst) {
+            Some(status) => {
+                c.remote_reads_demand.fetch_add(1, Ordering::Relaxed);
+                c.sync_demand_reads.fetch_add(1, Ordering::Relaxed);
+                inner.on_completions(&[Completion {
+                    op: Op::Read,
+                    page: r.page,
+                    status,
+                }]);
+            }
+            None => {
+                inner.outstanding.fetch_sub(1, Ordering::AcqRel);
+                reqs[left] = r;
+                left += 1;
+            }
+        }
+    }
+    left
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Issue {
     Done,
@@ -535,8 +566,14 @@ fn flush(inner: &Inner, b: &mut Batch) {
     for (dst, src) in reqs.iter_mut().zip(b.reqs[..b.n].iter()) {
         *dst = src.expect("filled batch slot");
     }
-    let n = std::mem::take(&mut b.n);
+    let mut n = std::mem::take(&mut b.n);
     let c = &inner.counters;
+    if reqs[0].priority == Priority::Demand {
+        n = read_demand_now(inner, &mut reqs[..n]);
+        if n == 0 {
+            return;
+        }
+    }
     for r in &reqs[..n] {
         match r.priority {
             Priority::Demand => c.remote_reads_demand.fetch_add(1, Ordering::Relaxed),

@@ -33,7 +33,7 @@ pub mod sys;
 pub mod translate;
 pub mod vcpu;
 
-pub use config::{Budget, EngineConfig};
+pub use config::{Budget, EngineConfig, DEFAULT_PROBE_EVERY};
 pub use engine::{Engine, EngineParts, PageState};
 pub use error::EngineError;
 pub use stats::Stats;

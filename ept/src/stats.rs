@@ -51,6 +51,8 @@ counters! {
     hot_refaults,
     /// Reads issued to the store at demand priority.
     remote_reads_demand,
+    /// Demand reads the fault handler served itself, synchronously (`RemoteStore::read_now`).
+    sync_demand_reads,
     /// Reads issued to the store at prefetch priority.
     remote_reads_prefetch,
     /// Page write-backs completed successfully.
@@ -119,7 +121,7 @@ counters! {
 /// Which latency a sample belongs to.
 #[derive(Clone, Copy, Debug)]
 pub enum Hist {
-    /// Demand fault read from the uffd -> page installed and vCPU woken.
+    /// Demand fault read from the uffd -> page mapped and the vCPU's wake issued.
     FaultService,
     /// Fault read -> zero page installed.
     ZeroFill,
@@ -131,8 +133,12 @@ pub enum Hist {
     Timeliness,
     /// One eviction round (claim, zap, hash, write back, free).
     EvictRound,
+    /// The UFFDIO_WAKE call that resumes a vCPU after a demand fault. On 2 busy cores it
+    /// often returns only after the woken vCPU has run on this CPU, so it is reported apart
+    /// from the fault service time.
+    Wake,
 }
-const NHIST: usize = 6;
+const NHIST: usize = 7;
 const HIST_NAMES: [&str; NHIST] = [
     "fault_service",
     "zero_fill",
@@ -140,6 +146,7 @@ const HIST_NAMES: [&str; NHIST] = [
     "install",
     "prefetch_timeliness",
     "evict_round",
+    "wake",
 ];
 
 /// Histogram slots: each recording thread sticks to one, so locks are uncontended.
@@ -248,6 +255,8 @@ pub struct Stats {
     pub install: LatencySummary,
     pub prefetch_timeliness: LatencySummary,
     pub evict_round: LatencySummary,
+    #[serde(default)]
+    pub wake: LatencySummary,
 }
 
 impl Stats {
@@ -265,7 +274,9 @@ impl Stats {
         let est_hits = c.prefetch_marker_hits as f64
             + c.prefetch_late_hits as f64
             + c.prefetch_injected as f64 * self.accuracy;
-        let denom = est_hits + c.demand_faults as f64 - c.prefetch_late_hits as f64;
+        // Late hits are not demand faults (the fault joined the in-flight prefetch), so the
+        // misses are exactly the demand faults.
+        let denom = est_hits + c.demand_faults as f64;
         self.coverage = if denom <= 0.0 { 0.0 } else { est_hits / denom };
         let m = h.merged();
         self.fault_service = LatencySummary::of(&m[Hist::FaultService as usize]);
@@ -274,6 +285,7 @@ impl Stats {
         self.install = LatencySummary::of(&m[Hist::Install as usize]);
         self.prefetch_timeliness = LatencySummary::of(&m[Hist::Timeliness as usize]);
         self.evict_round = LatencySummary::of(&m[Hist::EvictRound as usize]);
+        self.wake = LatencySummary::of(&m[Hist::Wake as usize]);
     }
 
     /// Prometheus text exposition (version 0.0.4), every series labelled `vm="<vm>"`.
@@ -315,6 +327,7 @@ impl Stats {
             (HIST_NAMES[3], &self.install),
             (HIST_NAMES[4], &self.prefetch_timeliness),
             (HIST_NAMES[5], &self.evict_round),
+            (HIST_NAMES[6], &self.wake),
         ];
         for (name, l) in lat {
             let _ = writeln!(s, "# TYPE farvm_ept_{name}_seconds summary");

@@ -132,6 +132,15 @@ pub trait RemoteStore: Send + Sync {
     fn write(&self, reqs: &[WriteReq]) -> Result<(), StoreError>;
     /// Drops the remote copies of `pages` (synchronous, best effort: no completion).
     fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError>;
+    /// Reads `page` into `dst` on the calling thread and returns once it has landed: the
+    /// demand path with no thread hand-off (the fault handler receives the response itself;
+    /// on this host every wake-up of another thread costs 5-50 µs). `None`: not supported,
+    /// the engine submits an asynchronous demand read instead. Must not be called with the
+    /// same `dst` as an outstanding request.
+    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<Status> {
+        let _ = (page, dst);
+        None
+    }
     /// A vCPU now waits on an outstanding prefetch read of `page`: serve it at demand priority
     /// if it is still queued. Optional (default: nothing; it completes as a prefetch).
     fn promote(&self, page: GuestPage) {

@@ -87,7 +87,7 @@ pub struct Mailbox {
     pub fault_error: u64,
     pub fault_cr2: u64,
     pub fault_rip: u64,
-    /// Workload-defined counters.
+    /// Workload-defined counters (indices: `farvm_workloads::lathist::counter`).
     pub counters: [u64; 8],
     // ---- added in ABI v1 before freeze (CHANGES.md) ----
     /// The process's plan entry, copied by the kernel before the process starts.

@@ -230,6 +230,22 @@ fn capacity_exhaustion_is_a_typed_error_and_batches_are_all_or_nothing() {
         .contains("farvm_memserver_errors_total{op=\"write\",status=\"capacity_exhausted\"} 2"));
 }
 
+/// Writes pages 0..64 of namespace 3, then submits `n` prefetch reads of all 64 of them.
+fn queue_prefetch_backlog(
+    c: &Client,
+    n: u64,
+    tx: &crossbeam_channel::Sender<farvm_memserver::client::Completion>,
+) {
+    let data: Vec<u8> = (0..64).flat_map(|p| page(3, p, 0)).collect();
+    c.write(3, 0, &data).unwrap();
+    for i in 0..n {
+        let mut io = IoBuf::new(64);
+        io.set_run(0, 64).unwrap();
+        c.submit(OpKind::Read, 3, Priority::Prefetch, io, i, tx)
+            .unwrap();
+    }
+}
+
 #[test]
 fn demand_reads_overtake_queued_prefetches() {
     let srv = Server::start(ServerConfig::loopback(1 << 24)).unwrap();
@@ -238,15 +254,8 @@ fn demand_reads_overtake_queued_prefetches() {
     cfg.window = 2;
     cfg.demand_reserve = 1;
     let c = Client::connect(cfg).unwrap();
-    let data: Vec<u8> = (0..64).flat_map(|p| page(3, p, 0)).collect();
-    c.write(3, 0, &data).unwrap();
     let (tx, rx) = crossbeam_channel::bounded(64);
-    for i in 0..40u64 {
-        let mut io = IoBuf::new(64);
-        io.set_run(0, 64).unwrap();
-        c.submit(OpKind::Read, 3, Priority::Prefetch, io, i, &tx)
-            .unwrap();
-    }
+    queue_prefetch_backlog(&c, 40, &tx);
     let mut io = IoBuf::new(1);
     io.set_run(7, 1).unwrap();
     // Completions already delivered before the demand read was submitted.
@@ -265,6 +274,41 @@ fn demand_reads_overtake_queued_prefetches() {
         pos <= before + 2,
         "demand read finished at position {pos} (after {before} done): {order:?}"
     );
+}
+
+#[test]
+fn synchronous_demand_reads_take_their_own_lane_past_a_prefetch_backlog() {
+    let srv = Server::start(ServerConfig::loopback(1 << 24)).unwrap();
+    let mut cfg = config(&[srv.addr()]);
+    cfg.conns_per_server = 1;
+    cfg.window = 256;
+    cfg.demand_reserve = 0;
+    cfg.depth = 256;
+    assert!(cfg.demand_lane, "the lane is on by default");
+    let c = Client::connect(cfg).unwrap();
+    assert!(
+        srv.metrics_text().contains("farvm_memserver_connections 2"),
+        "one bulk connection plus the demand lane:\n{}",
+        srv.metrics_text()
+    );
+    // 50 MiB of prefetch responses queued on the one bulk connection (served in order).
+    let backlog = 200u64;
+    let (tx, rx) = crossbeam_channel::bounded(backlog as usize);
+    queue_prefetch_backlog(&c, backlog, &tx);
+    let mut io = IoBuf::new(1);
+    io.set_run(7, 1).unwrap();
+    let done = c.submit_wait(OpKind::Read, 3, io);
+    let finished_first = rx.len();
+    assert_eq!(done.result, Ok(1));
+    assert_eq!(done.io.page(0), &page(3, 7, 0)[..]);
+    assert!(
+        (finished_first as u64) < backlog,
+        "the demand read waited for the whole prefetch backlog"
+    );
+    for _ in 0..backlog {
+        let d = rx.recv().unwrap();
+        assert_eq!(d.result, Ok(64));
+    }
 }
 
 /// A server that completes the handshake and then never answers.

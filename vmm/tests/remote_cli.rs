@@ -31,6 +31,12 @@ fn bad_remote_arguments_are_usage_errors() {
             vec!["run", "--local-only", "--memserver", "127.0.0.1:1"],
             "cannot be used with",
         ),
+        (
+            vec!["run", "--memserver", "no-such-host.invalid:7070"],
+            "cannot resolve",
+        ),
+        (vec!["run", "--memserver", "memsrv1"], "expected HOST:PORT"),
+        (vec!["run", "--probe-every", "many"], "--probe-every"),
     ] {
         let o = farvm().args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -47,6 +53,14 @@ fn unreachable_memserver_is_a_clear_host_error() {
     // Port 1 on loopback: nothing listens there.
     let o = farvm()
         .args(["run", "--memserver", "127.0.0.1:1", "--no-control-socket"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(err.contains("memory servers"), "{err}");
+    // A host name is accepted and resolved; nothing listens there either.
+    let o = farvm()
+        .args(["run", "--memserver", "localhost:1", "--no-control-socket"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

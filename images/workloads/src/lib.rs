@@ -18,6 +18,7 @@
 extern crate std;
 
 pub mod fold;
+pub mod lathist;
 pub mod math;
 pub mod meta;
 pub mod rng;
@@ -45,6 +46,9 @@ pub trait Env {
     fn phase(&mut self, _phase: u32) {}
     /// Give the CPU to another process (the isolation workload's rounds). Natively a no-op.
     fn yield_now(&mut self) {}
+    /// Reports workload counter `index` ([`lathist::counter`]) to whoever runs the workload
+    /// (the guest's mailbox). Ignored by default.
+    fn counter(&mut self, _index: usize, _value: u64) {}
 }
 
 /// Phase numbers passed to [`Env::phase`].
@@ -249,6 +253,7 @@ pub(crate) mod testenv {
         pub phases: [u32; 8],
         pub nphases: usize,
         pub yields: u64,
+        pub counters: [u64; 8],
     }
     impl crate::Env for Fake {
         fn now_ns(&mut self) -> u64 {
@@ -263,6 +268,9 @@ pub(crate) mod testenv {
         }
         fn yield_now(&mut self) {
             self.yields += 1;
+        }
+        fn counter(&mut self, index: usize, value: u64) {
+            self.counters[index] = value;
         }
     }
 }

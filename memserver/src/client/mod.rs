@@ -77,8 +77,12 @@ pub struct ClientConfig {
     pub replication: Option<usize>,
     /// Slab size in pages (default 262144 = 1 GiB).
     pub slab_pages: u64,
-    /// Connections per server (default 2).
+    /// Bulk connections per server (default 2): writes, prefetch reads, discards.
     pub conns_per_server: usize,
+    /// One more connection per server that carries only demand reads (default true), so a
+    /// read a vCPU is blocked on never queues behind megabytes of prefetch responses on a
+    /// shared TCP stream (the server serves each connection in order, on its own thread).
+    pub demand_lane: bool,
     /// Requests in flight per connection (default 32).
     pub window: usize,
     /// Part of the window only demand requests may use (default window / 4).
@@ -104,6 +108,7 @@ impl ClientConfig {
             replication: None,
             slab_pages: 1 << 18,
             conns_per_server: 2,
+            demand_lane: true,
             window: 32,
             demand_reserve: 8,
             depth: 256,
@@ -113,6 +118,19 @@ impl ClientConfig {
             spin: Duration::from_micros(50),
         }
     }
+}
+
+/// Who receives a request's response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    /// The connection's background receiver (woken on submit).
+    Background,
+    /// The submitter's poller ([`Client::wait_completion`]); the background receiver is not
+    /// woken.
+    Polled,
+    /// The submitting thread, right away ([`Client::submit_wait`]): a demand read, sent on
+    /// the demand lane.
+    Inline,
 }
 
 /// Counters about replication health.
@@ -273,7 +291,8 @@ impl Client {
         let mut live = 0;
         for (i, s) in inner.servers.iter().enumerate() {
             let mut conns = Vec::new();
-            for _ in 0..inner.cfg.conns_per_server.max(1) {
+            let lanes = usize::from(inner.cfg.demand_lane);
+            for _ in 0..inner.cfg.conns_per_server.max(1) + lanes {
                 let sink: Arc<dyn Sink> = Arc::new(SinkRef(Arc::downgrade(&inner)));
                 match Connection::connect(
                     s.addr,
@@ -383,7 +402,7 @@ impl Client {
                 user_data,
                 Reply::User(done.clone()),
                 false,
-                true,
+                Receive::Background,
             )
             .map(|_| ())
     }
@@ -411,7 +430,7 @@ impl Client {
                 user_data,
                 Reply::User(done.clone()),
                 false,
-                false,
+                Receive::Polled,
             )
             .map(|_| ())
     }
@@ -432,7 +451,7 @@ impl Client {
                 0,
                 Reply::User(tx.clone()),
                 false,
-                false,
+                Receive::Inline,
             );
             match sent {
                 Err((e, io)) => Completion {
@@ -711,17 +730,28 @@ impl Inner {
         Ok(p)
     }
 
-    fn pick_conn(&self, s: u16) -> Option<&Arc<Connection>> {
+    /// A connection to server `s`: its demand lane if `lane` (and one is configured), else
+    /// the less loaded of two bulk connections.
+    fn pick_conn(&self, s: u16, want_lane: bool) -> Option<&Arc<Connection>> {
         let conns = self.servers[s as usize].conns.get()?;
-        match conns.len() {
+        let bulk = match (self.cfg.demand_lane, conns.split_last()) {
+            (true, Some((lane, bulk))) if !bulk.is_empty() => {
+                if want_lane {
+                    return Some(lane);
+                }
+                bulk
+            }
+            _ => &conns[..],
+        };
+        match bulk.len() {
             0 => return None,
-            1 => return conns.first(),
+            1 => return bulk.first(),
             _ => {}
         }
         // Least outstanding of two (round-robin start) keeps connections evenly loaded.
-        let i = self.servers[s as usize].rr.fetch_add(1, Ordering::Relaxed) % conns.len();
-        let j = (i + 1) % conns.len();
-        let (a, b) = (&conns[i], &conns[j]);
+        let i = self.servers[s as usize].rr.fetch_add(1, Ordering::Relaxed) % bulk.len();
+        let j = (i + 1) % bulk.len();
+        let (a, b) = (&bulk[i], &bulk[j]);
         Some(if b.outstanding() < a.outstanding() {
             b
         } else {
@@ -729,34 +759,40 @@ impl Inner {
         })
     }
 
+    /// Sends ticket `ticket` to server `s`, on its demand lane if `lane` (a synchronous
+    /// demand read, received inline by its submitter).
     fn send_to(
         &self,
         s: u16,
         ticket: u32,
         prio: Priority,
+        lane: bool,
         direct: bool,
         wake: bool,
     ) -> Result<&Arc<Connection>, ClientError> {
         if self.is_dead(s) {
             return Err(ClientError::Disconnected);
         }
-        let c = self.pick_conn(s).ok_or(ClientError::Disconnected)?;
+        let c = self.pick_conn(s, lane).ok_or(ClientError::Disconnected)?;
         c.submit(ticket, prio, direct, wake)?;
         Ok(c)
     }
 
-    /// A live connection with requests in flight, if any.
+    /// A live bulk connection with requests in flight, if any. (Never a demand lane: its
+    /// requests are received by their own inline waiters, and a poller camping on it would
+    /// hold its receive side while they wait.)
     fn busy_conn(&self) -> Option<&Arc<Connection>> {
+        let lanes = usize::from(self.cfg.demand_lane);
         self.servers
             .iter()
             .filter(|s| !s.dead.load(Ordering::Acquire))
             .filter_map(|s| s.conns.get())
-            .flatten()
+            .flat_map(|v| &v[..v.len().saturating_sub(lanes)])
             .find(|c| c.inflight() > 0 && !c.is_broken())
     }
 
-    /// Returns the connection a read went to when `wake` is false (the caller then receives
-    /// inline on it).
+    /// Returns the connection a read went to when the caller receives inline
+    /// ([`Receive::Inline`]).
     #[allow(clippy::too_many_arguments, clippy::result_large_err)]
     fn submit(
         &self,
@@ -767,8 +803,9 @@ impl Inner {
         user_data: u64,
         reply: Reply,
         if_absent: bool,
-        wake: bool,
+        recv: Receive,
     ) -> Result<Option<Arc<Connection>>, (ClientError, IoBuf)> {
+        let wake = recv == Receive::Background;
         if io.is_empty() || op == OpKind::Stat {
             return Err((ClientError::InvalidRequest("empty page selection"), io));
         }
@@ -836,8 +873,9 @@ impl Inner {
                 return Ok(None);
             }
             let first = self.tickets.lock(tn).replicas[0];
-            return match self.send_to(first, tn, prio, true, wake) {
-                Ok(c) => Ok((!wake).then(|| c.clone())),
+            let lane = recv == Receive::Inline;
+            return match self.send_to(first, tn, prio, lane, true, wake) {
+                Ok(c) => Ok(lane.then(|| c.clone())),
                 Err(e) => {
                     self.on_complete(tn, first, Some(Err(e)));
                     Ok(None)
@@ -867,7 +905,7 @@ impl Inner {
         drop(t);
         for k in 0..n {
             let s = self.tickets.lock(tn).replicas[k];
-            if let Err(e) = self.send_to(s, tn, prio, true, wake) {
+            if let Err(e) = self.send_to(s, tn, prio, false, true, wake) {
                 self.on_complete(tn, s, Some(Err(e)));
             }
         }
@@ -959,7 +997,7 @@ impl Inner {
                         let s = t.replicas[t.attempt as usize];
                         // Not direct: we may be on a receiver thread, which must never block
                         // on a socket write.
-                        if self.send_to(s, tn, prio, false, true).is_ok() {
+                        if self.send_to(s, tn, prio, false, false, true).is_ok() {
                             self.read_failovers.fetch_add(1, Ordering::Relaxed);
                             return;
                         }
@@ -1042,7 +1080,7 @@ impl Inner {
             t.ns = ns;
             t.reply = Reply::Internal(tx);
         }
-        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, true, true) {
+        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, false, true, true) {
             self.on_complete(tn, s, Some(Err(e)));
         }
         let d = wait(&rx, Duration::ZERO);
@@ -1090,7 +1128,7 @@ impl Inner {
             t.nrep = 1;
             t.pending = 1;
         }
-        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, true, true) {
+        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, false, true, true) {
             self.on_complete(tn, s, Some(Err(e)));
         }
         let d = wait(&rx, Duration::ZERO);

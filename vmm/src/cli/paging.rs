@@ -76,6 +76,7 @@ pub fn render(p: &Value) -> String {
         ("fault service", "fault_service"),
         ("store read", "store_read"),
         ("install", "install"),
+        ("vCPU wake", "wake"),
         ("zero fill", "zero_fill"),
         ("timeliness", "prefetch_timeliness"),
     ] {

@@ -150,8 +150,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE|PCT%", default_value = "50%")]
     pub local_memory: String,
 
-    /// A memory server (host:port; repeatable) [default: an embedded one on loopback].
-    #[arg(long = "memserver", value_name = "ADDR")]
+    /// A memory server (host:port or ip:port; repeatable) [default: an embedded one on
+    /// loopback]. A host name is resolved once, at start (its first address).
+    #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<SocketAddr>,
 
     /// Copies of each remote page [default: 2 with two or more memservers, else 1].
@@ -165,6 +166,13 @@ pub struct RunArgs {
     /// Prefetcher: none, next-n, stride, read-ahead, leap, stream, leap+stream.
     #[arg(long, value_name = "NAME", default_value = farvm_prefetch::registry::DEFAULT)]
     pub prefetcher: String,
+
+    /// Leave every N-th prefetched page unmapped until the guest touches it, so the hit rate
+    /// of the (otherwise invisible) injected prefetches can be measured; each such probe
+    /// costs the guest one minor fault (0 = no probes: accuracy then comes from the
+    /// prefetcher's own markers only).
+    #[arg(long, value_name = "N", default_value_t = farvm_vmm::remote::DEFAULT_PROBE_EVERY)]
+    pub probe_every: u32,
 
     /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
     #[arg(long, value_name = "ADDR")]
@@ -389,6 +397,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.token_file = a.memserver_token_file.clone();
     spec.budget = budget;
     spec.prefetcher = a.prefetcher.clone();
+    spec.probe_every = a.probe_every;
     Ok(Some(spec))
 }
 
@@ -656,4 +665,21 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
         }
     }
     v
+}
+
+/// `--memserver`: `ip:port` or `host:port`, resolved now so a typo fails at the command line.
+fn parse_memserver(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !s.contains(':') {
+        return Err(format!("`{s}`: expected HOST:PORT (e.g. memsrv1:7070)"));
+    }
+    let mut addrs = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))
 }

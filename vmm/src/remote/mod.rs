@@ -12,6 +12,6 @@ pub mod setup;
 pub mod stage2;
 pub mod store;
 
-pub use farvm_ept::Budget;
+pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use ram::EngineRam;
 pub use setup::{RemoteError, RemoteMemory, RemoteSpec, RemoteStats, StatsSource};

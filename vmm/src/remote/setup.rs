@@ -11,7 +11,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
-use farvm_ept::{Budget, Engine, EngineConfig, EngineError, EngineParts, Stats};
+use farvm_ept::{
+    Budget, Engine, EngineConfig, EngineError, EngineParts, Stats, DEFAULT_PROBE_EVERY,
+};
 use farvm_memserver::client::{namespace_for_name, Client, ClientConfig, ClientStats};
 use farvm_memserver::protocol::auth::load_token_file;
 use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
@@ -68,7 +70,7 @@ impl RemoteSpec {
             token_file: None,
             budget: Budget::Percent(50.0),
             prefetcher: farvm_prefetch::registry::DEFAULT.to_string(),
-            probe_every: 16,
+            probe_every: DEFAULT_PROBE_EVERY,
             timeout: Duration::from_secs(2),
         }
     }

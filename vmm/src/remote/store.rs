@@ -95,7 +95,13 @@ struct Shared {
     idle: AtomicBool,
     /// The one nudge buffer (None while a nudge is in the channel).
     nudge: Mutex<Option<IoBuf>>,
+    /// One-page buffers of synchronous demand reads (`read_now`), lock-free; a caller finding
+    /// it empty (more concurrent demand readers than buffers) allocates one.
+    demand_bufs: ArrayQueue<IoBuf>,
 }
+
+/// Buffers kept for synchronous demand reads (one per concurrent fault-handler thread).
+const DEMAND_BUFS: usize = 4;
 
 /// `RemoteStore` over a memserver client (see the module docs).
 pub struct MemserverStore {
@@ -144,6 +150,13 @@ impl MemserverStore {
             inflight: AtomicU64::new(0),
             idle: AtomicBool::new(false),
             nudge: Mutex::new(Some(IoBuf::new(1))),
+            demand_bufs: {
+                let q = ArrayQueue::new(DEMAND_BUFS);
+                for _ in 0..DEMAND_BUFS {
+                    let _ = q.push(IoBuf::new(1));
+                }
+                q
+            },
         });
         let s = shared.clone();
         let h = std::thread::Builder::new()
@@ -451,6 +464,38 @@ impl RemoteStore for MemserverStore {
         })
     }
 
+    /// The demand read a vCPU is blocked on, sent on the client's demand lane and received
+    /// on the calling thread (`Client::submit_wait`): no queueing behind prefetch responses
+    /// and no hand-off to `ept-store-rx`.
+    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<Status> {
+        let sh = &self.shared;
+        if sh.stop.load(Ordering::Acquire) {
+            return Some(Status::Failed(StoreError::Closed));
+        }
+        let mut io = sh.demand_bufs.pop().unwrap_or_else(|| IoBuf::new(1));
+        if let Err(e) = io.set_run(page, 1) {
+            let _ = sh.demand_bufs.push(io);
+            return Some(Status::Failed(map_err(e)));
+        }
+        sh.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let c = sh.client.submit_wait(OpKind::Read, sh.ns, io);
+        let status = match c.result {
+            Err(e) => {
+                sh.counters.failed_requests.fetch_add(1, Ordering::Relaxed);
+                Status::Failed(map_err(e))
+            }
+            Ok(_) if c.io.is_present(0) => {
+                // SAFETY: the engine hands us `dst` for this read only and does not touch it
+                // until we return; both sides are 4 KiB.
+                unsafe { dst.as_mut_slice() }.copy_from_slice(c.io.page(0));
+                Status::Ok
+            }
+            Ok(_) => Status::Absent,
+        };
+        let _ = sh.demand_bufs.push(c.io);
+        Some(status)
+    }
+
     fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError> {
         let mut i = 0;
         while i < pages.len() {
@@ -638,8 +683,29 @@ mod tests {
         for i in 0..pages.len() {
             assert!(dst.0[i].iter().all(|&b| b == i as u8 + 1), "page {i}");
         }
+        // Synchronous demand reads (the fault handler's path) see the same data, and their
+        // completion comes back as the return value, not through the sink.
+        sink.0.lock().unwrap().clear();
+        let mut one = Box::new(Pages([[0; PAGE_SIZE]; 80]));
+        for (i, &p) in pages.iter().enumerate().step_by(7) {
+            // SAFETY: `one` outlives the call, which returns only once the data has landed.
+            let b = unsafe { PageBuf::new(one.0[0].as_mut_ptr()) }.unwrap();
+            assert_eq!(store.read_now(p, b), Some(Status::Ok), "page {p}");
+            assert!(one.0[0].iter().all(|&x| x == i as u8 + 1), "page {p}");
+        }
+        // SAFETY: as above.
+        let b = unsafe { PageBuf::new(one.0[1].as_mut_ptr()) }.unwrap();
+        assert_eq!(store.read_now(5000, b), Some(Status::Absent));
+        assert!(sink.0.lock().unwrap().is_empty());
         store.discard(&[100, 101, 102, 1000]).unwrap();
         store.stop();
+        // SAFETY: as above.
+        let b = unsafe { PageBuf::new(one.0[2].as_mut_ptr()) }.unwrap();
+        assert_eq!(
+            store.read_now(120, b),
+            Some(Status::Failed(StoreError::Closed)),
+            "a stopped store refuses"
+        );
     }
 
     #[test]

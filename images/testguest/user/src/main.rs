@@ -59,6 +59,18 @@ impl Env for Guest {
         (rdtsc() as u128 * 1_000_000 / self.tsc_khz.max(1) as u128) as u64
     }
 
+    fn counter(&mut self, index: usize, value: u64) {
+        if index < 8 {
+            // SAFETY: as in `put!`; `index` is inside the 8-entry `counters` array.
+            unsafe {
+                addr_of_mut!((*self.mb).counters)
+                    .cast::<u64>()
+                    .add(index)
+                    .write_volatile(value)
+            }
+        }
+    }
+
     fn phase(&mut self, phase: u32) {
         if phase == pv::phase::MEASURED {
             put!(self, tsc_end, rdtsc());
