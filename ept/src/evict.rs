@@ -20,14 +20,17 @@
 //!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
 //!    PAGEMAP_SCAN) harvested *before* the zap misses writes between harvest and zap. It also
 //!    catches writes by the VMM and devices, and silent stores stay clean;
-//! 4. write back the dirty ones straight from the memfd (no copy) and wait for completions;
-//! 5. pages a guest faulted on meanwhile are rescued (mapped again, no I/O); failed write-backs
+//! 4. write back the dirty ones straight from the memfd (no copy), without waiting: up to
+//!    [`ROUNDS_IN_FLIGHT`] rounds wait for their write-backs while the next ones are claimed,
+//!    zapped and hashed (a write-back waited for inline bounded a write-heavy scan at 25%
+//!    local to ~15 µs per page: a round of 49 pages took ~750 µs, 450 µs of it waiting);
+//! 5. once a round's write-backs are all done: pages a guest faulted on meanwhile are rescued (mapped again, no I/O); failed write-backs
 //!    stay resident; the rest are freed with one vectored MADV_REMOVE and become REMOTE (or
 //!    NEVER again if still all-zero and never stored).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::engine::Inner;
 use crate::error::EngineError;
@@ -44,6 +47,8 @@ enum Verdict {
     Zero,
     /// Must be written back first.
     Dirty,
+    /// Was dirty and its write-back completed: freed like a clean page, counted as dirty.
+    Written,
     /// Write-back failed: keep it.
     Keep,
 }
@@ -56,35 +61,175 @@ struct Victim {
     verdict: Verdict,
 }
 
+/// Eviction rounds whose write-backs may be in flight at once. A round waits for its
+/// write-backs before freeing its pages; while it waits, the next rounds are claimed, zapped
+/// and hashed, so write latency (hundreds of µs on a busy 2-core host) no longer bounds the
+/// eviction rate of dirty pages.
+const ROUNDS_IN_FLIGHT: usize = 4;
+
+/// One round's victims and buffers (allocated once, reused).
+struct Round {
+    /// Sorted by page.
+    victims: Vec<Victim>,
+    pages: Vec<u64>,
+    writes: Vec<WriteReq>,
+    /// Write-backs submitted and not completed yet.
+    pending: usize,
+    started: u64,
+    /// When the last "still outstanding" warning was logged.
+    warned: u64,
+}
+
+impl Round {
+    fn new(batch: usize) -> Self {
+        Self {
+            victims: Vec::with_capacity(batch),
+            pages: Vec::with_capacity(batch),
+            writes: Vec::with_capacity(batch),
+            pending: 0,
+            started: 0,
+            warned: 0,
+        }
+    }
+
+    fn is_free(&self) -> bool {
+        self.victims.is_empty()
+    }
+}
+
 pub(crate) fn run(inner: Arc<Inner>) {
     let batch = inner.cfg.evict_batch;
-    let mut victims: Vec<Victim> = Vec::with_capacity(batch);
-    let mut pages: Vec<u64> = Vec::with_capacity(batch);
-    let mut writes: Vec<WriteReq> = Vec::with_capacity(batch);
+    let mut rounds: Vec<Round> = (0..ROUNDS_IN_FLIGHT).map(|_| Round::new(batch)).collect();
     let mut hand: u64 = 0;
     let target = inner.evict_target;
-    while !inner.stop.load(Ordering::Acquire) {
-        if inner.resident.load(Ordering::Acquire) <= inner.evict_start {
-            std::thread::park_timeout(Duration::from_millis(20));
-            continue;
+    // Evicting down to `target` once resident pages passed `evict_start` (hysteresis).
+    let mut active = false;
+    loop {
+        let stopping = inner.stop.load(Ordering::Acquire);
+        let in_flight = rounds.iter().any(|r| !r.is_free());
+        if stopping && !in_flight {
+            return;
         }
-        while !inner.stop.load(Ordering::Acquire) && inner.resident.load(Ordering::Acquire) > target
-        {
-            let t0 = inner.now();
-            let want = batch.min((inner.resident.load(Ordering::Acquire) - target) as usize);
-            select(&inner, want.max(1), &mut hand, &mut victims);
-            if victims.is_empty() {
-                // Everything resident is pinned or in flight: wait for completions.
-                std::thread::park_timeout(Duration::from_millis(1));
-                break;
+        // Pages of unfinished rounds are still counted resident but already on their way out.
+        let claimed: u64 = rounds.iter().map(|r| r.victims.len() as u64).sum();
+        let resident = inner.resident.load(Ordering::Acquire);
+        if resident > inner.evict_start {
+            active = true;
+        }
+        if resident.saturating_sub(claimed) <= target {
+            active = false;
+        }
+        let free_slot = rounds.iter().position(Round::is_free);
+        match (active && !stopping, free_slot) {
+            (true, Some(ri)) => {
+                let want = batch.min((resident - claimed - target) as usize);
+                let r = &mut rounds[ri];
+                select(&inner, want.max(1), &mut hand, &mut r.victims);
+                if r.victims.is_empty() {
+                    // Everything resident is pinned or in flight: wait for completions.
+                    if in_flight {
+                        wait_write_backs(&inner, &mut rounds, Duration::from_millis(1));
+                    } else {
+                        std::thread::park_timeout(Duration::from_millis(1));
+                    }
+                    continue;
+                }
+                start_round(&inner, r);
+                if r.pending == 0 {
+                    finish_round(&inner, r);
+                }
+                // Completions that arrived meanwhile, without blocking.
+                wait_write_backs(&inner, &mut rounds, Duration::ZERO);
             }
-            evict_round(&inner, &mut victims, &mut pages, &mut writes);
-            inner
-                .hist
-                .record(Hist::EvictRound, inner.now().saturating_sub(t0));
-            inner.counters.evict_rounds.fetch_add(1, Ordering::Relaxed);
-            inner.kick.kick();
+            _ if in_flight => {
+                wait_write_backs(&inner, &mut rounds, Duration::from_millis(100));
+                if stopping {
+                    // Shutting down: keep whatever has not been confirmed written.
+                    for r in rounds.iter_mut().filter(|r| !r.is_free()) {
+                        for v in r.victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
+                            v.verdict = Verdict::Keep;
+                        }
+                        r.pending = 0;
+                        finish_round(&inner, r);
+                    }
+                }
+            }
+            _ => std::thread::park_timeout(Duration::from_millis(20)),
         }
+    }
+}
+
+/// Delivers write-back completions to their rounds (waiting up to `timeout` for the first)
+/// and finishes rounds whose write-backs are all done.
+fn wait_write_backs(inner: &Inner, rounds: &mut [Round], timeout: Duration) {
+    let first = if timeout.is_zero() {
+        inner.wb_rx.try_recv().ok()
+    } else {
+        inner.wb_rx.recv_timeout(timeout).ok()
+    };
+    let Some(first) = first else {
+        let now = inner.now();
+        for r in rounds.iter_mut().filter(|r| r.pending > 0) {
+            if now.saturating_sub(r.warned.max(r.started)) > 5_000_000_000 {
+                tracing::warn!("{} write-backs still outstanding", r.pending);
+                r.warned = now;
+            }
+        }
+        return;
+    };
+    let mut next = Some(first);
+    while let Some(done) = next {
+        write_back_done(inner, rounds, done);
+        next = inner.wb_rx.try_recv().ok();
+    }
+}
+
+/// Applies one write-back completion to the round that owns its page.
+fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Completion) {
+    let c = &inner.counters;
+    let found = rounds.iter_mut().find_map(|r| {
+        if r.pending == 0 {
+            return None;
+        }
+        let i = r
+            .victims
+            .binary_search_by_key(&done.page, |v| v.page)
+            .ok()?;
+        (r.victims[i].verdict == Verdict::Dirty).then_some((r, i))
+    });
+    let Some((r, i)) = found else {
+        // At shutdown, rounds stop waiting and keep their pages: late completions are moot.
+        if !inner.stop.load(Ordering::Acquire) {
+            tracing::error!("write completion for unexpected page {:#x}", done.page);
+        }
+        return;
+    };
+    match done.status {
+        Status::Ok => {
+            c.remote_writes.fetch_add(1, Ordering::Relaxed);
+            c.bytes_written
+                .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
+            // Written: from here it is freed like a clean page, but counted as dirty.
+            r.victims[i].verdict = Verdict::Written;
+        }
+        Status::Failed(error) => {
+            c.store_errors.fetch_add(1, Ordering::Relaxed);
+            c.evict_write_failed.fetch_add(1, Ordering::Relaxed);
+            inner.push_error(EngineError::Store {
+                op: "write",
+                gpa: done.page * PAGE_SIZE as u64,
+                error,
+            });
+            r.victims[i].verdict = Verdict::Keep;
+        }
+        Status::Absent => {
+            tracing::error!("store answered a write with Absent; treating as failure");
+            r.victims[i].verdict = Verdict::Keep;
+        }
+    }
+    r.pending -= 1;
+    if r.pending == 0 {
+        finish_round(inner, r);
     }
 }
 
@@ -144,32 +289,33 @@ fn select(inner: &Inner, want: usize, hand: &mut u64, out: &mut Vec<Victim>) {
     }
 }
 
-fn evict_round(
-    inner: &Inner,
-    victims: &mut [Victim],
-    pages: &mut Vec<u64>,
-    writes: &mut Vec<WriteReq>,
-) {
+/// Steps 1-4 of a round: zap the claimed victims, fingerprint them, submit the dirty ones'
+/// write-backs (their completions arrive later, see [`write_back_done`]).
+fn start_round(inner: &Inner, r: &mut Round) {
     let c = &inner.counters;
-    victims.sort_unstable_by_key(|v| v.page);
-    pages.clear();
-    pages.extend(
-        victims
+    r.started = inner.now();
+    r.warned = 0;
+    r.pending = 0;
+    r.victims.sort_unstable_by_key(|v| v.page);
+    r.pages.clear();
+    r.pages.extend(
+        r.victims
             .iter()
             .filter(|v| state_of(v.word) == st::LOCAL)
             .map(|v| v.page),
     );
-    if let Err(e) = inner.ram.zap_guest(pages) {
+    if let Err(e) = inner.ram.zap_guest(&r.pages) {
         // Nothing was proven unmapped: give every victim back untouched.
         inner.push_error(EngineError::os("zapping evicted pages", e));
-        for v in victims.iter() {
+        for v in r.victims.iter() {
             restore(inner, v.page);
         }
+        r.victims.clear();
         return;
     }
     // 3. Content verdicts, now that the guest cannot write.
-    writes.clear();
-    for v in victims.iter_mut() {
+    r.writes.clear();
+    for v in r.victims.iter_mut() {
         v.fp = inner.fingerprint(v.page);
         let clean = inner.clean_fp(v.page);
         v.verdict = if v.fp != clean {
@@ -182,19 +328,47 @@ fn evict_round(
         if v.verdict == Verdict::Dirty {
             // SAFETY: the memfd page is owned by the evictor (EVICTING) until its completion.
             let src = unsafe { PageBuf::new(inner.ram.alias_page(v.page)) }.expect("non-null");
-            writes.push(WriteReq { page: v.page, src });
+            r.writes.push(WriteReq { page: v.page, src });
         }
     }
-    // 4. Write back.
-    if !writes.is_empty() {
-        write_back(inner, victims, writes);
+    // 4. Write back (asynchronously).
+    if r.writes.is_empty() {
+        return;
     }
-    // 5. Rescue, keep or free.
+    inner
+        .outstanding
+        .fetch_add(r.writes.len() as u64, Ordering::AcqRel);
+    if let Err(e) = inner.store.write(&r.writes) {
+        inner
+            .outstanding
+            .fetch_sub(r.writes.len() as u64, Ordering::AcqRel);
+        c.store_errors.fetch_add(1, Ordering::Relaxed);
+        c.evict_write_failed
+            .fetch_add(r.writes.len() as u64, Ordering::Relaxed);
+        inner.push_error(EngineError::Store {
+            op: "write",
+            gpa: r.writes[0].page * PAGE_SIZE as u64,
+            error: e,
+        });
+        for v in r.victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
+            v.verdict = Verdict::Keep;
+        }
+        return;
+    }
+    r.pending = r.writes.len();
+}
+
+/// Step 5, once every write-back of the round is done: rescue, keep or free each victim.
+fn finish_round(inner: &Inner, r: &mut Round) {
+    let c = &inner.counters;
+    let victims = &mut r.victims;
+    let pages = &mut r.pages;
     pages.clear();
     for v in victims.iter_mut() {
         let w = inner.table.load(v.page);
         if w & st::F_WAITERS != 0 {
-            if v.verdict == Verdict::Dirty {
+            if v.verdict == Verdict::Written {
+                // The remote copy now holds exactly this content.
                 inner.set_clean_fp(v.page, v.fp);
             }
             inner.publish_local(v.page, |_| 0, true);
@@ -211,11 +385,12 @@ fn evict_round(
     if let Err(e) = inner.ram.free(pages) {
         inner.push_error(EngineError::os("freeing evicted pages", e));
         for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
-            if v.verdict == Verdict::Dirty {
+            if v.verdict == Verdict::Written {
                 inner.set_clean_fp(v.page, v.fp);
             }
             restore(inner, v.page);
         }
+        victims.clear();
         return;
     }
     for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
@@ -259,6 +434,12 @@ fn evict_round(
             }
         }
     }
+    victims.clear();
+    inner
+        .hist
+        .record(Hist::EvictRound, inner.now().saturating_sub(r.started));
+    c.evict_rounds.fetch_add(1, Ordering::Relaxed);
+    inner.kick.kick();
 }
 
 /// Counts an eviction that completed.
@@ -278,7 +459,7 @@ fn account(inner: &Inner, v: &Victim) {
             if v.word & st::F_PROBE != 0 {
                 c.probe_wasted.fetch_add(1, Ordering::Relaxed);
             }
-        } else if v.verdict == Verdict::Dirty {
+        } else if v.verdict == Verdict::Written {
             c.prefetch_inferred_hits.fetch_add(1, Ordering::Relaxed);
         } else {
             c.prefetch_unconfirmed.fetch_add(1, Ordering::Relaxed);
@@ -299,77 +480,5 @@ fn restore(inner: &Inner, p: u64) {
     if state_of(inner.table.load(p)) == st::EVICTING {
         // A fault waits: map it and wake.
         inner.publish_local(p, |_| 0, true);
-    }
-}
-
-/// Submits the write-backs and waits for all their completions; marks failures `Keep`.
-fn write_back(inner: &Inner, victims: &mut [Victim], writes: &[WriteReq]) {
-    let c = &inner.counters;
-    inner
-        .outstanding
-        .fetch_add(writes.len() as u64, Ordering::AcqRel);
-    if let Err(e) = inner.store.write(writes) {
-        inner
-            .outstanding
-            .fetch_sub(writes.len() as u64, Ordering::AcqRel);
-        c.store_errors.fetch_add(1, Ordering::Relaxed);
-        c.evict_write_failed
-            .fetch_add(writes.len() as u64, Ordering::Relaxed);
-        inner.push_error(EngineError::Store {
-            op: "write",
-            gpa: writes[0].page * PAGE_SIZE as u64,
-            error: e,
-        });
-        for v in victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
-            v.verdict = Verdict::Keep;
-        }
-        return;
-    }
-    let mut left = writes.len();
-    let mut warned = Instant::now();
-    while left > 0 {
-        match inner.wb_rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(done) => {
-                left -= 1;
-                let Ok(i) = victims.binary_search_by_key(&done.page, |v| v.page) else {
-                    tracing::error!("write completion for unexpected page {:#x}", done.page);
-                    continue;
-                };
-                match done.status {
-                    Status::Ok => {
-                        c.remote_writes.fetch_add(1, Ordering::Relaxed);
-                        c.bytes_written
-                            .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
-                    }
-                    Status::Failed(error) => {
-                        c.store_errors.fetch_add(1, Ordering::Relaxed);
-                        c.evict_write_failed.fetch_add(1, Ordering::Relaxed);
-                        inner.push_error(EngineError::Store {
-                            op: "write",
-                            gpa: done.page * PAGE_SIZE as u64,
-                            error,
-                        });
-                        victims[i].verdict = Verdict::Keep;
-                    }
-                    Status::Absent => {
-                        tracing::error!("store answered a write with Absent; treating as failure");
-                        victims[i].verdict = Verdict::Keep;
-                    }
-                }
-            }
-            Err(_) => {
-                if inner.stop.load(Ordering::Acquire) {
-                    // Shutting down: keep whatever has not been confirmed written.
-                    for v in victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
-                        v.verdict = Verdict::Keep;
-                    }
-                    return;
-                }
-                if warned.elapsed() > Duration::from_secs(5) {
-                    tracing::warn!("{left} write-backs still outstanding");
-                    warned = Instant::now();
-                }
-            }
-        }
     }
 }

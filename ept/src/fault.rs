@@ -267,7 +267,17 @@ impl Handler {
                         }
                         let key = self.key_of(f.tid);
                         let pf = self.space.to_prefetch(key, p);
-                        self.prefetcher.on_hit(key, pf, now);
+                        if w & st::F_MARKER != 0 {
+                            // A marker (or probe) still in flight: the guest reached it, the
+                            // very signal a prefetcher's continuation waits for. Answer it now:
+                            // otherwise a stream the guest caught up with issues nothing more
+                            // and restarts small at the next miss, and the guest keeps
+                            // catching up.
+                            self.prefetcher.on_marker_hit(key, pf, now, &mut self.cands);
+                            self.issue_candidates(key, now);
+                        } else {
+                            self.prefetcher.on_hit(key, pf, now);
+                        }
                     } else {
                         c.dedup_waits.fetch_add(1, Ordering::Relaxed);
                     }
@@ -300,13 +310,7 @@ impl Handler {
                     self.prefetcher.on_marker_hit(key, pf, now, &mut self.cands);
                     inner.publish_local(p, |_| st::F_CONSUMED, true);
                     let _ = inner.consumed_tx.try_send(p);
-                    if self.inner.cfg.prefetch {
-                        for j in 0..self.cands.len() {
-                            let (cand, marker) =
-                                (self.cands.as_slice()[j], self.cands.is_marker(j));
-                            self.issue_prefetch(key, cand, marker, now);
-                        }
-                    }
+                    self.issue_candidates(key, now);
                     return;
                 }
                 st::LOCAL => {
@@ -413,6 +417,18 @@ impl Handler {
             }
         }
         self.flush_prefetch();
+    }
+
+    /// Issues the candidates a marker hit answered with (they go out with this round's
+    /// prefetch batch).
+    fn issue_candidates(&mut self, key: u64, now: u64) {
+        if !self.inner.cfg.prefetch {
+            return;
+        }
+        for j in 0..self.cands.len() {
+            let (cand, marker) = (self.cands.as_slice()[j], self.cands.is_marker(j));
+            self.issue_prefetch(key, cand, marker, now);
+        }
     }
 
     /// Translates a candidate and issues it, deferring it if the limits say "not now".

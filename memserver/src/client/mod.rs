@@ -83,6 +83,12 @@ pub struct ClientConfig {
     /// read a vCPU is blocked on never queues behind megabytes of prefetch responses on a
     /// shared TCP stream (the server serves each connection in order, on its own thread).
     pub demand_lane: bool,
+    /// One more connection per server that carries only writes (default false): a write-back
+    /// an evictor waits on then never queues behind prefetch reads on a bulk connection. (The
+    /// server applies each connection's requests in order; across connections there is no
+    /// order, so a caller must see a write complete before it reads the page back, as the
+    /// paging engine does.)
+    pub write_lane: bool,
     /// Requests in flight per connection (default 32).
     pub window: usize,
     /// Part of the window only demand requests may use (default window / 4).
@@ -109,6 +115,7 @@ impl ClientConfig {
             slab_pages: 1 << 18,
             conns_per_server: 2,
             demand_lane: true,
+            write_lane: false,
             window: 32,
             demand_reserve: 8,
             depth: 256,
@@ -118,6 +125,17 @@ impl ClientConfig {
             spin: Duration::from_micros(50),
         }
     }
+}
+
+/// Which of a server's connections a request takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Any bulk connection (reads, discards, recovery traffic).
+    Bulk,
+    /// The write lane if configured ([`ClientConfig::write_lane`]), else bulk.
+    Write,
+    /// The demand lane if configured ([`ClientConfig::demand_lane`]), else bulk.
+    Demand,
 }
 
 /// Who receives a request's response.
@@ -291,7 +309,7 @@ impl Client {
         let mut live = 0;
         for (i, s) in inner.servers.iter().enumerate() {
             let mut conns = Vec::new();
-            let lanes = usize::from(inner.cfg.demand_lane);
+            let lanes = usize::from(inner.cfg.demand_lane) + usize::from(inner.cfg.write_lane);
             for _ in 0..inner.cfg.conns_per_server.max(1) + lanes {
                 let sink: Arc<dyn Sink> = Arc::new(SinkRef(Arc::downgrade(&inner)));
                 match Connection::connect(
@@ -730,16 +748,23 @@ impl Inner {
         Ok(p)
     }
 
-    /// A connection to server `s`: its demand lane if `lane` (and one is configured), else
-    /// the less loaded of two bulk connections.
-    fn pick_conn(&self, s: u16, want_lane: bool) -> Option<&Arc<Connection>> {
+    /// A connection to server `s` for `lane`: the demand or write lane when configured, else
+    /// the less loaded of two bulk connections. A server's connections are laid out as
+    /// `[bulk..., write lane?, demand lane?]`.
+    fn pick_conn(&self, s: u16, lane: Lane) -> Option<&Arc<Connection>> {
         let conns = self.servers[s as usize].conns.get()?;
-        let bulk = match (self.cfg.demand_lane, conns.split_last()) {
-            (true, Some((lane, bulk))) if !bulk.is_empty() => {
-                if want_lane {
-                    return Some(lane);
+        let (n_write, n_demand) = (
+            usize::from(self.cfg.write_lane),
+            usize::from(self.cfg.demand_lane),
+        );
+        let bulk = match conns.len().checked_sub(n_write + n_demand) {
+            Some(nb) if nb > 0 => {
+                match lane {
+                    Lane::Demand if n_demand == 1 => return conns.last(),
+                    Lane::Write if n_write == 1 => return conns.get(nb),
+                    _ => {}
                 }
-                bulk
+                &conns[..nb]
             }
             _ => &conns[..],
         };
@@ -759,14 +784,13 @@ impl Inner {
         })
     }
 
-    /// Sends ticket `ticket` to server `s`, on its demand lane if `lane` (a synchronous
-    /// demand read, received inline by its submitter).
+    /// Sends ticket `ticket` to server `s` on a connection of `lane`.
     fn send_to(
         &self,
         s: u16,
         ticket: u32,
         prio: Priority,
-        lane: bool,
+        lane: Lane,
         direct: bool,
         wake: bool,
     ) -> Result<&Arc<Connection>, ClientError> {
@@ -778,16 +802,16 @@ impl Inner {
         Ok(c)
     }
 
-    /// A live bulk connection with requests in flight, if any. (Never a demand lane: its
-    /// requests are received by their own inline waiters, and a poller camping on it would
-    /// hold its receive side while they wait.)
+    /// A live connection with requests in flight, if any, that a poller may receive on.
+    /// (Never a demand lane: its requests are received by their own inline waiters, and a
+    /// poller camping on it would hold its receive side while they wait.)
     fn busy_conn(&self) -> Option<&Arc<Connection>> {
-        let lanes = usize::from(self.cfg.demand_lane);
+        let n_demand = usize::from(self.cfg.demand_lane);
         self.servers
             .iter()
             .filter(|s| !s.dead.load(Ordering::Acquire))
             .filter_map(|s| s.conns.get())
-            .flat_map(|v| &v[..v.len().saturating_sub(lanes)])
+            .flat_map(|v| &v[..v.len().saturating_sub(n_demand)])
             .find(|c| c.inflight() > 0 && !c.is_broken())
     }
 
@@ -873,9 +897,10 @@ impl Inner {
                 return Ok(None);
             }
             let first = self.tickets.lock(tn).replicas[0];
-            let lane = recv == Receive::Inline;
+            let inline = recv == Receive::Inline;
+            let lane = if inline { Lane::Demand } else { Lane::Bulk };
             return match self.send_to(first, tn, prio, lane, true, wake) {
-                Ok(c) => Ok(lane.then(|| c.clone())),
+                Ok(c) => Ok(inline.then(|| c.clone())),
                 Err(e) => {
                     self.on_complete(tn, first, Some(Err(e)));
                     Ok(None)
@@ -905,7 +930,12 @@ impl Inner {
         drop(t);
         for k in 0..n {
             let s = self.tickets.lock(tn).replicas[k];
-            if let Err(e) = self.send_to(s, tn, prio, false, true, wake) {
+            let lane = if op == OpKind::Write {
+                Lane::Write
+            } else {
+                Lane::Bulk
+            };
+            if let Err(e) = self.send_to(s, tn, prio, lane, true, wake) {
                 self.on_complete(tn, s, Some(Err(e)));
             }
         }
@@ -997,7 +1027,7 @@ impl Inner {
                         let s = t.replicas[t.attempt as usize];
                         // Not direct: we may be on a receiver thread, which must never block
                         // on a socket write.
-                        if self.send_to(s, tn, prio, false, false, true).is_ok() {
+                        if self.send_to(s, tn, prio, Lane::Bulk, false, true).is_ok() {
                             self.read_failovers.fetch_add(1, Ordering::Relaxed);
                             return;
                         }
@@ -1080,7 +1110,7 @@ impl Inner {
             t.ns = ns;
             t.reply = Reply::Internal(tx);
         }
-        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, false, true, true) {
+        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, Lane::Bulk, true, true) {
             self.on_complete(tn, s, Some(Err(e)));
         }
         let d = wait(&rx, Duration::ZERO);
@@ -1128,7 +1158,7 @@ impl Inner {
             t.nrep = 1;
             t.pending = 1;
         }
-        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, false, true, true) {
+        if let Err(e) = self.send_to(s, tn, Priority::Prefetch, Lane::Bulk, true, true) {
             self.on_complete(tn, s, Some(Err(e)));
         }
         let d = wait(&rx, Duration::ZERO);

@@ -76,6 +76,9 @@ impl RemoteSpec {
     }
 }
 
+/// Request timeout towards the embedded loopback memserver (see `RemoteMemory::start`).
+const EMBEDDED_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A stage-2 injector bound to the KVM VM once it exists (the engine, which owns guest RAM,
 /// must start before the VM is created). Until then a call fails softly (`Failed`, which keeps
 /// the engine trying) — in practice nothing is injected before the guest runs.
@@ -258,8 +261,20 @@ impl RemoteMemory {
             (spec.servers.clone(), None)
         };
         let mut ccfg = ClientConfig::new(servers.clone());
+        // Write-backs the evictor waits on get their own connection (measured: behind a
+        // prefetch stream on a shared one, an eviction round took ~750 µs and bounded a
+        // write-heavy scan at ~15 µs per page).
+        ccfg.write_lane = true;
         ccfg.replication = spec.replicas;
-        ccfg.timeout = spec.timeout;
+        // A request to the in-process memserver can only be slow because this host is
+        // overloaded (measured: under `perf record -a -g` a 2 s timeout took the embedded
+        // server out of service, and with it the only copy of the guest's pages). Remote
+        // servers keep the configured timeout: there a timeout means a failed server.
+        ccfg.timeout = if embedded.is_some() {
+            spec.timeout.max(EMBEDDED_TIMEOUT)
+        } else {
+            spec.timeout
+        };
         // One connection per server: the store's receiver thread then polls the connection its
         // requests are on (see store.rs), so responses are read with no thread hand-off.
         ccfg.conns_per_server = 1;
