@@ -350,6 +350,12 @@ impl Handler {
     /// Remembers a fault of this round for the prefetcher (consulted after the demand batch
     /// is on its way).
     fn learn_fault(&mut self, tid: u32, p: u64) {
+        if self.inner.vcpus.vcpu_of(tid).is_none() {
+            self.inner
+                .counters
+                .unattributed_faults
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let key = self.key_of(tid);
         if self.nlearn < self.learn.len() {
             self.learn[self.nlearn] = (key, p);

@@ -49,6 +49,10 @@ counters! {
     frame_waits,
     /// Demand faults on pages evicted less than one budget of evictions ago (working set).
     hot_refaults,
+    /// Demand faults (remote or never-written pages) whose thread id is not a registered vCPU:
+    /// KVM resolved them on another thread (its async page-fault worker), so they cannot be
+    /// attributed to a guest process.
+    unattributed_faults,
     /// Reads issued to the store at demand priority.
     remote_reads_demand,
     /// Demand reads the fault handler served itself, synchronously (`RemoteStore::read_now`).

@@ -80,6 +80,8 @@ impl GuestSetup {
                 },
             },
             echo_guest_logs: std::env::var_os("FARVM_TEST_GUEST_LOG").is_some(),
+            // As `farvm run` with remote memory: faults on the vCPU threads.
+            kvm_async_pf: false,
         }
     }
 

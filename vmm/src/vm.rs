@@ -68,6 +68,10 @@ pub struct VmConfig {
     pub boot: BootSpec,
     /// Echo guest PV log lines on stderr.
     pub echo_guest_logs: bool,
+    /// Keep KVM's async page faults (KVM's default). Off, a guest fault on remote memory is
+    /// resolved on the vCPU thread, which is what lets the paging engine attribute it to a
+    /// vCPU and guest process; it costs disabling HLT exits (see `kvm::KvmVm::new`).
+    pub kvm_async_pf: bool,
 }
 
 /// How a VM run ended.
@@ -255,7 +259,7 @@ impl Vm {
                 cfg.backing,
             )?),
         };
-        let kvm = KvmVm::new(&ram, cfg.vcpus)?;
+        let kvm = KvmVm::new(&ram, cfg.vcpus, cfg.kvm_async_pf)?;
         let (entry, per_cpu_rsi, linux) = match &cfg.boot {
             BootSpec::TestGuest { kernel, plan } => {
                 for p in &plan.procs {

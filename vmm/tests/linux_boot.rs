@@ -49,6 +49,7 @@ fn config(mem: u64, kernel: Vec<u8>, initrd: Option<Vec<u8>>, cmdline: &str) -> 
             cmdline: cmdline.into(),
         },
         echo_guest_logs: false,
+        kvm_async_pf: true,
     }
 }
 

@@ -161,6 +161,7 @@ fn guest_run(w: &PlacedWorkload, a: &LocalArgs) -> Result<(f64, f64, u64)> {
             },
         },
         echo_guest_logs: false,
+        kvm_async_pf: true,
     };
     let vm = Vm::create(cfg).context("creating the guest VM")?;
     let running = vm.start().context("starting the guest VM")?;

@@ -209,6 +209,8 @@ fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
             },
         },
         echo_guest_logs: false,
+        // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
+        kvm_async_pf: false,
     }
 }
 

@@ -106,6 +106,7 @@ pub fn config(name: &str, kernel: Vec<u8>, vcpus: u32) -> VmConfig {
             plan: TestPlan::default(),
         },
         echo_guest_logs: false,
+        kvm_async_pf: true,
     }
 }
 
