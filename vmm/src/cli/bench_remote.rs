@@ -83,6 +83,10 @@ pub struct RemoteArgs {
     /// Print the table as JSON on stdout too.
     #[arg(long)]
     pub json: bool,
+    /// Seconds one remote-memory VM may run before it is stopped and its cell reported as
+    /// TIMEOUT (the matrix goes on).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub cell_timeout: u64,
 }
 
 const DEFAULT_WORKLOADS: [&str; 8] = [
@@ -139,6 +143,8 @@ pub struct Cell {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub checksum_ok: bool,
+    /// The VM did not finish within `--cell-timeout` (its metrics are those at the stop).
+    pub timed_out: bool,
 }
 
 /// The all-local baseline of one workload.
@@ -258,11 +264,13 @@ fn budget_for(local: f64, footprint: u64) -> Budget {
     }
 }
 
+/// Runs one remote-memory VM; `None` for the process if it hit `timeout`.
 fn run_remote(
     w: &PlacedWorkload,
     budget: Budget,
     pf: &str,
-) -> Result<(ProcessRecord, RemoteStats)> {
+    timeout: Duration,
+) -> Result<(Option<ProcessRecord>, RemoteStats)> {
     let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
     let cfg = config(w, &name, 9);
     let mut spec = RemoteSpec::new(&name);
@@ -279,7 +287,7 @@ fn run_remote(
         move |c| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(c)),
     );
     let running = vm.start()?;
-    let outcome = running.wait(Some(Duration::from_secs(1800)), true);
+    let outcome = running.wait(Some(timeout), true);
     let report = running.finish(outcome);
     let stats = remote.stats();
     let errors = remote.engine().take_errors();
@@ -287,7 +295,10 @@ fn run_remote(
     if !errors.is_empty() {
         bail!("paging engine errors in {name}: {errors:?}");
     }
-    Ok((finished(&report, &name)?, stats))
+    if let VmOutcome::Timeout { .. } = report.outcome {
+        return Ok((None, stats));
+    }
+    Ok((Some(finished(&report, &name)?), stats))
 }
 
 fn floor(secs: u64) -> Result<Floor> {
@@ -443,6 +454,9 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     let reused = usize::from(locals.iter().any(|&l| l >= 100.0) && pfs.iter().any(|p| p == "none"));
     let total = placed.len() * (2 + locals.len() * pfs.len() - reused);
     let bar = ProgressBar::new(total as u64 + 1);
+    // Without a terminal the bar is hidden: print one line per cell instead.
+    let interactive = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let cell_timeout = Duration::from_secs(a.cell_timeout.max(1));
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -460,8 +474,15 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         // The footprint run: all memory local to the engine, no prefetching. It is also the
         // matrix's (100%, none) cell.
         bar.set_message(format!("{} footprint", w.name()));
-        let probe = run_remote(w, Budget::Unlimited, "none")?;
+        let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout)?;
         bar.inc(1);
+        if probe.0.is_none() {
+            bail!(
+                "{}: the footprint run (all memory local) did not finish in {} s",
+                w.name(),
+                a.cell_timeout
+            );
+        }
         let footprint = probe.1.engine.resident_pages;
         let (bm, bt) = times(&base);
         baselines.push(Baseline {
@@ -486,11 +507,16 @@ pub fn run(a: RemoteArgs) -> Result<()> {
                     (true, Some(p)) => p,
                     (_, p) => {
                         probe = p;
-                        let r = run_remote(w, budget, pf)?;
+                        let r = run_remote(w, budget, pf, cell_timeout)?;
                         bar.inc(1);
                         r
                     }
                 };
+                let timed_out = rec.is_none();
+                let rec = rec.unwrap_or_else(|| ProcessRecord {
+                    elapsed_ns: 0,
+                    ..base.clone()
+                });
                 let (m, t) = times(&rec);
                 let e = &st.engine;
                 let c = &e.counters;
@@ -523,10 +549,46 @@ pub fn run(a: RemoteArgs) -> Result<()> {
                     evictions: c.evictions,
                     bytes_read: c.bytes_read,
                     bytes_written: c.bytes_written,
-                    checksum_ok: rec.checksum == base.checksum && rec.ops == base.ops,
+                    checksum_ok: timed_out
+                        || (rec.checksum == base.checksum && rec.ops == base.ops),
+                    timed_out,
                 });
+                if let Some(c) = cells.last_mut().filter(|c| c.timed_out) {
+                    c.measured_ms = f64::NAN;
+                    c.norm_time = f64::NAN;
+                    c.ns_per_access = f64::NAN;
+                    c.page_access_p50_ns = f64::NAN;
+                    c.page_access_p99_ns = f64::NAN;
+                }
+                if let Some(c) = cells.last().filter(|_| !interactive) {
+                    eprintln!(
+                        "[{}/{}] {} {}% {}: {}",
+                        bar.position(),
+                        total + 1,
+                        c.workload,
+                        c.local_pct,
+                        c.prefetcher,
+                        if c.timed_out {
+                            format!("TIMEOUT after {} s", a.cell_timeout)
+                        } else {
+                            format!(
+                                "{:.2}x all-local, {} demand faults",
+                                c.norm_time, c.demand_faults
+                            )
+                        }
+                    );
+                }
             }
         }
+        // The results so far, so an interrupted matrix still leaves its finished rows.
+        let partial = Report {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            floor: fl.clone(),
+            baselines: baselines.clone(),
+            cells: cells.clone(),
+            wall_secs: t0.elapsed().as_secs_f64(),
+        };
+        write_report(&a.out, &partial)?;
     }
     bar.finish_and_clear();
     let report = Report {
@@ -536,12 +598,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         cells,
         wall_secs: t0.elapsed().as_secs_f64(),
     };
-    let md = markdown(&report);
-    std::fs::write(a.out.join("remote.md"), &md)?;
-    std::fs::write(
-        a.out.join("remote.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    let md = write_report(&a.out, &report)?;
     print!("{md}");
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -554,10 +611,28 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         }
         Err(e) => eprintln!("farvm: charts skipped: {e:#}"),
     }
+    let timeouts = report.cells.iter().filter(|c| c.timed_out).count();
+    if timeouts > 0 {
+        eprintln!(
+            "farvm: {timeouts} run(s) did not finish within --cell-timeout {} s (TIMEOUT rows)",
+            a.cell_timeout
+        );
+    }
     if report.cells.iter().any(|c| !c.checksum_ok) {
         bail!("a remote-memory run's checksum differs from its all-local run");
     }
     Ok(())
+}
+
+/// Writes `remote.md` and `remote.json` into `out`; returns the markdown.
+fn write_report(out: &std::path::Path, report: &Report) -> Result<String> {
+    let md = markdown(report);
+    std::fs::write(out.join("remote.md"), &md)?;
+    std::fs::write(
+        out.join("remote.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    Ok(md)
 }
 
 fn f(v: f64, prec: usize) -> String {
@@ -629,7 +704,11 @@ pub fn markdown(r: &Report) -> String {
             f(c.wake_p50_us, 1),
             f(c.page_access_p50_ns, 0),
             f(c.ns_per_access, 1),
-            if c.checksum_ok { "ok" } else { "DIFFERS" }
+            match (c.timed_out, c.checksum_ok) {
+                (true, _) => "TIMEOUT",
+                (false, true) => "ok",
+                (false, false) => "DIFFERS",
+            }
         );
     }
     let _ = writeln!(
