@@ -60,9 +60,10 @@ EXIT STATUS
 
 #[derive(Args, Debug)]
 pub struct RemoteArgs {
-    /// Workload (repeatable; NAME[:key=value,...]) [default: the 8 workloads, sized so the
-    /// full matrix takes about 8 minutes on 2 cores: seq/stride/random/kv/pagerank 32M,
-    /// quicksort 16M, matmul 8M].
+    /// Workload (repeatable; NAME[:key=value,...]) [default: the 8 workloads:
+    /// seq/stride/random/kv/pagerank 32M, quicksort 16M, matmul 8M. On 2 cores most cells take
+    /// seconds, but naive matmul at 25% and pagerank at 50% and 25% of their footprint thrash
+    /// until --cell-timeout, which makes the full matrix last over an hour].
     #[arg(long = "workload", value_name = "SPEC")]
     pub workloads: Vec<String>,
     /// Local memory, percent of guest RAM (repeatable) [default: 100 50 25].
