@@ -1,6 +1,7 @@
 //! The fault-handler thread: drains userfaultfd events (non-blocking, epoll), resolves each by
-//! page state, submits demand reads in one batch *before* consulting the prefetcher (the network
-//! trip starts first), then turns the prefetcher's candidates into low-priority reads.
+//! page state, serves the round's demand reads *before* consulting the prefetcher (the vCPU is
+//! waiting) — synchronously on this thread where the store offers `read_now`, else as one
+//! batch — then turns the prefetcher's candidates into low-priority reads.
 //!
 //! Nothing here allocates per fault: events, read batches and candidates live in buffers owned
 //! by the thread, and page state is changed by CAS on the lock-free table.
