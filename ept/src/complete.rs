@@ -121,12 +121,26 @@ impl Inner {
                     gpa: p * PAGE_SIZE as u64,
                     error,
                 });
-                if let Some(w) = self.back_to_remote(p) {
-                    if w & (st::F_DEMAND | st::F_WAITERS) != 0 {
-                        // A vCPU waits on it: retry after a back-off, never drop it.
+                // Somebody waits on it (a vCPU, or a VMM access): it stays INFLIGHT with its
+                // frame, so the waiters keep waiting and no second read of it can start, and
+                // the fault thread reads it again after a back-off — one retry chain per page,
+                // however long the store is unavailable. Nobody waits: drop the read.
+                let r = self.table.update(p, |w| {
+                    if state_of(w) != st::INFLIGHT {
+                        None
+                    } else if w & (st::F_DEMAND | st::F_WAITERS) != 0 {
+                        Some(w & !st::F_PF_READ)
+                    } else {
+                        Some(st::pins_only(w) | st::REMOTE)
+                    }
+                });
+                match r {
+                    Ok((_, new)) if state_of(new) == st::INFLIGHT => {
                         let _ = self.retry_tx.send(p);
                         self.kick.kick();
                     }
+                    Ok(_) => self.release_frame(),
+                    Err(_) => {}
                 }
             }
         }

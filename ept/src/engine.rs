@@ -78,6 +78,15 @@ pub(crate) struct Inner {
     pub wb_rx: crossbeam_channel::Receiver<Completion>,
     errors: Mutex<VecDeque<EngineError>>,
     pub errors_total: AtomicU64,
+    /// When an error was last logged (ns, [`Inner::now`]); see [`Inner::push_error`].
+    errors_logged_at: AtomicU64,
+    /// Errors not logged since then.
+    errors_unlogged: AtomicU64,
+    /// The evictor claims no new victims before this (ns): set when write-backs fail, so an
+    /// unavailable store is not hammered with the same pages.
+    pub evict_pause_until: AtomicU64,
+    /// The evictor's current back-off after failed write-backs (ns; 0 after a success).
+    pub evict_backoff_ns: AtomicU64,
     pub stop: AtomicBool,
     epoch: Instant,
     pub prefetcher_name: &'static str,
@@ -141,9 +150,28 @@ impl Inner {
         }
     }
 
+    /// Records an error: counted, kept (the first [`MAX_KEPT_ERRORS`]) and logged — the first
+    /// ten, then at most one line a second with the number left unlogged, because a store that
+    /// is unavailable fails every retry of every waiting page.
     pub fn push_error(&self, e: EngineError) {
-        self.errors_total.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!("{e}");
+        let n = self.errors_total.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.now();
+        let last = self.errors_logged_at.load(Ordering::Relaxed);
+        if n <= 10
+            || (now.saturating_sub(last) >= 1_000_000_000
+                && self
+                    .errors_logged_at
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok())
+        {
+            self.errors_logged_at.store(now, Ordering::Relaxed);
+            match self.errors_unlogged.swap(0, Ordering::Relaxed) {
+                0 => tracing::warn!("{e}"),
+                quiet => tracing::warn!("{e} ({quiet} more errors since the last one logged)"),
+            }
+        } else {
+            self.errors_unlogged.fetch_add(1, Ordering::Relaxed);
+        }
         if let Ok(mut q) = self.errors.lock() {
             if q.len() < MAX_KEPT_ERRORS {
                 q.push_back(e);
@@ -380,6 +408,10 @@ impl Engine {
             wb_rx,
             errors: Mutex::new(VecDeque::new()),
             errors_total: AtomicU64::new(0),
+            errors_logged_at: AtomicU64::new(0),
+            errors_unlogged: AtomicU64::new(0),
+            evict_pause_until: AtomicU64::new(0),
+            evict_backoff_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             prefetcher_name: prefetcher.name(),

@@ -119,6 +119,18 @@ pub(crate) fn run(inner: Arc<Inner>) {
         if resident.saturating_sub(claimed) <= target {
             active = false;
         }
+        let pause = inner
+            .evict_pause_until
+            .load(Ordering::Relaxed)
+            .saturating_sub(inner.now());
+        if pause > 0 && active && !stopping {
+            if in_flight {
+                wait_write_backs(&inner, &mut rounds, Duration::from_nanos(pause));
+                continue;
+            }
+            std::thread::park_timeout(Duration::from_nanos(pause));
+            continue;
+        }
         let free_slot = rounds.iter().position(Round::is_free);
         match (active && !stopping, free_slot) {
             (true, Some(ri)) => {
@@ -206,6 +218,7 @@ fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Comp
     };
     match done.status {
         Status::Ok => {
+            inner.evict_backoff_ns.store(0, Ordering::Relaxed);
             c.remote_writes.fetch_add(1, Ordering::Relaxed);
             c.bytes_written
                 .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
@@ -215,6 +228,7 @@ fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Comp
         Status::Failed(error) => {
             c.store_errors.fetch_add(1, Ordering::Relaxed);
             c.evict_write_failed.fetch_add(1, Ordering::Relaxed);
+            pause_after_write_failure(inner);
             inner.push_error(EngineError::Store {
                 op: "write",
                 gpa: done.page * PAGE_SIZE as u64,
@@ -353,9 +367,32 @@ fn start_round(inner: &Inner, r: &mut Round) {
         for v in r.victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
             v.verdict = Verdict::Keep;
         }
+        pause_after_write_failure(inner);
         return;
     }
     r.pending = r.writes.len();
+}
+
+/// Longest pause of the evictor while write-backs keep failing.
+const MAX_WRITE_FAILURE_PAUSE_NS: u64 = 500_000_000;
+
+/// A write-back failed: the store may be unavailable for a while (a memserver taken out of
+/// service, waiting to rejoin). The failed pages stay resident; claiming the same pages again
+/// at once would only zap, hash and fail them in a loop (measured: ~46k failed write-backs a
+/// second with a fixed 5 ms pause), so new rounds wait a back-off that doubles while failures
+/// go on (from the retry back-off up to 0.5 s) and resets on the first write that succeeds.
+fn pause_after_write_failure(inner: &Inner) {
+    let first = inner.cfg.retry_backoff_ms.max(1) * 1_000_000;
+    let prev = inner.evict_backoff_ns.load(Ordering::Relaxed);
+    let backoff = if prev == 0 {
+        first
+    } else {
+        (prev * 2).min(MAX_WRITE_FAILURE_PAUSE_NS.max(first))
+    };
+    inner.evict_backoff_ns.store(backoff, Ordering::Relaxed);
+    inner
+        .evict_pause_until
+        .store(inner.now() + backoff, Ordering::Relaxed);
 }
 
 /// Step 5, once every write-back of the round is done: rescue, keep or free each victim.

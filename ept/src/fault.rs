@@ -29,7 +29,7 @@ const BATCH: usize = 64;
 /// Deferred prefetch candidates kept at most.
 const DEFERRED: usize = 512;
 
-/// A fault that could not be served yet (no free frame, or a read to retry).
+/// A fault that could not be served yet (no free frame).
 #[derive(Clone, Copy)]
 struct Parked {
     fault: Fault,
@@ -50,6 +50,9 @@ pub(crate) struct Handler {
     prefetch: Batch,
     cands: Candidates,
     parked: VecDeque<Parked>,
+    /// Demand reads that failed, to submit again once due: (page, due ns). Each page stays
+    /// INFLIGHT meanwhile, owned by its retry.
+    retries: VecDeque<(u64, u64)>,
     /// Prefetch candidates waiting for a frame or an in-flight slot: (page, marker, since ns).
     /// Bounded; the oldest are dropped, and so are stale ones (the guest has likely passed).
     deferred: VecDeque<(u64, bool, u64)>,
@@ -97,6 +100,7 @@ impl Handler {
             prefetch: Batch::new(),
             cands: Candidates::new(),
             parked: VecDeque::with_capacity(1024),
+            retries: VecDeque::with_capacity(1024),
             deferred: VecDeque::with_capacity(DEFERRED),
             probe_ctr: 0,
         })
@@ -105,7 +109,8 @@ impl Handler {
     pub fn run(mut self) {
         let backoff_ns = self.inner.cfg.retry_backoff_ms.max(1) * 1_000_000;
         while !self.inner.stop.load(Ordering::Acquire) {
-            let timeout = if self.parked.is_empty() && self.deferred.is_empty() {
+            let idle = self.parked.is_empty() && self.deferred.is_empty();
+            let timeout = if idle && self.retries.is_empty() {
                 100
             } else {
                 1
@@ -123,16 +128,9 @@ impl Handler {
             }
             let now = self.inner.now();
             while let Ok(p) = self.inner.retry_rx.try_recv() {
-                let fault = Fault {
-                    address: self.inner.ram.guest_page_addr(p),
-                    flags: 0,
-                    tid: 0,
-                };
-                self.parked.push_back(Parked {
-                    fault,
-                    due_ns: now + backoff_ns,
-                });
+                self.retries.push_back((p, now + backoff_ns));
             }
+            self.retry_reads(now);
             self.retry_parked(now);
             self.drain_deferred(now);
             loop {
@@ -171,6 +169,27 @@ impl Handler {
                 continue;
             }
             self.handle(p.fault, now);
+        }
+        self.flush_demand();
+    }
+
+    /// Submits again the failed demand reads whose back-off is over (in order: they were
+    /// queued with the same back-off).
+    fn retry_reads(&mut self, now: u64) {
+        while let Some(&(p, due)) = self.retries.front() {
+            if due > now {
+                break;
+            }
+            self.retries.pop_front();
+            if state_of(self.inner.table.load(p)) != st::INFLIGHT {
+                tracing::error!("guest page {p:#x} queued for a read retry is not in flight");
+                continue;
+            }
+            self.inner
+                .counters
+                .read_retries
+                .fetch_add(1, Ordering::Relaxed);
+            self.push_read(p, Priority::Demand, now);
         }
         self.flush_demand();
     }
@@ -233,13 +252,9 @@ impl Handler {
                     if inflight & st::F_HOT != 0 {
                         c.hot_refaults.fetch_add(1, Ordering::Relaxed);
                     }
-                    if f.tid == 0 && f.flags == 0 {
-                        c.read_retries.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        inner.t_fault[p as usize].store(now, Ordering::Relaxed);
-                        c.demand_faults.fetch_add(1, Ordering::Relaxed);
-                        self.learn_fault(f.tid, p);
-                    }
+                    inner.t_fault[p as usize].store(now, Ordering::Relaxed);
+                    c.demand_faults.fetch_add(1, Ordering::Relaxed);
+                    self.learn_fault(f.tid, p);
                     self.push_read(p, Priority::Demand, now);
                     return;
                 }

@@ -1,6 +1,7 @@
 //! Replication under failure: a replica server process is SIGKILLed mid-stream; the client
 //! must finish with zero lost or wrong pages, without hanging, and re-replicate when a spare
-//! server exists.
+//! server exists. A sole server that stops answering for a while is put back in service with
+//! its pages; one that restarted (and so lost them) is never read as "absent" pages.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use farvm_memserver::client::{Client, IoBuf, OpKind, Priority};
+use farvm_memserver::client::{Client, ClientError, IoBuf, OpKind, Priority};
 use farvm_memserver::protocol::PAGE_SIZE;
 
 const PAGES: u64 = 4096; // 4 slabs of 1024 pages
@@ -145,4 +146,76 @@ fn sigkill_with_a_spare_re_replicates_then_survives_a_second_kill() {
     // Every page now has two live copies: losing another server still loses nothing.
     procs[1].kill();
     verify_all(&c, &model);
+}
+
+/// Writes `PAGES` pages of version 1 into namespace 42 through `c`.
+fn write_all(c: &Client) -> HashMap<u64, u64> {
+    let mut data = vec![0u8; PAGES as usize * PAGE_SIZE];
+    for p in 0..PAGES {
+        page_content(
+            42,
+            p,
+            1,
+            &mut data[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE],
+        );
+    }
+    c.write(42, 0, &data).expect("write every page");
+    (0..PAGES).map(|p| (p, 1)).collect()
+}
+
+fn wait_rejoined(c: &Client, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.stats().rejoined_servers < n {
+        assert!(
+            Instant::now() < deadline,
+            "the server never came back in service: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn frozen_sole_server_is_put_back_in_service_with_its_pages() {
+    let server = ServerProc::spawn("64M");
+    let mut cfg = config(&[server.addr]);
+    cfg.timeout = Duration::from_millis(300);
+    let c = Client::connect(cfg).expect("client connects");
+    let model = write_all(&c);
+    server.signal(libc::SIGSTOP);
+    let mut out = vec![0u8; 64 * PAGE_SIZE];
+    let e = c
+        .read(42, 0, &mut out)
+        .expect_err("a frozen sole server cannot answer");
+    assert_eq!(e, ClientError::NoLiveReplica, "{e}");
+    let st = c.stats();
+    assert_eq!((st.dead_servers, st.suspended_slabs), (1, 4), "{st:?}");
+    // Out of service, the slabs are kept, not dropped: requests fail, nothing is "absent".
+    assert_eq!(c.read(42, 0, &mut out), Err(ClientError::NoLiveReplica));
+    server.signal(libc::SIGCONT);
+    wait_rejoined(&c, 1);
+    assert_eq!(c.stats().suspended_slabs, 0, "{:?}", c.stats());
+    verify_all(&c, &model);
+}
+
+#[test]
+fn restarted_sole_server_reports_its_pages_lost_never_absent() {
+    let mut server = ServerProc::spawn("64M");
+    let addr = server.addr;
+    let c = client(&[addr]);
+    write_all(&c);
+    server.kill();
+    let _restarted = ServerProc::spawn_at(&addr.to_string(), "64M");
+    wait_rejoined(&c, 1);
+    // The new process is empty; reading our pages from it as "never written" (zeros) would be
+    // silent corruption. They are reported lost instead.
+    let mut out = vec![0u8; 64 * PAGE_SIZE];
+    assert_eq!(c.read(42, 0, &mut out), Err(ClientError::NoLiveReplica));
+    // The server itself is usable again for new data.
+    let fresh: Vec<u8> = page(7, 0, 3);
+    c.write(7, 0, &fresh)
+        .expect("write to the restarted server");
+    let mut back = vec![0u8; PAGE_SIZE];
+    assert_eq!(c.read(7, 0, &mut back).expect("read back"), vec![true]);
+    assert_eq!(back, fresh);
 }

@@ -23,7 +23,7 @@ enum Owned {
     ReadResp(u32, Vec<bool>, Vec<u8>),
     WriteResp(u32),
     DiscardResp(u32),
-    StatResp(u64, u64, u64),
+    StatResp(u64, u64, u64, u64),
     Error(Status, String),
 }
 
@@ -69,7 +69,8 @@ fn owned() -> impl Strategy<Value = Owned> {
             .prop_map(|(n, b, d)| Owned::ReadResp(n, b, d)),
         (0u32..=256).prop_map(Owned::WriteResp),
         (0u32..=256).prop_map(Owned::DiscardResp),
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c)| Owned::StatResp(a, b, c)),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(a, b, c, d)| Owned::StatResp(a, b, c, d)),
         (status(), "[ -~]{0,100}").prop_map(|(s, m)| Owned::Error(s, m)),
     ]
 }
@@ -113,7 +114,7 @@ proptest! {
             }
             Owned::WriteResp(n) => Body::WriteResp { written: *n },
             Owned::DiscardResp(n) => Body::DiscardResp { freed: *n },
-            Owned::StatResp(a, b, c) => Body::StatResp(StatInfo { namespace_pages: *a, used_pages: *b, capacity_pages: *c }),
+            Owned::StatResp(a, b, c, d) => Body::StatResp(StatInfo { namespace_pages: *a, used_pages: *b, capacity_pages: *c, instance: *d }),
             Owned::Error(s, m) => Body::Error { status: *s, message: m },
         };
         let f = Frame { req_id, namespace: ns, body };

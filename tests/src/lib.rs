@@ -13,9 +13,21 @@ use farvm_vmm::vm::{BootSpec, RunningVm, Vm, VmConfig, VmReport};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use farvm_workloads::Outcome;
 
+/// Sends the engine's and client's `tracing` output (warnings by default; `FARVM_LOG` as for
+/// `farvm`) to the test's captured output, so a failing test shows why — e.g. a memserver
+/// taken out of service — next to its assertion. Idempotent.
+pub fn init_logging() {
+    let filter = std::env::var("FARVM_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_test_writer()
+        .try_init();
+}
+
 /// True if KVM tests should run; false only when `FARVM_SKIP_KVM=1`. Panics with a clear
 /// message when /dev/kvm is unusable otherwise.
 pub fn kvm_available() -> bool {
+    init_logging();
     if std::env::var("FARVM_SKIP_KVM").as_deref() == Ok("1") {
         eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
         return false;

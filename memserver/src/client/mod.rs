@@ -20,6 +20,16 @@
 //! the slab is re-replicated onto another live server (when one exists); until then, or when
 //! fewer than R servers are alive, the slab runs degraded (counted in [`ClientStats`]).
 //! The client keeps the placement map in memory: it is per VM and lives as long as the VMM.
+//!
+//! # Servers that come back
+//! A server is taken out of service on a timeout or a lost connection, which may be a
+//! transient fault (an overloaded host, a network blip). The last live replica of a slab is
+//! therefore never dropped from the slab's placement: the slab is *suspended* (its requests
+//! fail with [`ClientError::NoLiveReplica`], the caller retries) until that server answers
+//! again. The maintenance thread reconnects to servers out of service every second; one that
+//! answers with the same instance id ([`StatInfo::instance`]) is put back in service and
+//! degraded slabs are re-replicated onto it; one that restarted (another id) lost its pages,
+//! so it is removed from every placement first (those slabs are lost, logged as an error).
 
 mod conn;
 mod error;
@@ -31,8 +41,8 @@ pub use iobuf::IoBuf;
 pub use ticket::{OpKind, MAX_REPLICAS};
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,10 +51,11 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::protocol::auth::Secret;
 use crate::protocol::{StatInfo, MAX_PAGES_PER_FRAME, PAGE_SIZE};
-use conn::{ConnLimits, Connection, Sink};
+use conn::{Connection, Sink};
 use ticket::{InternalDone, Reply, Ticket, Tickets};
 
 mod recovery;
+mod rejoin;
 
 /// Request priority on a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +173,11 @@ pub struct ClientStats {
     pub slabs_rereplicated: u64,
     /// Slabs currently with fewer than R live replicas.
     pub degraded_slabs: u64,
+    /// Slabs whose every replica is out of service right now: their requests fail until a
+    /// replica comes back.
+    pub suspended_slabs: u64,
+    /// Servers put back in service after answering again.
+    pub rejoined_servers: u64,
 }
 
 /// Hashes a VM name to a namespace id (FNV-1a 64; stable across versions).
@@ -199,7 +215,14 @@ struct FillState {
 
 struct ServerState {
     addr: SocketAddr,
-    conns: OnceLock<Vec<Arc<Connection>>>,
+    /// Replaced as a whole when the server rejoins (the read lock is held only to pick and
+    /// clone one connection).
+    conns: RwLock<Arc<[Arc<Connection>]>>,
+    /// Bumped for every set of connections; failures reported by connections of an older
+    /// set are stale and do not take the server out of service again.
+    generation: AtomicU32,
+    /// The server's instance id from its last STAT answer (0: not known yet).
+    instance: AtomicU64,
     dead: AtomicBool,
     free_pages: AtomicU64,
     rr: AtomicUsize,
@@ -228,19 +251,21 @@ struct Inner {
     dead_servers: AtomicU64,
     read_failovers: AtomicU64,
     slabs_rereplicated: AtomicU64,
+    rejoined_servers: AtomicU64,
 }
 
-struct SinkRef(Weak<Inner>);
+/// The sink of one connection: the client, and the connection set it belongs to.
+struct SinkRef(Weak<Inner>, u32);
 
 impl Sink for SinkRef {
     fn complete(&self, ticket: u32, server: u16, outcome: Result<u32, ClientError>) {
         if let Some(i) = self.0.upgrade() {
-            i.on_complete(ticket, server, Some(outcome));
+            i.on_complete_from(ticket, server, Some(self.1), Some(outcome));
         }
     }
     fn connection_failed(&self, server: u16) {
         if let Some(i) = self.0.upgrade() {
-            i.mark_dead(server);
+            i.mark_dead_from(server, Some(self.1));
         }
     }
 }
@@ -278,7 +303,9 @@ impl Client {
                 .iter()
                 .map(|&addr| ServerState {
                     addr,
-                    conns: OnceLock::new(),
+                    conns: RwLock::new(Arc::from(Vec::new())),
+                    generation: AtomicU32::new(0),
+                    instance: AtomicU64::new(0),
                     dead: AtomicBool::new(false),
                     free_pages: AtomicU64::new(0),
                     rr: AtomicUsize::new(0),
@@ -297,48 +324,24 @@ impl Client {
             dead_servers: AtomicU64::new(0),
             read_failovers: AtomicU64::new(0),
             slabs_rereplicated: AtomicU64::new(0),
+            rejoined_servers: AtomicU64::new(0),
             cfg,
         });
-        let limits = ConnLimits {
-            window: inner.cfg.window,
-            demand_reserve: inner.cfg.demand_reserve,
-            depth: inner.cfg.depth,
-            timeout: inner.cfg.timeout,
-        };
         let mut first_err = None;
         let mut live = 0;
         for (i, s) in inner.servers.iter().enumerate() {
-            let mut conns = Vec::new();
-            let lanes = usize::from(inner.cfg.demand_lane) + usize::from(inner.cfg.write_lane);
-            for _ in 0..inner.cfg.conns_per_server.max(1) + lanes {
-                let sink: Arc<dyn Sink> = Arc::new(SinkRef(Arc::downgrade(&inner)));
-                match Connection::connect(
-                    s.addr,
-                    i as u16,
-                    inner.cfg.secret.as_ref(),
-                    limits,
-                    inner.cfg.connect_timeout,
-                    inner.tickets.clone(),
-                    sink,
-                ) {
-                    Ok(c) => conns.push(c),
-                    Err(e) => {
-                        tracing::warn!(server = %s.addr, "cannot connect: {e}");
-                        first_err.get_or_insert(e);
-                        for c in conns.drain(..) {
-                            c.close();
-                        }
-                        break;
-                    }
+            match inner.connect_server(i as u16, 0) {
+                Ok(conns) => {
+                    *s.conns.write().unwrap_or_else(|e| e.into_inner()) = conns;
+                    live += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(server = %s.addr, "cannot connect: {e}");
+                    first_err.get_or_insert(e);
+                    s.dead.store(true, Ordering::Release);
+                    inner.dead_servers.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            if conns.is_empty() {
-                s.dead.store(true, Ordering::Release);
-                inner.dead_servers.fetch_add(1, Ordering::Relaxed);
-            } else {
-                live += 1;
-            }
-            let _ = s.conns.set(conns);
         }
         // Authentication and permission failures are configuration errors: report them.
         if let Some(e @ (ClientError::Auth { .. } | ClientError::Denied)) = first_err {
@@ -380,19 +383,31 @@ impl Client {
     /// Health counters.
     pub fn stats(&self) -> ClientStats {
         let i = &self.inner;
-        let mut degraded = 0;
+        let (mut degraded, mut suspended) = (0, 0);
         for sh in i.placement.iter() {
             let m = sh.read().unwrap_or_else(|e| e.into_inner());
-            degraded += m
-                .values()
-                .filter(|p| (p.n as usize) < i.r || p.filling != 0)
-                .count() as u64;
+            for p in m.values() {
+                let live = p.servers().iter().filter(|&&s| !i.is_dead(s)).count();
+                if live < i.r || p.filling != 0 {
+                    degraded += 1;
+                }
+                if !p
+                    .servers()
+                    .iter()
+                    .enumerate()
+                    .any(|(k, &s)| !p.is_filling(k) && !i.is_dead(s))
+                {
+                    suspended += 1;
+                }
+            }
         }
         ClientStats {
             dead_servers: i.dead_servers.load(Ordering::Relaxed),
             read_failovers: i.read_failovers.load(Ordering::Relaxed),
             slabs_rereplicated: i.slabs_rereplicated.load(Ordering::Relaxed),
             degraded_slabs: degraded,
+            suspended_slabs: suspended,
+            rejoined_servers: i.rejoined_servers.load(Ordering::Relaxed),
         }
     }
 
@@ -478,7 +493,7 @@ impl Client {
                     result: Err(e),
                 },
                 Ok(conn) => {
-                    if let Some(c) = conn {
+                    if let Some(c) = conn.as_ref() {
                         c.receive_inline(|| !rx.is_empty(), true);
                     }
                     self.wait_completion(rx)
@@ -751,8 +766,9 @@ impl Inner {
     /// A connection to server `s` for `lane`: the demand or write lane when configured, else
     /// the less loaded of two bulk connections. A server's connections are laid out as
     /// `[bulk..., write lane?, demand lane?]`.
-    fn pick_conn(&self, s: u16, lane: Lane) -> Option<&Arc<Connection>> {
-        let conns = self.servers[s as usize].conns.get()?;
+    fn pick_conn(&self, s: u16, lane: Lane) -> Option<Arc<Connection>> {
+        let st = &self.servers[s as usize];
+        let conns = st.conns.read().unwrap_or_else(|e| e.into_inner());
         let (n_write, n_demand) = (
             usize::from(self.cfg.write_lane),
             usize::from(self.cfg.demand_lane),
@@ -760,8 +776,8 @@ impl Inner {
         let bulk = match conns.len().checked_sub(n_write + n_demand) {
             Some(nb) if nb > 0 => {
                 match lane {
-                    Lane::Demand if n_demand == 1 => return conns.last(),
-                    Lane::Write if n_write == 1 => return conns.get(nb),
+                    Lane::Demand if n_demand == 1 => return conns.last().cloned(),
+                    Lane::Write if n_write == 1 => return conns.get(nb).cloned(),
                     _ => {}
                 }
                 &conns[..nb]
@@ -770,17 +786,17 @@ impl Inner {
         };
         match bulk.len() {
             0 => return None,
-            1 => return bulk.first(),
+            1 => return bulk.first().cloned(),
             _ => {}
         }
         // Least outstanding of two (round-robin start) keeps connections evenly loaded.
-        let i = self.servers[s as usize].rr.fetch_add(1, Ordering::Relaxed) % bulk.len();
+        let i = st.rr.fetch_add(1, Ordering::Relaxed) % bulk.len();
         let j = (i + 1) % bulk.len();
         let (a, b) = (&bulk[i], &bulk[j]);
         Some(if b.outstanding() < a.outstanding() {
-            b
+            b.clone()
         } else {
-            a
+            a.clone()
         })
     }
 
@@ -793,7 +809,7 @@ impl Inner {
         lane: Lane,
         direct: bool,
         wake: bool,
-    ) -> Result<&Arc<Connection>, ClientError> {
+    ) -> Result<Arc<Connection>, ClientError> {
         if self.is_dead(s) {
             return Err(ClientError::Disconnected);
         }
@@ -805,14 +821,18 @@ impl Inner {
     /// A live connection with requests in flight, if any, that a poller may receive on.
     /// (Never a demand lane: its requests are received by their own inline waiters, and a
     /// poller camping on it would hold its receive side while they wait.)
-    fn busy_conn(&self) -> Option<&Arc<Connection>> {
+    fn busy_conn(&self) -> Option<Arc<Connection>> {
         let n_demand = usize::from(self.cfg.demand_lane);
         self.servers
             .iter()
             .filter(|s| !s.dead.load(Ordering::Acquire))
-            .filter_map(|s| s.conns.get())
-            .flat_map(|v| &v[..v.len().saturating_sub(n_demand)])
-            .find(|c| c.inflight() > 0 && !c.is_broken())
+            .find_map(|s| {
+                let v = s.conns.read().unwrap_or_else(|e| e.into_inner());
+                v[..v.len().saturating_sub(n_demand)]
+                    .iter()
+                    .find(|c| c.inflight() > 0 && !c.is_broken())
+                    .cloned()
+            })
     }
 
     /// Returns the connection a read went to when the caller receives inline
@@ -900,7 +920,7 @@ impl Inner {
             let inline = recv == Receive::Inline;
             let lane = if inline { Lane::Demand } else { Lane::Bulk };
             return match self.send_to(first, tn, prio, lane, true, wake) {
-                Ok(c) => Ok(inline.then(|| c.clone())),
+                Ok(c) => Ok(inline.then_some(c)),
                 Err(e) => {
                     self.on_complete(tn, first, Some(Err(e)));
                     Ok(None)
@@ -969,38 +989,62 @@ impl Inner {
     }
 
     fn mark_dead(&self, s: u16) {
+        self.mark_dead_from(s, None);
+    }
+
+    /// Takes server `s` out of service. `generation`: the connection set that saw the failure
+    /// (`None`: the current one); a failure seen by an older set is stale (the server has
+    /// rejoined since) and ignored.
+    fn mark_dead_from(&self, s: u16, generation: Option<u32>) {
         let Some(st) = self.servers.get(s as usize) else {
             return;
         };
+        if generation.is_some_and(|g| g != st.generation.load(Ordering::Acquire)) {
+            return;
+        }
         if self.closing.load(Ordering::Acquire) || st.dead.swap(true, Ordering::AcqRel) {
             return;
         }
         tracing::warn!(server = %st.addr, "memserver taken out of service");
         self.dead_servers.fetch_add(1, Ordering::Relaxed);
-        if let Some(conns) = st.conns.get() {
-            for c in conns {
-                c.close();
-            }
-        }
+        self.close_conns(s);
         let _ = self.events.send(Event::Dead(s));
+    }
+
+    fn close_conns(&self, s: u16) {
+        let conns = self.servers[s as usize]
+            .conns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for c in conns.iter() {
+            c.close();
+        }
     }
 
     fn close_all(&self) {
         self.closing.store(true, Ordering::Release);
-        for st in &self.servers {
-            if let Some(conns) = st.conns.get() {
-                for c in conns {
-                    c.close();
-                }
-            }
+        for s in 0..self.servers.len() {
+            self.close_conns(s as u16);
         }
     }
 
     /// One replica answered (`Some(outcome)`), or the submission guard is released (`None`).
     fn on_complete(&self, tn: u32, server: u16, outcome: Option<Result<u32, ClientError>>) {
+        self.on_complete_from(tn, server, None, outcome);
+    }
+
+    /// [`Inner::on_complete`] for an answer that came on connection set `generation`.
+    fn on_complete_from(
+        &self,
+        tn: u32,
+        server: u16,
+        generation: Option<u32>,
+        outcome: Option<Result<u32, ClientError>>,
+    ) {
         if let Some(Err(e)) = outcome {
             if e.is_server_failure() {
-                self.mark_dead(server);
+                self.mark_dead_from(server, generation);
             }
         }
         let mut t = self.tickets.lock(tn);
@@ -1123,9 +1167,17 @@ impl Inner {
         }
         if let Ok(st) = self.blocking_stat(s, 0) {
             let free = st.capacity_pages.saturating_sub(st.used_pages);
-            self.servers[s as usize]
-                .free_pages
-                .store(free, Ordering::Relaxed);
+            let server = &self.servers[s as usize];
+            server.free_pages.store(free, Ordering::Relaxed);
+            let known = server.instance.swap(st.instance, Ordering::AcqRel);
+            if known != 0 && known != st.instance {
+                // Restarted between two of our requests without us seeing a connection drop
+                // (it cannot keep a TCP connection across a restart, but be sure): the
+                // rejoin path sorts out what it lost.
+                server.instance.store(known, Ordering::Release);
+                tracing::error!(server = %server.addr, "memserver restarted under us");
+                self.mark_dead(s);
+            }
         }
     }
 
@@ -1202,6 +1254,11 @@ fn maintenance(inner: Weak<Inner>, rx: Receiver<Event>) {
                 let Some(i) = inner.upgrade() else { return };
                 for s in 0..i.servers.len() {
                     i.refresh_free(s as u16);
+                }
+                for s in 0..i.servers.len() as u16 {
+                    if i.is_dead(s) && !i.closing.load(Ordering::Acquire) {
+                        i.try_rejoin(s);
+                    }
                 }
             }
         }

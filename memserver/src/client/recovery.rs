@@ -19,52 +19,107 @@ use super::{ClientError, Inner, IoBuf, OpKind, Placement, SlabKey, MAX_REPLICAS}
 use crate::protocol::MAX_PAGES_PER_FRAME;
 
 impl Inner {
+    /// Server `dead` was taken out of service: drops it from the placement of every slab
+    /// that has another live replica, and re-replicates those. A slab it was the last live
+    /// replica of keeps it: the slab is suspended until the server answers again (see
+    /// `rejoin`), because a timeout may well be transient and the server may still hold the
+    /// only copy.
     pub(super) fn handle_dead(&self, dead: u16) {
+        if !self.is_dead(dead) {
+            // Back in service before this event was handled (see `rejoin`).
+            return;
+        }
+        let mut suspended = 0u64;
+        for shard in self.placement.iter() {
+            let mut m = shard.write().unwrap_or_else(|e| e.into_inner());
+            for p in m.values_mut() {
+                let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
+                    continue;
+                };
+                let other_source = p
+                    .servers()
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &s)| i != pos && !p.is_filling(i) && !self.is_dead(s));
+                if !p.is_filling(pos) && !other_source {
+                    suspended += 1;
+                    continue;
+                }
+                remove_at(p, pos);
+            }
+        }
+        if suspended > 0 {
+            tracing::error!(
+                server = %self.servers[dead as usize].addr,
+                slabs = suspended,
+                "the server out of service holds the last live replica of these slabs: their \
+                 requests fail until it answers again"
+            );
+        }
+        self.rereplicate_degraded();
+    }
+
+    /// Adds a replica to every slab with fewer than R replicas and a live source, and fills
+    /// it. A fill that stops drops its half-filled replica, so a later call tries again.
+    pub(super) fn rereplicate_degraded(&self) {
         let mut jobs: Vec<(SlabKey, u16)> = Vec::new();
         for shard in self.placement.iter() {
             let mut m = shard.write().unwrap_or_else(|e| e.into_inner());
             for (key, p) in m.iter_mut() {
-                let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
-                    continue;
-                };
-                remove_at(p, pos);
-                let live = p.servers().iter().filter(|&&s| !self.is_dead(s)).count();
-                if live == 0 {
-                    tracing::error!(
-                        ns = key.0,
-                        slab = key.1,
-                        "every replica of a slab is dead; its pages are lost"
-                    );
+                let n = p.n as usize;
+                if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
                     continue;
                 }
-                if (p.n as usize) < self.r {
-                    let (c, k) = self.choose(p.servers(), 1);
-                    if k == 1 && (p.n as usize) < MAX_REPLICAS {
-                        let i = p.n as usize;
-                        p.replicas[i] = c[0];
-                        p.filling |= 1 << i;
-                        p.n += 1;
-                        jobs.push((*key, c[0]));
-                    }
+                let has_source = p
+                    .servers()
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &s)| !p.is_filling(i) && !self.is_dead(s));
+                if !has_source {
+                    continue;
+                }
+                let (c, k) = self.choose(p.servers(), 1);
+                if k == 1 {
+                    p.replicas[n] = c[0];
+                    p.filling |= 1 << n;
+                    p.n += 1;
+                    jobs.push((*key, c[0]));
                 }
             }
         }
         if !jobs.is_empty() {
-            tracing::info!(server = dead, slabs = jobs.len(), "re-replicating");
+            tracing::info!(slabs = jobs.len(), "re-replicating");
         }
         for (key, target) in jobs {
             match self.fill_slab(key, target) {
                 Ok(()) => {
                     self.slabs_rereplicated.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(why) => tracing::warn!(
-                    ns = key.0,
-                    slab = key.1,
-                    target,
-                    "re-replication stopped: {why}"
-                ),
+                Err(why) => {
+                    tracing::warn!(
+                        ns = key.0,
+                        slab = key.1,
+                        target,
+                        "re-replication stopped: {why}"
+                    );
+                    self.drop_filling(key, target);
+                }
             }
         }
+    }
+
+    /// Removes a replica whose fill stopped (under the fill lock, as the flip to normal is).
+    fn drop_filling(&self, key: SlabKey, target: u16) {
+        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = m.get_mut(&key) {
+            if let Some(i) = p.servers().iter().position(|&s| s == target) {
+                if p.is_filling(i) {
+                    remove_at(p, i);
+                }
+            }
+        }
+        fills.remove(&key);
     }
 
     fn source_for(&self, key: SlabKey, target: u16) -> Option<u16> {
@@ -221,7 +276,7 @@ impl Inner {
     }
 }
 
-fn remove_at(p: &mut Placement, pos: usize) {
+pub(super) fn remove_at(p: &mut Placement, pos: usize) {
     let n = p.n as usize;
     for i in pos..n - 1 {
         p.replicas[i] = p.replicas[i + 1];

@@ -219,6 +219,9 @@ pub struct StatInfo {
     pub used_pages: u64,
     /// Server capacity in pages.
     pub capacity_pages: u64,
+    /// Random, drawn when the server process started. A client that reconnects to a server
+    /// and gets another instance knows the server restarted and lost every page it held.
+    pub instance: u64,
 }
 
 /// A decoded frame body (borrowing the receive buffer).
@@ -522,11 +525,12 @@ pub fn decode_body<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, FrameErr
             })
         }
         Opcode::StatResp => {
-            expect_len(h.opcode, body.len(), 24)?;
+            expect_len(h.opcode, body.len(), 32)?;
             frame(Body::StatResp(StatInfo {
                 namespace_pages: u64_at(body, 0),
                 used_pages: u64_at(body, 8),
                 capacity_pages: u64_at(body, 16),
+                instance: u64_at(body, 24),
             }))
         }
     }
@@ -698,10 +702,11 @@ pub fn encode(out: &mut Vec<u8>, f: &Frame<'_>, if_absent: bool) {
             put_header(out, Opcode::DiscardResp, 0, Status::Ok, id, ns, *freed, 0)
         }
         Body::StatResp(s) => {
-            put_header(out, Opcode::StatResp, 0, Status::Ok, id, ns, 0, 24);
+            put_header(out, Opcode::StatResp, 0, Status::Ok, id, ns, 0, 32);
             out.extend_from_slice(&s.namespace_pages.to_le_bytes());
             out.extend_from_slice(&s.used_pages.to_le_bytes());
             out.extend_from_slice(&s.capacity_pages.to_le_bytes());
+            out.extend_from_slice(&s.instance.to_le_bytes());
         }
         Body::Error { .. } => unreachable_error(out, f),
     }

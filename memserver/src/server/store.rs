@@ -34,6 +34,8 @@ pub struct Namespace {
 /// All namespaces plus the arena.
 pub struct Store {
     arena: Arena,
+    /// This process's instance id (see [`StatInfo::instance`]).
+    instance: u64,
     namespaces: RwLock<FxHashMap<u64, Arc<Namespace>>>,
 }
 
@@ -42,6 +44,7 @@ impl Store {
     pub fn new(arena: Arena) -> Self {
         Self {
             arena,
+            instance: u64::from_le_bytes(crate::protocol::auth::random_bytes::<8>()),
             namespaces: RwLock::new(FxHashMap::default()),
         }
     }
@@ -52,6 +55,7 @@ impl Store {
             namespace_pages: 0,
             used_pages: self.arena.used(),
             capacity_pages: self.arena.capacity(),
+            instance: self.instance,
         }
     }
 

@@ -58,8 +58,13 @@ pub struct ServerProc {
 
 impl ServerProc {
     pub fn spawn(capacity: &str) -> Self {
+        Self::spawn_at("127.0.0.1:0", capacity)
+    }
+
+    /// A server listening on `listen` (e.g. the address of one that was killed).
+    pub fn spawn_at(listen: &str, capacity: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_farvm-memserver"))
-            .args(["--listen", "127.0.0.1:0", "--capacity", capacity])
+            .args(["--listen", listen, "--capacity", capacity])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -82,6 +87,12 @@ impl ServerProc {
     pub fn kill(&mut self) {
         self.child.kill().expect("SIGKILL");
         let _ = self.child.wait();
+    }
+
+    /// Sends `sig` (SIGSTOP / SIGCONT freeze and resume the server, its pages intact).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid (not yet reaped); no memory is involved.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 }
 

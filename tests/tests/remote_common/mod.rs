@@ -14,12 +14,30 @@ use farvm_vmm::remote::{RemoteMemory, RemoteSpec, RemoteStats};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
 
 /// Boots `setup` with its RAM on remote memory per `spec`; returns the report and the final
-/// paging statistics. `during` runs on the test thread while the guest runs.
+/// paging statistics, asserting the engine reported no error. `during` runs on the test
+/// thread while the guest runs.
 pub fn run_remote_with(
     setup: &GuestSetup,
     spec: &RemoteSpec,
     during: impl FnOnce(&RemoteMemory),
 ) -> (VmReport, RemoteStats) {
+    let (report, stats, errors) = run_remote_errors(setup, spec, during);
+    assert!(
+        errors.is_empty(),
+        "paging engine errors ({} store errors): {:?}\noutcome: {:?}\npaging: {stats:#?}",
+        stats.engine.counters.store_errors,
+        errors.iter().take(8).collect::<Vec<_>>(),
+        report.outcome
+    );
+    (report, stats)
+}
+
+/// [`run_remote_with`], returning the errors the engine kept (as text) instead of failing.
+pub fn run_remote_errors(
+    setup: &GuestSetup,
+    spec: &RemoteSpec,
+    during: impl FnOnce(&RemoteMemory),
+) -> (VmReport, RemoteStats, Vec<String>) {
     let mut remote = RemoteMemory::start(spec, setup.mem_bytes).expect("start remote memory");
     let cfg = setup.config();
     let ncpus = cfg.vcpus;
@@ -38,10 +56,14 @@ pub fn run_remote_with(
     let outcome = running.wait(Some(setup.timeout), false);
     let report = running.finish(outcome);
     let stats = remote.stats();
-    let errors = remote.engine().take_errors();
-    assert!(errors.is_empty(), "paging engine errors: {errors:?}");
+    let errors = remote
+        .engine()
+        .take_errors()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
     remote.shutdown();
-    (report, stats)
+    (report, stats, errors)
 }
 
 pub fn run_remote(setup: &GuestSetup, spec: &RemoteSpec) -> (VmReport, RemoteStats) {
@@ -155,9 +177,14 @@ impl MemserverProcess {
 
     /// SIGKILL, no clean-up: the server's RAM (and every page on it) is gone.
     pub fn kill(&mut self) {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        self.signal(libc::SIGKILL);
         let _ = self.child.wait();
+    }
+
+    /// Sends `sig` (SIGSTOP / SIGCONT freeze and resume the server with its pages intact).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid (not yet reaped); no memory is involved.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 }
 
@@ -174,4 +201,18 @@ pub fn spec(name: &str, budget: &str, prefetcher: &str) -> RemoteSpec {
     s.budget = farvm_vmm::remote::Budget::parse(budget).expect("budget");
     s.prefetcher = prefetcher.to_string();
     s
+}
+
+/// Waits (up to 60 s) until the guest has written more than `n` pages back; returns the count
+/// then, or 0 if it never did.
+pub fn wait_for_write_backs(remote: &RemoteMemory, n: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let written = remote.stats().engine.counters.remote_writes;
+        if written > n {
+            return written;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    0
 }

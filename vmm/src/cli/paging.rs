@@ -96,9 +96,11 @@ pub fn render(p: &Value) -> String {
     }
     let r = &p["remote"];
     if !r.is_null() {
-        let _ = writeln!(
+        let _ =
+            writeln!(
             s,
-            "  memservers: {}{} | replication {} | dead {} | read fail-overs {} | degraded slabs {}",
+            "  memservers: {}{} | replication {} | taken out of service {} (rejoined {}) | read \
+             fail-overs {} | degraded slabs {} (suspended {})",
             r["servers"]
                 .as_array()
                 .map(|a| a
@@ -110,8 +112,10 @@ pub fn render(p: &Value) -> String {
             if r["embedded"].as_bool() == Some(true) { " (embedded)" } else { "" },
             r["replication"],
             r["dead_servers"],
+            r["rejoined_servers"],
             r["read_failovers"],
-            r["degraded_slabs"]
+            r["degraded_slabs"],
+            r["suspended_slabs"]
         );
     }
     s

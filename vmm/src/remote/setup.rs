@@ -100,10 +100,15 @@ pub struct RemoteHealth {
     pub servers: Vec<String>,
     pub embedded: bool,
     pub replication: usize,
+    /// Times a memserver was taken out of service (timeout, lost connection).
     pub dead_servers: u64,
+    /// Times a memserver answered again and was put back in service.
+    pub rejoined_servers: u64,
     pub read_failovers: u64,
     pub slabs_rereplicated: u64,
     pub degraded_slabs: u64,
+    /// Slabs with no replica in service: the guest waits on their pages until one returns.
+    pub suspended_slabs: u64,
     pub wire_requests: u64,
     pub slot_waits: u64,
     pub busy: u64,
@@ -136,7 +141,18 @@ impl RemoteStats {
         for (name, kind, v) in [
             ("memservers", "gauge", r.servers.len() as u64),
             ("replication", "gauge", r.replication as u64),
-            ("memserver_dead", "gauge", r.dead_servers),
+            (
+                "memserver_dead",
+                "gauge",
+                r.dead_servers.saturating_sub(r.rejoined_servers),
+            ),
+            (
+                "memserver_taken_out_of_service_total",
+                "counter",
+                r.dead_servers,
+            ),
+            ("memserver_rejoined_total", "counter", r.rejoined_servers),
+            ("memserver_suspended_slabs", "gauge", r.suspended_slabs),
             (
                 "memserver_read_failovers_total",
                 "counter",
@@ -193,6 +209,8 @@ fn collect(
         read_failovers,
         slabs_rereplicated,
         degraded_slabs,
+        suspended_slabs,
+        rejoined_servers,
     } = client.stats();
     let c = store.counters();
     RemoteStats {
@@ -202,9 +220,11 @@ fn collect(
             embedded,
             replication: client.replication(),
             dead_servers,
+            rejoined_servers,
             read_failovers,
             slabs_rereplicated,
             degraded_slabs,
+            suspended_slabs,
             wire_requests: c.requests.load(Ordering::Relaxed),
             slot_waits: c.slot_waits.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
