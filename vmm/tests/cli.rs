@@ -66,6 +66,10 @@ fn bad_arguments_exit_64() {
             vec!["run", "--memory", "64M", "--workload", "seq:ws=64M"],
             "working sets add up",
         ),
+        (
+            vec!["bench", "remote", "--repeat", "0"],
+            "0 is not in 1..=15",
+        ),
     ] {
         let o = run(&args);
         assert_eq!(

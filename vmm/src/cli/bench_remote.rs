@@ -39,7 +39,7 @@ next to which demand-fault latency is shown, and the raw TCP streaming rate of 4
 most pages per second any remote-memory design can move over this loopback).
 
 Columns: measured-phase time normalised to all-local; demand faults; prefetch accuracy and
-coverage (the engine's estimates: staged markers and 1-in-16 probes reveal hits of injected
+coverage (the engine's estimates: staged markers and 1-in-64 probes reveal hits of injected
 prefetches); demand-fault service latency p50/p99 (fault read -> page installed and vCPU woken);
 install p50 (UFFDIO_CONTINUE); ns per access (measured time / accesses); page access p50 (stride
 only: the guest's own rdtsc timing of each page's first access in a pass: a fault, a prefetch
@@ -54,6 +54,7 @@ EXAMPLES
   farvm bench remote                    # full matrix (8 workloads x 3 x 7)
   farvm bench remote --quick            # seq, stride, kv x {100,25}% x {none, leap+stream, next-n}
   farvm bench remote --workload stride --local 25 --prefetcher none --prefetcher leap+stream
+  farvm bench remote --quick --repeat 5 # medians of 5 runs per cell
 
 EXIT STATUS
   0 every run completed with the all-local checksum; 1 a run failed or a checksum differed";
@@ -88,6 +89,12 @@ pub struct RemoteArgs {
     /// TIMEOUT (the matrix goes on).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub cell_timeout: u64,
+    /// Runs per cell and per all-local baseline (1-15). Each reports its median run (by
+    /// measured time) and the spread of all of them, so a ratio target is not decided by one
+    /// noisy run: on this 2-core host single runs of the same cell vary by about ±10%.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=15))]
+    pub repeat: u32,
 }
 
 const DEFAULT_WORKLOADS: [&str; 8] = [
@@ -146,6 +153,8 @@ pub struct Cell {
     pub checksum_ok: bool,
     /// The VM did not finish within `--cell-timeout` (its metrics are those at the stop).
     pub timed_out: bool,
+    /// Measured ms of every run of this cell (`--repeat`); the row is the median one.
+    pub runs_ms: Vec<f64>,
 }
 
 /// The all-local baseline of one workload.
@@ -160,6 +169,8 @@ pub struct Baseline {
     /// Pages the VM touches with nothing evicted (the 100% of the local column).
     pub footprint_pages: u64,
     pub page_access_p50_ns: f64,
+    /// Measured ms of every all-local run (`--repeat`); the row is the median one.
+    pub runs_ms: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -254,6 +265,28 @@ fn run_local(w: &PlacedWorkload) -> Result<ProcessRecord> {
     let running = vm.start()?;
     let outcome = running.wait(Some(Duration::from_secs(1800)), true);
     finished(&running.finish(outcome), &format!("all-local {}", w.name()))
+}
+
+/// The run with the median `key` (the lower middle one of an even count); `None` if empty.
+fn median_run<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    if runs.is_empty() {
+        return None;
+    }
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = (runs.len() - 1) / 2;
+    Some(runs.swap_remove(mid))
+}
+
+/// "" for one run, else " (±x%)": half the range of `runs` relative to their median.
+fn spread(runs: &[f64]) -> String {
+    let mut v: Vec<f64> = runs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.len() < 2 {
+        return String::new();
+    }
+    v.sort_by(f64::total_cmp);
+    let med = v[(v.len() - 1) / 2];
+    let half_range = (v[v.len() - 1] - v[0]) / 2.0;
+    format!(" (±{:.0}%)", 100.0 * half_range / med.max(1e-9))
 }
 
 /// The local budget for `local` percent of a footprint of `footprint` pages.
@@ -435,6 +468,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             bail!("--local {l}: must be a percentage in (0, 100]");
         }
     }
+    let repeat = a.repeat.max(1) as usize;
     let pfs: Vec<String> = match (a.prefetchers.is_empty(), a.quick) {
         (false, _) => a.prefetchers.clone(),
         (true, true) => QUICK_PREFETCHERS.iter().map(|s| s.to_string()).collect(),
@@ -453,7 +487,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     // Per workload: all-local, the footprint run (reused as the (100%, none) cell if the
     // matrix has one), and the matrix.
     let reused = usize::from(locals.iter().any(|&l| l >= 100.0) && pfs.iter().any(|p| p == "none"));
-    let total = placed.len() * (2 + locals.len() * pfs.len() - reused);
+    let total = placed.len() * (repeat + 1 + (locals.len() * pfs.len()) * repeat - reused);
     let bar = ProgressBar::new(total as u64 + 1);
     // Without a terminal the bar is hidden: print one line per cell instead.
     let interactive = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -470,8 +504,13 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     use farvm_workloads::lathist::counter;
     for (wi, w) in placed.iter().enumerate() {
         bar.set_message(format!("{} all-local", w.name()));
-        let base = run_local(w)?;
-        bar.inc(1);
+        let mut local_runs = Vec::with_capacity(repeat);
+        for _ in 0..repeat {
+            local_runs.push(run_local(w)?);
+            bar.inc(1);
+        }
+        let base_runs_ms: Vec<f64> = local_runs.iter().map(|r| times(r).0).collect();
+        let base = median_run(local_runs, |r| times(r).0).expect("repeat >= 1");
         // The footprint run: all memory local to the engine, no prefetching. It is also the
         // matrix's (100%, none) cell.
         bar.set_message(format!("{} footprint", w.name()));
@@ -495,24 +534,47 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             ops: base.ops,
             footprint_pages: footprint,
             page_access_p50_ns: counter_or_nan(&base, counter::PAGE_ACCESS_P50_NS),
+            runs_ms: base_runs_ms,
         });
         let mut probe = Some(probe);
         for &local in &locals {
-            for pf in &pfs {
-                if farvm_vmm::signals::termination_requested().is_some() {
-                    bail!("interrupted");
+            let budget = budget_for(local, footprint);
+            // Repetitions take turns (none, a, b, none, a, b, ...): a drift in the host's load
+            // then spreads over every prefetcher instead of biasing the one that ran last.
+            let mut all_runs: Vec<Vec<_>> =
+                pfs.iter().map(|_| Vec::with_capacity(repeat)).collect();
+            if local >= 100.0 {
+                if let Some(i) = pfs.iter().position(|p| p == "none") {
+                    all_runs[i].extend(probe.take());
                 }
-                bar.set_message(format!("{} {local}% {pf}", w.name()));
-                let budget = budget_for(local, footprint);
-                let (rec, st) = match (local >= 100.0 && pf == "none", probe.take()) {
-                    (true, Some(p)) => p,
-                    (_, p) => {
-                        probe = p;
-                        let r = run_remote(w, budget, pf, cell_timeout)?;
-                        bar.inc(1);
-                        r
+            }
+            for _round in 0..repeat {
+                for (pf, runs) in pfs.iter().zip(all_runs.iter_mut()) {
+                    if runs.len() >= repeat || runs.iter().any(|(r, _)| r.is_none()) {
+                        continue;
                     }
-                };
+                    if farvm_vmm::signals::termination_requested().is_some() {
+                        bail!("interrupted");
+                    }
+                    bar.set_message(format!("{} {local}% {pf}", w.name()));
+                    let r = run_remote(w, budget, pf, cell_timeout)?;
+                    bar.inc(1);
+                    if r.0.is_none() {
+                        // It would time out again: one TIMEOUT run stands for the cell.
+                        bar.inc((repeat - runs.len() - 1) as u64);
+                    }
+                    runs.push(r);
+                }
+            }
+            for (pf, runs) in pfs.iter().zip(all_runs) {
+                let runs_ms: Vec<f64> = runs
+                    .iter()
+                    .map(|(r, _)| r.as_ref().map_or(f64::NAN, |r| times(r).0))
+                    .collect();
+                let (rec, st) = median_run(runs, |(r, _)| {
+                    r.as_ref().map_or(f64::INFINITY, |r| times(r).0)
+                })
+                .expect("at least one run");
                 let timed_out = rec.is_none();
                 let rec = rec.unwrap_or_else(|| ProcessRecord {
                     elapsed_ns: 0,
@@ -553,6 +615,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
                     checksum_ok: timed_out
                         || (rec.checksum == base.checksum && rec.ops == base.ops),
                     timed_out,
+                    runs_ms,
                 });
                 if let Some(c) = cells.last_mut().filter(|c| c.timed_out) {
                     c.measured_ms = f64::NAN;
@@ -671,9 +734,10 @@ pub fn markdown(r: &Report) -> String {
     for b in &r.baselines {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:#018x} |",
+            "| {} | {}{} | {} | {} | {:#018x} |",
             b.spec,
             f(b.measured_ms, 1),
+            spread(&b.runs_ms),
             b.footprint_pages,
             f(b.page_access_p50_ns, 0),
             b.checksum
@@ -691,11 +755,12 @@ pub fn markdown(r: &Report) -> String {
     for c in &r.cells {
         let _ = writeln!(
             s,
-            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {}% | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.workload,
             c.local_pct,
             c.prefetcher,
             f(c.norm_time, 2),
+            spread(&c.runs_ms),
             c.demand_faults,
             f(c.accuracy, 3),
             f(c.coverage, 3),
@@ -712,11 +777,29 @@ pub fn markdown(r: &Report) -> String {
             }
         );
     }
+    // All-local runs, one footprint run per workload, the cells' runs — less the footprint
+    // runs that stand as a (100%, none) cell.
+    let reused = r
+        .cells
+        .iter()
+        .filter(|c| c.local_pct >= 100.0 && c.prefetcher == "none")
+        .count();
+    let runs = r.cells.iter().map(|c| c.runs_ms.len()).sum::<usize>()
+        + r.baselines
+            .iter()
+            .map(|b| b.runs_ms.len() + 1)
+            .sum::<usize>()
+        - reused;
+    let repeated = r.cells.iter().any(|c| c.runs_ms.len() > 1);
     let _ = writeln!(
         s,
-        "\n{} runs in {:.0} s. Command: `{}`",
-        r.cells.len() + 2 * r.baselines.len(),
+        "\n{runs} runs in {:.0} s.{} Command: `{}`",
         r.wall_secs,
+        if repeated {
+            " Each row is its median run; (±x%) is half the range of its runs' times."
+        } else {
+            ""
+        },
         r.command
     );
     s
@@ -930,4 +1013,34 @@ fn charts(
     }
     let _ = format_size(0);
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{median_run, spread};
+
+    #[test]
+    fn median_run_is_the_middle_one_and_the_lower_middle_of_an_even_count() {
+        let runs = vec![
+            ("c", 30.0),
+            ("a", 10.0),
+            ("e", 50.0),
+            ("b", 20.0),
+            ("d", 40.0),
+        ];
+        assert_eq!(median_run(runs, |r| r.1).map(|r| r.0), Some("c"));
+        let even = vec![("b", 2.0), ("d", 4.0), ("a", 1.0), ("c", 3.0)];
+        assert_eq!(median_run(even, |r| r.1).map(|r| r.0), Some("b"));
+        // A timed-out run (infinite key) is never the median of runs that finished.
+        let with_timeout = vec![("t", f64::INFINITY), ("x", 5.0), ("y", 6.0)];
+        assert_eq!(median_run(with_timeout, |r| r.1).map(|r| r.0), Some("y"));
+        assert_eq!(median_run(Vec::<(u8, f64)>::new(), |r| r.1), None);
+    }
+
+    #[test]
+    fn spread_is_half_the_range_over_the_median() {
+        assert_eq!(spread(&[100.0]), "");
+        assert_eq!(spread(&[90.0, 100.0, 110.0]), " (±10%)");
+        assert_eq!(spread(&[f64::NAN, 100.0]), "");
+    }
 }
