@@ -336,6 +336,58 @@ impl Connection {
         self.inflight_hint.load(Ordering::SeqCst)
     }
 
+    /// A one-line account of this connection if a request has been in flight for `stale` or
+    /// longer, else `None`: what each side is doing and how many bytes sit unread in the
+    /// socket (the client is not receiving) or unsent (the server is not reading). Logged by
+    /// the maintenance thread, so a stall says where it is before the timeout ends it.
+    pub fn stall_report(&self, stale: Duration) -> Option<String> {
+        let s = self.sched();
+        let now = Instant::now();
+        let oldest = s
+            .slots
+            .iter()
+            .filter(|sl| sl.state == SlotState::InFlight)
+            .map(|sl| {
+                self.limits
+                    .timeout
+                    .saturating_sub(sl.deadline.saturating_duration_since(now))
+            })
+            .max()?;
+        if oldest < stale {
+            return None;
+        }
+        let (inflight, demand, prefetch) = (s.inflight, s.demand.len(), s.prefetch.len());
+        drop(s);
+        let (mut unread, mut unsent): (libc::c_int, libc::c_int) = (-1, -1);
+        // SAFETY: FIONREAD / TIOCOUTQ on our own open socket write one c_int each into the
+        // locals passed; failures leave -1.
+        unsafe {
+            libc::ioctl(self.fd, libc::FIONREAD, &mut unread);
+            libc::ioctl(self.fd, libc::TIOCOUTQ, &mut unsent);
+        }
+        Some(format!(
+            "oldest request in flight for {oldest:.1?}; {inflight} in flight, {demand} demand + \
+             {prefetch} prefetch queued; socket: {unread} B unread, {unsent} B unsent; send side \
+             {}, receive side {} ({} receiving inline, background receiver {})",
+            if self.writer.try_lock().is_ok() {
+                "idle"
+            } else {
+                "busy"
+            },
+            if self.rx.try_lock().is_ok() {
+                "idle"
+            } else {
+                "held"
+            },
+            self.inline_active.load(Ordering::SeqCst),
+            if self.rx_parked.load(Ordering::SeqCst) {
+                "parked"
+            } else {
+                "running"
+            },
+        ))
+    }
+
     /// Requests queued or in flight.
     pub fn outstanding(&self) -> usize {
         let s = self.sched();

@@ -1011,6 +1011,22 @@ impl Inner {
         let _ = self.events.send(Event::Dead(s));
     }
 
+    /// Logs every connection with a request unanswered for 5 s (or half the timeout).
+    fn report_stalls(&self) {
+        let stale = (self.cfg.timeout / 2).min(Duration::from_secs(5));
+        for (s, st) in self.servers.iter().enumerate() {
+            if self.is_dead(s as u16) {
+                continue;
+            }
+            let conns = st.conns.read().unwrap_or_else(|e| e.into_inner()).clone();
+            for (k, c) in conns.iter().enumerate() {
+                if let Some(r) = c.stall_report(stale) {
+                    tracing::warn!(server = %st.addr, connection = k, "stalled: {r}");
+                }
+            }
+        }
+    }
+
     fn close_conns(&self, s: u16) {
         let conns = self.servers[s as usize]
             .conns
@@ -1255,6 +1271,7 @@ fn maintenance(inner: Weak<Inner>, rx: Receiver<Event>) {
                 for s in 0..i.servers.len() {
                     i.refresh_free(s as u16);
                 }
+                i.report_stalls();
                 for s in 0..i.servers.len() as u16 {
                     if i.is_dead(s) && !i.closing.load(Ordering::Acquire) {
                         i.try_rejoin(s);
