@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use farvm_memserver::client::{namespace_for_name, Client, ClientError, IoBuf, OpKind, Priority};
 use farvm_memserver::protocol::auth::Secret;
-use farvm_memserver::protocol::frame::{decode, encode, Body, Frame};
+use farvm_memserver::protocol::frame::{decode, encode, Body, Frame, StatInfo};
 use farvm_memserver::protocol::PAGE_SIZE;
 use farvm_memserver::server::{Server, ServerConfig};
 
@@ -311,6 +311,35 @@ fn synchronous_demand_reads_take_their_own_lane_past_a_prefetch_backlog() {
     }
 }
 
+/// The server side of the handshake for an open-mode fake server (the client does not check
+/// the MAC in open mode).
+fn fake_handshake(s: &mut TcpStream) -> std::io::Result<()> {
+    let mut out = Vec::new();
+    let challenge = Body::Challenge {
+        server_nonce: [1; 32],
+        max_version: 1,
+    };
+    let f = Frame {
+        req_id: 0,
+        namespace: 0,
+        body: challenge,
+    };
+    encode(&mut out, &f, false);
+    s.write_all(&out)?;
+    let mut hello = [0u8; 32 + 72];
+    s.read_exact(&mut hello)?;
+    out.clear();
+    let f = Frame {
+        req_id: 0,
+        namespace: 0,
+        body: Body::HelloResp {
+            server_mac: [0; 32],
+        },
+    };
+    encode(&mut out, &f, false);
+    s.write_all(&out)
+}
+
 /// A server that completes the handshake and then never answers.
 fn silent_server() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -319,43 +348,112 @@ fn silent_server() -> SocketAddr {
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
             std::thread::spawn(move || {
-                let mut out = Vec::new();
-                encode(
-                    &mut out,
-                    &Frame {
-                        req_id: 0,
-                        namespace: 0,
-                        body: Body::Challenge {
-                            server_nonce: [1; 32],
-                            max_version: 1,
-                        },
-                    },
-                    false,
-                );
-                s.write_all(&out).unwrap();
-                let mut hello = [0u8; 32 + 72];
-                if s.read_exact(&mut hello).is_err() {
+                if fake_handshake(&mut s).is_err() {
                     return;
                 }
-                out.clear();
-                encode(
-                    &mut out,
-                    &Frame {
-                        req_id: 0,
-                        namespace: 0,
-                        body: Body::HelloResp {
-                            server_mac: [0; 32],
-                        },
-                    },
-                    false,
-                );
-                s.write_all(&out).unwrap();
                 let mut sink = [0u8; 65536];
                 while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
             });
         }
     });
     addr
+}
+
+/// A server that completes the handshake, reads two requests, answers both in one segment
+/// (so one `recv` of the client gets both responses), then stays silent.
+fn two_in_one_segment_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        fake_handshake(&mut s).expect("handshake");
+        let mut inbuf: Vec<u8> = Vec::new();
+        let mut answers = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let mut seen = 0;
+        while seen < 2 {
+            match decode(&inbuf) {
+                Ok((f, used)) => {
+                    let (req_id, namespace) = (f.req_id, f.namespace);
+                    match f.body {
+                        Body::Write { sel, .. } => {
+                            let written = sel.len() as u32;
+                            let body = Body::WriteResp { written };
+                            let f = Frame {
+                                req_id,
+                                namespace,
+                                body,
+                            };
+                            encode(&mut answers, &f, false);
+                            seen += 1;
+                        }
+                        // The client's capacity probe: answered at once.
+                        _ => {
+                            let body = Body::StatResp(StatInfo {
+                                namespace_pages: 0,
+                                used_pages: 0,
+                                capacity_pages: 1 << 20,
+                                instance: 7,
+                            });
+                            let mut one = Vec::new();
+                            encode(
+                                &mut one,
+                                &Frame {
+                                    req_id,
+                                    namespace,
+                                    body,
+                                },
+                                false,
+                            );
+                            s.write_all(&one).unwrap();
+                        }
+                    }
+                    inbuf.drain(..used);
+                }
+                Err(_) => {
+                    let n = s.read(&mut chunk).unwrap();
+                    assert!(n > 0, "client closed early");
+                    inbuf.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+        s.write_all(&answers).unwrap();
+        while matches!(s.read(&mut chunk), Ok(n) if n > 0) {}
+    });
+    addr
+}
+
+/// Regression: a poller stops receiving once its first completion is in, leaving the second
+/// response — read off the socket in the same `recv` — in the connection's buffer. The
+/// socket never signals it again; the background receiver must still deliver it (it used to
+/// wait for more socket data, and the request timed out).
+#[test]
+fn a_response_left_in_the_receive_buffer_is_still_delivered() {
+    let addr = two_in_one_segment_server();
+    let mut cfg = config(&[addr]);
+    cfg.conns_per_server = 1;
+    cfg.demand_lane = false;
+    cfg.write_lane = false;
+    cfg.timeout = Duration::from_secs(10);
+    let c = Client::connect(cfg).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(4);
+    for p in 0..2u64 {
+        let mut io = IoBuf::new(1);
+        io.set_run(p, 1).unwrap();
+        io.page_mut(0).copy_from_slice(&page(1, p, 0));
+        c.submit_polled(OpKind::Write, 1, Priority::Prefetch, io, p, &tx)
+            .unwrap();
+    }
+    // Both answers land in one segment; this poller stops after the first.
+    let first = c.wait_completion(&rx);
+    assert_eq!(first.result, Ok(1));
+    let t0 = Instant::now();
+    let second = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("the second response, already received, was never delivered");
+    assert_eq!(second.result, Ok(1));
+    assert_ne!(first.user_data, second.user_data);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }
 
 #[test]

@@ -761,9 +761,20 @@ impl Connection {
             }
         }
         self.inline_active.fetch_sub(1, Ordering::SeqCst);
-        if handoff && self.inflight_hint.load(Ordering::SeqCst) > 0 {
+        // Responses to other requests that arrived with ours may sit parsed-ahead in the
+        // receive buffer: the socket will not signal them again, so the background receiver
+        // must be told (see `receive_loop`).
+        if (handoff && self.inflight_hint.load(Ordering::SeqCst) > 0) || self.rx_buffered() {
             self.wake_rx();
         }
+    }
+
+    /// Whether response bytes already read off the socket wait in the receive buffer (false
+    /// if someone is receiving right now: they will get to them).
+    fn rx_buffered(&self) -> bool {
+        self.rx
+            .try_lock()
+            .is_ok_and(|rx| !rx.reader.buffer().is_empty())
     }
 
     /// The background receiver: delivers responses nobody is waiting for inline. It parks
@@ -786,7 +797,12 @@ impl Connection {
                 self.rx_parked.store(false, Ordering::SeqCst);
                 continue;
             }
-            if !self.poll_readable(idle) {
+            // Check the receive buffer before the socket: an inline receiver stops at its own
+            // response and may leave the next ones, already read off the socket, in the
+            // buffer. Polling only the socket then never sees them, and if nothing else
+            // arrives on this connection their requests sit until they time out (seen: seven
+            // write-backs stuck for the whole 60 s timeout, 0 bytes unread in the socket).
+            if !self.rx_buffered() && !self.poll_readable(idle) {
                 continue;
             }
             // `try_lock`: if an inline waiter holds the receive side it delivers this data
