@@ -423,10 +423,11 @@ fn two_in_one_segment_server() -> SocketAddr {
     addr
 }
 
-/// Regression: a poller stops receiving once its first completion is in, leaving the second
-/// response — read off the socket in the same `recv` — in the connection's buffer. The
-/// socket never signals it again; the background receiver must still deliver it (it used to
-/// wait for more socket data, and the request timed out).
+/// Regression: a poller used to stop receiving once its first completion was in, leaving the
+/// second response — read off the socket in the same `recv` — in the connection's buffer.
+/// The socket never signals it again, and the background receiver waited for more socket
+/// data, so the request timed out. Now the poller delivers whole frames it already holds, and
+/// the background receiver checks the buffer before the socket.
 #[test]
 fn a_response_left_in_the_receive_buffer_is_still_delivered() {
     let addr = two_in_one_segment_server();

@@ -161,6 +161,18 @@ enum ReadErr {
     Malformed,
 }
 
+/// Whether `buffered` starts with a whole frame (so reading it never touches the socket).
+/// A malformed header counts as ready: reading it fails the connection at once.
+fn whole_frame_in(buffered: &[u8]) -> bool {
+    let Some(hb) = buffered.first_chunk::<HEADER_LEN>() else {
+        return false;
+    };
+    match decode_header(hb) {
+        Ok(h) => buffered.len() >= HEADER_LEN + h.body_len as usize,
+        Err(_) => true,
+    }
+}
+
 /// Performs the handshake on a fresh stream.
 fn handshake(
     stream: &mut TcpStream,
@@ -759,11 +771,21 @@ impl Connection {
             if !self.read_one(&mut rx) {
                 break;
             }
+            if done() {
+                // Responses to other requests that came in the same `recv` are already in
+                // memory: deliver them now (no socket read, no wait) rather than leave them
+                // to a thread wake-up.
+                while whole_frame_in(rx.reader.buffer()) {
+                    if !self.read_one(&mut rx) {
+                        break;
+                    }
+                }
+            }
         }
         self.inline_active.fetch_sub(1, Ordering::SeqCst);
-        // Responses to other requests that arrived with ours may sit parsed-ahead in the
-        // receive buffer: the socket will not signal them again, so the background receiver
-        // must be told (see `receive_loop`).
+        // Part of a response may still sit in the receive buffer (the rest is on its way, but
+        // the socket will not signal the part already read): the background receiver must be
+        // told (see `receive_loop`).
         if (handoff && self.inflight_hint.load(Ordering::SeqCst) > 0) || self.rx_buffered() {
             self.wake_rx();
         }
@@ -872,6 +894,40 @@ fn apply_response(t: &mut Ticket, f: &Frame<'_>) -> Result<u32, ClientError> {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn whole_frame_in_needs_header_and_body() {
+        let mut two = Vec::new();
+        for id in [1, 2] {
+            let f = Frame {
+                req_id: id,
+                namespace: 3,
+                body: Body::WriteResp { written: 1 },
+            };
+            encode(&mut two, &f, false);
+        }
+        let one = two.len() / 2;
+        assert!(whole_frame_in(&two));
+        assert!(whole_frame_in(&two[one..]));
+        assert!(!whole_frame_in(&two[..one - 1]));
+        assert!(!whole_frame_in(&[]));
+        // A read response: its header promises a body that has not arrived yet.
+        let mut read = Vec::new();
+        let f = Frame {
+            req_id: 4,
+            namespace: 3,
+            body: Body::ReadResp {
+                count: 1,
+                bitmap: &[0],
+                pages: &[],
+            },
+        };
+        encode(&mut read, &f, false);
+        assert!(whole_frame_in(&read));
+        assert!(!whole_frame_in(&read[..read.len() - 1]));
+        // Garbage is "ready": reading it fails the connection at once instead of waiting.
+        assert!(whole_frame_in(&[0xde; HEADER_LEN]));
+    }
 
     /// A frame that arrives in two pieces with a gap longer than `RX_SLICE` is still read
     /// whole (the patient stream retries the timeout mid-frame), while an unpatient fill of
