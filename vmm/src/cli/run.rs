@@ -50,6 +50,13 @@ the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` sho
 and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
 Linux guests always use local RAM (their loader writes RAM directly).
 
+A memory server that stops answering (2 s request timeout; 60 s for the embedded one) is
+taken out of service; with --replicas 2 or more the VM goes on from the other copies and
+re-replicates. When it held the only copy of some pages, the guest waits on those pages
+(reads and write-backs are retried, the log says why once a second) and resumes when the
+server answers again; a server that restarted has lost its pages, which is reported as an
+error, never read back as zeros.
+
 Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
 random:ws=64M in 512M of RAM at 50% local.
 
