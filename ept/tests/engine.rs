@@ -352,24 +352,64 @@ fn transient_read_failures_are_retried_and_surfaced() {
     assert!(s.counters.read_retries >= 5 && s.counters.store_errors >= 5);
 }
 
-#[test]
-fn outage_blocks_the_vcpu_until_the_store_returns() {
+/// A VM whose every page holds `p + 7` in word 2, settled under a 1 MiB budget, and one of
+/// its pages that now lives only remotely.
+fn vm_with_a_remote_page() -> (Vm, u64) {
     let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
     let g = vm.guest();
     for p in 0..g.pages {
         g.store(p, 2, p + 7);
     }
     vm.settle();
-    vm.store.set_outage(true);
     let p = (0..g.pages)
         .find(|&p| vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote))
-        .unwrap();
+        .expect("a page was evicted");
+    (vm, p)
+}
+
+#[test]
+fn outage_blocks_the_vcpu_until_the_store_returns() {
+    let (vm, p) = vm_with_a_remote_page();
+    let g = vm.guest();
+    vm.store.set_outage(true);
     let t = std::thread::spawn(move || g.load(p, 2));
     std::thread::sleep(Duration::from_millis(100));
     assert!(!t.is_finished(), "the vCPU cannot proceed without its page");
     assert!(vm.engine.errors_total() > 0, "the outage must be reported");
     vm.store.set_outage(false);
     assert_eq!(t.join().unwrap(), p + 7);
+}
+
+#[test]
+fn an_outage_keeps_one_retry_chain_per_waiting_page() {
+    let (vm, p) = vm_with_a_remote_page();
+    vm.store.set_outage(true);
+    let before = vm.engine.stats().counters.read_retries;
+    // A VMM access waits on the page; it used to start a new read (and with it a new retry
+    // chain) every 50 µs, so failed reads multiplied for as long as the outage lasted.
+    let outage = Duration::from_millis(300);
+    let (b, retries) = std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            let mut b = [0u8; 8];
+            vm.engine
+                .read_bytes(p * PAGE_SIZE as u64 + 16, &mut b)
+                .map(|_| b)
+        });
+        std::thread::sleep(outage);
+        let retries = vm.engine.stats().counters.read_retries - before;
+        vm.store.set_outage(false);
+        let b = t.join().unwrap();
+        (
+            b.expect("the access completes once the store is back"),
+            retries,
+        )
+    });
+    assert_eq!(u64::from_ne_bytes(b), p + 7);
+    // One chain, one retry per back-off (5 ms): about 60 in 300 ms.
+    assert!(
+        (5..=120).contains(&retries),
+        "{retries} read retries in {outage:?} for one waiting page"
+    );
 }
 
 #[test]
