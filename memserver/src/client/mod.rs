@@ -391,12 +391,7 @@ impl Client {
                 if live < i.r || p.filling != 0 {
                     degraded += 1;
                 }
-                if !p
-                    .servers()
-                    .iter()
-                    .enumerate()
-                    .any(|(k, &s)| !p.is_filling(k) && !i.is_dead(s))
-                {
+                if i.live_source(p, None).is_none() {
                     suspended += 1;
                 }
             }
@@ -687,6 +682,16 @@ impl Inner {
 
     fn is_dead(&self, s: u16) -> bool {
         self.servers[s as usize].dead.load(Ordering::Acquire)
+    }
+
+    /// The first replica of `p` that can serve reads — in service and not being filled —
+    /// other than `except`.
+    fn live_source(&self, p: &Placement, except: Option<u16>) -> Option<u16> {
+        p.servers()
+            .iter()
+            .enumerate()
+            .find(|&(i, &s)| Some(s) != except && !p.is_filling(i) && !self.is_dead(s))
+            .map(|(_, &s)| s)
     }
 
     fn rand(&self) -> u64 {

@@ -36,12 +36,7 @@ impl Inner {
                 let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
                     continue;
                 };
-                let other_source = p
-                    .servers()
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &s)| i != pos && !p.is_filling(i) && !self.is_dead(s));
-                if !p.is_filling(pos) && !other_source {
+                if !p.is_filling(pos) && self.live_source(p, Some(dead)).is_none() {
                     suspended += 1;
                     continue;
                 }
@@ -70,12 +65,7 @@ impl Inner {
                 if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
                     continue;
                 }
-                let has_source = p
-                    .servers()
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &s)| !p.is_filling(i) && !self.is_dead(s));
-                if !has_source {
+                if self.live_source(p, None).is_none() {
                     continue;
                 }
                 let (c, k) = self.choose(p.servers(), 1);
@@ -124,11 +114,7 @@ impl Inner {
 
     fn source_for(&self, key: SlabKey, target: u16) -> Option<u16> {
         let p = self.lookup(key)?;
-        p.servers()
-            .iter()
-            .enumerate()
-            .find(|&(i, &s)| s != target && !p.is_filling(i) && !self.is_dead(s))
-            .map(|(_, &s)| s)
+        self.live_source(&p, Some(target))
     }
 
     /// Waits until every write/discard to `key` that is in flight now has finished.
