@@ -82,11 +82,6 @@ pub(crate) struct Inner {
     errors_logged_at: AtomicU64,
     /// Errors not logged since then.
     errors_unlogged: AtomicU64,
-    /// The evictor claims no new victims before this (ns): set when write-backs fail, so an
-    /// unavailable store is not hammered with the same pages.
-    pub evict_pause_until: AtomicU64,
-    /// The evictor's current back-off after failed write-backs (ns; 0 after a success).
-    pub evict_backoff_ns: AtomicU64,
     pub stop: AtomicBool,
     epoch: Instant,
     pub prefetcher_name: &'static str,
@@ -410,8 +405,6 @@ impl Engine {
             errors_total: AtomicU64::new(0),
             errors_logged_at: AtomicU64::new(0),
             errors_unlogged: AtomicU64::new(0),
-            evict_pause_until: AtomicU64::new(0),
-            evict_backoff_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             prefetcher_name: prefetcher.name(),

@@ -101,6 +101,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
     let batch = inner.cfg.evict_batch;
     let mut rounds: Vec<Round> = (0..ROUNDS_IN_FLIGHT).map(|_| Round::new(batch)).collect();
     let mut hand: u64 = 0;
+    let mut backoff = WriteBackoff::default();
     let target = inner.evict_target;
     // Evicting down to `target` once resident pages passed `evict_start` (hysteresis).
     let mut active = false;
@@ -119,13 +120,15 @@ pub(crate) fn run(inner: Arc<Inner>) {
         if resident.saturating_sub(claimed) <= target {
             active = false;
         }
-        let pause = inner
-            .evict_pause_until
-            .load(Ordering::Relaxed)
-            .saturating_sub(inner.now());
+        let pause = backoff.remaining(inner.now());
         if pause > 0 && active && !stopping {
             if in_flight {
-                wait_write_backs(&inner, &mut rounds, Duration::from_nanos(pause));
+                wait_write_backs(
+                    &inner,
+                    &mut rounds,
+                    &mut backoff,
+                    Duration::from_nanos(pause),
+                );
                 continue;
             }
             std::thread::park_timeout(Duration::from_nanos(pause));
@@ -140,21 +143,31 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 if r.victims.is_empty() {
                     // Everything resident is pinned or in flight: wait for completions.
                     if in_flight {
-                        wait_write_backs(&inner, &mut rounds, Duration::from_millis(1));
+                        wait_write_backs(
+                            &inner,
+                            &mut rounds,
+                            &mut backoff,
+                            Duration::from_millis(1),
+                        );
                     } else {
                         std::thread::park_timeout(Duration::from_millis(1));
                     }
                     continue;
                 }
-                start_round(&inner, r);
+                start_round(&inner, r, &mut backoff);
                 if r.pending == 0 {
                     finish_round(&inner, r);
                 }
                 // Completions that arrived meanwhile, without blocking.
-                wait_write_backs(&inner, &mut rounds, Duration::ZERO);
+                wait_write_backs(&inner, &mut rounds, &mut backoff, Duration::ZERO);
             }
             _ if in_flight => {
-                wait_write_backs(&inner, &mut rounds, Duration::from_millis(100));
+                wait_write_backs(
+                    &inner,
+                    &mut rounds,
+                    &mut backoff,
+                    Duration::from_millis(100),
+                );
                 if stopping {
                     // Shutting down: keep whatever has not been confirmed written.
                     for r in rounds.iter_mut().filter(|r| !r.is_free()) {
@@ -173,7 +186,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
 
 /// Delivers write-back completions to their rounds (waiting up to `timeout` for the first)
 /// and finishes rounds whose write-backs are all done.
-fn wait_write_backs(inner: &Inner, rounds: &mut [Round], timeout: Duration) {
+fn wait_write_backs(
+    inner: &Inner,
+    rounds: &mut [Round],
+    backoff: &mut WriteBackoff,
+    timeout: Duration,
+) {
     let first = if timeout.is_zero() {
         inner.wb_rx.try_recv().ok()
     } else {
@@ -191,13 +209,18 @@ fn wait_write_backs(inner: &Inner, rounds: &mut [Round], timeout: Duration) {
     };
     let mut next = Some(first);
     while let Some(done) = next {
-        write_back_done(inner, rounds, done);
+        write_back_done(inner, rounds, backoff, done);
         next = inner.wb_rx.try_recv().ok();
     }
 }
 
 /// Applies one write-back completion to the round that owns its page.
-fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Completion) {
+fn write_back_done(
+    inner: &Inner,
+    rounds: &mut [Round],
+    backoff: &mut WriteBackoff,
+    done: crate::store::Completion,
+) {
     let c = &inner.counters;
     let found = rounds.iter_mut().find_map(|r| {
         if r.pending == 0 {
@@ -218,7 +241,7 @@ fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Comp
     };
     match done.status {
         Status::Ok => {
-            inner.evict_backoff_ns.store(0, Ordering::Relaxed);
+            backoff.succeeded();
             c.remote_writes.fetch_add(1, Ordering::Relaxed);
             c.bytes_written
                 .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
@@ -228,7 +251,7 @@ fn write_back_done(inner: &Inner, rounds: &mut [Round], done: crate::store::Comp
         Status::Failed(error) => {
             c.store_errors.fetch_add(1, Ordering::Relaxed);
             c.evict_write_failed.fetch_add(1, Ordering::Relaxed);
-            pause_after_write_failure(inner);
+            backoff.failed(inner);
             inner.push_error(EngineError::Store {
                 op: "write",
                 gpa: done.page * PAGE_SIZE as u64,
@@ -305,7 +328,7 @@ fn select(inner: &Inner, want: usize, hand: &mut u64, out: &mut Vec<Victim>) {
 
 /// Steps 1-4 of a round: zap the claimed victims, fingerprint them, submit the dirty ones'
 /// write-backs (their completions arrive later, see [`write_back_done`]).
-fn start_round(inner: &Inner, r: &mut Round) {
+fn start_round(inner: &Inner, r: &mut Round, backoff: &mut WriteBackoff) {
     let c = &inner.counters;
     r.started = inner.now();
     r.warned = 0;
@@ -367,7 +390,7 @@ fn start_round(inner: &Inner, r: &mut Round) {
         for v in r.victims.iter_mut().filter(|v| v.verdict == Verdict::Dirty) {
             v.verdict = Verdict::Keep;
         }
-        pause_after_write_failure(inner);
+        backoff.failed(inner);
         return;
     }
     r.pending = r.writes.len();
@@ -376,23 +399,39 @@ fn start_round(inner: &Inner, r: &mut Round) {
 /// Longest pause of the evictor while write-backs keep failing.
 const MAX_WRITE_FAILURE_PAUSE_NS: u64 = 500_000_000;
 
-/// A write-back failed: the store may be unavailable for a while (a memserver taken out of
-/// service, waiting to rejoin). The failed pages stay resident; claiming the same pages again
-/// at once would only zap, hash and fail them in a loop (measured: ~46k failed write-backs a
-/// second with a fixed 5 ms pause), so new rounds wait a back-off that doubles while failures
-/// go on (from the retry back-off up to 0.5 s) and resets on the first write that succeeds.
-fn pause_after_write_failure(inner: &Inner) {
-    let first = inner.cfg.retry_backoff_ms.max(1) * 1_000_000;
-    let prev = inner.evict_backoff_ns.load(Ordering::Relaxed);
-    let backoff = if prev == 0 {
-        first
-    } else {
-        (prev * 2).min(MAX_WRITE_FAILURE_PAUSE_NS.max(first))
-    };
-    inner.evict_backoff_ns.store(backoff, Ordering::Relaxed);
-    inner
-        .evict_pause_until
-        .store(inner.now() + backoff, Ordering::Relaxed);
+/// The evictor's pause after failed write-backs. The store may be unavailable for a while (a
+/// memserver taken out of service, waiting to rejoin). The failed pages stay resident;
+/// claiming the same pages again at once would only zap, hash and fail them in a loop
+/// (measured: ~46k failed write-backs a second with a fixed 5 ms pause), so new rounds wait a
+/// back-off that doubles while failures go on (from the retry back-off up to 0.5 s) and
+/// resets on the first write that succeeds.
+#[derive(Default)]
+struct WriteBackoff {
+    /// No new round before this (ns, [`Inner::now`]).
+    until: u64,
+    /// The current back-off (ns; 0 after a success).
+    current: u64,
+}
+
+impl WriteBackoff {
+    fn failed(&mut self, inner: &Inner) {
+        let first = inner.cfg.retry_backoff_ms.max(1) * 1_000_000;
+        self.current = if self.current == 0 {
+            first
+        } else {
+            (self.current * 2).min(MAX_WRITE_FAILURE_PAUSE_NS.max(first))
+        };
+        self.until = inner.now() + self.current;
+    }
+
+    fn succeeded(&mut self) {
+        self.current = 0;
+    }
+
+    /// Nanoseconds left to wait (0: go on).
+    fn remaining(&self, now: u64) -> u64 {
+        self.until.saturating_sub(now)
+    }
 }
 
 /// Step 5, once every write-back of the round is done: rescue, keep or free each victim.
