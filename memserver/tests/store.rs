@@ -13,7 +13,7 @@ use common::*;
 use farvm_memserver::client::{namespace_for_name, Client, ClientError, IoBuf, OpKind, Priority};
 use farvm_memserver::protocol::auth::Secret;
 use farvm_memserver::protocol::frame::{decode, encode, Body, Frame, StatInfo};
-use farvm_memserver::protocol::PAGE_SIZE;
+use farvm_memserver::protocol::{PAGE_SIZE, PROTOCOL_VERSION};
 use farvm_memserver::server::{Server, ServerConfig};
 
 struct Rng(u64);
@@ -317,7 +317,7 @@ fn fake_handshake(s: &mut TcpStream) -> std::io::Result<()> {
     let mut out = Vec::new();
     let challenge = Body::Challenge {
         server_nonce: [1; 32],
-        max_version: 1,
+        max_version: PROTOCOL_VERSION,
     };
     let f = Frame {
         req_id: 0,
@@ -455,6 +455,54 @@ fn a_response_left_in_the_receive_buffer_is_still_delivered() {
     assert_eq!(second.result, Ok(1));
     assert_ne!(first.user_data, second.user_data);
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+}
+
+/// A server of wire-protocol version 1: its CHALLENGE carries version 1 in the header and as
+/// the highest version served, and it reads nothing after that.
+fn version_1_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut out = Vec::new();
+            let f = Frame {
+                req_id: 0,
+                namespace: 0,
+                body: Body::Challenge {
+                    server_nonce: [1; 32],
+                    max_version: 1,
+                },
+            };
+            encode(&mut out, &f, false);
+            out[4] = 1;
+            let _ = s.write_all(&out);
+            let mut sink = [0u8; 4096];
+            while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_server_of_another_protocol_version_is_refused_by_name() {
+    let addr = version_1_server();
+    let err = Client::connect(config(&[addr]))
+        .err()
+        .expect("connect must fail");
+    assert_eq!(
+        err,
+        ClientError::Version {
+            addr,
+            server: 1,
+            client: PROTOCOL_VERSION
+        }
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("speaks wire protocol version 1") && msg.contains("same release"),
+        "{msg}"
+    );
 }
 
 #[test]

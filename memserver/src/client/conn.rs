@@ -182,12 +182,26 @@ fn handshake(
 ) -> Result<(), ClientError> {
     let err = io_err(addr);
     stream.set_read_timeout(Some(timeout)).map_err(&err)?;
-    let mut buf = vec![0u8; 512];
+    let version_err = |server| ClientError::Version {
+        addr,
+        server,
+        client: PROTOCOL_VERSION,
+    };
+    // The CHALLENGE header is read by hand: a server of another version fails the decoder's
+    // version check, and the operator should read "version N", not "malformed frame".
+    let mut hb = [0u8; HEADER_LEN];
+    stream.read_exact(&mut hb).map_err(&err)?;
+    if hb[4] != PROTOCOL_VERSION {
+        return Err(version_err(hb[4]));
+    }
     let protocol = |_| ClientError::Protocol("malformed handshake frame");
-    let f = read_frame(stream, &mut buf).map_err(|e| match e {
-        ReadErr::Io(e) => err(e),
-        ReadErr::Malformed => protocol(()),
-    })?;
+    let h = decode_header(&hb).map_err(protocol)?;
+    let mut buf = vec![0u8; 512];
+    let body = buf
+        .get_mut(..h.body_len as usize)
+        .ok_or(ClientError::Protocol("oversized handshake frame"))?;
+    stream.read_exact(body).map_err(&err)?;
+    let f = decode_body(&h, body).map_err(protocol)?;
     let Body::Challenge {
         server_nonce,
         max_version,
@@ -196,7 +210,7 @@ fn handshake(
         return Err(ClientError::Protocol("expected CHALLENGE"));
     };
     if max_version < PROTOCOL_VERSION {
-        return Err(ClientError::Server(Status::VersionUnsupported));
+        return Err(version_err(max_version));
     }
     let client_nonce = random_bytes::<32>();
     let (key_id, mac) = match secret {
@@ -221,7 +235,7 @@ fn handshake(
             reason: "server closed the connection during the handshake",
         },
         ReadErr::Io(e) => err(e),
-        ReadErr::Malformed => protocol(()),
+        ReadErr::Malformed => ClientError::Protocol("malformed handshake frame"),
     })?;
     match f.body {
         Body::HelloResp { server_mac } => {

@@ -48,6 +48,19 @@ pub enum ClientError {
     /// The request itself is invalid (empty, too large, spans slabs...).
     #[error("invalid request: {0}")]
     InvalidRequest(&'static str),
+    /// The server speaks another wire-protocol version (PROTOCOL.md, "Versioning").
+    #[error(
+        "memserver {addr} speaks wire protocol version {server}, this client speaks {client}: \
+         run farvm and farvm-memserver from the same release"
+    )]
+    Version {
+        /// Server address.
+        addr: SocketAddr,
+        /// The version in the server's CHALLENGE header.
+        server: u8,
+        /// [`crate::protocol::PROTOCOL_VERSION`].
+        client: u8,
+    },
     /// The server violated the protocol.
     #[error("protocol error: {0}")]
     Protocol(&'static str),

@@ -1,4 +1,4 @@
-//! The memserver wire protocol (version 1): constants, status codes, frame codec and the
+//! The memserver wire protocol (version 2): constants, status codes, frame codec and the
 //! challenge–response handshake. The normative description is `memserver/PROTOCOL.md`.
 
 pub mod auth;
@@ -9,7 +9,7 @@ pub use frame::{Body, Frame, FrameError, Header, Opcode, PageSel, StatInfo};
 /// Page size served by the memory server.
 pub const PAGE_SIZE: usize = 4096;
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Most pages one READ, WRITE or DISCARD frame may name (1 MiB of data).
 pub const MAX_PAGES_PER_FRAME: usize = 256;
 
