@@ -62,6 +62,12 @@ impl Inner {
                 st::EVICTING if w & st::F_WAITERS == 0 => {
                     let _ = self.table.cas(p, w, w | st::F_WAITERS);
                 }
+                st::LOST => {
+                    self.lost_page_accessed(p);
+                    return Err(EngineError::PageLost {
+                        gpa: p * PAGE_SIZE as u64,
+                    });
+                }
                 _ => {}
             }
             if Instant::now() > deadline {

@@ -108,11 +108,21 @@ impl Inner {
             }
             Status::Absent => {
                 c.remote_absent.fetch_add(1, Ordering::Relaxed);
-                // Pages become REMOTE only when the engine wrote them back: the server lost it.
+                // Pages become REMOTE only when the engine wrote them back: the servers lost
+                // it. LOST for good (another read would say the same); whoever waits on it is
+                // reported, a prefetch that found it is not (the guest may never need it).
                 self.push_error(EngineError::PageLost {
                     gpa: p * PAGE_SIZE as u64,
                 });
-                self.back_to_remote(p);
+                let r = self.table.update(p, |w| {
+                    (state_of(w) == st::INFLIGHT).then_some(st::pins_only(w) | st::LOST)
+                });
+                if let Ok((old, _)) = r {
+                    self.release_frame();
+                    if old & (st::F_DEMAND | st::F_WAITERS) != 0 {
+                        self.lost_page_accessed(p);
+                    }
+                }
             }
             Status::Failed(error) => {
                 c.store_errors.fetch_add(1, Ordering::Relaxed);
@@ -198,20 +208,6 @@ impl Inner {
             self.hist
                 .record(Hist::Wake, self.now().saturating_sub(mapped));
             return None;
-        }
-    }
-
-    /// INFLIGHT -> REMOTE after a failed read; frees the frame. Returns the word it replaced.
-    fn back_to_remote(&self, p: u64) -> Option<u32> {
-        let r = self.table.update(p, |w| {
-            (state_of(w) == st::INFLIGHT).then_some(st::pins_only(w) | st::REMOTE)
-        });
-        match r {
-            Ok((old, _)) => {
-                self.release_frame();
-                Some(old)
-            }
-            Err(_) => None,
         }
     }
 }

@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     /// Errors not logged since then.
     errors_unlogged: AtomicU64,
     pub stop: AtomicBool,
+    /// Told when the guest or a VMM access needs a `LOST` page ([`Engine::on_page_lost`]).
+    on_lost: OnceLock<Box<dyn Fn(u64) -> LostPage + Send + Sync>>,
     epoch: Instant,
     pub prefetcher_name: &'static str,
 }
@@ -133,6 +135,43 @@ impl Inner {
             self.wake_evictor();
         }
         ok
+    }
+
+    /// Something needs page `p`, whose data the memory servers lost: counted, and reported to
+    /// the VMM's handler (which stops the VM) or, without one, logged.
+    pub fn lost_page_accessed(&self, p: u64) {
+        self.counters.lost_accesses.fetch_add(1, Ordering::Relaxed);
+        let gpa = p * PAGE_SIZE as u64;
+        let action = match self.on_lost.get() {
+            Some(f) => f(gpa),
+            None => {
+                tracing::error!(
+                    "guest page {gpa:#x} is needed but its data is lost; nothing can serve it"
+                );
+                LostPage::Hold
+            }
+        };
+        if action == LostPage::Release {
+            self.release_lost(p);
+        }
+    }
+
+    /// Lets vCPUs blocked on lost page `p` leave the fault, so their threads can return from
+    /// KVM_RUN once the VM is stopping: maps a page of zeros at `p` and wakes them. The page
+    /// stays `LOST` (VMM accesses fail, nothing is written back). The guest never runs on
+    /// those zeros: the VMM kicked its vCPUs before saying `Release`, and KVM checks for the
+    /// pending signal before entering the guest again. (Without this, the shadow-MMU fault
+    /// path here retries the fault forever and KVM_RUN never returns.)
+    fn release_lost(&self, p: u64) {
+        // SAFETY: `p` is in range; a LOST page has no owner, nothing else writes its memfd
+        // page, and the alias mapping is never uffd-registered (no fault into our own uffd).
+        unsafe { core::ptr::write_bytes(self.ram.alias_page(p), 0, PAGE_SIZE) };
+        if let Err(e) =
+            self.uffd
+                .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true)
+        {
+            tracing::error!("releasing vCPUs from lost guest page {p:#x}: {e}");
+        }
     }
 
     pub fn release_frame(&self) {
@@ -270,9 +309,14 @@ pub enum PageState {
     Never,
     Remote,
     InFlight,
-    Local { pinned: bool, prefetched: bool },
+    Local {
+        pinned: bool,
+        prefetched: bool,
+    },
     Staged,
     Evicting,
+    /// Its data is gone from every memory server (see `state::LOST`).
+    Lost,
 }
 
 impl PageState {
@@ -286,9 +330,21 @@ impl PageState {
                 prefetched: w & st::F_PREFETCHED != 0,
             },
             st::STAGED => Self::Staged,
+            st::LOST => Self::Lost,
             _ => Self::Evicting,
         }
     }
+}
+
+/// What the engine does with vCPUs blocked on a lost page, as decided by the VMM's
+/// [`Engine::on_page_lost`] handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostPage {
+    /// Keep them blocked in the fault.
+    Hold,
+    /// The VM is stopping and every vCPU has been kicked: map a page of zeros and wake them so
+    /// their threads can return from KVM_RUN. Only safe when the guest cannot run again.
+    Release,
 }
 
 /// The running paging engine of one VM.
@@ -406,6 +462,7 @@ impl Engine {
             errors_logged_at: AtomicU64::new(0),
             errors_unlogged: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            on_lost: OnceLock::new(),
             epoch: Instant::now(),
             prefetcher_name: prefetcher.name(),
             cfg,
@@ -508,6 +565,17 @@ impl Engine {
     pub fn page_state(&self, gpa: u64) -> Option<PageState> {
         let p = gpa / PAGE_SIZE as u64;
         (p < self.inner.pages()).then(|| PageState::from_word(self.inner.table.load(p)))
+    }
+
+    /// Sets what to do when the guest (or a VMM access) needs a page whose data the memory
+    /// servers lost: `f(gpa)` runs on an engine thread, possibly more than once per page.
+    /// There is no data to give a vCPU that faulted on it, so the VMM's handler should stop
+    /// the VM: kick every vCPU, then return [`LostPage::Release`] to let the blocked ones
+    /// leave the fault (see [`LostPage`]). Without a handler the loss is logged and counted
+    /// (`Stats::lost_accesses`) and the vCPU stays blocked. Returns false if a handler was
+    /// already set.
+    pub fn on_page_lost(&self, f: impl Fn(u64) -> LostPage + Send + Sync + 'static) -> bool {
+        self.inner.on_lost.set(Box::new(f)).is_ok()
     }
 
     /// Errors since the last call (store failures, lost pages), oldest first.

@@ -355,6 +355,11 @@ impl Handler {
                     c.evicting_waits.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
+                st::LOST => {
+                    // No data to install: the VMM stops the VM (and may let the vCPU go).
+                    inner.lost_page_accessed(p);
+                    return;
+                }
                 other => {
                     tracing::error!("guest page {p:#x} in impossible state {other}");
                     return;

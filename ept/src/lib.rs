@@ -34,7 +34,7 @@ pub mod translate;
 pub mod vcpu;
 
 pub use config::{Budget, EngineConfig, DEFAULT_PROBE_EVERY};
-pub use engine::{Engine, EngineParts, PageState};
+pub use engine::{Engine, EngineParts, LostPage, PageState};
 pub use error::EngineError;
 pub use stats::Stats;
 

@@ -151,6 +151,16 @@ impl MemStore {
             .map(|b| b.to_vec())
     }
 
+    /// Drops the stored copy of `page`, as a memory server that restarted empty would: its next
+    /// read completes `Absent`. Returns whether a copy was stored.
+    pub fn lose(&self, page: GuestPage) -> bool {
+        self.shared
+            .shard(page)
+            .lock()
+            .map(|mut m| m.remove(&page).is_some())
+            .unwrap_or(false)
+    }
+
     /// Number of pages stored.
     pub fn len(&self) -> usize {
         self.shared

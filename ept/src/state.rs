@@ -7,7 +7,7 @@
 //!
 //! States (the brief's list maps as: never touched = `NEVER`, remote = `REMOTE`, in flight =
 //! `INFLIGHT`, local = `LOCAL`, local-prefetched-unused = `LOCAL|PREFETCHED` or `STAGED`;
-//! "dirty" is not a state: it is decided race-free from content at eviction, see `evict.rs`).
+//! data gone from every memory server = `LOST`; "dirty" is not a state: it is decided race-free from content at eviction, see `evict.rs`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -24,6 +24,12 @@ pub const LOCAL: u32 = 3;
 pub const STAGED: u32 = 4;
 /// Being evicted: unmapped from the guest view; the evictor owns it.
 pub const EVICTING: u32 = 5;
+/// The memory servers no longer hold the page's data (every replica restarted empty, or a
+/// server answered "absent" for a page the engine wrote back). Terminal: nothing reads it
+/// again, a guest fault on it is reported to the VMM (`Engine::on_page_lost`) and left
+/// waiting, a VMM access fails with `EngineError::PageLost`. Never zero-filled: that would be
+/// silent corruption.
+pub const LOST: u32 = 6;
 
 const STATE_MASK: u32 = 0xF;
 

@@ -61,8 +61,11 @@ counters! {
     remote_reads_prefetch,
     /// Page write-backs completed successfully.
     remote_writes,
-    /// Reads answered "absent on server".
+    /// Reads answered "absent on server": for a page the engine wrote back, its data is lost
+    /// (the page becomes `LOST`).
     remote_absent,
+    /// Guest faults and VMM accesses on `LOST` pages (each is reported to the VMM).
+    lost_accesses,
     /// Store requests that failed (read or write).
     store_errors,
     /// Demand reads re-submitted after a failure.

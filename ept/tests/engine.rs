@@ -11,7 +11,9 @@ use common::{gettid, none, Recorder, Vm, WORDS};
 use farvm_ept::memstore::MemStoreConfig;
 use farvm_ept::stage2::{PreFaultError, StageTwo};
 use farvm_ept::store::StoreError;
-use farvm_ept::{Budget, Engine, EngineConfig, EngineError, EngineParts, PageState, PAGE_SIZE};
+use farvm_ept::{
+    Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, PageState, PAGE_SIZE,
+};
 use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 
 #[test]
@@ -378,6 +380,74 @@ fn outage_blocks_the_vcpu_until_the_store_returns() {
     assert!(vm.engine.errors_total() > 0, "the outage must be reported");
     vm.store.set_outage(false);
     assert_eq!(t.join().unwrap(), p + 7);
+}
+
+#[test]
+fn a_lost_page_is_reported_and_holds_its_vcpus_until_the_vmm_releases_them() {
+    let (vm, p) = vm_with_a_remote_page();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let release = Arc::new(AtomicBool::new(false));
+    let stopping = release.clone();
+    assert!(vm.engine.on_page_lost(move |gpa| {
+        let _ = tx.send(gpa);
+        if stopping.load(Ordering::SeqCst) {
+            LostPage::Release
+        } else {
+            LostPage::Hold
+        }
+    }));
+    let gpa = p * PAGE_SIZE as u64;
+    assert!(vm.store.lose(p), "the evicted page was stored");
+    let g = vm.guest();
+    let t = std::thread::spawn(move || g.load(p, 2));
+    let reported = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the VMM is told that the guest needs a lost page");
+    assert_eq!(reported, gpa);
+    // A second vCPU touching it later is reported too (the fault handler's LOST case).
+    let g2 = vm.guest();
+    let t2 = std::thread::spawn(move || g2.load(p, 2));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(gpa));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !t.is_finished() && !t2.is_finished(),
+        "a vCPU on a lost page gets no data (zeros would be corruption)"
+    );
+    assert_eq!(vm.engine.page_state(gpa), Some(PageState::Lost));
+    // The loss is final: a VMM access fails at once, and no second read is made.
+    let reads = vm.store.counts().reads_demand + vm.store.counts().reads_prefetch;
+    let mut b = [0u8; 8];
+    assert!(matches!(
+        vm.engine.read_bytes(gpa, &mut b),
+        Err(EngineError::PageLost { gpa: g }) if g == gpa
+    ));
+    assert_eq!(
+        vm.store.counts().reads_demand + vm.store.counts().reads_prefetch,
+        reads
+    );
+    let s = vm.engine.stats().counters;
+    assert_eq!(s.remote_absent, 1, "{s:?}");
+    assert!(s.lost_accesses >= 2, "{s:?}");
+    assert!(vm
+        .engine
+        .take_errors()
+        .iter()
+        .any(|e| matches!(e, EngineError::PageLost { gpa: g } if *g == gpa)));
+    // Neighbours are unaffected.
+    let other = (0..vm.guest().pages).find(|&q| q != p).unwrap();
+    assert_eq!(vm.guest().load(other, 2), other + 7);
+    // The VMM stops the VM and says Release: the next report maps zeros and wakes every
+    // vCPU blocked there (in farvm their pending kick returns them from KVM_RUN first). The
+    // page stays lost.
+    release.store(true, Ordering::SeqCst);
+    let g3 = vm.guest();
+    let t3 = std::thread::spawn(move || g3.load(p, 2));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(gpa));
+    for t in [t, t2, t3] {
+        t.join().expect("released vCPU thread");
+    }
+    assert_eq!(vm.engine.page_state(gpa), Some(PageState::Lost));
+    assert!(vm.engine.read_bytes(gpa, &mut b).is_err());
 }
 
 #[test]

@@ -199,7 +199,7 @@ fn frozen_sole_server_is_put_back_in_service_with_its_pages() {
 }
 
 #[test]
-fn restarted_sole_server_reports_its_pages_lost_never_absent() {
+fn restarted_sole_server_reports_its_pages_lost_never_absent_until_written_again() {
     let mut server = ServerProc::spawn("64M");
     let addr = server.addr;
     let c = client(&[addr]);
@@ -210,7 +210,15 @@ fn restarted_sole_server_reports_its_pages_lost_never_absent() {
     // The new process is empty; reading our pages from it as "never written" (zeros) would be
     // silent corruption. They are reported lost instead.
     let mut out = vec![0u8; 64 * PAGE_SIZE];
-    assert_eq!(c.read(42, 0, &mut out), Err(ClientError::NoLiveReplica));
+    assert_eq!(c.read(42, 0, &mut out), Err(ClientError::Lost));
+    // A page written again after the loss lives again (its slab is placed afresh); its lost
+    // neighbours in that slab stay lost, not "never written".
+    let rewritten: Vec<u8> = page(42, 0, 2);
+    c.write(42, 0, &rewritten).expect("write into a lost slab");
+    let mut back = vec![0u8; PAGE_SIZE];
+    assert_eq!(c.read(42, 0, &mut back).expect("read back"), vec![true]);
+    assert_eq!(back, rewritten);
+    assert_eq!(c.read(42, 1, &mut back), Err(ClientError::Lost));
     // The server itself is usable again for new data.
     let fresh: Vec<u8> = page(7, 0, 3);
     c.write(7, 0, &fresh)

@@ -8,12 +8,16 @@
 //!   finishes with the native checksum;
 //! - the only `farvm-memserver` frozen (SIGSTOP) mid-run for well past the request timeout,
 //!   then resumed: it is taken out of service, the guest waits, the server is put back in
-//!   service when it answers again, and the VM finishes with the native checksum.
+//!   service when it answers again, and the VM finishes with the native checksum;
+//! - the only `farvm-memserver` killed and restarted empty mid-run: the guest goes back over
+//!   pages only it held, and the VM is stopped with `MemoryLost` (exit status 74), never fed
+//!   zeros and never left waiting.
 
 mod remote_common;
 
 use std::time::{Duration, Instant};
 
+use farvm_vmm::vm::VmOutcome;
 use remote_common::{
     assert_native_checksums, run_remote, run_remote_errors, run_remote_with, setup, spec,
     wait_for_write_backs, MemserverProcess,
@@ -167,4 +171,50 @@ fn frozen_sole_memserver_rejoins_and_the_run_completes() {
          errors, {} read retries, rejoined {}x; run ended with {} write-backs",
         c.store_errors, c.read_retries, r.rejoined_servers, c.remote_writes
     );
+}
+
+#[test]
+fn a_sole_memserver_restarted_empty_stops_the_vm_with_memory_lost() {
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    let mut server = MemserverProcess::spawn("1G");
+    let addr = server.addr;
+    let mut sp = spec("remote-restarted", "25%", "leap+stream");
+    sp.servers = vec![addr];
+    sp.timeout = Duration::from_millis(300);
+    let s = setup(
+        "remote-restarted",
+        144 << 20,
+        &["seq:ws=96M,passes=6,write=1"],
+    );
+    let mut writes_at_kill = 0;
+    let mut restarted = None;
+    let (report, stats, errors) = run_remote_errors(&s, &sp, |remote| {
+        writes_at_kill = wait_for_write_backs(remote, 10_000);
+        server.kill();
+        restarted = Some(MemserverProcess::spawn_at(&addr.to_string(), "1G"));
+    });
+    assert!(writes_at_kill > 0, "the guest never wrote 10000 pages back");
+    // The guest goes back over pages only the dead server held: it must be stopped, not fed
+    // zeros and not left hanging until the 240 s timeout.
+    let VmOutcome::MemoryLost { gpa } = report.outcome else {
+        panic!(
+            "expected the VM to stop with lost memory: {:#?}\npaging: {stats:#?}",
+            report.outcome
+        );
+    };
+    assert!(gpa < s.mem_bytes, "{gpa:#x}");
+    assert_eq!(farvm_vmm::exit_code::for_outcome(&report.outcome), 74);
+    let c = &stats.engine.counters;
+    assert!(c.remote_absent >= 1 && c.lost_accesses >= 1, "{c:?}");
+    // (The engine keeps its first 256 errors: the failed requests of the outage come first.)
+    assert!(!errors.is_empty());
+    assert!(stats.remote.rejoined_servers >= 1, "{:?}", stats.remote);
+    eprintln!(
+        "killed and restarted the only server after {writes_at_kill} write-backs: the VM \
+         stopped on lost page {gpa:#x} ({} lost-page accesses)",
+        c.lost_accesses
+    );
+    drop(restarted);
 }

@@ -15,6 +15,8 @@ pub const NO_INPUT: i32 = 66;
 pub const GUEST_CRASH: i32 = 70;
 /// A host-side failure: /dev/kvm unusable, an ioctl failed, out of memory (EX_OSERR).
 pub const HOST_ERROR: i32 = 71;
+/// The guest needed a page whose data every memory server holding it lost (EX_IOERR).
+pub const MEMORY_LOST: i32 = 74;
 /// `--timeout` expired (as timeout(1)).
 pub const TIMEOUT: i32 = 124;
 /// SIGINT (128 + 2) and SIGTERM (128 + 15): the VM was shut down cleanly.
@@ -29,6 +31,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
         ControlShutdown => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
+        MemoryLost { .. } => MEMORY_LOST,
         Timeout { .. } => TIMEOUT,
         Signal { signal } => 128 + signal,
     }

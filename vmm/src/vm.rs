@@ -92,6 +92,8 @@ pub enum VmOutcome {
     Crash { cpu: u32, message: String },
     /// A host-side failure (ioctl error, ...).
     HostError { message: String },
+    /// The guest needed a page of remote memory whose data the memory servers lost.
+    MemoryLost { gpa: u64 },
 }
 
 impl std::fmt::Display for VmOutcome {
@@ -106,6 +108,11 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
             VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
             VmOutcome::HostError { message } => write!(f, "host error: {message}"),
+            VmOutcome::MemoryLost { gpa } => write!(
+                f,
+                "guest memory lost: the guest needed page {gpa:#x}, and every memory server \
+                 that held it restarted empty"
+            ),
         }
     }
 }

@@ -39,9 +39,16 @@ pub enum ClientError {
     /// The connection closed or failed with the request outstanding.
     #[error("connection to memserver lost")]
     Disconnected,
-    /// Every replica of the slab is dead or failed.
+    /// Every replica of the slab is dead or failed (for now: a server out of service may come
+    /// back with its pages).
     #[error("no live replica holds this slab")]
     NoLiveReplica,
+    /// The data is gone for good: every server that held a replica of the slab restarted
+    /// empty. Distinct from [`ClientError::NoLiveReplica`] (wait and retry) and from a page
+    /// never written (absent, reads as zeros). A read's buffer still says which pages were
+    /// delivered (`IoBuf::is_present`): the others are the lost ones.
+    #[error("page lost: every memserver that held it restarted empty")]
+    Lost,
     /// Too many requests outstanding (tickets or connection slots exhausted).
     #[error("too many requests outstanding")]
     QueueFull,

@@ -29,7 +29,8 @@
 //! again. The maintenance thread reconnects to servers out of service every second; one that
 //! answers with the same instance id ([`StatInfo::instance`]) is put back in service and
 //! degraded slabs are re-replicated onto it; one that restarted (another id) lost its pages,
-//! so it is removed from every placement first (those slabs are lost, logged as an error).
+//! so it is removed from every placement first. A slab left with no replica is lost: its reads
+//! fail with [`ClientError::Lost`] until a write places it afresh.
 
 mod conn;
 mod error;
@@ -196,6 +197,10 @@ struct Placement {
     n: u8,
     /// Bit i: replicas[i] is still being filled (not read from; receives no client writes).
     filling: u8,
+    /// Every replica of this slab was lost once (`forget_server`). Placed afresh by a later
+    /// write, its replicas hold only what was written since: a page absent there is lost,
+    /// not never written, and reads of it fail with [`ClientError::Lost`].
+    lost: bool,
 }
 
 impl Placement {
@@ -752,7 +757,9 @@ impl Inner {
 
     fn place(&self, key: SlabKey) -> Result<Placement, ClientError> {
         let mut m = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = m.get(&key) {
+        // A slab whose every replica was lost (`forget_server`) is placed afresh by its next
+        // write: that page lives again, the others still read as absent (lost to the engine).
+        if let Some(p) = m.get(&key).filter(|p| p.n > 0) {
             return Ok(*p);
         }
         let (replicas, n) = self.choose(&[], self.r);
@@ -763,6 +770,7 @@ impl Inner {
             replicas,
             n: n as u8,
             filling: 0,
+            lost: m.get(&key).is_some_and(|p| p.lost),
         };
         m.insert(key, p);
         Ok(p)
@@ -880,8 +888,10 @@ impl Inner {
         t.ns = ns;
         t.slab = slab;
         drop(t);
-        let placement = match (op, self.lookup(key)) {
-            (_, Some(p)) => p,
+        // A slab whose every replica was lost reads as lost, and is unplaced for writes (the
+        // next one places it afresh) and discards (nothing left to drop).
+        let placed = self.lookup(key).filter(|p| p.n > 0 || op == OpKind::Read);
+        let placement = match (op, placed) {
             (OpKind::Write, None) => match self.place(key) {
                 Ok(p) => p,
                 Err(e) => {
@@ -889,6 +899,7 @@ impl Inner {
                     return Err((e, io));
                 }
             },
+            (_, Some(p)) => p,
             // Never written: every page absent / nothing to discard, no server involved.
             (_, None) => {
                 self.abandon(tn);
@@ -916,9 +927,21 @@ impl Inner {
             }
             t.nrep = n as u8;
             t.attempt = 0;
+            t.lost_slab = placement.lost;
+            if n == 0 {
+                if let Some(io) = t.io.as_mut() {
+                    io.clear_present();
+                }
+            }
             drop(t);
             if n == 0 {
-                self.on_complete(tn, u16::MAX, Some(Err(ClientError::NoLiveReplica)));
+                // No replica left at all (`forget_server`): lost, not merely unreachable.
+                let e = if placement.n == 0 {
+                    ClientError::Lost
+                } else {
+                    ClientError::NoLiveReplica
+                };
+                self.on_complete(tn, u16::MAX, Some(Err(e)));
                 return Ok(None);
             }
             let first = self.tickets.lock(tn).replicas[0];
@@ -1075,7 +1098,11 @@ impl Inner {
                 self.finish(tn, t, r);
             }
             OpKind::Read => match outcome {
-                Some(Ok(n)) => self.finish(tn, t, Ok(n)),
+                Some(Ok(n)) => {
+                    let gone =
+                        t.lost_slab && t.io.as_ref().is_some_and(|io| (n as usize) < io.len());
+                    self.finish(tn, t, if gone { Err(ClientError::Lost) } else { Ok(n) });
+                }
                 Some(Err(e)) if e.is_server_failure() || e == ClientError::ChecksumMismatch => {
                     let prio = t.prio;
                     loop {

@@ -138,6 +138,7 @@ impl Inner {
                     remove_at(p, pos);
                     dropped += 1;
                     if p.n == 0 {
+                        p.lost = true;
                         lost += 1;
                     }
                 }

@@ -67,6 +67,8 @@ pub(crate) struct Ticket {
     pub count: u32,
     pub stat: StatInfo,
     pub slab: u64,
+    /// Reads: the slab's placement is `lost` (an absent page is a lost one).
+    pub lost_slab: bool,
 }
 
 impl Ticket {
@@ -90,6 +92,7 @@ impl Ticket {
             count: 0,
             stat: StatInfo::default(),
             slab: 0,
+            lost_slab: false,
         }
     }
 

@@ -40,17 +40,9 @@ pub fn run_remote_errors(
 ) -> (VmReport, RemoteStats, Vec<String>) {
     let mut remote = RemoteMemory::start(spec, setup.mem_bytes).expect("start remote memory");
     let cfg = setup.config();
-    let ncpus = cfg.vcpus;
     let vm = Vm::create_with_ram(cfg, remote.guest_ram().expect("engine guest RAM"))
         .expect("create the test-guest VM on remote memory");
-    remote.bind_kvm(vm.vm_fd(), ncpus);
-    let w1 = std::sync::Arc::downgrade(vm.shared());
-    let w2 = w1.clone();
-    remote.watch_vcpus(
-        ncpus,
-        move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
-        move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
-    );
+    remote.attach_vm(&vm);
     let running = vm.start().expect("start the VM");
     during(&remote);
     let outcome = running.wait(Some(setup.timeout), false);
@@ -155,9 +147,14 @@ pub struct MemserverProcess {
 
 impl MemserverProcess {
     pub fn spawn(capacity: &str) -> Self {
+        Self::spawn_at("127.0.0.1:0", capacity)
+    }
+
+    /// A server listening on `listen` (e.g. the address of one just killed: a restart).
+    pub fn spawn_at(listen: &str, capacity: &str) -> Self {
         use std::io::BufRead;
         let mut child = Command::new(memserver_binary())
-            .args(["--listen", "127.0.0.1:0", "--capacity", capacity])
+            .args(["--listen", listen, "--capacity", capacity])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

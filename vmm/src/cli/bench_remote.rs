@@ -312,14 +312,7 @@ fn run_remote(
     spec.prefetcher = pf.to_string();
     let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
     let vm = Vm::create_with_ram(cfg, remote.guest_ram()?).context("creating the VM")?;
-    remote.bind_kvm(vm.vm_fd(), 1);
-    let w1 = Arc::downgrade(vm.shared());
-    let w2 = w1.clone();
-    remote.watch_vcpus(
-        1,
-        move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
-        move |c| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(c)),
-    );
+    remote.attach_vm(&vm);
     let running = vm.start()?;
     let outcome = running.wait(Some(timeout), true);
     let report = running.finish(outcome);

@@ -54,8 +54,9 @@ A memory server that stops answering (2 s request timeout; 60 s for the embedded
 taken out of service; with --replicas 2 or more the VM goes on from the other copies and
 re-replicates. When it held the only copy of some pages, the guest waits on those pages
 (reads and write-backs are retried, the log says why once a second) and resumes when the
-server answers again; a server that restarted has lost its pages, which is reported as an
-error, never read back as zeros.
+server answers again. A server that restarted has lost its pages: they are never read back
+as zeros. When the guest needs one of them the VM is stopped with exit status 74, naming the
+page; pages the guest never needs again cost nothing.
 
 Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
 random:ws=64M in 512M of RAM at 50% local.
@@ -89,6 +90,8 @@ EXIT STATUS
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
+  74       guest memory was lost: the guest needed a page that every memory server holding it
+           lost (they restarted empty)
   124      --timeout expired
   130/143  stopped by SIGINT/SIGTERM (the VM was shut down cleanly)";
 
@@ -419,7 +422,8 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     Ok(Some(spec))
 }
 
-/// Starts remote memory and creates the VM on it; binds stage-2, vCPU attribution and stats.
+/// Starts remote memory and creates the VM on it; binds stage-2, vCPU attribution, lost-page
+/// handling and stats.
 pub fn create_remote_vm(spec: &RemoteSpec, cfg: VmConfig) -> Result<(Vm, RemoteMemory), Failure> {
     let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
     let mut remote = RemoteMemory::start(spec, cfg.mem_bytes).map_err(|e| match e {
@@ -430,17 +434,9 @@ pub fn create_remote_vm(spec: &RemoteSpec, cfg: VmConfig) -> Result<(Vm, RemoteM
         other => host(other.to_string()),
     })?;
     let ram = remote.guest_ram().map_err(|e| host(e.to_string()))?;
-    let ncpus = cfg.vcpus;
     let vm = Vm::create_with_ram(cfg, ram)
         .map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))?;
-    remote.bind_kvm(vm.vm_fd(), ncpus);
-    let w1 = Arc::downgrade(vm.shared());
-    let w2 = w1.clone();
-    remote.watch_vcpus(
-        ncpus,
-        move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
-        move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
-    );
+    remote.attach_vm(&vm);
     let src = remote.stats_source();
     let name = vm.shared().name.clone();
     let _ = vm

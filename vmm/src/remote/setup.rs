@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
 use farvm_ept::{
-    Budget, Engine, EngineConfig, EngineError, EngineParts, Stats, DEFAULT_PROBE_EVERY,
+    Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
 use farvm_memserver::client::{namespace_for_name, Client, ClientConfig, ClientStats};
 use farvm_memserver::protocol::auth::load_token_file;
@@ -23,6 +23,7 @@ use super::ram::EngineRam;
 use super::stage2::KvmPreFault;
 use super::store::{MemserverStore, StoreConfig};
 use crate::memory::{GuestRam, MemError};
+use crate::vm::{Vm, VmOutcome};
 
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
@@ -357,6 +358,31 @@ impl RemoteMemory {
     /// The memory servers in use.
     pub fn servers(&self) -> &[SocketAddr] {
         &self.servers
+    }
+
+    /// Wires the engine to a VM created on [`RemoteMemory::guest_ram`], before it starts:
+    /// stage-2 injection ([`RemoteMemory::bind_kvm`]), vCPU thread and agent-slot attribution
+    /// ([`RemoteMemory::watch_vcpus`]), and a guest need of a lost page stops the VM with
+    /// [`VmOutcome::MemoryLost`] (no data can ever be given to that vCPU).
+    pub fn attach_vm(&mut self, vm: &Vm) {
+        let ncpus = vm.shared().ncpus;
+        self.bind_kvm(vm.vm_fd(), ncpus);
+        let w1 = Arc::downgrade(vm.shared());
+        let w2 = w1.clone();
+        let w3 = w1.clone();
+        self.watch_vcpus(
+            ncpus,
+            move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
+            move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
+        );
+        self.engine.on_page_lost(move |gpa| match w3.upgrade() {
+            // request_stop has kicked every vCPU: KVM returns before the guest runs again.
+            Some(s) => {
+                s.request_stop(VmOutcome::MemoryLost { gpa });
+                LostPage::Release
+            }
+            None => LostPage::Hold,
+        });
     }
 
     /// Binds stage-2 injection to the KVM VM (`guest_vcpus` = the guest's vCPU count; the

@@ -427,13 +427,16 @@ fn release_slot(sh: &Shared, slot_ix: u32, io: IoBuf) {
 pub fn map_err(e: ClientError) -> StoreError {
     match e {
         ClientError::Timeout => StoreError::Timeout,
-        ClientError::Disconnected | ClientError::NoLiveReplica | ClientError::Connect { .. } => {
-            StoreError::Unavailable
-        }
+        // Lost: reads turn it into `Status::Absent` first; writes and discards never see it.
+        ClientError::Disconnected
+        | ClientError::NoLiveReplica
+        | ClientError::Lost
+        | ClientError::Connect { .. } => StoreError::Unavailable,
         ClientError::QueueFull => StoreError::Busy,
-        ClientError::Protocol(_) | ClientError::ChecksumMismatch | ClientError::Server(_) => {
-            StoreError::Protocol
-        }
+        ClientError::Protocol(_)
+        | ClientError::Version { .. }
+        | ClientError::ChecksumMismatch
+        | ClientError::Server(_) => StoreError::Protocol,
         ClientError::CapacityExhausted => StoreError::Io(libc::ENOSPC),
         ClientError::Denied | ClientError::Auth { .. } => StoreError::Io(libc::EACCES),
         ClientError::InvalidRequest(_) => StoreError::Io(libc::EINVAL),
@@ -480,6 +483,7 @@ impl RemoteStore for MemserverStore {
         sh.counters.requests.fetch_add(1, Ordering::Relaxed);
         let c = sh.client.submit_wait(OpKind::Read, sh.ns, io);
         let status = match c.result {
+            Err(ClientError::Lost) => Status::Absent,
             Err(e) => {
                 sh.counters.failed_requests.fetch_add(1, Ordering::Relaxed);
                 Status::Failed(map_err(e))
@@ -551,10 +555,10 @@ fn receive_loop(sh: Arc<Shared>, rx: Receiver<client::Completion>) {
             };
             let n = meta.n;
             for (i, o) in out.iter_mut().enumerate().take(n) {
+                // `Lost`: the pages delivered are good, the others are gone for good
+                // (Absent to the engine, which reads only pages it wrote back).
                 let status = match (&c.result, meta.op) {
-                    (Err(e), _) => Status::Failed(map_err(*e)),
-                    (Ok(_), Op::Write) => Status::Ok,
-                    (Ok(_), Op::Read) if c.io.is_present(i) => {
+                    (Ok(_) | Err(ClientError::Lost), Op::Read) if c.io.is_present(i) => {
                         if let Some(b) = meta.bufs[i] {
                             // SAFETY: the engine owns `b` and does not touch it until this
                             // request's completion is delivered (below); `c.io.page(i)` is
@@ -563,7 +567,9 @@ fn receive_loop(sh: Arc<Shared>, rx: Receiver<client::Completion>) {
                         }
                         Status::Ok
                     }
-                    (Ok(_), Op::Read) => Status::Absent,
+                    (Ok(_) | Err(ClientError::Lost), Op::Read) => Status::Absent,
+                    (Err(e), _) => Status::Failed(map_err(*e)),
+                    (Ok(_), Op::Write) => Status::Ok,
                 };
                 *o = Completion {
                     op: meta.op,
