@@ -89,10 +89,37 @@ impl ServerProc {
         let _ = self.child.wait();
     }
 
-    /// Sends `sig` (SIGSTOP / SIGCONT freeze and resume the server, its pages intact).
+    /// Sends `sig` (SIGSTOP / SIGCONT freeze and resume the server, its pages intact). Returns
+    /// after a SIGSTOP only once every server thread has stopped.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid (not yet reaped); no memory is involved.
         unsafe { libc::kill(self.child.id() as i32, sig) };
+        if sig == libc::SIGSTOP {
+            wait_stopped(self.child.id());
+        }
+    }
+}
+
+/// Waits until every thread of `pid` is stopped (state `T`): kill(2) only queues SIGSTOP, and
+/// a server thread already running may still answer a request sent right after it.
+pub fn wait_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's tasks");
+        let all_stopped = tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                .unwrap_or(true)
+        });
+        if all_stopped {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop within 10 s of SIGSTOP"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
