@@ -20,8 +20,8 @@ use super::ticket::{OpKind, Ticket, Tickets};
 use super::{ClientError, Priority};
 use crate::protocol::auth::{proofs_equal, random_bytes, Secret};
 use crate::protocol::frame::{
-    decode_body, decode_header, encode, header_bytes, Body, Frame, Opcode, FLAG_IF_ABSENT,
-    FLAG_SCATTER, HEADER_LEN, MAX_BODY, WIRE_PAGE,
+    decode_body, decode_header, encode, header_bytes, Body, Frame, FrameError, Opcode,
+    FLAG_IF_ABSENT, FLAG_SCATTER, HEADER_LEN, MAX_BODY, WIRE_PAGE,
 };
 use crate::protocol::{PageSel, Status, PAGE_SIZE, PROTOCOL_VERSION};
 
@@ -147,18 +147,22 @@ fn io_err(addr: SocketAddr) -> impl Fn(std::io::Error) -> ClientError {
     }
 }
 
+/// Reads one frame into `buf`; a body longer than `buf` is refused as `TooLarge`.
 fn read_frame<'b>(r: &mut impl Read, buf: &'b mut [u8]) -> Result<Frame<'b>, ReadErr> {
     let mut hb = [0u8; HEADER_LEN];
     r.read_exact(&mut hb).map_err(ReadErr::Io)?;
-    let h = decode_header(&hb).map_err(|_| ReadErr::Malformed)?;
-    let body = &mut buf[..h.body_len as usize];
+    let h = decode_header(&hb).map_err(ReadErr::Malformed)?;
+    let body = buf
+        .get_mut(..h.body_len as usize)
+        .ok_or(ReadErr::Malformed(FrameError::TooLarge(h.body_len)))?;
     r.read_exact(body).map_err(ReadErr::Io)?;
-    decode_body(&h, body).map_err(|_| ReadErr::Malformed)
+    decode_body(&h, body).map_err(ReadErr::Malformed)
 }
 
 enum ReadErr {
     Io(std::io::Error),
-    Malformed,
+    /// Why the frame was refused (a peer of another version: `BadVersion`).
+    Malformed(FrameError),
 }
 
 /// Whether `buffered` starts with a whole frame (so reading it never touches the socket).
@@ -187,21 +191,17 @@ fn handshake(
         server,
         client: PROTOCOL_VERSION,
     };
-    // The CHALLENGE header is read by hand: a server of another version fails the decoder's
-    // version check, and the operator should read "version N", not "malformed frame".
-    let mut hb = [0u8; HEADER_LEN];
-    stream.read_exact(&mut hb).map_err(&err)?;
-    if hb[4] != PROTOCOL_VERSION {
-        return Err(version_err(hb[4]));
-    }
-    let protocol = |_| ClientError::Protocol("malformed handshake frame");
-    let h = decode_header(&hb).map_err(protocol)?;
+    // A server of another version fails the decoder's version check on its CHALLENGE: the
+    // operator should read "version N", not "malformed frame".
+    let refused = |e| match e {
+        FrameError::BadVersion(v) => version_err(v),
+        _ => ClientError::Protocol("malformed handshake frame"),
+    };
     let mut buf = vec![0u8; 512];
-    let body = buf
-        .get_mut(..h.body_len as usize)
-        .ok_or(ClientError::Protocol("oversized handshake frame"))?;
-    stream.read_exact(body).map_err(&err)?;
-    let f = decode_body(&h, body).map_err(protocol)?;
+    let f = read_frame(stream, &mut buf).map_err(|e| match e {
+        ReadErr::Io(e) => err(e),
+        ReadErr::Malformed(e) => refused(e),
+    })?;
     let Body::Challenge {
         server_nonce,
         max_version,
@@ -235,7 +235,7 @@ fn handshake(
             reason: "server closed the connection during the handshake",
         },
         ReadErr::Io(e) => err(e),
-        ReadErr::Malformed => ClientError::Protocol("malformed handshake frame"),
+        ReadErr::Malformed(e) => refused(e),
     })?;
     match f.body {
         Body::HelloResp { server_mac } => {
@@ -696,8 +696,8 @@ impl Connection {
                 self.fail_all();
                 return false;
             }
-            Err(ReadErr::Malformed) => {
-                tracing::warn!(server = self.server, "malformed response; closing");
+            Err(ReadErr::Malformed(e)) => {
+                tracing::warn!(server = self.server, "malformed response ({e}); closing");
                 self.fail_all();
                 return false;
             }
@@ -995,7 +995,7 @@ mod tests {
         let f = match read_frame(&mut reader, &mut buf) {
             Ok(f) => f,
             Err(ReadErr::Io(e)) => panic!("split frame not reassembled: {e}"),
-            Err(ReadErr::Malformed) => panic!("split frame decoded as malformed"),
+            Err(ReadErr::Malformed(e)) => panic!("split frame decoded as malformed: {e}"),
         };
         assert_eq!((f.req_id, f.namespace), (9, 3));
         assert!(matches!(f.body, Body::DiscardResp { freed: 7 }));
