@@ -7,7 +7,8 @@
 //!
 //! States (the brief's list maps as: never touched = `NEVER`, remote = `REMOTE`, in flight =
 //! `INFLIGHT`, local = `LOCAL`, local-prefetched-unused = `LOCAL|PREFETCHED` or `STAGED`;
-//! data gone from every memory server = `LOST`; "dirty" is not a state: it is decided race-free from content at eviction, see `evict.rs`).
+//! data gone from every memory server = `LOST`; "dirty" is not a state: it is decided
+//! race-free from content at eviction, see `evict.rs`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

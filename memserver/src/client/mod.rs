@@ -759,8 +759,9 @@ impl Inner {
         let mut m = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
         // A slab whose every replica was lost (`forget_server`) is placed afresh by its next
         // write: that page lives again, the others still read as absent (lost to the engine).
-        if let Some(p) = m.get(&key).filter(|p| p.n > 0) {
-            return Ok(*p);
+        let prev = m.get(&key).copied();
+        if let Some(p) = prev.filter(|p| p.n > 0) {
+            return Ok(p);
         }
         let (replicas, n) = self.choose(&[], self.r);
         if n == 0 {
@@ -770,7 +771,7 @@ impl Inner {
             replicas,
             n: n as u8,
             filling: 0,
-            lost: m.get(&key).is_some_and(|p| p.lost),
+            lost: prev.is_some_and(|p| p.lost),
         };
         m.insert(key, p);
         Ok(p)
@@ -929,13 +930,12 @@ impl Inner {
             t.attempt = 0;
             t.lost_slab = placement.lost;
             if n == 0 {
+                // Nothing delivered; no replica left at all (`forget_server`) is lost, not
+                // merely unreachable.
                 if let Some(io) = t.io.as_mut() {
                     io.clear_present();
                 }
-            }
-            drop(t);
-            if n == 0 {
-                // No replica left at all (`forget_server`): lost, not merely unreachable.
+                drop(t);
                 let e = if placement.n == 0 {
                     ClientError::Lost
                 } else {
@@ -944,6 +944,7 @@ impl Inner {
                 self.on_complete(tn, u16::MAX, Some(Err(e)));
                 return Ok(None);
             }
+            drop(t);
             let first = self.tickets.lock(tn).replicas[0];
             let inline = recv == Receive::Inline;
             let lane = if inline { Lane::Demand } else { Lane::Bulk };
