@@ -340,23 +340,32 @@ fn fake_handshake(s: &mut TcpStream) -> std::io::Result<()> {
     s.write_all(&out)
 }
 
-/// A server that completes the handshake and then never answers.
-fn silent_server() -> SocketAddr {
+/// A fake server on loopback that runs `serve` on a thread for each connection.
+fn fake_server(serve: fn(TcpStream)) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                if fake_handshake(&mut s).is_err() {
-                    return;
-                }
-                let mut sink = [0u8; 65536];
-                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
-            });
+            let Ok(s) = s else { return };
+            std::thread::spawn(move || serve(s));
         }
     });
     addr
+}
+
+/// Reads and drops everything until the peer closes.
+fn drain(s: &mut TcpStream) {
+    let mut sink = [0u8; 65536];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// A server that completes the handshake and then never answers.
+fn silent_server() -> SocketAddr {
+    fake_server(|mut s| {
+        if fake_handshake(&mut s).is_ok() {
+            drain(&mut s);
+        }
+    })
 }
 
 /// A server that completes the handshake, reads two requests, answers both in one segment
@@ -460,28 +469,22 @@ fn a_response_left_in_the_receive_buffer_is_still_delivered() {
 /// A server of wire-protocol version 1: its CHALLENGE carries version 1 in the header and as
 /// the highest version served, and it reads nothing after that.
 fn version_1_server() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            let mut out = Vec::new();
-            let f = Frame {
-                req_id: 0,
-                namespace: 0,
-                body: Body::Challenge {
-                    server_nonce: [1; 32],
-                    max_version: 1,
-                },
-            };
-            encode(&mut out, &f, false);
-            out[4] = 1;
-            let _ = s.write_all(&out);
-            let mut sink = [0u8; 4096];
-            while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    fake_server(|mut s| {
+        let mut out = Vec::new();
+        let f = Frame {
+            req_id: 0,
+            namespace: 0,
+            body: Body::Challenge {
+                server_nonce: [1; 32],
+                max_version: 1,
+            },
+        };
+        encode(&mut out, &f, false);
+        out[4] = 1;
+        if s.write_all(&out).is_ok() {
+            drain(&mut s);
         }
-    });
-    addr
+    })
 }
 
 #[test]
