@@ -351,6 +351,8 @@ pub enum LostPage {
 pub struct Engine {
     inner: Arc<Inner>,
     threads: Vec<JoinHandle<()>>,
+    /// Kernel thread id of the fault-handler thread.
+    fault_tid: i32,
 }
 
 impl std::fmt::Debug for Engine {
@@ -479,14 +481,22 @@ impl Engine {
         let mut engine = Self {
             inner: inner.clone(),
             threads: Vec::new(),
+            fault_tid: 0,
         };
         let handler = crate::fault::Handler::new(inner.clone(), prefetcher, page_space)?;
+        let (tid_tx, tid_rx) = std::sync::mpsc::sync_channel(1);
         engine.threads.push(
             std::thread::Builder::new()
                 .name("ept-fault".into())
-                .spawn(move || handler.run())
+                .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    let _ = tid_tx.send(unsafe { libc::gettid() });
+                    handler.run()
+                })
                 .map_err(|e| EngineError::os("spawning the fault thread", e))?,
         );
+        // The thread sends its id first thing; it only fails to if it could not start.
+        engine.fault_tid = tid_rx.recv().unwrap_or(0);
         if !unlimited {
             let ev = inner.clone();
             let h = std::thread::Builder::new()
@@ -510,6 +520,18 @@ impl Engine {
     /// must never load or store through it itself: use [`Engine::read_bytes`] and friends.
     pub fn guest_ram(&self) -> (u64, u64) {
         (self.inner.ram.guest_base(), self.inner.ram.len() as u64)
+    }
+
+    /// Kernel thread id of the fault-handler thread (0 if it did not start), for a VMM that
+    /// places the fault path on CPUs: every demand fault is a hand-off between a vCPU thread
+    /// and this one.
+    pub fn fault_thread_id(&self) -> i32 {
+        self.fault_tid
+    }
+
+    /// The thread registered as vCPU `vcpu` ([`Engine::register_vcpu`]), if any.
+    pub fn vcpu_thread_id(&self, vcpu: u32) -> Option<u32> {
+        self.inner.vcpus.tid(vcpu as usize)
     }
 
     /// Declares that thread `tid` runs vCPU `vcpu` (its faults are attributed to that vCPU).

@@ -59,6 +59,12 @@ impl VcpuTable {
         self.tids[vcpu].store(tid as u64 + 1, Ordering::Release);
     }
 
+    /// The thread registered for `vcpu`, if any.
+    pub fn tid(&self, vcpu: usize) -> Option<u32> {
+        let t = self.tids.get(vcpu)?.load(Ordering::Acquire);
+        t.checked_sub(1).map(|t| t as u32)
+    }
+
     pub fn set_slot_page(&self, vcpu: usize, page: u64) -> u64 {
         self.slots[vcpu].swap(page, Ordering::AcqRel)
     }

@@ -84,3 +84,49 @@ fn no_prefetch_is_also_correct() {
     assert_native_checksums(&s, &report, &stats);
     assert_eq!(stats.engine.counters.prefetch_issued, 0);
 }
+
+#[test]
+fn a_pinned_fault_path_runs_on_its_cpu_and_matches_native() {
+    use farvm_vmm::affinity::{allowed_cpus, thread_cpus};
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    // The last allowed CPU, so that the default (CPU 0) is not mistaken for the setting.
+    let all = allowed_cpus().unwrap();
+    let cpu = *all.last().unwrap();
+    let s = setup("remote-pinned", 96 << 20, &["stride:ws=32M"]);
+    let mut sp = spec("remote-pinned", "25%", "leap+stream");
+    sp.fault_path_cpu = Some(cpu);
+    let mut seen = None;
+    let (report, stats) = remote_common::run_remote_with(&s, &sp, |remote| {
+        // vCPU 0 is pinned by the attach thread once its thread id is registered.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while remote.engine().vcpu_thread_id(0).is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let tids = remote.fault_path_thread_ids();
+        seen = Some(
+            tids.iter()
+                .map(|&t| (t, thread_cpus(t).unwrap()))
+                .collect::<Vec<_>>(),
+        );
+    });
+    assert_native_checksums(&s, &report, &stats);
+    let seen = seen.expect("checked while the guest ran");
+    // Fault handler, at least one memserver connection, vCPU 0.
+    assert!(seen.len() >= 3, "{seen:?}");
+    for (tid, cpus) in &seen {
+        assert_eq!(cpus, &vec![cpu], "thread {tid} of the fault path: {seen:?}");
+    }
+    // Nothing else is pinned: the evictors (of this and any concurrent test VM) stay free.
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        if std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == "ept-evict")
+        {
+            let tid: i32 = t.file_name().to_str().unwrap().parse().unwrap();
+            if let Ok(cpus) = thread_cpus(tid) {
+                assert_eq!(cpus, all, "evictor {tid}");
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! the PV control device), [`vm`] (vCPU threads, exits, stop), [`control`] (the per-VM Unix
 //! socket), [`workload_spec`] (the `--workload` syntax), [`signals`], [`stats`], [`size`].
 
+pub mod affinity;
 pub mod boot;
 pub mod builtin;
 pub mod control;

@@ -74,8 +74,15 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     pub tenants: FxHashMap<TenantId, Secret>,
     stop: Arc<AtomicBool>,
-    conns: Mutex<FxHashMap<u64, TcpStream>>,
+    conns: Mutex<FxHashMap<u64, LiveConn>>,
     next_conn: AtomicU64,
+}
+
+/// An open connection: a handle to shut it down, and the thread serving it.
+struct LiveConn {
+    stream: TcpStream,
+    /// Kernel thread id of its serving thread (0 until that thread has started).
+    tid: i32,
 }
 
 /// The server type (namespace for [`Server::start`]).
@@ -161,12 +168,21 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
             sh.conns
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id, c);
+                .insert(id, LiveConn { stream: c, tid: 0 });
         }
         let sh2 = sh.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("memserver-conn-{id}"))
             .spawn(move || {
+                if let Some(c) = sh2
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&id)
+                {
+                    // SAFETY: gettid has no preconditions.
+                    c.tid = unsafe { libc::gettid() };
+                }
                 sh2.metrics.conn_open();
                 match conn::serve(stream, sh2.clone()) {
                     Ok(()) => tracing::debug!(?peer, "connection closed"),
@@ -217,6 +233,21 @@ impl ServerHandle {
         self.shared.store.occupancy().used_pages
     }
 
+    /// Kernel thread ids of the threads serving open connections, in connection order. An
+    /// embedding process uses them to place its fault path on CPUs (`farvm run
+    /// --fault-path-cpu`): a connection's thread has registered its id before it answers the
+    /// handshake, so every connection a client has completed is listed.
+    pub fn connection_thread_ids(&self) -> Vec<i32> {
+        let conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<(u64, i32)> = conns
+            .iter()
+            .filter(|(_, c)| c.tid > 0)
+            .map(|(&id, c)| (id, c.tid))
+            .collect();
+        ids.sort_unstable();
+        ids.into_iter().map(|(_, tid)| tid).collect()
+    }
+
     /// Stops accepting, closes every connection and joins the server threads.
     pub fn shutdown(mut self) {
         self.stop_now();
@@ -235,7 +266,7 @@ impl ServerHandle {
             .unwrap_or_else(|e| e.into_inner())
             .drain()
         {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
         for t in self.threads.drain(..) {
             let _ = t.join();

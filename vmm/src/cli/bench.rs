@@ -56,6 +56,9 @@ pub enum BenchCmd {
     /// Remote memory: workloads x local share x prefetcher vs all-local and the TCP floor.
     #[command(long_about = super::bench_remote::REMOTE_ABOUT)]
     Remote(super::bench_remote::RemoteArgs),
+    /// Fault path pinned to one CPU vs left to the scheduler, and the host's wake-up costs.
+    #[command(long_about = super::bench_placement::PLACEMENT_ABOUT)]
+    Placement(super::bench_placement::PlacementArgs),
 }
 
 #[derive(Args, Debug)]
@@ -185,6 +188,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
         BenchCmd::Local(l) => local(l),
         BenchCmd::Remote(r) => super::bench_remote::run(r),
+        BenchCmd::Placement(p) => super::bench_placement::run(p),
     }
 }
 

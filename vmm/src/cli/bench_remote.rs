@@ -95,6 +95,11 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=15))]
     pub repeat: u32,
+    /// Pin every cell's fault path (vCPU 0, fault handler, the embedded memserver's
+    /// connection threads) to host CPU N, as `farvm run --fault-path-cpu` [default: left to
+    /// the scheduler]. `farvm bench placement` measures what that buys.
+    #[arg(long, value_name = "N")]
+    pub fault_path_cpu: Option<usize>,
 }
 
 const DEFAULT_WORKLOADS: [&str; 8] = [
@@ -191,6 +196,8 @@ pub struct Floor {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub command: String,
+    /// `--fault-path-cpu`: the CPU every cell's fault path was pinned to, if any.
+    pub fault_path_cpu: Option<usize>,
     pub floor: Floor,
     pub baselines: Vec<Baseline>,
     pub cells: Vec<Cell>,
@@ -233,7 +240,7 @@ fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
 }
 
 /// (measured ms, whole-process ms by the host clock).
-fn times(r: &ProcessRecord) -> (f64, f64) {
+pub(super) fn times(r: &ProcessRecord) -> (f64, f64) {
     let first = r.events.first().map(|e| e.host_ns);
     let last = r.events.last().map(|e| e.host_ns);
     let total = match (first, last) {
@@ -268,7 +275,7 @@ fn run_local(w: &PlacedWorkload) -> Result<ProcessRecord> {
 }
 
 /// The run with the median `key` (the lower middle one of an even count); `None` if empty.
-fn median_run<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+pub(super) fn median_run<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
     if runs.is_empty() {
         return None;
     }
@@ -290,7 +297,7 @@ fn spread(runs: &[f64]) -> String {
 }
 
 /// The local budget for `local` percent of a footprint of `footprint` pages.
-fn budget_for(local: f64, footprint: u64) -> Budget {
+pub(super) fn budget_for(local: f64, footprint: u64) -> Budget {
     if local >= 100.0 {
         Budget::Unlimited
     } else {
@@ -299,17 +306,19 @@ fn budget_for(local: f64, footprint: u64) -> Budget {
 }
 
 /// Runs one remote-memory VM; `None` for the process if it hit `timeout`.
-fn run_remote(
+pub(super) fn run_remote(
     w: &PlacedWorkload,
     budget: Budget,
     pf: &str,
     timeout: Duration,
+    fault_path_cpu: Option<usize>,
 ) -> Result<(Option<ProcessRecord>, RemoteStats)> {
     let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
     let cfg = config(w, &name, 9);
     let mut spec = RemoteSpec::new(&name);
     spec.budget = budget;
     spec.prefetcher = pf.to_string();
+    spec.fault_path_cpu = fault_path_cpu;
     let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
     let vm = Vm::create_with_ram(cfg, remote.guest_ram()?).context("creating the VM")?;
     remote.attach_vm(&vm);
@@ -475,6 +484,10 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             );
         }
     }
+    if let Some(cpu) = a.fault_path_cpu {
+        farvm_vmm::affinity::check_cpu(cpu)
+            .map_err(|e| anyhow::anyhow!("--fault-path-cpu: {e}"))?;
+    }
     let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     // Per workload: all-local, the footprint run (reused as the (100%, none) cell if the
@@ -507,7 +520,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         // The footprint run: all memory local to the engine, no prefetching. It is also the
         // matrix's (100%, none) cell.
         bar.set_message(format!("{} footprint", w.name()));
-        let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout)?;
+        let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout, a.fault_path_cpu)?;
         bar.inc(1);
         if probe.0.is_none() {
             bail!(
@@ -550,7 +563,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
                         bail!("interrupted");
                     }
                     bar.set_message(format!("{} {local}% {pf}", w.name()));
-                    let r = run_remote(w, budget, pf, cell_timeout)?;
+                    let r = run_remote(w, budget, pf, cell_timeout, a.fault_path_cpu)?;
                     bar.inc(1);
                     if r.0.is_none() {
                         // It would time out again: one TIMEOUT run stands for the cell.
@@ -640,6 +653,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         // The results so far, so an interrupted matrix still leaves its finished rows.
         let partial = Report {
             command: std::env::args().collect::<Vec<_>>().join(" "),
+            fault_path_cpu: a.fault_path_cpu,
             floor: fl.clone(),
             baselines: baselines.clone(),
             cells: cells.clone(),
@@ -650,6 +664,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     bar.finish_and_clear();
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        fault_path_cpu: a.fault_path_cpu,
         floor: fl,
         baselines,
         cells,
@@ -717,6 +732,14 @@ pub fn markdown(r: &Report) -> String {
         r.floor.memserver_p99_us,
         r.floor.tcp_stream_pages_per_s,
         1e6 / r.floor.tcp_stream_pages_per_s.max(1e-9)
+    );
+    let _ = writeln!(
+        s,
+        "Fault path (vCPU 0, fault handler, memserver connection threads): {}.\n",
+        match r.fault_path_cpu {
+            Some(c) => format!("pinned to CPU {c} (`--fault-path-cpu {c}`)"),
+            None => "left to the scheduler".into(),
+        }
     );
     s.push_str(&targets(r));
     let _ = writeln!(

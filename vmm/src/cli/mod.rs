@@ -1,6 +1,7 @@
 //! One module per `farvm` subcommand.
 
 pub mod bench;
+pub mod bench_placement;
 pub mod bench_remote;
 pub mod control;
 pub mod paging;

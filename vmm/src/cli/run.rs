@@ -197,6 +197,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub kvm_async_pf: bool,
 
+    /// Pin the fault path to host CPU N: vCPU 0, the paging engine's fault handler and the
+    /// embedded memserver's connection threads (evictor and prefetch receiver stay free). A
+    /// demand fault hands off between these threads several times; on a host whose idle CPUs
+    /// halt without polling (e.g. a VM guest with haltpoll off) each hand-off across CPUs
+    /// wakes an idle CPU, which costs far more than a context switch on the same CPU (`farvm
+    /// bench remote` prints both). Default: left to the scheduler.
+    #[arg(long, value_name = "N", conflicts_with = "local_only")]
+    pub fault_path_cpu: Option<usize>,
+
     /// Keep all guest RAM local: no paging engine, no memory server.
     #[arg(long, conflicts_with_all = ["memservers", "replicas", "memserver_token_file"])]
     pub local_only: bool,
@@ -391,6 +400,11 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         return Ok(None);
     }
     if matches!(cfg.boot, BootSpec::Linux { .. }) {
+        if a.fault_path_cpu.is_some() {
+            return Err(usage(
+                "--fault-path-cpu needs remote memory, which needs the test guest".into(),
+            ));
+        }
         if !a.memservers.is_empty() {
             return Err(usage(
                 "--memserver needs the test guest: Linux guests run on local RAM here".into(),
@@ -419,6 +433,10 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.budget = budget;
     spec.prefetcher = a.prefetcher.clone();
     spec.probe_every = a.probe_every;
+    if let Some(cpu) = a.fault_path_cpu {
+        farvm_vmm::affinity::check_cpu(cpu).map_err(|e| usage(format!("--fault-path-cpu: {e}")))?;
+    }
+    spec.fault_path_cpu = a.fault_path_cpu;
     Ok(Some(spec))
 }
 

@@ -36,6 +36,8 @@ pub enum RemoteError {
     Connect(String),
     #[error("cannot read --memserver-token-file {path}: {msg}")]
     Token { path: PathBuf, msg: String },
+    #[error("cannot pin the fault path to CPU {cpu}: {source}")]
+    Placement { cpu: usize, source: std::io::Error },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -59,6 +61,9 @@ pub struct RemoteSpec {
     pub probe_every: u32,
     /// Request timeout of the client.
     pub timeout: Duration,
+    /// Host CPU for the fault path (vCPU 0, the fault handler and the embedded memserver's
+    /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
+    pub fault_path_cpu: Option<usize>,
 }
 
 impl RemoteSpec {
@@ -73,6 +78,7 @@ impl RemoteSpec {
             prefetcher: farvm_prefetch::registry::DEFAULT.to_string(),
             probe_every: DEFAULT_PROBE_EVERY,
             timeout: Duration::from_secs(2),
+            fault_path_cpu: None,
         }
     }
 }
@@ -241,6 +247,7 @@ pub struct RemoteMemory {
     stage2: Arc<LateStageTwo>,
     servers: Vec<SocketAddr>,
     embedded: Option<ServerHandle>,
+    fault_path_cpu: Option<usize>,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
 }
@@ -339,12 +346,25 @@ impl RemoteMemory {
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
         let engine = Arc::new(Engine::start(cfg, parts)?);
+        if let Some(cpu) = spec.fault_path_cpu {
+            // The embedded server's connections are all open (the client has connected), and
+            // each thread registered its id before answering the handshake.
+            // (vCPU 0 has not started yet: `watch_vcpus` pins it when it registers.)
+            let mut tids = vec![engine.fault_thread_id()];
+            tids.extend(embedded.iter().flat_map(|h| h.connection_thread_ids()));
+            for tid in tids {
+                crate::affinity::pin_thread(tid, cpu)
+                    .map_err(|source| RemoteError::Placement { cpu, source })?;
+            }
+            tracing::info!(cpu, "fault path pinned (vCPU 0 follows when it starts)");
+        }
         Ok(Self {
             engine,
             store,
             stage2,
             servers,
             embedded,
+            fault_path_cpu: spec.fault_path_cpu,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
         })
@@ -353,6 +373,15 @@ impl RemoteMemory {
     /// The engine (guest RAM, stats).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the embedded
+    /// memserver's connection threads and vCPU 0 (once registered).
+    pub fn fault_path_thread_ids(&self) -> Vec<i32> {
+        let mut tids = vec![self.engine.fault_thread_id()];
+        tids.extend(self.embedded.iter().flat_map(|h| h.connection_thread_ids()));
+        tids.extend(self.engine.vcpu_thread_id(0).map(|t| t as i32));
+        tids
     }
 
     /// The memory servers in use.
@@ -392,7 +421,8 @@ impl RemoteMemory {
     }
 
     /// Starts a thread that registers each vCPU thread id (`tids()`, 0 = not started yet) and
-    /// each vCPU's agent slot (`slot(cpu)`) with the engine as they appear.
+    /// each vCPU's agent slot (`slot(cpu)`) with the engine as they appear, and pins vCPU 0 to
+    /// the fault-path CPU if one was asked for ([`RemoteSpec::fault_path_cpu`]).
     pub fn watch_vcpus(
         &mut self,
         ncpus: u32,
@@ -401,6 +431,7 @@ impl RemoteMemory {
     ) {
         let engine = self.engine.clone();
         let stop = self.watcher_stop.clone();
+        let fault_path_cpu = self.fault_path_cpu;
         let h = std::thread::Builder::new()
             .name("ept-attach".into())
             .spawn(move || {
@@ -412,6 +443,11 @@ impl RemoteMemory {
                         if t > 0 && tid_done[cpu] != t {
                             if let Err(e) = engine.register_vcpu(cpu as u32, t as u32) {
                                 tracing::warn!("registering vCPU {cpu}: {e}");
+                            }
+                            if let (0, Some(host_cpu)) = (cpu, fault_path_cpu) {
+                                if let Err(e) = crate::affinity::pin_thread(t, host_cpu) {
+                                    tracing::warn!("pinning vCPU 0 to CPU {host_cpu}: {e}");
+                                }
                             }
                             tid_done[cpu] = t;
                         }
