@@ -183,3 +183,37 @@ impl Inner {
         })
     }
 }
+
+/// Page-table walks (`translate::VirtualPages`) read only pages that are resident now: the
+/// fault thread must never wait for I/O, least of all its own.
+impl crate::translate::GuestPages for Inner {
+    fn read_u64(&self, gpa: u64) -> Option<u64> {
+        let p = gpa / PAGE_SIZE as u64;
+        if p >= self.pages() || !self.table.try_pin(p) {
+            return None;
+        }
+        let off = (gpa % PAGE_SIZE as u64) as usize & !7;
+        // SAFETY: `p` is pinned LOCAL (the evictor cannot free it meanwhile) and in bounds of
+        // the alias mapping; `off` is 8-aligned inside the page. The guest may write the word
+        // concurrently (an accessed bit): an atomic load makes that a defined race.
+        let v = unsafe {
+            (*(self.ram.alias_page(p).add(off) as *const std::sync::atomic::AtomicU64))
+                .load(Ordering::Relaxed)
+        };
+        self.table.unpin(p);
+        Some(v)
+    }
+
+    fn copy_page(&self, gpn: u64, out: &mut [u64; 512]) -> bool {
+        if gpn >= self.pages() || !self.table.try_pin(gpn) {
+            return false;
+        }
+        let base = self.ram.alias_page(gpn) as *const std::sync::atomic::AtomicU64;
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: as in `read_u64`: pinned, in bounds (i < 512 words = 4 KiB), aligned.
+            *o = unsafe { (*base.add(i)).load(Ordering::Relaxed) };
+        }
+        self.table.unpin(gpn);
+        true
+    }
+}

@@ -282,7 +282,7 @@ impl Handler {
                             c.probe_hits.fetch_add(1, Ordering::Relaxed);
                         }
                         let key = self.key_of(f.tid);
-                        let pf = self.space.to_prefetch(key, p);
+                        let pf = self.space.to_prefetch(&*self.inner, key, p);
                         if w & st::F_MARKER != 0 {
                             // A marker (or probe) still in flight: the guest reached it, the
                             // very signal a prefetcher's continuation waits for. Answer it now:
@@ -319,7 +319,7 @@ impl Handler {
                         .hist
                         .record(Hist::Timeliness, now.saturating_sub(staged_at));
                     let key = self.key_of(f.tid);
-                    let pf = self.space.to_prefetch(key, p);
+                    let pf = self.space.to_prefetch(&*self.inner, key, p);
                     // A marker hit may answer with the prefetcher's next window (like Linux's
                     // async read-ahead marker); those candidates go out with this round's
                     // prefetch batch.
@@ -436,7 +436,7 @@ impl Handler {
         }
         for i in 0..n {
             let (key, p) = self.learn[i];
-            let pf = self.space.to_prefetch(key, p);
+            let pf = self.space.to_prefetch(&*self.inner, key, p);
             self.prefetcher.on_fault(key, pf, now, &mut self.cands);
             for j in 0..self.cands.len() {
                 let (cand, marker) = (self.cands.as_slice()[j], self.cands.is_marker(j));
@@ -444,6 +444,20 @@ impl Handler {
             }
         }
         self.flush_prefetch();
+        self.publish_space_counts();
+    }
+
+    /// Copies the page space's counts into the engine's counters (stores, not adds: the space
+    /// keeps the totals).
+    fn publish_space_counts(&self) {
+        let w = self.space.counts();
+        let c = &self.inner.counters;
+        c.page_table_walks.store(w.walks, Ordering::Relaxed);
+        c.faults_seen_virtual.store(w.translated, Ordering::Relaxed);
+        c.faults_seen_physical
+            .store(w.untranslated, Ordering::Relaxed);
+        c.candidates_unmapped
+            .store(w.unmapped_candidates, Ordering::Relaxed);
     }
 
     /// Issues the candidates a marker hit answered with (they go out with this round's
@@ -462,7 +476,7 @@ impl Handler {
     fn issue_prefetch(&mut self, key: u64, cand: u64, marker: bool, now: u64) {
         let Some(p) = self
             .space
-            .to_guest(key, cand)
+            .to_guest(&*self.inner, key, cand)
             .filter(|&p| p < self.inner.pages())
         else {
             self.inner

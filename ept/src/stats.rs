@@ -123,6 +123,16 @@ counters! {
     prefault_unsupported,
     /// VMM reads/writes resolved through the engine.
     vmm_accesses,
+    /// Walks of a guest process's page tables (virtual page space, `translate::VirtualPages`).
+    page_table_walks,
+    /// Faults the prefetcher saw as guest-virtual pages of their process.
+    faults_seen_virtual,
+    /// Faults the virtual page space left guest-physical (unattributed, not mapped by the
+    /// process, or no walk allowed yet). Zero with the physical page space, which translates
+    /// nothing.
+    faults_seen_physical,
+    /// Prefetch candidates (virtual pages) that mapped to no resident-table guest page.
+    candidates_unmapped,
 }
 
 /// Which latency a sample belongs to.

@@ -325,3 +325,76 @@ pub fn table(rows: &[Row]) -> String {
     }
     o
 }
+
+/// 4 KiB pages per second one loopback TCP connection carries when a thread writes pages
+/// back to back and another reads them: the transport's ceiling, with no protocol at all.
+pub fn tcp_stream_pages_per_sec(d: Duration) -> std::io::Result<f64> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        let page = [0x5Au8; 4096];
+        // Until the reader hangs up.
+        while s.write_all(&page).is_ok() {}
+        Ok(())
+    });
+    let mut c = TcpStream::connect(addr)?;
+    let mut buf = vec![0u8; 256 << 10];
+    let t0 = Instant::now();
+    let mut bytes = 0u64;
+    while t0.elapsed() < d {
+        let n = c.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    drop(c);
+    let _ = writer.join();
+    Ok(bytes as f64 / 4096.0 / secs.max(1e-9))
+}
+
+/// p50 and p99 (µs) of a 16 B request / 4 KiB response ping-pong on loopback whose client
+/// polls the socket (never sleeps) while it waits.
+pub fn tcp_spinning_floor(d: Duration) -> std::io::Result<(f64, f64)> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let page = [0xA5u8; 4096];
+        let mut req = [0u8; 16];
+        while s.read_exact(&mut req).is_ok() {
+            s.write_all(&page)?;
+        }
+        Ok(())
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    c.set_nonblocking(true)?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut resp = [0u8; 4096];
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        let st = Instant::now();
+        c.write_all(&[1u8; 16])?;
+        let mut got = 0;
+        while got < resp.len() {
+            match c.read(&mut resp[got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+        let _ = hist.record(st.elapsed().as_nanos() as u64);
+    }
+    drop(c);
+    let _ = server.join();
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+    ))
+}

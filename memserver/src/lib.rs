@@ -5,9 +5,11 @@
 //! - [`client`]: pooled, pipelined, two-priority client with replication over several servers.
 //! - [`transport`]: the page-transport abstraction shared by TCP and RDMA (feature `rdma`).
 //! - [`bench`]: the `farvm-memserver bench` latency/throughput comparison with a raw TCP floor.
+//! - [`process`]: observing a server process from outside (has SIGSTOP taken effect?).
 
 pub mod bench;
 pub mod client;
+pub mod process;
 pub mod protocol;
 pub mod server;
 pub mod transport;

@@ -130,3 +130,47 @@ fn a_pinned_fault_path_runs_on_its_cpu_and_matches_native() {
         }
     }
 }
+
+#[test]
+fn a_scan_over_shuffled_frames_is_prefetched_in_virtual_page_order() {
+    use farvm_vmm::remote::PageSpaceKind;
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    // Every 4 KiB frame handed out in shuffled order: the scan is sequential only virtually.
+    let mut s = setup("remote-virtual", 96 << 20, &["seq:ws=32M"]);
+    s.frame_run_shift = 0;
+    let mut sp = spec("remote-virtual", "25%", "leap+stream");
+    sp.page_space = PageSpaceKind::Virtual;
+    let (report, virt) = run_remote(&s, &sp);
+    assert_native_checksums(&s, &report, &virt);
+    sp.page_space = PageSpaceKind::Physical;
+    let (report, phys) = run_remote(&s, &sp);
+    assert_native_checksums(&s, &report, &phys);
+    let (v, p) = (&virt.engine, &phys.engine);
+    assert!(
+        v.counters.page_table_walks > 0 && v.counters.faults_seen_virtual > 0,
+        "no fault was translated: {:?}",
+        v.counters
+    );
+    // The process's faults were placed by walks (the rest are the kernel's and boot's).
+    assert!(
+        v.counters.faults_seen_virtual > 4 * v.counters.faults_seen_physical,
+        "{:?}",
+        v.counters
+    );
+    assert_eq!(p.counters.page_table_walks, 0);
+    // In virtual order the scan is a stream the prefetcher covers; physically it is random.
+    assert!(
+        v.coverage > 0.9 && v.coverage > p.coverage + 0.3,
+        "coverage virtual {} vs physical {}",
+        v.coverage,
+        p.coverage
+    );
+    assert!(
+        v.counters.demand_faults * 4 < p.counters.demand_faults,
+        "demand faults virtual {} vs physical {}",
+        v.counters.demand_faults,
+        p.counters.demand_faults
+    );
+}

@@ -100,27 +100,12 @@ impl ServerProc {
     }
 }
 
-/// Waits until every thread of `pid` is stopped (state `T`): kill(2) only queues SIGSTOP, and
-/// a server thread already running may still answer a request sent right after it.
+/// Waits until every thread of `pid` is stopped (see [`farvm_memserver::process`]).
 pub fn wait_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's tasks");
-        let all_stopped = tasks.flatten().all(|t| {
-            std::fs::read_to_string(t.path().join("stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
-                .unwrap_or(true)
-        });
-        if all_stopped {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} did not stop within 10 s of SIGSTOP"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(
+        farvm_memserver::process::wait_all_threads_stopped(pid, std::time::Duration::from_secs(10)),
+        "process {pid} did not stop within 10 s of SIGSTOP"
+    );
 }
 
 impl Drop for ServerProc {

@@ -185,22 +185,13 @@ impl MemserverProcess {
         // SAFETY: kill(2) on our own child's pid (not yet reaped); no memory is involved.
         unsafe { libc::kill(self.child.id() as i32, sig) };
         if sig == libc::SIGSTOP {
-            let stat = |t: std::fs::DirEntry| std::fs::read_to_string(t.path().join("stat"));
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
-                .expect("the server's tasks")
-                .flatten()
-                .all(|t| {
-                    stat(t)
-                        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')))
-                })
-            {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the server did not stop"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            assert!(
+                farvm_memserver::process::wait_all_threads_stopped(
+                    self.child.id(),
+                    Duration::from_secs(10)
+                ),
+                "the server did not stop within 10 s of SIGSTOP"
+            );
         }
     }
 }

@@ -59,6 +59,9 @@ pub enum BenchCmd {
     /// Fault path pinned to one CPU vs left to the scheduler, and the host's wake-up costs.
     #[command(long_about = super::bench_placement::PLACEMENT_ABOUT)]
     Placement(super::bench_placement::PlacementArgs),
+    /// Prefetching on guest-virtual vs guest-physical page numbers, two frame layouts.
+    #[command(name = "page-space", long_about = super::bench_pagespace::PAGE_SPACE_ABOUT)]
+    PageSpace(super::bench_pagespace::PageSpaceArgs),
 }
 
 #[derive(Args, Debug)]
@@ -189,6 +192,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Local(l) => local(l),
         BenchCmd::Remote(r) => super::bench_remote::run(r),
         BenchCmd::Placement(p) => super::bench_placement::run(p),
+        BenchCmd::PageSpace(p) => super::bench_pagespace::run(p),
     }
 }
 

@@ -4,15 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use farvm_vmm::affinity;
-use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::remote::{Budget, RemoteStats};
-use farvm_vmm::workload_spec::place;
 use serde::Serialize;
 
-use super::bench_remote::{budget_for, median_run, run_remote, times};
+use super::bench_ab::{compare, reference, AbArgs, Way};
+use super::bench_remote::CellSetup;
 
 pub const PLACEMENT_ABOUT: &str = "\
 Fault-path placement: each cell run with its fault path pinned to one host CPU and left to the
@@ -26,6 +24,7 @@ threads to CPU N; the evictor and the prefetch receiver stay free. Whether that 
 on what a wake-up of an idle CPU costs on the host, so the thread wake-up round trip (a
 one-byte ping-pong between two pinned threads) is measured first, on one CPU and across two.
 
+Workloads by default: kv, stride, random and seq at 32M; prefetchers none and leap+stream.
 Every cell: a footprint run (all memory local to the engine) sets the budget to --local percent
 of the pages the VM touches, as in `farvm bench remote`; then --repeat runs each way, taking
 turns. Columns: median measured-phase time of each way, their ratio (unpinned / pinned: above 1
@@ -42,29 +41,11 @@ EXIT STATUS
 
 #[derive(Args, Debug)]
 pub struct PlacementArgs {
-    /// Workload (repeatable; NAME[:key=value,...]) [default: kv, stride, random and seq at
-    /// 32M].
-    #[arg(long = "workload", value_name = "SPEC")]
-    pub workloads: Vec<String>,
-    /// Local memory, percent of the footprint.
-    #[arg(long = "local", value_name = "PCT", default_value_t = 25.0)]
-    pub local: f64,
-    /// Prefetcher (repeatable) [default: none leap+stream].
-    #[arg(long = "prefetcher", value_name = "NAME")]
-    pub prefetchers: Vec<String>,
+    #[command(flatten)]
+    pub ab: AbArgs,
     /// The CPU to pin the fault path to [default: the first this process may run on].
     #[arg(long, value_name = "N")]
     pub cpu: Option<usize>,
-    /// Runs per cell and placement (median reported).
-    #[arg(long, value_name = "N", default_value_t = 3,
-          value_parser = clap::value_parser!(u32).range(1..=15))]
-    pub repeat: u32,
-    /// Seconds one VM may run; a cell that hits it fails the bench (a ratio needs both).
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    pub cell_timeout: u64,
-    /// Print the results as JSON too.
-    #[arg(long)]
-    pub json: bool,
 }
 
 const DEFAULT_WORKLOADS: [&str; 4] = [
@@ -74,17 +55,6 @@ const DEFAULT_WORKLOADS: [&str; 4] = [
     "seq:ws=32M",
 ];
 const DEFAULT_PREFETCHERS: [&str; 2] = ["none", "leap+stream"];
-
-/// One way of running a cell.
-#[derive(Debug, Serialize)]
-struct Way {
-    measured_ms: f64,
-    /// The median run's whole process (setup, warm-up, measured phase) by the host clock.
-    total_ms: f64,
-    runs_ms: Vec<f64>,
-    demand_faults: u64,
-    fault_p50_us: f64,
-}
 
 #[derive(Debug, Serialize)]
 struct Row {
@@ -113,9 +83,6 @@ struct Report {
 pub fn run(a: PlacementArgs) -> Result<()> {
     farvm_vmm::signals::install_termination_handlers()?;
     let t0 = Instant::now();
-    if !(a.local > 0.0 && a.local < 100.0) {
-        bail!("--local {}: must be a percentage in (0, 100)", a.local);
-    }
     let allowed = affinity::allowed_cpus().context("reading this process's CPU affinity")?;
     let cpu = match a.cpu {
         Some(c) => {
@@ -124,26 +91,7 @@ pub fn run(a: PlacementArgs) -> Result<()> {
         }
         None => *allowed.first().context("this process may run on no CPU")?,
     };
-    let specs: Vec<String> = if a.workloads.is_empty() {
-        DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.workloads.clone()
-    };
-    let pfs: Vec<String> = if a.prefetchers.is_empty() {
-        DEFAULT_PREFETCHERS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.prefetchers.clone()
-    };
-    for p in &pfs {
-        if !farvm_prefetch::registry::names().contains(&p.as_str()) {
-            bail!(
-                "unknown --prefetcher `{p}` (known: {})",
-                farvm_prefetch::registry::names().join(", ")
-            );
-        }
-    }
-    let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
-    let timeout = Duration::from_secs(a.cell_timeout.max(1));
+    let plan = a.ab.plan(&DEFAULT_WORKLOADS, &DEFAULT_PREFETCHERS)?;
 
     const ROUNDS: u32 = 20_000;
     let same = affinity::wakeup_round_trip(cpu, cpu, ROUNDS).context("wake-up round trip")?;
@@ -162,59 +110,22 @@ pub fn run(a: PlacementArgs) -> Result<()> {
     );
 
     let mut rows = Vec::new();
-    for (wi, w) in placed.iter().enumerate() {
-        let (probe, st) = run_remote(w, Budget::Unlimited, "none", timeout, None)?;
-        let base = probe.with_context(|| {
-            format!(
-                "{}: the footprint run did not finish in {} s",
-                w.name(),
-                a.cell_timeout
-            )
-        })?;
-        let budget = budget_for(a.local, st.engine.resident_pages);
-        for pf in &pfs {
-            let mut unpinned = Vec::new();
-            let mut pinned = Vec::new();
-            for round in 0..a.repeat {
-                // Taking turns, and starting each round with the other way: a drift in the
-                // host's load spreads over both.
-                let order = if round % 2 == 0 {
-                    [None, Some(cpu)]
-                } else {
-                    [Some(cpu), None]
-                };
-                for way in order {
-                    if farvm_vmm::signals::termination_requested().is_some() {
-                        bail!("interrupted");
-                    }
-                    let (rec, st) = run_remote(w, budget, pf, timeout, way)?;
-                    let what = format!(
-                        "{} {}% {pf} {}",
-                        specs[wi],
-                        a.local,
-                        way.map_or("unpinned".into(), |c| format!("pinned to CPU {c}"))
-                    );
-                    let rec = rec.with_context(|| {
-                        format!("{what}: did not finish in {} s", a.cell_timeout)
-                    })?;
-                    if rec.checksum != base.checksum || rec.ops != base.ops {
-                        bail!(
-                            "{what}: checksum {:#x} differs from the footprint run's {:#x}",
-                            rec.checksum,
-                            base.checksum
-                        );
-                    }
-                    eprintln!("{what}: {:.1} ms", times(&rec).0);
-                    match way {
-                        None => unpinned.push((rec, st)),
-                        Some(_) => pinned.push((rec, st)),
-                    }
-                }
-            }
-            let (u, p) = (way(unpinned), way(pinned));
+    for (wi, w) in plan.placed.iter().enumerate() {
+        let (base, budget) = reference(w, a.ab.local, plan.timeout, CellSetup::default())?;
+        for pf in &plan.prefetchers {
+            let cell = plan.cell(&a.ab, wi, pf, budget, &base);
+            let pinned = CellSetup {
+                fault_path_cpu: Some(cpu),
+                ..CellSetup::default()
+            };
+            let (u, p) = compare(
+                &cell,
+                ("unpinned", CellSetup::default()),
+                (&format!("pinned to CPU {cpu}"), pinned),
+            )?;
             rows.push(Row {
                 workload: w.name().to_string(),
-                local_pct: a.local,
+                local_pct: a.ab.local,
                 prefetcher: pf.clone(),
                 speedup: u.measured_ms / p.measured_ms,
                 unpinned: u,
@@ -232,7 +143,7 @@ pub fn run(a: PlacementArgs) -> Result<()> {
         wall_secs: t0.elapsed().as_secs_f64(),
     };
     print!("{}", markdown(&report));
-    if a.json {
+    if a.ab.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
@@ -240,19 +151,6 @@ pub fn run(a: PlacementArgs) -> Result<()> {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// The median run of one way (by measured time) with every run's time.
-fn way(runs: Vec<(ProcessRecord, RemoteStats)>) -> Way {
-    let runs_ms: Vec<f64> = runs.iter().map(|(r, _)| times(r).0).collect();
-    let (rec, st) = median_run(runs, |(r, _)| times(r).0).expect("repeat >= 1");
-    Way {
-        measured_ms: times(&rec).0,
-        total_ms: times(&rec).1,
-        runs_ms,
-        demand_faults: st.engine.counters.demand_faults,
-        fault_p50_us: st.engine.fault_service.p50 as f64 / 1e3,
-    }
 }
 
 fn markdown(r: &Report) -> String {

@@ -16,7 +16,7 @@ use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::devices::serial::SerialOut;
 use farvm_vmm::memory::Backing;
-use farvm_vmm::remote::{Budget, RemoteMemory, RemoteSpec, RemoteStats};
+use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteMemory, RemoteSpec, RemoteStats};
 use farvm_vmm::size::format_size;
 use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
@@ -100,6 +100,9 @@ pub struct RemoteArgs {
     /// the scheduler]. `farvm bench placement` measures what that buys.
     #[arg(long, value_name = "N")]
     pub fault_path_cpu: Option<usize>,
+    /// Page numbers every cell's prefetcher learns from, as `farvm run --page-space`.
+    #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
+    pub page_space: PageSpaceKind,
 }
 
 const DEFAULT_WORKLOADS: [&str; 8] = [
@@ -198,6 +201,8 @@ pub struct Report {
     pub command: String,
     /// `--fault-path-cpu`: the CPU every cell's fault path was pinned to, if any.
     pub fault_path_cpu: Option<usize>,
+    /// `--page-space`.
+    pub page_space: PageSpaceKind,
     pub floor: Floor,
     pub baselines: Vec<Baseline>,
     pub cells: Vec<Cell>,
@@ -305,20 +310,43 @@ pub(super) fn budget_for(local: f64, footprint: u64) -> Budget {
     }
 }
 
+/// How a remote-memory VM of a cell is set up beyond its budget and prefetcher.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CellSetup {
+    /// `--fault-path-cpu`.
+    pub fault_path_cpu: Option<usize>,
+    /// `--page-space`.
+    pub page_space: PageSpaceKind,
+    /// The test guest hands out frames in runs of 2^shift (`--frame-run-shift`).
+    pub frame_run_shift: u32,
+}
+
+impl Default for CellSetup {
+    /// As `farvm run` with remote memory.
+    fn default() -> Self {
+        Self {
+            fault_path_cpu: None,
+            page_space: PageSpaceKind::Virtual,
+            frame_run_shift: 9,
+        }
+    }
+}
+
 /// Runs one remote-memory VM; `None` for the process if it hit `timeout`.
 pub(super) fn run_remote(
     w: &PlacedWorkload,
     budget: Budget,
     pf: &str,
     timeout: Duration,
-    fault_path_cpu: Option<usize>,
+    setup: CellSetup,
 ) -> Result<(Option<ProcessRecord>, RemoteStats)> {
     let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
-    let cfg = config(w, &name, 9);
+    let cfg = config(w, &name, setup.frame_run_shift);
     let mut spec = RemoteSpec::new(&name);
     spec.budget = budget;
     spec.prefetcher = pf.to_string();
-    spec.fault_path_cpu = fault_path_cpu;
+    spec.fault_path_cpu = setup.fault_path_cpu;
+    spec.page_space = setup.page_space;
     let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
     let vm = Vm::create_with_ram(cfg, remote.guest_ram()?).context("creating the VM")?;
     remote.attach_vm(&vm);
@@ -346,8 +374,9 @@ fn floor(secs: u64) -> Result<Floor> {
     };
     let rows = farvm_memserver::bench::run(&cfg, |_| {}).context("measuring the TCP floor")?;
     let r = rows.first().context("TCP floor: no result")?;
-    let (spin_p50, spin_p99) = tcp_spin_floor(Duration::from_secs(secs.max(1)))
-        .context("measuring the spinning TCP floor")?;
+    let (spin_p50, spin_p99) =
+        farvm_memserver::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
+            .context("measuring the spinning TCP floor")?;
     // The stricter of the two waiting policies is the floor: on this host a blocked waiter's
     // wake-up costs 10-50 µs depending on whether the other core is idle, and spinning avoids
     // it when the peer runs on the other core.
@@ -363,84 +392,11 @@ fn floor(secs: u64) -> Result<Floor> {
         tcp_spinning_p50_us: spin_p50,
         memserver_p50_us: r.memserver.p50_us,
         memserver_p99_us: r.memserver.p99_us,
-        tcp_stream_pages_per_s: tcp_stream_rate(Duration::from_secs(secs.max(1)))
-            .context("measuring the TCP streaming rate")?,
+        tcp_stream_pages_per_s: farvm_memserver::bench::tcp_stream_pages_per_sec(
+            Duration::from_secs(secs.max(1)),
+        )
+        .context("measuring the TCP streaming rate")?,
     })
-}
-
-/// 4 KiB pages per second one loopback TCP connection carries when a thread writes pages
-/// back to back and another reads them: the transport's ceiling, with no protocol at all.
-fn tcp_stream_rate(d: Duration) -> std::io::Result<f64> {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
-    let writer = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = l.accept()?;
-        let page = [0x5Au8; 4096];
-        // Until the reader hangs up.
-        while s.write_all(&page).is_ok() {}
-        Ok(())
-    });
-    let mut c = std::net::TcpStream::connect(addr)?;
-    let mut buf = vec![0u8; 256 << 10];
-    let t0 = Instant::now();
-    let mut bytes = 0u64;
-    while t0.elapsed() < d {
-        let n = c.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        bytes += n as u64;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    drop(c);
-    let _ = writer.join();
-    Ok(bytes as f64 / 4096.0 / secs.max(1e-9))
-}
-
-/// p50 and p99 (µs) of a 16 B request / 4 KiB response ping-pong on loopback whose client
-/// polls the socket (never sleeps) while it waits.
-fn tcp_spin_floor(d: Duration) -> std::io::Result<(f64, f64)> {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
-    let server = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = l.accept()?;
-        s.set_nodelay(true)?;
-        let page = [0xA5u8; 4096];
-        let mut req = [0u8; 16];
-        while s.read_exact(&mut req).is_ok() {
-            s.write_all(&page)?;
-        }
-        Ok(())
-    });
-    let mut c = std::net::TcpStream::connect(addr)?;
-    c.set_nodelay(true)?;
-    c.set_nonblocking(true)?;
-    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let mut resp = [0u8; 4096];
-    let t0 = Instant::now();
-    while t0.elapsed() < d {
-        let st = Instant::now();
-        c.write_all(&[1u8; 16])?;
-        let mut got = 0;
-        while got < resp.len() {
-            match c.read(&mut resp[got..]) {
-                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                Err(e) => return Err(e),
-            }
-        }
-        let _ = hist.record(st.elapsed().as_nanos() as u64);
-    }
-    drop(c);
-    let _ = server.join();
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-    ))
 }
 
 fn counter_or_nan(r: &ProcessRecord, i: usize) -> f64 {
@@ -488,6 +444,11 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         farvm_vmm::affinity::check_cpu(cpu)
             .map_err(|e| anyhow::anyhow!("--fault-path-cpu: {e}"))?;
     }
+    let setup = CellSetup {
+        fault_path_cpu: a.fault_path_cpu,
+        page_space: a.page_space,
+        ..CellSetup::default()
+    };
     let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     // Per workload: all-local, the footprint run (reused as the (100%, none) cell if the
@@ -520,7 +481,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         // The footprint run: all memory local to the engine, no prefetching. It is also the
         // matrix's (100%, none) cell.
         bar.set_message(format!("{} footprint", w.name()));
-        let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout, a.fault_path_cpu)?;
+        let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout, setup)?;
         bar.inc(1);
         if probe.0.is_none() {
             bail!(
@@ -563,7 +524,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
                         bail!("interrupted");
                     }
                     bar.set_message(format!("{} {local}% {pf}", w.name()));
-                    let r = run_remote(w, budget, pf, cell_timeout, a.fault_path_cpu)?;
+                    let r = run_remote(w, budget, pf, cell_timeout, setup)?;
                     bar.inc(1);
                     if r.0.is_none() {
                         // It would time out again: one TIMEOUT run stands for the cell.
@@ -654,6 +615,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
         let partial = Report {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             fault_path_cpu: a.fault_path_cpu,
+            page_space: a.page_space,
             floor: fl.clone(),
             baselines: baselines.clone(),
             cells: cells.clone(),
@@ -665,6 +627,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         fault_path_cpu: a.fault_path_cpu,
+        page_space: a.page_space,
         floor: fl,
         baselines,
         cells,
@@ -735,11 +698,13 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "Fault path (vCPU 0, fault handler, memserver connection threads): {}.\n",
+        "Fault path (vCPU 0, fault handler, memserver connection threads): {}. Prefetchers \
+         learn from {} page numbers.\n",
         match r.fault_path_cpu {
             Some(c) => format!("pinned to CPU {c} (`--fault-path-cpu {c}`)"),
             None => "left to the scheduler".into(),
-        }
+        },
+        r.page_space
     );
     s.push_str(&targets(r));
     let _ = writeln!(

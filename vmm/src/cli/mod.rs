@@ -1,6 +1,8 @@
 //! One module per `farvm` subcommand.
 
 pub mod bench;
+pub mod bench_ab;
+pub mod bench_pagespace;
 pub mod bench_placement;
 pub mod bench_remote;
 pub mod control;

@@ -62,6 +62,16 @@ pub fn render(p: &Value) -> String {
         e["accuracy"].as_f64().unwrap_or(0.0),
         e["coverage"].as_f64().unwrap_or(0.0)
     );
+    if n("page_table_walks") > 0 {
+        let _ = writeln!(
+            s,
+            "  page space: virtual | faults seen virtual {} physical {} | page-table walks {} | candidates unmapped {}",
+            n("faults_seen_virtual"),
+            n("faults_seen_physical"),
+            n("page_table_walks"),
+            n("candidates_unmapped")
+        );
+    }
     let _ = writeln!(
         s,
         "  evictions {} (clean {} dirty {} zero {} rescued {}) in {} rounds",

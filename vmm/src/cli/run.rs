@@ -197,6 +197,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub kvm_async_pf: bool,
 
+    /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
+    /// found by walking its page tables from the CR3 the guest agent publishes; pages it
+    /// cannot place stay physical) or physical (guest-physical pages). Virtual keeps a
+    /// process's sequential scan sequential however the guest kernel scattered its frames
+    /// (`farvm bench page-space`).
+    #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
+    pub page_space: farvm_vmm::remote::PageSpaceKind,
+
     /// Pin the fault path to host CPU N: vCPU 0, the paging engine's fault handler and the
     /// embedded memserver's connection threads (evictor and prefetch receiver stay free). A
     /// demand fault hands off between these threads several times; on a host whose idle CPUs
@@ -437,6 +445,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         farvm_vmm::affinity::check_cpu(cpu).map_err(|e| usage(format!("--fault-path-cpu: {e}")))?;
     }
     spec.fault_path_cpu = a.fault_path_cpu;
+    spec.page_space = a.page_space;
     Ok(Some(spec))
 }
 

@@ -14,4 +14,4 @@ pub mod store;
 
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use ram::EngineRam;
-pub use setup::{RemoteError, RemoteMemory, RemoteSpec, RemoteStats, StatsSource};
+pub use setup::{PageSpaceKind, RemoteError, RemoteMemory, RemoteSpec, RemoteStats, StatsSource};

@@ -61,13 +61,16 @@ pub struct RemoteSpec {
     pub probe_every: u32,
     /// Request timeout of the client.
     pub timeout: Duration,
+    /// Page numbers the prefetcher learns from.
+    pub page_space: PageSpaceKind,
     /// Host CPU for the fault path (vCPU 0, the fault handler and the embedded memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
 }
 
 impl RemoteSpec {
-    /// Defaults: embedded memserver, 50% local, the default prefetcher.
+    /// Defaults: embedded memserver, 50% local, the default prefetcher learning from virtual
+    /// page numbers.
     pub fn new(vm_name: &str) -> Self {
         Self {
             vm_name: vm_name.to_string(),
@@ -79,7 +82,41 @@ impl RemoteSpec {
             probe_every: DEFAULT_PROBE_EVERY,
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
+            page_space: PageSpaceKind::Virtual,
         }
+    }
+}
+
+/// Which page numbers the prefetcher learns from (`farvm run --page-space`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageSpaceKind {
+    /// Guest-physical page numbers.
+    Physical,
+    /// Guest-virtual page numbers of the faulting process, by walking its page tables from
+    /// the CR3 the guest agent published (`farvm_ept::translate::VirtualPages`).
+    Virtual,
+}
+
+impl std::str::FromStr for PageSpaceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "physical" => Ok(Self::Physical),
+            "virtual" => Ok(Self::Virtual),
+            other => Err(format!(
+                "unknown page space `{other}` (physical or virtual)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PageSpaceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Physical => "physical",
+            Self::Virtual => "virtual",
+        })
     }
 }
 
@@ -345,6 +382,9 @@ impl RemoteMemory {
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        if spec.page_space == PageSpaceKind::Virtual {
+            parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
+        }
         let engine = Arc::new(Engine::start(cfg, parts)?);
         if let Some(cpu) = spec.fault_path_cpu {
             // The embedded server's connections are all open (the client has connected), and

@@ -1,0 +1,214 @@
+//! A/B runs of one remote-memory cell under two setups ([`CellSetup`]), taking turns, for the
+//! benches that measure one choice against its baseline in the same invocation (`farvm bench
+//! placement`, `farvm bench page-space`).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use farvm_vmm::devices::pvctl::ProcessRecord;
+use farvm_vmm::remote::{Budget, RemoteStats};
+use farvm_vmm::workload_spec::{place, PlacedWorkload};
+use serde::Serialize;
+
+use super::bench_remote::{budget_for, median_run, run_remote, times, CellSetup};
+
+/// The options every A/B bench takes.
+#[derive(Args, Debug)]
+pub struct AbArgs {
+    /// Workload (repeatable; NAME[:key=value,...]) [default: the command's list, above].
+    #[arg(long = "workload", value_name = "SPEC")]
+    pub workloads: Vec<String>,
+    /// Local memory, percent of the footprint.
+    #[arg(long = "local", value_name = "PCT", default_value_t = 25.0)]
+    pub local: f64,
+    /// Prefetcher (repeatable) [default: the command's list, above].
+    #[arg(long = "prefetcher", value_name = "NAME")]
+    pub prefetchers: Vec<String>,
+    /// Runs per cell and setup (median reported).
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=15))]
+    pub repeat: u32,
+    /// Seconds one VM may run; a cell that hits it fails the bench (a ratio needs both).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub cell_timeout: u64,
+    /// Print the results as JSON too.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What an A/B bench runs: workloads (as given and placed) and prefetchers, checked.
+pub(super) struct Plan {
+    pub specs: Vec<String>,
+    pub placed: Vec<PlacedWorkload>,
+    pub prefetchers: Vec<String>,
+    pub timeout: Duration,
+}
+
+impl AbArgs {
+    /// Checks the options and fills in the command's defaults.
+    pub(super) fn plan(&self, workloads: &[&str], prefetchers: &[&str]) -> Result<Plan> {
+        if !(self.local > 0.0 && self.local < 100.0) {
+            bail!("--local {}: must be a percentage in (0, 100)", self.local);
+        }
+        let or_default = |given: &[String], default: &[&str]| -> Vec<String> {
+            if given.is_empty() {
+                default.iter().map(|s| s.to_string()).collect()
+            } else {
+                given.to_vec()
+            }
+        };
+        let specs = or_default(&self.workloads, workloads);
+        let prefetchers = or_default(&self.prefetchers, prefetchers);
+        for p in &prefetchers {
+            if !farvm_prefetch::registry::names().contains(&p.as_str()) {
+                bail!(
+                    "unknown --prefetcher `{p}` (known: {})",
+                    farvm_prefetch::registry::names().join(", ")
+                );
+            }
+        }
+        let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
+        Ok(Plan {
+            specs,
+            placed,
+            prefetchers,
+            timeout: Duration::from_secs(self.cell_timeout.max(1)),
+        })
+    }
+}
+
+impl Plan {
+    /// The cell of workload `wi` with prefetcher `pf`, reproducing `reference`.
+    pub(super) fn cell<'a>(
+        &'a self,
+        ab: &AbArgs,
+        wi: usize,
+        pf: &'a str,
+        budget: Budget,
+        reference: &ProcessRecord,
+    ) -> Cell<'a> {
+        Cell {
+            workload: &self.placed[wi],
+            spec: &self.specs[wi],
+            budget,
+            local_pct: ab.local,
+            prefetcher: pf,
+            timeout: self.timeout,
+            repeat: ab.repeat,
+            checksum: reference.checksum,
+            ops: reference.ops,
+        }
+    }
+}
+
+/// The reference run of a workload (all memory local to the engine, no prefetch, `setup`):
+/// its record (checksum, ops) and the budget of `local` percent of its footprint.
+pub(super) fn reference(
+    w: &PlacedWorkload,
+    local: f64,
+    timeout: Duration,
+    setup: CellSetup,
+) -> Result<(ProcessRecord, Budget)> {
+    let (rec, st) = run_remote(w, Budget::Unlimited, "none", timeout, setup)?;
+    let rec = rec.with_context(|| {
+        format!(
+            "{}: the reference run did not finish in {} s",
+            w.name(),
+            timeout.as_secs()
+        )
+    })?;
+    Ok((rec, budget_for(local, st.engine.resident_pages)))
+}
+
+/// One setup's runs of a cell: its median run (by measured time) and every run's time.
+#[derive(Debug, Serialize)]
+pub(super) struct Way {
+    pub measured_ms: f64,
+    /// The median run's whole process (setup, warm-up, measured phase) by the host clock.
+    pub total_ms: f64,
+    pub runs_ms: Vec<f64>,
+    pub demand_faults: u64,
+    pub fault_p50_us: f64,
+    pub accuracy: f64,
+    pub coverage: f64,
+    pub page_table_walks: u64,
+    pub faults_seen_virtual: u64,
+}
+
+/// The cell both setups run.
+pub(super) struct Cell<'a> {
+    pub workload: &'a PlacedWorkload,
+    /// How the workload was given (for messages).
+    pub spec: &'a str,
+    pub budget: Budget,
+    pub local_pct: f64,
+    pub prefetcher: &'a str,
+    pub timeout: Duration,
+    pub repeat: u32,
+    /// The checksum and op count every run must reproduce.
+    pub checksum: u64,
+    pub ops: u64,
+}
+
+/// Runs `cell` `repeat` times under each of `a` and `b` (named for messages), taking turns
+/// and starting each round with the other one, so a drift in the host's load spreads over
+/// both. A run that times out or reproduces another checksum fails the comparison.
+pub(super) fn compare(
+    cell: &Cell,
+    a: (&str, CellSetup),
+    b: (&str, CellSetup),
+) -> Result<(Way, Way)> {
+    let mut runs: [Vec<(ProcessRecord, RemoteStats)>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..cell.repeat {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            if farvm_vmm::signals::termination_requested().is_some() {
+                bail!("interrupted");
+            }
+            let (name, setup) = if i == 0 { a } else { b };
+            let what = format!(
+                "{} {}% {} {name}",
+                cell.spec, cell.local_pct, cell.prefetcher
+            );
+            let (rec, st) = run_remote(
+                cell.workload,
+                cell.budget,
+                cell.prefetcher,
+                cell.timeout,
+                setup,
+            )?;
+            let rec = rec.with_context(|| {
+                format!("{what}: did not finish in {} s", cell.timeout.as_secs())
+            })?;
+            if rec.checksum != cell.checksum || rec.ops != cell.ops {
+                bail!(
+                    "{what}: checksum {:#x} differs from the reference run's {:#x}",
+                    rec.checksum,
+                    cell.checksum
+                );
+            }
+            eprintln!("{what}: {:.1} ms", times(&rec).0);
+            runs[i].push((rec, st));
+        }
+    }
+    let [ra, rb] = runs;
+    Ok((way(ra), way(rb)))
+}
+
+fn way(runs: Vec<(ProcessRecord, RemoteStats)>) -> Way {
+    let runs_ms: Vec<f64> = runs.iter().map(|(r, _)| times(r).0).collect();
+    let (rec, st) = median_run(runs, |(r, _)| times(r).0).expect("repeat >= 1");
+    let e = &st.engine;
+    Way {
+        measured_ms: times(&rec).0,
+        total_ms: times(&rec).1,
+        runs_ms,
+        demand_faults: e.counters.demand_faults,
+        fault_p50_us: e.fault_service.p50 as f64 / 1e3,
+        accuracy: e.accuracy,
+        coverage: e.coverage,
+        page_table_walks: e.counters.page_table_walks,
+        faults_seen_virtual: e.counters.faults_seen_virtual,
+    }
+}
