@@ -8,7 +8,7 @@
 //! costs tens of µs, ten times one on the same CPU ([`wakeup_round_trip`], printed by `farvm
 //! bench placement`). Keeping the chain on one CPU turns its hand-offs into plain context
 //! switches; the evictor, prefetch receiver and everything else keep running on any CPU.
-//! `farvm bench placement` measures what that buys per workload (README "Thread placement").
+//! `farvm bench placement` measures what that buys per workload (README "Fault-path placement").
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
