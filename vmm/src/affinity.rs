@@ -14,19 +14,10 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-/// Host CPUs this process may run on.
+/// Host CPUs this process may run on (the calling thread's affinity, which threads it
+/// spawns inherit).
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed; pid 0 is this thread.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, the bit count of `set`.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    thread_cpus(0)
 }
 
 /// Checks that `cpu` is one this process may run on (a clear error before any VM starts).
@@ -64,7 +55,7 @@ pub fn pin_thread(tid: i32, cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// The CPUs kernel thread `tid` may run on.
+/// The CPUs kernel thread `tid` (0: the calling thread) may run on.
 pub fn thread_cpus(tid: i32) -> io::Result<Vec<usize>> {
     // SAFETY: an all-zero cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };

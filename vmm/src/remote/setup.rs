@@ -386,19 +386,7 @@ impl RemoteMemory {
             parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
         }
         let engine = Arc::new(Engine::start(cfg, parts)?);
-        if let Some(cpu) = spec.fault_path_cpu {
-            // The embedded server's connections are all open (the client has connected), and
-            // each thread registered its id before answering the handshake.
-            // (vCPU 0 has not started yet: `watch_vcpus` pins it when it registers.)
-            let mut tids = vec![engine.fault_thread_id()];
-            tids.extend(embedded.iter().flat_map(|h| h.connection_thread_ids()));
-            for tid in tids {
-                crate::affinity::pin_thread(tid, cpu)
-                    .map_err(|source| RemoteError::Placement { cpu, source })?;
-            }
-            tracing::info!(cpu, "fault path pinned (vCPU 0 follows when it starts)");
-        }
-        Ok(Self {
+        let remote = Self {
             engine,
             store,
             stage2,
@@ -407,7 +395,18 @@ impl RemoteMemory {
             fault_path_cpu: spec.fault_path_cpu,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
-        })
+        };
+        if let Some(cpu) = spec.fault_path_cpu {
+            // The embedded server's connections are all open (the client has connected), and
+            // each thread registered its id before answering the handshake. vCPU 0 has not
+            // started yet: `watch_vcpus` pins it when it registers.
+            for tid in remote.fault_path_thread_ids() {
+                crate::affinity::pin_thread(tid, cpu)
+                    .map_err(|source| RemoteError::Placement { cpu, source })?;
+            }
+            tracing::info!(cpu, "fault path pinned (vCPU 0 follows when it starts)");
+        }
+        Ok(remote)
     }
 
     /// The engine (guest RAM, stats).
