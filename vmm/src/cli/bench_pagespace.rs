@@ -75,10 +75,7 @@ struct Report {
 pub fn run(a: PageSpaceArgs) -> Result<()> {
     farvm_vmm::signals::install_termination_handlers()?;
     let t0 = Instant::now();
-    if let Some(cpu) = a.fault_path_cpu {
-        farvm_vmm::affinity::check_cpu(cpu)
-            .map_err(|e| anyhow::anyhow!("--fault-path-cpu: {e}"))?;
-    }
+    super::run::check_fault_path_cpu(a.fault_path_cpu).map_err(anyhow::Error::msg)?;
     let plan = a.ab.plan(&DEFAULT_WORKLOADS, &["leap+stream"])?;
     let base_setup = CellSetup {
         fault_path_cpu: a.fault_path_cpu,

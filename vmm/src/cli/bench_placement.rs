@@ -86,7 +86,7 @@ pub fn run(a: PlacementArgs) -> Result<()> {
     let allowed = affinity::allowed_cpus().context("reading this process's CPU affinity")?;
     let cpu = match a.cpu {
         Some(c) => {
-            affinity::check_cpu(c).map_err(anyhow::Error::msg)?;
+            affinity::check_cpu(c).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
             c
         }
         None => *allowed.first().context("this process may run on no CPU")?,

@@ -440,10 +440,7 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             );
         }
     }
-    if let Some(cpu) = a.fault_path_cpu {
-        farvm_vmm::affinity::check_cpu(cpu)
-            .map_err(|e| anyhow::anyhow!("--fault-path-cpu: {e}"))?;
-    }
+    super::run::check_fault_path_cpu(a.fault_path_cpu).map_err(anyhow::Error::msg)?;
     let setup = CellSetup {
         fault_path_cpu: a.fault_path_cpu,
         page_space: a.page_space,

@@ -394,6 +394,14 @@ pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
     Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
 }
 
+/// Checks a `--fault-path-cpu` (of `farvm run` and the benches): a CPU this process may run on.
+pub fn check_fault_path_cpu(cpu: Option<usize>) -> Result<(), String> {
+    match cpu {
+        Some(c) => farvm_vmm::affinity::check_cpu(c).map_err(|e| format!("--fault-path-cpu: {e}")),
+        None => Ok(()),
+    }
+}
+
 /// The remote-memory settings of `a`, or `None` when guest RAM stays local.
 pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
@@ -441,9 +449,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.budget = budget;
     spec.prefetcher = a.prefetcher.clone();
     spec.probe_every = a.probe_every;
-    if let Some(cpu) = a.fault_path_cpu {
-        farvm_vmm::affinity::check_cpu(cpu).map_err(|e| usage(format!("--fault-path-cpu: {e}")))?;
-    }
+    check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
     Ok(Some(spec))
