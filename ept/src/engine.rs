@@ -18,7 +18,7 @@ use crate::error::EngineError;
 use crate::hash::{self, Fingerprint};
 use crate::stage2::{StageTwo, StageTwoGate};
 use crate::state::{self as st, PageTable};
-use crate::stats::{Counters, Histograms, Stats};
+use crate::stats::{CounterValues, Counters, Histograms, Stats};
 use crate::store::{Completion, CompletionSink, GuestPage, RemoteStore};
 use crate::sys::mem::GuestRam;
 use crate::sys::poll::EventFd;
@@ -581,6 +581,12 @@ impl Engine {
 
     pub fn stats(&self) -> Stats {
         self.inner.stats()
+    }
+
+    /// The counters alone (relaxed loads, no histogram merge: cheap enough for every guest
+    /// phase change).
+    pub fn counters(&self) -> CounterValues {
+        self.inner.counters.snapshot()
     }
 
     /// The paging state of the page holding `gpa` (None if outside guest RAM).

@@ -36,7 +36,7 @@ pub mod vcpu;
 pub use config::{Budget, EngineConfig, DEFAULT_PROBE_EVERY};
 pub use engine::{Engine, EngineParts, LostPage, PageState};
 pub use error::EngineError;
-pub use stats::Stats;
+pub use stats::{CounterValues, PrefetchEstimate, Stats};
 
 /// Guest page size (4 KiB).
 pub const PAGE_SIZE: usize = 4096;

@@ -30,6 +30,12 @@ macro_rules! counters {
             pub fn pairs(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name),)*]
             }
+
+            /// What was counted between `earlier` and `self` (field by field; a counter never
+            /// goes down, so a smaller value means `earlier` came from another engine: 0).
+            pub fn since(&self, earlier: &CounterValues) -> CounterValues {
+                CounterValues { $($name: self.$name.saturating_sub(earlier.$name),)* }
+            }
         }
     };
 }
@@ -241,6 +247,49 @@ impl LatencySummary {
     }
 }
 
+/// Prefetch accuracy and coverage estimated from counters (a whole run's, or the difference
+/// between two snapshots, e.g. one phase of a workload).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrefetchEstimate {
+    /// Probe hits / resolved probes (probes are a systematic 1-in-N sample of every prefetch);
+    /// `accuracy_markers` when no probe resolved.
+    pub accuracy: f64,
+    /// Hits / resolved staged pages (prefetcher markers and probes).
+    pub accuracy_markers: f64,
+    /// Estimated prefetch hits / (those + demand faults); injected hits are estimated as
+    /// `injected * accuracy`.
+    pub coverage: f64,
+    /// The estimated prefetch hits behind `coverage`.
+    pub hits: f64,
+}
+
+impl PrefetchEstimate {
+    pub fn of(c: &CounterValues) -> Self {
+        let ratio = |hits: u64, misses: u64| {
+            if hits + misses == 0 {
+                None
+            } else {
+                Some(hits as f64 / (hits + misses) as f64)
+            }
+        };
+        let accuracy_markers = ratio(c.prefetch_marker_hits, c.prefetch_wasted).unwrap_or(0.0);
+        let accuracy = ratio(c.probe_hits, c.probe_wasted).unwrap_or(accuracy_markers);
+        let hits = c.prefetch_marker_hits as f64
+            + c.prefetch_late_hits as f64
+            + c.prefetch_injected as f64 * accuracy;
+        // Late hits are not demand faults (the fault joined the in-flight prefetch), so the
+        // misses are exactly the demand faults.
+        let denom = hits + c.demand_faults as f64;
+        let coverage = if denom <= 0.0 { 0.0 } else { hits / denom };
+        Self {
+            accuracy,
+            accuracy_markers,
+            coverage,
+            hits,
+        }
+    }
+}
+
 /// Everything the VMM serves on `farvm stats` / Prometheus for one VM.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -278,23 +327,10 @@ pub struct Stats {
 
 impl Stats {
     pub(crate) fn fill_derived(&mut self, h: &Histograms) {
-        let c = &self.counters;
-        let ratio = |hits: u64, misses: u64| {
-            if hits + misses == 0 {
-                None
-            } else {
-                Some(hits as f64 / (hits + misses) as f64)
-            }
-        };
-        self.accuracy_markers = ratio(c.prefetch_marker_hits, c.prefetch_wasted).unwrap_or(0.0);
-        self.accuracy = ratio(c.probe_hits, c.probe_wasted).unwrap_or(self.accuracy_markers);
-        let est_hits = c.prefetch_marker_hits as f64
-            + c.prefetch_late_hits as f64
-            + c.prefetch_injected as f64 * self.accuracy;
-        // Late hits are not demand faults (the fault joined the in-flight prefetch), so the
-        // misses are exactly the demand faults.
-        let denom = est_hits + c.demand_faults as f64;
-        self.coverage = if denom <= 0.0 { 0.0 } else { est_hits / denom };
+        let e = PrefetchEstimate::of(&self.counters);
+        self.accuracy_markers = e.accuracy_markers;
+        self.accuracy = e.accuracy;
+        self.coverage = e.coverage;
         let m = h.merged();
         self.fault_service = LatencySummary::of(&m[Hist::FaultService as usize]);
         self.zero_fill = LatencySummary::of(&m[Hist::ZeroFill as usize]);
@@ -403,5 +439,32 @@ mod tests {
         let json = serde_json::to_string(&st).unwrap();
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, st);
+    }
+
+    #[test]
+    fn a_phase_estimate_is_taken_from_the_difference_of_two_snapshots() {
+        let c = Counters::default();
+        c.demand_faults.store(100, Ordering::Relaxed);
+        c.prefetch_injected.store(50, Ordering::Relaxed);
+        let start = c.snapshot();
+        c.demand_faults.fetch_add(10, Ordering::Relaxed);
+        c.prefetch_injected.fetch_add(40, Ordering::Relaxed);
+        c.probe_hits.fetch_add(3, Ordering::Relaxed);
+        c.probe_wasted.fetch_add(1, Ordering::Relaxed);
+        let d = c.snapshot().since(&start);
+        assert_eq!((d.demand_faults, d.prefetch_injected), (10, 40));
+        let e = PrefetchEstimate::of(&d);
+        assert!((e.accuracy - 0.75).abs() < 1e-9);
+        assert!((e.hits - 30.0).abs() < 1e-9, "40 injected at 75%");
+        assert!(
+            (e.coverage - 0.75).abs() < 1e-9,
+            "30 hits / (30 + 10 faults)"
+        );
+        // Snapshots of two engines: no negative counts.
+        assert_eq!(start.since(&c.snapshot()).demand_faults, 0);
+        assert_eq!(
+            PrefetchEstimate::of(&CounterValues::default()).coverage,
+            0.0
+        );
     }
 }

@@ -144,6 +144,16 @@ fn a_scan_over_shuffled_frames_is_prefetched_in_virtual_page_order() {
     sp.page_space = PageSpaceKind::Virtual;
     let (report, virt) = run_remote(&s, &sp);
     assert_native_checksums(&s, &report, &virt);
+    // Phase events carry the engine's counters: the measured passes alone are a stream too.
+    let measured = report.processes[0]
+        .measured_phase_paging()
+        .expect("phase events carry paging counters");
+    let est = farvm_ept::PrefetchEstimate::of(&measured);
+    assert!(
+        measured.prefetch_issued > 0 && est.coverage > 0.9,
+        "measured phase: {measured:?}, {est:?}"
+    );
+    assert!(measured.demand_faults <= virt.engine.counters.demand_faults);
     sp.page_space = PageSpaceKind::Physical;
     let (report, phys) = run_remote(&s, &sp);
     assert_native_checksums(&s, &report, &phys);

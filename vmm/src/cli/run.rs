@@ -690,6 +690,15 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
             p.checksum
         );
     }
+    for p in &r.processes {
+        if let Some(d) = p.measured_phase_paging() {
+            let e = farvm_ept::PrefetchEstimate::of(&d);
+            println!(
+                "{:>4} measured phase (the VM's paging meanwhile): demand faults {} | zero-fill {} | prefetches issued {} | coverage {:.3}",
+                p.pid, d.demand_faults, d.zero_fills, d.prefetch_issued, e.coverage
+            );
+        }
+    }
     if let VmOutcome::GuestShutdown { status } = r.outcome {
         println!(
             "guest shut down with status {status} after {:.3} s",
@@ -704,6 +713,12 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
         o.insert("name".into(), workload_name(p.workload).into());
         o.insert("state_name".into(), state_name(p.state).into());
         o.insert("time_ms".into(), (p.elapsed_ns as f64 / 1e6).into());
+        if let Some(d) = p.measured_phase_paging() {
+            o.insert(
+                "measured_phase_paging".into(),
+                serde_json::to_value(&d).unwrap_or(serde_json::Value::Null),
+            );
+        }
         if p.state == state::FAILED {
             o.insert(
                 "error_text".into(),

@@ -7,8 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use farvm_ept::CounterValues;
 
 use farvm_guest_agent::boot::MemRange;
 use farvm_guest_agent::frames::FrameOrder;
@@ -35,14 +37,21 @@ pub enum PvAction {
 }
 
 /// One mailbox doorbell, timestamped by the host.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct PhaseEvent {
     pub phase: u32,
     pub state: u32,
     /// Host monotonic time since the VM started, ns.
     pub host_ns: u64,
     pub cpu: u32,
+    /// The paging engine's counters at the doorbell (VMs with remote memory only), so each
+    /// phase of a workload gets its own fault and prefetch counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paging: Option<CounterValues>,
 }
+
+/// Reads the paging engine's counters (`None` once the engine is gone).
+pub type PagingCountersFn = Box<dyn Fn() -> Option<CounterValues> + Send + Sync>;
 
 /// What the VMM knows about one guest process, from its mailbox.
 #[derive(Clone, Debug, Serialize)]
@@ -71,6 +80,19 @@ pub struct ProcessRecord {
 }
 
 impl ProcessRecord {
+    /// What the paging engine counted between this process's MEASURE and MEASURED doorbells
+    /// (None without remote memory or before the phase ended). The counters are the VM's:
+    /// other processes running meanwhile are counted too.
+    pub fn measured_phase_paging(&self) -> Option<CounterValues> {
+        let at = |ph: u32| {
+            self.events
+                .iter()
+                .find(|e| e.phase == ph)
+                .and_then(|e| e.paging.as_ref())
+        };
+        Some(at(pv::phase::MEASURED)?.since(at(pv::phase::MEASURE)?))
+    }
+
     fn update(&mut self, m: &Mailbox) {
         self.pid = m.pid;
         self.cpu = m.cpu;
@@ -115,6 +137,8 @@ pub struct PvCtl {
     pub counters: PvCounters,
     /// Print guest log lines on stderr (besides tracing).
     echo_logs: bool,
+    /// Stamps each phase event with the paging counters ([`Self::set_paging_counters`]).
+    paging_counters: OnceLock<PagingCountersFn>,
 }
 
 /// Keeps at most this many guest log lines for `stats`.
@@ -140,7 +164,14 @@ impl PvCtl {
             log_lines: Mutex::new(Vec::new()),
             counters: PvCounters::default(),
             echo_logs,
+            paging_counters: OnceLock::new(),
         }
+    }
+
+    /// Makes every later phase event carry the counters `f` returns. Returns false if a
+    /// source was already set.
+    pub fn set_paging_counters(&self, f: PagingCountersFn) -> bool {
+        self.paging_counters.set(f).is_ok()
     }
 
     /// Whether `port` belongs to this device.
@@ -231,6 +262,7 @@ impl PvCtl {
 
     fn doorbell(&self, cpu: u32, gpa: u64) {
         let host_ns = self.now_ns();
+        let paging = self.paging_counters.get().and_then(|f| f());
         self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
         let m: Mailbox = match self.ram.read_obj::<Mailbox>(gpa) {
             Ok(m) if m.magic == MAILBOX_MAGIC => m,
@@ -268,6 +300,7 @@ impl PvCtl {
             state: m.state,
             host_ns,
             cpu,
+            paging,
         });
     }
 
@@ -672,6 +705,42 @@ mod tests {
         assert_eq!(d.current_pid(1), Some(7));
         d.ram.write_obj(0x70008, &5u64).unwrap(); // writer in progress
         assert_eq!(d.current_pid(1), None);
+    }
+
+    #[test]
+    fn phase_events_carry_the_paging_counters_of_their_moment() {
+        let d = dev();
+        let m = Mailbox {
+            magic: MAILBOX_MAGIC,
+            pid: 3,
+            phase: 2,
+            ..Default::default()
+        };
+        d.ram.write_obj(0x50000, &m).unwrap();
+        d.write(0, pv::PORT_MAILBOX, 0x50000);
+        let faults = Arc::new(AtomicU64::new(10));
+        let f = faults.clone();
+        assert!(d.set_paging_counters(Box::new(move || {
+            Some(CounterValues {
+                demand_faults: f.load(Ordering::Relaxed),
+                ..Default::default()
+            })
+        })));
+        assert!(!d.set_paging_counters(Box::new(|| None)), "set once");
+        d.write(0, pv::PORT_MAILBOX, 0x50000);
+        faults.store(25, Ordering::Relaxed);
+        d.ram
+            .write_obj(0x50000, &Mailbox { phase: 3, ..m })
+            .unwrap();
+        d.write(0, pv::PORT_MAILBOX, 0x50000);
+        let ev = &d.processes()[0].events;
+        let at: Vec<_> = ev
+            .iter()
+            .map(|e| (e.phase, e.paging.as_ref().map(|c| c.demand_faults)))
+            .collect();
+        assert_eq!(at, [(2, None), (2, Some(10)), (3, Some(25))]);
+        let json = serde_json::to_value(&ev[0]).unwrap();
+        assert!(json.get("paging").is_none(), "no engine, no paging key");
     }
 
     #[test]

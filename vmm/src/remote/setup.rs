@@ -438,6 +438,10 @@ impl RemoteMemory {
         let w1 = Arc::downgrade(vm.shared());
         let w2 = w1.clone();
         let w3 = w1.clone();
+        let engine = Arc::downgrade(&self.engine);
+        vm.shared()
+            .pv
+            .set_paging_counters(Box::new(move || engine.upgrade().map(|e| e.counters())));
         self.watch_vcpus(
             ncpus,
             move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
