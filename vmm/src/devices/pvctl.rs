@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use farvm_ept::CounterValues;
-
 use farvm_guest_agent::boot::MemRange;
 use farvm_guest_agent::frames::FrameOrder;
 use farvm_guest_agent::pv::{self, BulkOp, LogRecord, Mailbox, LOG_MAX, MAILBOX_MAGIC};
