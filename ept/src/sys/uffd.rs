@@ -115,6 +115,12 @@ pub enum Installed {
     AlreadyMapped,
 }
 
+/// Bytes an install ioctl that failed with EAGAIN did before failing (its `mapped`/`copy`
+/// field: the bytes done, or a negative errno when it did none).
+fn resumed(field: i64) -> u64 {
+    u64::try_from(field).unwrap_or(0)
+}
+
 /// A userfaultfd file descriptor (non-blocking, close-on-exec).
 #[derive(Debug)]
 pub struct Uffd {
@@ -200,10 +206,22 @@ impl Uffd {
     }
 
     /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode).
+    ///
+    /// The kernel stops at the first page that is mapped already: with nothing mapped before
+    /// it that is EEXIST, else EAGAIN with `mapped` = the bytes it did map. Either way this
+    /// resumes right after, as a range: a guest fault that mapped one page of an injected run
+    /// (a race the fault handler wins often on a sequential scan) costs one extra call, not
+    /// one call per remaining page.
     pub fn continue_range(&self, start: u64, len: u64, wake: bool) -> io::Result<Installed> {
-        loop {
+        let end = start + len;
+        let mut at = start;
+        let mut outcome = Installed::Done;
+        while at < end {
             let mut c = UffdioContinue {
-                range: UffdioRange { start, len },
+                range: UffdioRange {
+                    start: at,
+                    len: end - at,
+                },
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 mapped: 0,
             };
@@ -211,39 +229,38 @@ impl Uffd {
             // (checked by the kernel, which returns an error otherwise).
             let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE, &mut c) };
             if r == 0 {
-                return Ok(Installed::Done);
+                break;
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) => continue,
-                Some(libc::EEXIST) if len > PAGE => {
-                    // Part of the range was already mapped; the kernel stops at the first such
-                    // page, so finish page by page.
-                    let mut a = start;
-                    while a < start + len {
-                        self.continue_range(a, PAGE, wake)?;
-                        a += PAGE;
-                    }
-                    return Ok(Installed::AlreadyMapped);
-                }
+                // Partial progress (`mapped` > 0), or the mm changed under it (`mapped` < 0):
+                // go on from the first page not mapped by this call.
+                Some(libc::EAGAIN) => at += resumed(c.mapped),
                 Some(libc::EEXIST) => {
                     if wake {
-                        self.wake(start, len)?;
+                        self.wake(at, PAGE)?;
                     }
-                    return Ok(Installed::AlreadyMapped);
+                    outcome = Installed::AlreadyMapped;
+                    at += PAGE;
                 }
                 _ => return Err(e),
             }
         }
+        Ok(outcome)
     }
 
-    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode).
+    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode). Like
+    /// [`Self::continue_range`], resumes after partial progress and skips pages that are
+    /// mapped already.
     pub fn copy(&self, dst: u64, src: *const u8, len: u64, wake: bool) -> io::Result<Installed> {
-        loop {
+        let mut done = 0;
+        let mut outcome = Installed::Done;
+        while done < len {
             let mut c = UffdioCopy {
-                dst,
-                src: src as u64,
-                len,
+                dst: dst + done,
+                // `src` + `done` stays inside the caller's `len` bytes.
+                src: src as u64 + done,
+                len: len - done,
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 copy: 0,
             };
@@ -251,20 +268,22 @@ impl Uffd {
             // with copy_from_user (faults become EFAULT, not UB) and validates `dst`.
             let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) };
             if r == 0 {
-                return Ok(Installed::Done);
+                break;
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) => continue,
+                Some(libc::EAGAIN) => done += resumed(c.copy),
                 Some(libc::EEXIST) => {
                     if wake {
-                        self.wake(dst, len)?;
+                        self.wake(dst + done, PAGE)?;
                     }
-                    return Ok(Installed::AlreadyMapped);
+                    outcome = Installed::AlreadyMapped;
+                    done += PAGE;
                 }
                 _ => return Err(e),
             }
         }
+        Ok(outcome)
     }
 
     /// Wakes threads waiting on faults in the range without installing anything.
@@ -317,5 +336,58 @@ impl Uffd {
 
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::mem::GuestRam;
+
+    /// Whether the page at `addr` of this process is mapped (pagemap's present bit): a look
+    /// at the page tables that never touches the page, which here would fault into our own
+    /// userfaultfd with nobody to serve it.
+    fn mapped(addr: u64) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open("/proc/self/pagemap").expect("pagemap");
+        f.seek(SeekFrom::Start(addr / PAGE * 8)).expect("seek");
+        let mut e = [0u8; 8];
+        f.read_exact(&mut e).expect("read");
+        u64::from_ne_bytes(e) >> 63 == 1
+    }
+
+    #[test]
+    fn a_range_with_pages_mapped_already_is_mapped_whole() {
+        let ram = GuestRam::new(8 * PAGE as usize).expect("memfd");
+        let uffd = Uffd::open(feature::MINOR_SHMEM).expect("userfaultfd (root?)");
+        uffd.register(
+            ram.guest_base(),
+            ram.len() as u64,
+            mode::MISSING | mode::MINOR,
+        )
+        .expect("register");
+        for p in 0..8 {
+            ram.allocate_zero(p);
+        }
+        let at = |p: u64| ram.guest_page_addr(p);
+        // Pages 0 and 3 are mapped first, as a racing guest fault would have.
+        for p in [0, 3] {
+            assert_eq!(
+                uffd.continue_range(at(p), PAGE, false).unwrap(),
+                Installed::Done
+            );
+        }
+        assert!(mapped(at(3)) && !mapped(at(1)), "pagemap tells mapped pages apart");
+        // The kernel stops at page 0 (EEXIST), then after pages 1-2 at page 3 (EAGAIN with
+        // partial progress): both are skipped and the rest is mapped.
+        assert_eq!(
+            uffd.continue_range(at(0), 8 * PAGE, false).unwrap(),
+            Installed::AlreadyMapped
+        );
+        assert!((0..8).all(|p| mapped(at(p))), "every page mapped");
+        assert_eq!(
+            uffd.continue_range(at(2), 2 * PAGE, true).unwrap(),
+            Installed::AlreadyMapped
+        );
     }
 }
