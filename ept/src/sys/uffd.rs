@@ -377,7 +377,10 @@ mod tests {
                 Installed::Done
             );
         }
-        assert!(mapped(at(3)) && !mapped(at(1)), "pagemap tells mapped pages apart");
+        assert!(
+            mapped(at(3)) && !mapped(at(1)),
+            "pagemap tells mapped pages apart"
+        );
         // The kernel stops at page 0 (EEXIST), then after pages 1-2 at page 3 (EAGAIN with
         // partial progress): both are skipped and the rest is mapped.
         assert_eq!(
