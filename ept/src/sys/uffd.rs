@@ -115,12 +115,6 @@ pub enum Installed {
     AlreadyMapped,
 }
 
-/// Bytes an install ioctl that failed with EAGAIN did before failing (its `mapped`/`copy`
-/// field: the bytes done, or a negative errno when it did none).
-fn resumed(field: i64) -> u64 {
-    u64::try_from(field).unwrap_or(0)
-}
-
 /// A userfaultfd file descriptor (non-blocking, close-on-exec).
 #[derive(Debug)]
 pub struct Uffd {
@@ -206,21 +200,12 @@ impl Uffd {
     }
 
     /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode).
-    ///
-    /// The kernel stops at the first page that is mapped already: with nothing mapped before
-    /// it that is EEXIST, else EAGAIN with `mapped` = the bytes it did map. Either way this
-    /// resumes right after, as a range: a guest fault that mapped one page of an injected run
-    /// (a race the fault handler wins often on a sequential scan) costs one extra call, not
-    /// one call per remaining page.
     pub fn continue_range(&self, start: u64, len: u64, wake: bool) -> io::Result<Installed> {
-        let end = start + len;
-        let mut at = start;
-        let mut outcome = Installed::Done;
-        while at < end {
+        self.install_range(start, len, wake, |done, rest| {
             let mut c = UffdioContinue {
                 range: UffdioRange {
-                    start: at,
-                    len: end - at,
+                    start: start + done,
+                    len: rest,
                 },
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 mapped: 0,
@@ -228,54 +213,59 @@ impl Uffd {
             // SAFETY: pointer to a live `uffdio_continue`; the range lies in a registered VMA
             // (checked by the kernel, which returns an error otherwise).
             let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE, &mut c) };
-            if r == 0 {
-                break;
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                // Partial progress (`mapped` > 0), or the mm changed under it (`mapped` < 0):
-                // go on from the first page not mapped by this call.
-                Some(libc::EAGAIN) => at += resumed(c.mapped),
-                Some(libc::EEXIST) => {
-                    if wake {
-                        self.wake(at, PAGE)?;
-                    }
-                    outcome = Installed::AlreadyMapped;
-                    at += PAGE;
-                }
-                _ => return Err(e),
-            }
-        }
-        Ok(outcome)
+            (r, c.mapped)
+        })
     }
 
-    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode). Like
-    /// [`Self::continue_range`], resumes after partial progress and skips pages that are
-    /// mapped already.
+    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode).
     pub fn copy(&self, dst: u64, src: *const u8, len: u64, wake: bool) -> io::Result<Installed> {
-        let mut done = 0;
-        let mut outcome = Installed::Done;
-        while done < len {
+        self.install_range(dst, len, wake, |done, rest| {
             let mut c = UffdioCopy {
                 dst: dst + done,
                 // `src` + `done` stays inside the caller's `len` bytes.
                 src: src as u64 + done,
-                len: len - done,
+                len: rest,
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 copy: 0,
             };
-            // SAFETY: pointer to a live `uffdio_copy`; the kernel reads `len` bytes at `src`
+            // SAFETY: pointer to a live `uffdio_copy`; the kernel reads `rest` bytes at `src`
             // with copy_from_user (faults become EFAULT, not UB) and validates `dst`.
             let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) };
+            (r, c.copy)
+        })
+    }
+
+    /// Drives an install ioctl over `[start, start+len)`: `call(done, rest)` issues it for the
+    /// `rest` bytes after the first `done` and returns its result and progress field
+    /// (`mapped` / `copy`).
+    ///
+    /// The kernel stops at the first page that is mapped already: with nothing installed
+    /// before it that is EEXIST, else EAGAIN with the progress field = the bytes it did
+    /// install (EAGAIN with a negative field: the mm changed under it, nothing done). Either
+    /// way this resumes right after, as a range: a guest fault that mapped one page of an
+    /// injected run (a race the fault handler wins often on a sequential scan) costs one extra
+    /// call, not one call per remaining page.
+    fn install_range(
+        &self,
+        start: u64,
+        len: u64,
+        wake: bool,
+        mut call: impl FnMut(u64, u64) -> (libc::c_int, i64),
+    ) -> io::Result<Installed> {
+        let mut done = 0;
+        let mut outcome = Installed::Done;
+        while done < len {
+            let (r, progress) = call(done, len - done);
             if r == 0 {
                 break;
             }
+            // Read right after the ioctl (`call` makes no other call).
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) => done += resumed(c.copy),
+                Some(libc::EAGAIN) => done += u64::try_from(progress).unwrap_or(0),
                 Some(libc::EEXIST) => {
                     if wake {
-                        self.wake(dst + done, PAGE)?;
+                        self.wake(start + done, PAGE)?;
                     }
                     outcome = Installed::AlreadyMapped;
                     done += PAGE;
