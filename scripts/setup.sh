@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages farvm needs to build and test (Debian/Ubuntu), then builds the
-# release binaries. Idempotent: a second run only rebuilds what changed.
+# release binaries: farvm (the VMM), farvm-memserver and farvm-lab (benchmarks and trace tools).
+# Idempotent: a second run only rebuilds what changed.
 #   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
@@ -23,4 +24,4 @@ if [[ ! -w /dev/kvm ]]; then
     echo "setup: warning: /dev/kvm is missing or not writable; VMs cannot run here" >&2
 fi
 cargo build --release --workspace --bins
-echo "setup: done; binaries in target/release/ (farvm, farvm-memserver)"
+echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-lab)"

@@ -1,4 +1,4 @@
-//! Prefetchers by name, so `farvm run --prefetcher NAME` and `farvm trace eval --prefetcher`
+//! Prefetchers by name, so `farvm run --prefetcher NAME` and `farvm-lab trace eval --prefetcher`
 //! build exactly the same policies from one [`Config`].
 
 use crate::composite::LeapStream;

@@ -1,13 +1,13 @@
 //! The standard results: generates the reference traces in memory, replays every prefetcher in
 //! both hit-visibility modes, and checks the targets farvm's README states.
 //!
-//! Sizes (`Scale::Full`, `farvm trace report --full`): sequential 2^20 pages; stride-10
+//! Sizes (`Scale::Full`, `farvm-lab trace report --full`): sequential 2^20 pages; stride-10
 //! 2^20 accesses; uniform random 2^20 accesses over 2^20 pages; two-stream 2 × 2^19 pages;
 //! multi-process mix = a 2^19-page scan (pid 1) interleaved 50/50 with a random polluter over
 //! 2^22 pages (pid 2; its pages are rarely touched twice, as with SNU's 334 MB polluter, so
 //! prefetching for it cannot pay off by accident). Local memory is 2^19 pages (half of the
 //! first three traces).
-//! `Scale::Standard` (the default of `farvm trace report`) divides every size by 4 and
+//! `Scale::Standard` (the default of `farvm-lab trace report`) divides every size by 4 and
 //! `Scale::Quick` (the unit test) by 16; all three give the same verdicts.
 
 use crate::eval::{replay, EvalConfig, EvalError, Stats};
@@ -21,7 +21,7 @@ use crate::HitVisibility;
 pub enum Scale {
     /// The sizes in the module documentation (about a minute of CPU in release).
     Full,
-    /// Every size divided by 4 (the default of `farvm trace report`; same verdicts).
+    /// Every size divided by 4 (the default of `farvm-lab trace report`; same verdicts).
     Standard,
     /// Every size divided by 16 (for tests; same verdicts).
     Quick,

@@ -5,10 +5,11 @@
 //! answers, the handler wakes again, installs and wakes the vCPU. Each hand-off to a thread
 //! whose CPU sits idle is a wake-up of that CPU. On a host whose idle CPUs halt without
 //! polling (a VM with `haltpoll.guest_halt_poll_ns=0`, as measured here) a wake-up across CPUs
-//! costs tens of µs, ten times one on the same CPU ([`wakeup_round_trip`], printed by `farvm
+//! costs tens of µs, ten times one on the same CPU ([`wakeup_round_trip`], printed by `farvm-lab
 //! bench placement`). Keeping the chain on one CPU turns its hand-offs into plain context
 //! switches; the evictor, prefetch receiver and everything else keep running on any CPU.
-//! `farvm bench placement` measures what that buys per workload (README "Fault-path placement").
+//! `farvm-lab bench placement` measures what that buys per workload (README "Fault-path
+//! placement").
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -35,6 +36,15 @@ pub fn check_cpu(cpu: usize) -> Result<(), String> {
                 .collect::<Vec<_>>()
                 .join(",")
         ))
+    }
+}
+
+/// Checks a `--fault-path-cpu` (of `farvm run` and the lab's benches): a CPU this process may
+/// run on.
+pub fn check_fault_path_cpu(cpu: Option<usize>) -> Result<(), String> {
+    match cpu {
+        Some(c) => check_cpu(c).map_err(|e| format!("--fault-path-cpu: {e}")),
+        None => Ok(()),
     }
 }
 

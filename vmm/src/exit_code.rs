@@ -23,6 +23,19 @@ pub const TIMEOUT: i32 = 124;
 pub const SIGINT: i32 = 130;
 pub const SIGTERM: i32 = 143;
 
+/// Parses the command line as `C`. `--help` and `--version` print and exit 0; bad arguments
+/// print clap's message and exit [`USAGE`] (shared by the `farvm` and `farvm-lab` binaries).
+pub fn parse_args<C: clap::Parser>() -> C {
+    C::try_parse().unwrap_or_else(|e| {
+        let code = match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => OK,
+            _ => USAGE,
+        };
+        let _ = e.print();
+        std::process::exit(code);
+    })
+}
+
 /// The exit status for a finished VM.
 pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
     use crate::vm::VmOutcome::*;

@@ -1,5 +1,6 @@
-//! `farvm`: the command-line front end. Each subcommand lives in `cli/<name>.rs`; this file only
-//! parses arguments, sets up logging and maps errors to exit codes.
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`). Each
+//! subcommand lives in `cli/<name>.rs`; this file only parses arguments, sets up logging and
+//! maps errors to exit codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
 
 mod cli;
 
@@ -35,29 +36,11 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
-    /// Benchmarks (`farvm bench local`: guest vs native workload times).
-    Bench(cli::bench::BenchArgs),
-    /// Evaluate prefetchers on page-access traces (generate traces, replay them).
-    #[command(long_about = cli::trace::TRACE_ABOUT)]
-    Trace(cli::trace::TraceArgs),
 }
 
 fn main() {
-    // Behave like other command-line tools when the reader of stdout goes away
-    // (`farvm run | head`): die quietly by SIGPIPE instead of panicking in println!.
-    // SAFETY: setting a signal disposition to the default has no preconditions.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
-                _ => exit_code::USAGE,
-            };
-            let _ = e.print();
-            std::process::exit(code);
-        }
-    };
+    farvm_vmm::signals::default_sigpipe();
+    let cli: Cli = exit_code::parse_args();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
@@ -67,8 +50,6 @@ fn main() {
         Command::Stats(args) => cli::control::stats(args).map(|()| 0),
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
-        Command::Bench(args) => cli::bench::run(args).map(|()| 0),
-        Command::Trace(args) => cli::trace::run(args).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),

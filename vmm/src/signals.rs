@@ -1,5 +1,6 @@
 //! Process signals: the vCPU kick signal (sets `kvm_run.immediate_exit` on the receiving vCPU
-//! thread so KVM_RUN returns at once) and SIGINT/SIGTERM turned into a clean VM shutdown.
+//! thread so KVM_RUN returns at once), SIGINT/SIGTERM turned into a clean VM shutdown, and
+//! SIGPIPE as command-line tools expect it.
 
 use std::cell::Cell;
 use std::io;
@@ -68,6 +69,14 @@ extern "C" fn on_terminate(sig: libc::c_int, _: *mut libc::siginfo_t, _: *mut li
 pub fn install_termination_handlers() -> io::Result<()> {
     install(libc::SIGINT, on_terminate as *const () as usize)?;
     install(libc::SIGTERM, on_terminate as *const () as usize)
+}
+
+/// Makes a write to a closed pipe end the process quietly by SIGPIPE, as other command-line
+/// tools do (`farvm run | head`), instead of failing the write (Rust ignores SIGPIPE by
+/// default) and panicking in `println!`.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal disposition to the default has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 /// The termination signal received so far, if any.

@@ -66,10 +66,6 @@ fn bad_arguments_exit_64() {
             vec!["run", "--memory", "64M", "--workload", "seq:ws=64M"],
             "working sets add up",
         ),
-        (
-            vec!["bench", "remote", "--repeat", "0"],
-            "0 is not in 1..=15",
-        ),
     ] {
         let o = run(&args);
         assert_eq!(
@@ -295,6 +291,30 @@ fn help_documents_exit_status() {
     let s = String::from_utf8_lossy(&o.stdout);
     for needle in ["EXIT STATUS", "EXAMPLES", "--workload", "130/143"] {
         assert!(s.contains(needle), "missing {needle}");
+    }
+}
+
+#[test]
+fn help_lists_only_the_operator_commands() {
+    let o = run(&["--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    let commands: Vec<&str> = s
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        commands,
+        ["run", "stats", "status", "shutdown", "help"],
+        "{s}"
+    );
+    // The lab's commands are the lab binary's, not the operator's.
+    for gone in [vec!["bench", "local"], vec!["trace", "report"]] {
+        let o = run(&gone);
+        assert_eq!(o.status.code(), Some(exit_code::USAGE), "{gone:?}");
     }
 }
 

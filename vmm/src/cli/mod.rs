@@ -1,15 +1,8 @@
 //! One module per `farvm` subcommand.
 
-pub mod bench;
-pub mod bench_ab;
-pub mod bench_pagespace;
-pub mod bench_placement;
-pub mod bench_remote;
 pub mod control;
 pub mod paging;
-pub mod plot;
 pub mod run;
-pub mod trace;
 
 /// A failure with the exit status it maps to (see `farvm_vmm::exit_code`).
 #[derive(Debug)]

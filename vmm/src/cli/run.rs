@@ -201,7 +201,7 @@ pub struct RunArgs {
     /// found by walking its page tables from the CR3 the guest agent publishes; pages it
     /// cannot place stay physical) or physical (guest-physical pages). Virtual keeps a
     /// process's sequential scan sequential however the guest kernel scattered its frames
-    /// (`farvm bench page-space`).
+    /// (`farvm-lab bench page-space`).
     #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
     pub page_space: farvm_vmm::remote::PageSpaceKind,
 
@@ -209,8 +209,8 @@ pub struct RunArgs {
     /// embedded memserver's connection threads (evictor and prefetch receiver stay free). A
     /// demand fault hands off between these threads several times; on a host whose idle CPUs
     /// halt without polling (e.g. a VM guest with haltpoll off) each hand-off across CPUs
-    /// wakes an idle CPU, which costs far more than a context switch on the same CPU (`farvm
-    /// bench remote` prints both). Default: left to the scheduler.
+    /// wakes an idle CPU, which costs far more than a context switch on the same CPU
+    /// (`farvm-lab bench remote` prints both). Default: left to the scheduler.
     #[arg(long, value_name = "N", conflicts_with = "local_only")]
     pub fault_path_cpu: Option<usize>,
 
@@ -394,14 +394,6 @@ pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
     Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
 }
 
-/// Checks a `--fault-path-cpu` (of `farvm run` and the benches): a CPU this process may run on.
-pub fn check_fault_path_cpu(cpu: Option<usize>) -> Result<(), String> {
-    match cpu {
-        Some(c) => farvm_vmm::affinity::check_cpu(c).map_err(|e| format!("--fault-path-cpu: {e}")),
-        None => Ok(()),
-    }
-}
-
 /// The remote-memory settings of `a`, or `None` when guest RAM stays local.
 pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
@@ -449,7 +441,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.budget = budget;
     spec.prefetcher = a.prefetcher.clone();
     spec.probe_every = a.probe_every;
-    check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
+    farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
     Ok(Some(spec))

@@ -1,4 +1,4 @@
-//! PNG charts for `farvm bench remote` (plotters, bitmap backend). Text is rendered with a
+//! PNG charts for `farvm-lab bench remote` (plotters, bitmap backend). Text is rendered with a
 //! TrueType font found on the host (DejaVu Sans or Liberation Sans, as Debian's fonts-dejavu-core
 //! / fonts-liberation install them); without one the charts are skipped with a clear message,
 //! the table and JSON are still written.

@@ -1,9 +1,6 @@
-//! `farvm bench`: benchmarks printed as tables of ratios against a baseline measured in the
-//! same run.
-//!
-//! `farvm bench local`: each workload runs natively (farvm-workloads on the host) and in the
-//! test guest (one process, guest RAM local), with identical parameters. Each workload does its
-//! own setup and unmeasured warm-up pass before the measured phase; every run repeats
+//! `farvm-lab bench local`: each workload runs natively (farvm-workloads on the host) and in
+//! the test guest (one process, guest RAM local), with identical parameters. Each workload does
+//! its own setup and unmeasured warm-up pass before the measured phase; every run repeats
 //! `--repeats` times and the table shows medians. Guest time is the guest's rdtsc-measured
 //! phase; "host_ms" is the same phase measured by the VMM's host clock at the mailbox
 //! doorbells (a cross-check that includes the doorbell exits).
@@ -12,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::{phase, state};
 use farvm_vmm::boot::testguest::TestPlan;
@@ -25,12 +22,6 @@ use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub which: BenchCmd,
-}
-
 pub const LOCAL_ABOUT: &str = "\
 Guest vs native time for each workload, measured in the same invocation.
 
@@ -41,28 +32,12 @@ before the measured phase; each side repeats --repeats times (a fresh VM per gue
 table shows medians and the ratio guest/native. Checksums must agree bit for bit.
 
 EXAMPLES
-  farvm bench local
-  farvm bench local --ws 64M --repeats 5 --workload seq --workload kv
-  farvm bench local --json > bench.json
+  farvm-lab bench local
+  farvm-lab bench local --ws 64M --repeats 5 --workload seq --workload kv
+  farvm-lab bench local --json > bench.json
 
 EXIT STATUS
   0 all runs completed and checksums agree; 1 a run failed or a checksum differed";
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCmd {
-    /// Guest (test guest, local memory) vs native time for each workload.
-    #[command(long_about = LOCAL_ABOUT)]
-    Local(LocalArgs),
-    /// Remote memory: workloads x local share x prefetcher vs all-local and the TCP floor.
-    #[command(long_about = super::bench_remote::REMOTE_ABOUT)]
-    Remote(super::bench_remote::RemoteArgs),
-    /// Fault path pinned to one CPU vs left to the scheduler, and the host's wake-up costs.
-    #[command(long_about = super::bench_placement::PLACEMENT_ABOUT)]
-    Placement(super::bench_placement::PlacementArgs),
-    /// Prefetching on guest-virtual vs guest-physical page numbers, two frame layouts.
-    #[command(name = "page-space", long_about = super::bench_pagespace::PAGE_SPACE_ABOUT)]
-    PageSpace(super::bench_pagespace::PageSpaceArgs),
-}
 
 #[derive(Args, Debug)]
 pub struct LocalArgs {
@@ -187,16 +162,7 @@ fn guest_run(w: &PlacedWorkload, a: &LocalArgs) -> Result<(f64, f64, u64)> {
     Ok((r.elapsed_ns as f64 / 1e6, host_phase_ms(r), r.checksum))
 }
 
-pub fn run(a: BenchArgs) -> Result<()> {
-    match a.which {
-        BenchCmd::Local(l) => local(l),
-        BenchCmd::Remote(r) => super::bench_remote::run(r),
-        BenchCmd::Placement(p) => super::bench_placement::run(p),
-        BenchCmd::PageSpace(p) => super::bench_pagespace::run(p),
-    }
-}
-
-fn local(a: LocalArgs) -> Result<()> {
+pub fn run(a: LocalArgs) -> Result<()> {
     farvm_vmm::signals::install_termination_handlers()?;
     let specs: Vec<String> = if a.workloads.is_empty() {
         DEFAULT_WORKLOADS
@@ -275,7 +241,7 @@ fn local(a: LocalArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         println!(
-            "farvm bench local: median of {} runs per side, guest = test guest ring 3, local RAM",
+            "farvm-lab bench local: median of {} runs per side, guest = test guest ring 3, local RAM",
             a.repeats
         );
         println!(

@@ -1,4 +1,4 @@
-//! `farvm bench placement`: what pinning the fault path to one CPU (`--fault-path-cpu`) buys,
+//! `farvm-lab bench placement`: what pinning the fault path to one CPU (`--fault-path-cpu`) buys,
 //! as ratios against the same cells left to the scheduler, in one invocation; plus the host's
 //! thread wake-up round trip on one CPU and across two, which is why it can matter.
 
@@ -9,8 +9,8 @@ use clap::Args;
 use farvm_vmm::affinity;
 use serde::Serialize;
 
-use super::bench_ab::{compare, reference, AbArgs, Way};
-use super::bench_remote::CellSetup;
+use super::ab::{compare, reference, AbArgs, Way};
+use super::remote::runner::CellSetup;
 
 pub const PLACEMENT_ABOUT: &str = "\
 Fault-path placement: each cell run with its fault path pinned to one host CPU and left to the
@@ -19,22 +19,22 @@ scheduler, in alternation, in one invocation.
 A demand fault hands off between threads several times: the vCPU blocks, the fault handler
 wakes and sends the read, the embedded memserver's connection thread wakes and answers, the
 handler wakes, installs the page and wakes the vCPU. `--fault-path-cpu N` (of `farvm run` and
-`farvm bench remote`) pins vCPU 0, the fault handler and the embedded memserver's connection
+`farvm-lab bench remote`) pins vCPU 0, the fault handler and the embedded memserver's connection
 threads to CPU N; the evictor and the prefetch receiver stay free. Whether that helps depends
 on what a wake-up of an idle CPU costs on the host, so the thread wake-up round trip (a
 one-byte ping-pong between two pinned threads) is measured first, on one CPU and across two.
 
 Workloads by default: kv, stride, random and seq at 32M; prefetchers none and leap+stream.
 Every cell: a footprint run (all memory local to the engine) sets the budget to --local percent
-of the pages the VM touches, as in `farvm bench remote`; then --repeat runs each way, taking
+of the pages the VM touches, as in `farvm-lab bench remote`; then --repeat runs each way, taking
 turns. Columns: median measured-phase time of each way, their ratio (unpinned / pinned: above 1
 means pinning is faster), demand faults and demand-fault service p50 of each way. Checksums must
 equal between all runs of a workload.
 
 EXAMPLES
-  farvm bench placement
-  farvm bench placement --workload kv:ws=32M,ops=100000 --prefetcher none --repeat 5
-  farvm bench placement --cpu 1 --json
+  farvm-lab bench placement
+  farvm-lab bench placement --workload kv:ws=32M,ops=100000 --prefetcher none --repeat 5
+  farvm-lab bench placement --cpu 1 --json
 
 EXIT STATUS
   0 every run completed with the same checksum; 1 a run failed, timed out or differed";

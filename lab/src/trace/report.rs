@@ -1,4 +1,4 @@
-//! `farvm trace report`: the README's results table, regenerated from scratch.
+//! `farvm-lab trace report`: the README's results table, regenerated from scratch.
 
 use clap::Args;
 use farvm_prefetch::report::{mode, run as run_report, Scale};
@@ -16,11 +16,11 @@ Local memory is 2^19 pages. By default every size is divided by 4 (same verdicts
 the time); --quick divides by 16. Exits non-zero if a claim fails.
 
 Examples:
-  farvm trace report
-  farvm trace report --full
-  farvm trace report --json > report.json";
+  farvm-lab trace report
+  farvm-lab trace report --full
+  farvm-lab trace report --json > report.json";
 
-/// Arguments of `farvm trace report`.
+/// Arguments of `farvm-lab trace report`.
 #[derive(Args, Debug)]
 #[command(long_about = REPORT_ABOUT)]
 pub struct ReportArgs {

@@ -1,4 +1,4 @@
-//! `farvm trace gen`: writes a synthetic trace to a file or stdout.
+//! `farvm-lab trace gen`: writes a synthetic trace to a file or stdout.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -9,12 +9,12 @@ use clap::{Args, Subcommand, ValueEnum};
 use farvm_prefetch::trace::gen::Workload;
 use farvm_prefetch::trace::{binary, text, Record};
 
-/// Output format of `farvm trace gen`.
+/// Output format of `farvm-lab trace gen`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
     /// `pid page` per line.
     Text,
-    /// Compact varint records (see `farvm trace --help`).
+    /// Compact varint records (see `farvm-lab trace --help`).
     Binary,
 }
 
@@ -26,12 +26,12 @@ or pointer to a different 4 KiB page; data structures are laid out page-aligned 
 Random generators are deterministic for a given --seed.
 
 Examples:
-  farvm trace gen sequential --pages 1048576 -o seq.trace
-  farvm trace gen zipf --pages 1048576 --count 4194304 --theta 0.99 --format binary -o zipf.bin
-  farvm trace gen matmul --n 192 --block 32 -o mm.trace
-  farvm trace gen mix --scan-pages 524288 --polluter-pages 131072 -o mix.trace";
+  farvm-lab trace gen sequential --pages 1048576 -o seq.trace
+  farvm-lab trace gen zipf --pages 1048576 --count 4194304 --theta 0.99 --format binary -o zipf.bin
+  farvm-lab trace gen matmul --n 192 --block 32 -o mm.trace
+  farvm-lab trace gen mix --scan-pages 524288 --polluter-pages 131072 -o mix.trace";
 
-/// Arguments of `farvm trace gen`.
+/// Arguments of `farvm-lab trace gen`.
 #[derive(Args, Debug)]
 #[command(long_about = GEN_ABOUT)]
 pub struct GenArgs {
@@ -239,7 +239,7 @@ pub fn run(args: GenArgs) -> anyhow::Result<()> {
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = write_all(&mut w, &workload, args.format)
             .with_context(|| format!("writing {}", args.out.display()))?;
-        eprintln!("farvm: wrote {n} records to {}", args.out.display());
+        eprintln!("farvm-lab: wrote {n} records to {}", args.out.display());
         n
     };
     tracing::info!(records = count, "trace generated");

@@ -1,6 +1,6 @@
-//! `farvm bench page-space`: the prefetcher learning from guest-virtual page numbers (page-table
-//! walks from the faulting process's CR3) against guest-physical ones, with the test guest's
-//! frames handed out in 2 MiB runs and fully shuffled, in one invocation.
+//! `farvm-lab bench page-space`: the prefetcher learning from guest-virtual page numbers
+//! (page-table walks from the faulting process's CR3) against guest-physical ones, with the test
+//! guest's frames handed out in 2 MiB runs and fully shuffled, in one invocation.
 
 use std::time::Instant;
 
@@ -9,8 +9,8 @@ use clap::Args;
 use farvm_vmm::remote::PageSpaceKind;
 use serde::Serialize;
 
-use super::bench_ab::{compare, reference, AbArgs, Way};
-use super::bench_remote::CellSetup;
+use super::ab::{compare, reference, AbArgs, Way};
+use super::remote::runner::CellSetup;
 
 pub const PAGE_SPACE_ABOUT: &str = "\
 Page space: each cell's prefetcher fed guest-physical page numbers (the baseline) and
@@ -28,8 +28,8 @@ ratio (physical / virtual: above 1 means virtual is faster), prefetch coverage a
 faults of each, and the page-table walks the virtual runs made.
 
 EXAMPLES
-  farvm bench page-space
-  farvm bench page-space --workload seq:ws=32M --repeat 5 --fault-path-cpu 0
+  farvm-lab bench page-space
+  farvm-lab bench page-space --workload seq:ws=32M --repeat 5 --fault-path-cpu 0
 
 EXIT STATUS
   0 every run completed with the reference checksum; 1 a run failed, timed out or differed";
@@ -75,7 +75,7 @@ struct Report {
 pub fn run(a: PageSpaceArgs) -> Result<()> {
     farvm_vmm::signals::install_termination_handlers()?;
     let t0 = Instant::now();
-    super::run::check_fault_path_cpu(a.fault_path_cpu).map_err(anyhow::Error::msg)?;
+    farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(anyhow::Error::msg)?;
     let plan = a.ab.plan(&DEFAULT_WORKLOADS, &["leap+stream"])?;
     let base_setup = CellSetup {
         fault_path_cpu: a.fault_path_cpu,

@@ -1,4 +1,4 @@
-//! `farvm trace`: generate page-access traces and replay them through prefetchers.
+//! `farvm-lab trace`: generate page-access traces and replay them through prefetchers.
 //!
 //! The pure parts (formats, generators, evaluator, report) live in `farvm-prefetch`; this module
 //! owns files, progress bars, tables and JSON.
@@ -11,11 +11,11 @@ mod table;
 
 use clap::{Args, Subcommand};
 
-/// Long help of `farvm trace` (main.rs may attach it to the `trace` subcommand).
+/// Long help of `farvm-lab trace` (main.rs may attach it to the `trace` subcommand).
 pub const TRACE_ABOUT: &str = "\
 Generate page-access traces and replay them through farvm's prefetchers.
 
-A trace is a sequence of page accesses, `pid page [time_ns]`. `farvm trace eval` replays one
+A trace is a sequence of page accesses, `pid page [time_ns]`. `farvm-lab trace eval` replays one
 through a local memory of N pages (LRU; prefetched pages count against it) once per prefetcher
 and prints, per prefetcher, what Leap's Table 2 reports: cache adds (pages prefetched), demand
 misses, accuracy, coverage and timeliness.
@@ -29,13 +29,13 @@ Trace formats (auto-detected on read):
 Untimed traces use the record index as time, so timeliness is then in accesses.
 
 Examples:
-  farvm trace gen sequential --pages 1048576 -o seq.trace
-  farvm trace gen stride --stride 10 --count 1048576 --format binary -o stride10.bin
-  farvm trace eval --trace seq.trace --local-pages 524288 --hits both
-  farvm trace eval --trace stride10.bin --local-pages 524288 --prefetcher leap,leap+stream --json
-  farvm trace report";
+  farvm-lab trace gen sequential --pages 1048576 -o seq.trace
+  farvm-lab trace gen stride --stride 10 --count 1048576 --format binary -o stride10.bin
+  farvm-lab trace eval --trace seq.trace --local-pages 524288 --hits both
+  farvm-lab trace eval --trace stride10.bin --local-pages 524288 --prefetcher leap,leap+stream --json
+  farvm-lab trace report";
 
-/// Arguments of `farvm trace`.
+/// Arguments of `farvm-lab trace`.
 #[derive(Args, Debug)]
 #[command(long_about = TRACE_ABOUT)]
 pub struct TraceArgs {
@@ -56,7 +56,7 @@ enum TraceCommand {
     Report(report::ReportArgs),
 }
 
-/// Runs `farvm trace`.
+/// Runs `farvm-lab trace`.
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     match args.command {
         TraceCommand::Gen(a) => gen::run(a),

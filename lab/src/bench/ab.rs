@@ -1,6 +1,6 @@
 //! A/B runs of one remote-memory cell under two setups ([`CellSetup`]), taking turns, for the
-//! benches that measure one choice against its baseline in the same invocation (`farvm bench
-//! placement`, `farvm bench page-space`).
+//! benches that measure one choice against its baseline in the same invocation (`farvm-lab
+//! bench placement`, `farvm-lab bench page-space`).
 
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use farvm_vmm::remote::{Budget, RemoteStats};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use serde::Serialize;
 
-use super::bench_remote::{budget_for, median_run, run_remote, times, CellSetup};
+use super::remote::runner::{budget_for, run_remote, times, CellSetup};
+use super::remote::runs::median_run;
 
 /// The options every A/B bench takes.
 #[derive(Args, Debug)]

@@ -1,4 +1,4 @@
-//! `farvm trace eval`: replays a trace file through prefetchers and prints the results.
+//! `farvm-lab trace eval`: replays a trace file through prefetchers and prints the results.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -43,11 +43,11 @@ all pages fetched; timeliness = time from prefetch to first use (p50, p95), in n
 traces, else in accesses.
 
 Examples:
-  farvm trace eval --trace seq.trace --local-pages 524288
-  farvm trace eval --trace mix.trace --local-pages 262144 --prefetcher leap --global-history
-  farvm trace eval --trace seq.trace --local-pages 524288 --hits both --json > results.json";
+  farvm-lab trace eval --trace seq.trace --local-pages 524288
+  farvm-lab trace eval --trace mix.trace --local-pages 262144 --prefetcher leap --global-history
+  farvm-lab trace eval --trace seq.trace --local-pages 524288 --hits both --json > results.json";
 
-/// Arguments of `farvm trace eval`.
+/// Arguments of `farvm-lab trace eval`.
 #[derive(Args, Debug)]
 #[command(long_about = EVAL_ABOUT)]
 pub struct EvalArgs {

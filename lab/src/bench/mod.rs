@@ -1,0 +1,43 @@
+//! `farvm-lab bench`: benchmarks printed as tables of ratios against a baseline measured in the
+//! same run. One module per subcommand; `remote/` also holds the remote-memory cell runner the
+//! A/B benches (`ab.rs`) build on.
+
+mod ab;
+mod local;
+mod page_space;
+mod placement;
+mod remote;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Guest (test guest, local memory) vs native time for each workload.
+    #[command(long_about = local::LOCAL_ABOUT)]
+    Local(local::LocalArgs),
+    /// Remote memory: workloads x local share x prefetcher vs all-local and the TCP floor.
+    #[command(long_about = remote::REMOTE_ABOUT)]
+    Remote(remote::RemoteArgs),
+    /// Fault path pinned to one CPU vs left to the scheduler, and the host's wake-up costs.
+    #[command(long_about = placement::PLACEMENT_ABOUT)]
+    Placement(placement::PlacementArgs),
+    /// Prefetching on guest-virtual vs guest-physical page numbers, two frame layouts.
+    #[command(name = "page-space", long_about = page_space::PAGE_SPACE_ABOUT)]
+    PageSpace(page_space::PageSpaceArgs),
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.which {
+        BenchCmd::Local(l) => local::run(l),
+        BenchCmd::Remote(r) => remote::run(r),
+        BenchCmd::Placement(p) => placement::run(p),
+        BenchCmd::PageSpace(p) => page_space::run(p),
+    }
+}

@@ -1,0 +1,43 @@
+//! The loopback floors `farvm-lab bench remote` reports next to its cells: the TCP 4 KiB
+//! request/response latency (blocking and spinning), the memserver's read latency and the raw
+//! TCP streaming rate of 4 KiB pages, all measured by farvm-memserver's bench in this run.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::report::Floor;
+
+pub(super) fn floor(secs: u64) -> Result<Floor> {
+    let cfg = farvm_memserver::bench::BenchConfig {
+        duration: Duration::from_secs(secs.max(1)),
+        depths: vec![1],
+        rounds: 2,
+        ..Default::default()
+    };
+    let rows = farvm_memserver::bench::run(&cfg, |_| {}).context("measuring the TCP floor")?;
+    let r = rows.first().context("TCP floor: no result")?;
+    let (spin_p50, spin_p99) =
+        farvm_memserver::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
+            .context("measuring the spinning TCP floor")?;
+    // The stricter of the two waiting policies is the floor: on this host a blocked waiter's
+    // wake-up costs 10-50 µs depending on whether the other core is idle, and spinning avoids
+    // it when the peer runs on the other core.
+    let (tcp_p50_us, tcp_p99_us) = if spin_p50 < r.floor.p50_us {
+        (spin_p50, spin_p99)
+    } else {
+        (r.floor.p50_us, r.floor.p99_us)
+    };
+    Ok(Floor {
+        tcp_p50_us,
+        tcp_p99_us,
+        tcp_blocking_p50_us: r.floor.p50_us,
+        tcp_spinning_p50_us: spin_p50,
+        memserver_p50_us: r.memserver.p50_us,
+        memserver_p99_us: r.memserver.p99_us,
+        tcp_stream_pages_per_s: farvm_memserver::bench::tcp_stream_pages_per_sec(
+            Duration::from_secs(secs.max(1)),
+        )
+        .context("measuring the TCP streaming rate")?,
+    })
+}

@@ -1,0 +1,122 @@
+//! `remote.md`: the floors, the targets, the all-local baselines and the matrix as markdown
+//! tables.
+
+use super::report::Report;
+use super::runs::spread;
+use super::targets::targets;
+
+fn f(v: f64, prec: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.prec$}")
+    } else {
+        "-".into()
+    }
+}
+
+/// The markdown report: floors, issue 5's targets checked against this run, the all-local
+/// baselines, and the matrix.
+pub fn markdown(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "TCP 4 KiB floor (loopback, depth 1): p50 {:.1} µs, p99 {:.1} µs (the lower of blocking {:.1} µs and spinning {:.1} µs); \
+         memserver read p50 {:.1} µs, p99 {:.1} µs; raw TCP streaming of 4 KiB pages: {:.0} pages/s ({:.2} µs/page).\n",
+        r.floor.tcp_p50_us,
+        r.floor.tcp_p99_us,
+        r.floor.tcp_blocking_p50_us,
+        r.floor.tcp_spinning_p50_us,
+        r.floor.memserver_p50_us,
+        r.floor.memserver_p99_us,
+        r.floor.tcp_stream_pages_per_s,
+        1e6 / r.floor.tcp_stream_pages_per_s.max(1e-9)
+    );
+    let _ = writeln!(
+        s,
+        "Fault path (vCPU 0, fault handler, memserver connection threads): {}. Prefetchers \
+         learn from {} page numbers.\n",
+        match r.fault_path_cpu {
+            Some(c) => format!("pinned to CPU {c} (`--fault-path-cpu {c}`)"),
+            None => "left to the scheduler".into(),
+        },
+        r.page_space
+    );
+    s.push_str(&targets(r));
+    let _ = writeln!(
+        s,
+        "| workload | all-local ms | footprint pages | page access p50 ns | checksum |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for b in &r.baselines {
+        let _ = writeln!(
+            s,
+            "| {} | {}{} | {} | {} | {:#018x} |",
+            b.spec,
+            f(b.measured_ms, 1),
+            spread(&b.runs_ms),
+            b.footprint_pages,
+            f(b.page_access_p50_ns, 0),
+            b.checksum
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "| workload | local | prefetcher | time / all-local | demand faults | accuracy | coverage | fault p50 µs | fault p99 µs | install p50 µs | wake p50 µs | page access p50 ns | ns/access | checksum |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for c in &r.cells {
+        let _ = writeln!(
+            s,
+            "| {} | {}% | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.workload,
+            c.local_pct,
+            c.prefetcher,
+            f(c.norm_time, 2),
+            spread(&c.runs_ms),
+            c.demand_faults,
+            f(c.accuracy, 3),
+            f(c.coverage, 3),
+            f(c.fault_p50_us, 1),
+            f(c.fault_p99_us, 1),
+            f(c.install_p50_us, 1),
+            f(c.wake_p50_us, 1),
+            f(c.page_access_p50_ns, 0),
+            f(c.ns_per_access, 1),
+            match (c.timed_out, c.checksum_ok) {
+                (true, _) => "TIMEOUT",
+                (false, true) => "ok",
+                (false, false) => "DIFFERS",
+            }
+        );
+    }
+    // All-local runs, one footprint run per workload, the cells' runs — less the footprint
+    // runs that stand as a (100%, none) cell.
+    let reused = r
+        .cells
+        .iter()
+        .filter(|c| c.local_pct >= 100.0 && c.prefetcher == "none")
+        .count();
+    let runs = r.cells.iter().map(|c| c.runs_ms.len()).sum::<usize>()
+        + r.baselines
+            .iter()
+            .map(|b| b.runs_ms.len() + 1)
+            .sum::<usize>()
+        - reused;
+    let repeated = r.cells.iter().any(|c| c.runs_ms.len() > 1);
+    let _ = writeln!(
+        s,
+        "\n{runs} runs in {:.0} s.{} Command: `{}`",
+        r.wall_secs,
+        if repeated {
+            " Each row is its median run; (±x%) is half the range of its runs' times."
+        } else {
+            ""
+        },
+        r.command
+    );
+    s
+}

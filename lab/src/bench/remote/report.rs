@@ -1,0 +1,114 @@
+//! What `farvm-lab bench remote` reports: the matrix's cells, the all-local baselines and the
+//! floors, as written to `remote.json` (and, through `markdown.rs`, `remote.md`).
+
+use std::path::Path;
+
+use anyhow::Result;
+use farvm_vmm::remote::PageSpaceKind;
+use serde::Serialize;
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub workload: String,
+    pub spec: String,
+    pub local_pct: f64,
+    pub prefetcher: String,
+    pub measured_ms: f64,
+    pub total_ms: f64,
+    pub norm_time: f64,
+    pub ns_per_access: f64,
+    pub demand_faults: u64,
+    pub zero_fills: u64,
+    pub prefetch_issued: u64,
+    pub accuracy: f64,
+    pub coverage: f64,
+    pub fault_p50_us: f64,
+    pub fault_p99_us: f64,
+    pub install_p50_us: f64,
+    pub wake_p50_us: f64,
+    pub store_read_p50_us: f64,
+    /// Guest-timed first access of a page in a pass (stride), ns; NaN if not reported.
+    pub page_access_p50_ns: f64,
+    pub page_access_p99_ns: f64,
+    /// The local budget this cell ran with, in pages.
+    pub local_pages: u64,
+    pub evictions: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub checksum_ok: bool,
+    /// The VM did not finish within `--cell-timeout` (its metrics are those at the stop).
+    pub timed_out: bool,
+    /// Measured ms of every run of this cell (`--repeat`); the row is the median one.
+    pub runs_ms: Vec<f64>,
+    /// Paging counts of the median run's measured phase alone (the counts above are the
+    /// whole run's: setup and warm-up too). None if the run timed out.
+    pub measured_phase: Option<PhaseCounts>,
+}
+
+/// Paging counts between a workload's MEASURE and MEASURED doorbells.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PhaseCounts {
+    pub demand_faults: u64,
+    pub zero_fills: u64,
+    pub prefetch_issued: u64,
+    /// Estimated prefetch hits (as the whole-run coverage estimates them).
+    pub prefetch_hits: f64,
+    pub accuracy: f64,
+    pub coverage: f64,
+}
+
+/// The all-local baseline of one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Baseline {
+    pub workload: String,
+    pub spec: String,
+    pub measured_ms: f64,
+    pub total_ms: f64,
+    pub checksum: u64,
+    pub ops: u64,
+    /// Pages the VM touches with nothing evicted (the 100% of the local column).
+    pub footprint_pages: u64,
+    pub page_access_p50_ns: f64,
+    /// Measured ms of every all-local run (`--repeat`); the row is the median one.
+    pub runs_ms: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Floor {
+    /// The lower of the blocking and spinning request/response p50s (and that one's p99).
+    pub tcp_p50_us: f64,
+    pub tcp_p99_us: f64,
+    /// 16 B request / 4 KiB response, blocking reads (farvm-memserver bench's floor).
+    pub tcp_blocking_p50_us: f64,
+    /// The same with the client polling the socket instead of sleeping in `recv`.
+    pub tcp_spinning_p50_us: f64,
+    pub memserver_p50_us: f64,
+    pub memserver_p99_us: f64,
+    /// Raw TCP streaming of 4 KiB pages over this loopback (one connection), pages/s.
+    pub tcp_stream_pages_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub command: String,
+    /// `--fault-path-cpu`: the CPU every cell's fault path was pinned to, if any.
+    pub fault_path_cpu: Option<usize>,
+    /// `--page-space`.
+    pub page_space: PageSpaceKind,
+    pub floor: Floor,
+    pub baselines: Vec<Baseline>,
+    pub cells: Vec<Cell>,
+    pub wall_secs: f64,
+}
+
+/// Writes `remote.md` and `remote.json` into `out`; returns the markdown.
+pub(super) fn write_report(out: &Path, report: &Report) -> Result<String> {
+    let md = super::markdown::markdown(report);
+    std::fs::write(out.join("remote.md"), &md)?;
+    std::fs::write(
+        out.join("remote.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    Ok(md)
+}

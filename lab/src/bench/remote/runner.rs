@@ -1,0 +1,151 @@
+//! One VM run of a remote-memory benchmark cell: the test-guest VM a workload runs in, its
+//! all-local baseline run (no paging engine) and its run with remote memory (paging engine +
+//! an embedded memserver on loopback, a fresh one per run), and the times of a finished run.
+//! The A/B benches (`bench/ab.rs`) run their cells through this too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use farvm_guest_agent::boot::flags;
+use farvm_guest_agent::pv::state;
+use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::devices::pvctl::ProcessRecord;
+use farvm_vmm::devices::serial::SerialOut;
+use farvm_vmm::memory::Backing;
+use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteMemory, RemoteSpec, RemoteStats};
+use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
+use farvm_vmm::workload_spec::PlacedWorkload;
+
+fn ws_of(w: &PlacedWorkload) -> u64 {
+    w.spec.ws_bytes
+}
+
+/// Guest RAM for one workload: heap + page tables + 40 MiB for the kernel and boot data,
+/// rounded up to 16 MiB. (With the default 32 MiB working sets, 50% local then still holds
+/// the whole working set: pass larger `--workload ...:ws=` to make that column page.)
+fn guest_mem(w: &PlacedWorkload) -> u64 {
+    let ws = ws_of(w);
+    (ws + ws / 256 + (40 << 20) + (16 << 20) - 1) & !((16 << 20) - 1)
+}
+
+fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
+    VmConfig {
+        name: name.to_string(),
+        mem_bytes: guest_mem(w),
+        vcpus: 1,
+        backing: Backing::Anonymous,
+        serial: SerialOut::None,
+        boot: BootSpec::TestGuest {
+            kernel: Arc::from(farvm_vmm::builtin::test_guest_elf()),
+            plan: TestPlan {
+                procs: vec![w.process_spec()],
+                timer_hz: 100,
+                flags: flags::RAM_IS_ZERO,
+                frame_shuffle_seed: 1,
+                frame_run_shift: run_shift,
+            },
+        },
+        echo_guest_logs: false,
+        // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
+        kvm_async_pf: false,
+    }
+}
+
+/// (measured ms, whole-process ms by the host clock).
+pub(crate) fn times(r: &ProcessRecord) -> (f64, f64) {
+    let first = r.events.first().map(|e| e.host_ns);
+    let last = r.events.last().map(|e| e.host_ns);
+    let total = match (first, last) {
+        (Some(a), Some(b)) if b >= a => (b - a) as f64 / 1e6,
+        _ => f64::NAN,
+    };
+    (r.elapsed_ns as f64 / 1e6, total)
+}
+
+fn finished(report: &VmReport, what: &str) -> Result<ProcessRecord> {
+    if let VmOutcome::Signal { .. } = report.outcome {
+        bail!("interrupted");
+    }
+    if report.outcome != (VmOutcome::GuestShutdown { status: 0 }) {
+        bail!("{what}: {}", report.outcome);
+    }
+    report
+        .processes
+        .first()
+        .filter(|r| r.state == state::DONE)
+        .cloned()
+        .with_context(|| format!("{what}: no finished process"))
+}
+
+pub(super) fn run_local(w: &PlacedWorkload) -> Result<ProcessRecord> {
+    let vm = Vm::create(config(w, &format!("bench-local-{}", std::process::id()), 9))
+        .context("creating the all-local VM")?;
+    let running = vm.start()?;
+    let outcome = running.wait(Some(Duration::from_secs(1800)), true);
+    finished(&running.finish(outcome), &format!("all-local {}", w.name()))
+}
+
+/// The local budget for `local` percent of a footprint of `footprint` pages.
+pub(crate) fn budget_for(local: f64, footprint: u64) -> Budget {
+    if local >= 100.0 {
+        Budget::Unlimited
+    } else {
+        Budget::Bytes(((footprint as f64 * local / 100.0).ceil() as u64).max(1) * 4096)
+    }
+}
+
+/// How a remote-memory VM of a cell is set up beyond its budget and prefetcher.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CellSetup {
+    /// `--fault-path-cpu`.
+    pub fault_path_cpu: Option<usize>,
+    /// `--page-space`.
+    pub page_space: PageSpaceKind,
+    /// The test guest hands out frames in runs of 2^shift (`--frame-run-shift`).
+    pub frame_run_shift: u32,
+}
+
+impl Default for CellSetup {
+    /// As `farvm run` with remote memory.
+    fn default() -> Self {
+        Self {
+            fault_path_cpu: None,
+            page_space: PageSpaceKind::Virtual,
+            frame_run_shift: 9,
+        }
+    }
+}
+
+/// Runs one remote-memory VM; `None` for the process if it hit `timeout`.
+pub(crate) fn run_remote(
+    w: &PlacedWorkload,
+    budget: Budget,
+    pf: &str,
+    timeout: Duration,
+    setup: CellSetup,
+) -> Result<(Option<ProcessRecord>, RemoteStats)> {
+    let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
+    let cfg = config(w, &name, setup.frame_run_shift);
+    let mut spec = RemoteSpec::new(&name);
+    spec.budget = budget;
+    spec.prefetcher = pf.to_string();
+    spec.fault_path_cpu = setup.fault_path_cpu;
+    spec.page_space = setup.page_space;
+    let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
+    let vm = Vm::create_with_ram(cfg, remote.guest_ram()?).context("creating the VM")?;
+    remote.attach_vm(&vm);
+    let running = vm.start()?;
+    let outcome = running.wait(Some(timeout), true);
+    let report = running.finish(outcome);
+    let stats = remote.stats();
+    let errors = remote.engine().take_errors();
+    remote.shutdown();
+    if !errors.is_empty() {
+        bail!("paging engine errors in {name}: {errors:?}");
+    }
+    if let VmOutcome::Timeout { .. } = report.outcome {
+        return Ok((None, stats));
+    }
+    Ok((Some(finished(&report, &name)?), stats))
+}

@@ -1,0 +1,54 @@
+//! `farvm-lab`: the lab's command-line front end — benchmarks of VMs with remote memory
+//! (`bench`, in `bench/`) and prefetcher trace tools (`trace`, in `trace/`), with their markdown
+//! and JSON reports and PNG charts (`plot.rs`). The operator's binary `farvm` runs none of this.
+//! This file only parses arguments, sets up logging and maps errors to exit codes.
+
+mod bench;
+mod plot;
+mod trace;
+
+use clap::{Parser, Subcommand};
+use farvm_vmm::exit_code;
+
+/// farvm-lab — benchmarks and trace tools for farvm.
+///
+/// farvm-lab measures farvm: it boots test-guest VMs with remote memory and reports their times
+/// as ratios against baselines measured in the same run (`bench`), and evaluates prefetchers on
+/// page-access traces (`trace`).
+#[derive(Parser, Debug)]
+#[command(name = "farvm-lab", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Log filter (tracing-subscriber syntax), e.g. `info`, `farvm_ept=debug`.
+    #[arg(long, global = true, env = "FARVM_LOG", default_value = "warn")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Benchmarks (`farvm-lab bench local`: guest vs native workload times).
+    Bench(bench::BenchArgs),
+    /// Evaluate prefetchers on page-access traces (generate traces, replay them).
+    #[command(long_about = trace::TRACE_ABOUT)]
+    Trace(trace::TraceArgs),
+}
+
+fn main() {
+    farvm_vmm::signals::default_sigpipe();
+    let cli: Cli = exit_code::parse_args();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Bench(args) => bench::run(args),
+        Command::Trace(args) => trace::run(args),
+    };
+    if let Err(err) = result {
+        // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).
+        eprintln!("farvm-lab: error: {err:#}");
+        std::process::exit(1);
+    }
+}

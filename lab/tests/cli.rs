@@ -1,0 +1,93 @@
+//! The `farvm-lab` binary: documented exit statuses for bad options, and help texts that say
+//! what each command writes where.
+
+use std::process::{Command, Output};
+
+use farvm_vmm::exit_code;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farvm-lab"))
+        .args(args)
+        .output()
+        .expect("spawn farvm-lab")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn bad_arguments_exit_64() {
+    for (args, needle) in [
+        (
+            vec!["bench", "remote", "--repeat", "0"],
+            "0 is not in 1..=15",
+        ),
+        (vec!["bench", "nosuch"], "nosuch"),
+        (vec!["trace", "eval", "--bogus-flag"], "--bogus-flag"),
+    ] {
+        let o = run(&args);
+        assert_eq!(
+            o.status.code(),
+            Some(exit_code::USAGE),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn help_documents_commands_outputs_and_exit_status() {
+    let o = run(&["--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for needle in ["bench", "trace"] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
+    }
+    let o = run(&["bench", "remote", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for needle in [
+        "EXIT STATUS",
+        "EXAMPLES",
+        "farvm-lab bench remote",
+        "docs/bench/remote",
+    ] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
+    }
+    for cmd in ["local", "placement", "page-space"] {
+        let o = run(&["bench", cmd, "--help"]);
+        assert!(o.status.success(), "{cmd}: {}", stderr(&o));
+        assert!(stdout(&o).contains("EXIT STATUS"), "{cmd}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn a_failed_run_exits_1() {
+    // A bench whose options parse but name no known prefetcher fails before any VM starts.
+    let o = run(&[
+        "bench",
+        "remote",
+        "--prefetcher",
+        "nosuch",
+        "--out",
+        "/nonexistent/x",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown --prefetcher `nosuch`"),
+        "{}",
+        stderr(&o)
+    );
+}
