@@ -40,6 +40,9 @@ enum Command {
     /// Evaluate prefetchers on page-access traces (generate traces, replay them).
     #[command(long_about = cli::trace::TRACE_ABOUT)]
     Trace(cli::trace::TraceArgs),
+    /// Guest images built into farvm (`farvm image export DIR`: the test-guest kernel).
+    #[command(long_about = cli::image::IMAGE_ABOUT)]
+    Image(cli::image::ImageArgs),
 }
 
 fn main() {
@@ -47,7 +50,11 @@ fn main() {
     // (`farvm run | head`): die quietly by SIGPIPE instead of panicking in println!.
     // SAFETY: setting a signal disposition to the default has no preconditions.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = cli::cloud_hypervisor::answer(&args) {
+        std::process::exit(code);
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let code = match e.kind() {
@@ -69,6 +76,7 @@ fn main() {
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::Bench(args) => cli::bench::run(args).map(|()| 0),
         Command::Trace(args) => cli::trace::run(args).map(|()| 0),
+        Command::Image(args) => cli::image::run(args).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),
