@@ -92,13 +92,16 @@ fn exported_guest_takes_workloads_from_the_cmdline() {
             "--serial",
             "none",
             "--no-control-socket",
-            "--local-only",
             "--json",
         ],
         &dir,
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    assert!(
+        v["paging"].is_object(),
+        "remote memory, as the built-in guest: {v}"
+    );
     let procs = v["processes"].as_array().unwrap();
     let names: Vec<&str> = procs.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["seq", "intops"], "{v}");

@@ -396,8 +396,9 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
         serial: a.serial.clone(),
         boot,
         echo_guest_logs: a.guest_log,
-        // Local RAM has no userfaultfd pages: KVM's default is harmless there.
-        kvm_async_pf: a.kvm_async_pf || a.local_only || a.kernel.is_some(),
+        // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
+        // from a file pages like the built-in one.
+        kvm_async_pf: a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file),
     })
 }
 
