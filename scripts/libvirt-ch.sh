@@ -281,14 +281,19 @@ export XDG_CONFIG_HOME='$dir/config'
 export XDG_CACHE_HOME='$dir/cache'
 export PATH='$dir/bin:$run_prefix/bin:$run_prefix/sbin:/usr/sbin:/usr/bin:/sbin:/bin'
 EOF
+    # The subshell execs (through setpriv and setsid, which exec too) into virtchd, so the PID
+    # recorded for `stop` is virtchd's own; setsid detaches it from this terminal's session.
     (
         session_env "$dir"
         cd "$dir/home"
-        # setsid: the daemon outlives this shell; its PID is recorded for `stop`.
-        as_daemon_user "$uid" setsid "$run_prefix/sbin/virtchd" \
-            </dev/null >"$dir/virtchd.log" 2>&1 &
-        echo $! >"$dir/virtchd.pid"
-    )
+        if [[ $uid -eq $(id -u) ]]; then
+            exec setsid "$run_prefix/sbin/virtchd"
+        else
+            exec setpriv --reuid="$uid" --regid="$(id -g "$uid")" --clear-groups -- \
+                setsid "$run_prefix/sbin/virtchd"
+        fi
+    ) </dev/null >"$dir/virtchd.log" 2>&1 &
+    echo $! >"$dir/virtchd.pid"
     echo "$dir" >"$state"
     local i
     for ((i = 0; i < 100; i++)); do
@@ -323,7 +328,13 @@ cmd_stop() {
         return 0
     fi
     pid=$(cat "$dir/virtchd.pid")
-    if kill -0 "$pid" 2>/dev/null; then
+    if kill -0 "$pid" 2>/dev/null && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == virtchd ]]; then
+        # Running domains first: libvirt stops each VMM it started by its PID.
+        local doms d
+        doms=$(cmd_virsh list --name 2>/dev/null || true)
+        for d in $doms; do
+            cmd_virsh destroy "$d" >/dev/null 2>&1 || note "could not destroy domain $d"
+        done
         kill -TERM "$pid"
         for ((i = 0; i < 100; i++)); do
             kill -0 "$pid" 2>/dev/null || break
