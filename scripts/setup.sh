@@ -6,11 +6,14 @@
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
 #   iproute2                      network-namespace tests (`ip netns`)
+#   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
+#                                 libvirt's schema
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev; do
+for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
+    libvirt-clients; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -26,7 +26,16 @@ pub const SIGTERM: i32 = 143;
 /// Parses the command line as `C`. `--help` and `--version` print and exit 0; bad arguments
 /// print clap's message and exit [`USAGE`] (shared by the `farvm` and `farvm-lab` binaries).
 pub fn parse_args<C: clap::Parser>() -> C {
-    C::try_parse().unwrap_or_else(|e| {
+    parse_args_from(std::env::args_os())
+}
+
+/// [`parse_args`] over the given arguments (the first is the program name).
+pub fn parse_args_from<C: clap::Parser, I, T>(args: I) -> C
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    C::try_parse_from(args).unwrap_or_else(|e| {
         let code = match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => OK,
             _ => USAGE,

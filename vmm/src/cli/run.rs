@@ -11,6 +11,7 @@ use clap::Args;
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
 use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use farvm_vmm::boot::{sniff_kernel, KernelKind};
 use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::pvctl::ProcessRecord;
@@ -32,8 +33,11 @@ Without --kernel, farvm boots its built-in test guest: a tiny ring-0 kernel whos
 processes run the workloads given with --workload (one process each) and report their time and
 checksum to the VMM. With --kernel PATH, the file is sniffed: an ELF is booted as a test-guest
 kernel (direct 64-bit entry), a bzImage (or an ELF given with --initrd/--cmdline/--linux) as
-Linux through the x86 64-bit boot protocol. Linux does not run at a usable speed on a host
-whose KVM emulates guest ring 0 (PVM); use --stop-at-entry to check its boot setup.
+Linux through the x86 64-bit boot protocol. The test guest itself (an ELF carrying farvm's
+test-guest note, as written by `farvm image export`) stays the test guest with --cmdline: each
+`farvm.workload=SPEC` word of the command line adds a workload, after those of --workload.
+Linux does not run at a usable speed on a host whose KVM emulates guest ring 0 (PVM); use
+--stop-at-entry to check its boot setup.
 
 The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the guest shuts
 down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
@@ -77,6 +81,8 @@ EXAMPLES
   farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
+  farvm image export /var/lib/farvm && farvm run --kernel /var/lib/farvm/farvm-testguest.elf \\
+            --cmdline 'farvm.workload=seq:ws=32M farvm.workload=kv:ws=32M'
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
 
 EXIT STATUS
@@ -234,11 +240,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
 
-    /// Linux: the kernel command line.
+    /// The kernel command line (Linux; for the test guest, `farvm.workload=SPEC` words add
+    /// workloads).
     #[arg(long, value_name = "STRING")]
     pub cmdline: Option<String>,
 
-    /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline).
+    /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline unless the ELF is
+    /// the test guest).
     #[arg(long)]
     pub linux: bool,
 
@@ -296,7 +304,11 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             ),
         )
     })?;
-    let linux = kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some();
+    // A kernel file carrying the test guest's ELF note is the test guest even with a command
+    // line: its workloads may come from `farvm.workload=` words (how libvirt names them).
+    let test_guest_file = kind == KernelKind::Elf && !a.linux && is_test_guest(&kernel);
+    let linux = !test_guest_file
+        && (kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some());
     let boot = if linux {
         if !a.workloads.is_empty() {
             return Err(Failure::new(
@@ -328,13 +340,22 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 ),
             ));
         }
-        let defaults = default_workloads(a);
-        let specs = if a.workloads.is_empty() {
-            &defaults
-        } else {
-            &a.workloads
-        };
-        let placed = place(specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        if a.initrd.is_some() {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                "--initrd: the test guest takes no initial ramdisk",
+            ));
+        }
+        let mut specs = a.workloads.clone();
+        if let Some(cmdline) = &a.cmdline {
+            specs.extend(
+                workloads_from_cmdline(cmdline).map_err(|e| Failure::new(exit_code::USAGE, e))?,
+            );
+        }
+        if specs.is_empty() {
+            specs = default_workloads(a);
+        }
+        let placed = place(&specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
         let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
         if total_ws >= a.memory {
             return Err(Failure::new(
@@ -375,8 +396,9 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
         serial: a.serial.clone(),
         boot,
         echo_guest_logs: a.guest_log,
-        // Local RAM has no userfaultfd pages: KVM's default is harmless there.
-        kvm_async_pf: a.kvm_async_pf || a.local_only || a.kernel.is_some(),
+        // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
+        // from a file pages like the built-in one.
+        kvm_async_pf: a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file),
     })
 }
 
