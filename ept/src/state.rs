@@ -96,7 +96,7 @@ pub enum PageState {
     },
     Staged,
     Evicting,
-    /// Its data is gone from every memory server (see [`LOST`]).
+    /// Its data is gone from every memory server (the page-state table's `LOST`).
     Lost,
 }
 

@@ -14,23 +14,25 @@
 //! Every decision this thread makes about a page is one row here and one arm of the `match`
 //! in [`Handler::step`], which calls the named action. Events: a guest *fault* (read from the
 //! uffd, or parked earlier); a prefetch *candidate*; a failed demand read's back-off is over
-//! (*retry due*). Flags in the next state are added to the word's.
+//! (*retry due*). In the next state, `+F` is a flag set and `−F` one cleared; a claim (any row
+//! leaving `NEVER`, `REMOTE` or `STAGED`) keeps only the word's pin count besides, and every
+//! `LOCAL` also gets `REF` (CLOCK's second chance).
 //!
 //! | state | event | guard | action | next state |
 //! |---|---|---|---|---|
-//! | `NEVER` | fault | a frame is free | `zero_fill`: zero page mapped, vCPU woken | `LOCAL` |
-//! | `REMOTE` | fault | a frame is free | `demand_read` (`F_HOT` if a refault within the working set) | `INFLIGHT+DEMAND` |
+//! | `NEVER` | fault | a frame is free | `zero_fill`: zero page mapped, vCPU woken | `LOCAL` (through `INFLIGHT+DEMAND`) |
+//! | `REMOTE` | fault | a frame is free | `demand_read` | `INFLIGHT+DEMAND` (`+HOT` if a refault within the working set) |
 //! | `NEVER`, `REMOTE` | fault | no frame free | parked, run again next round | unchanged |
-//! | `INFLIGHT`, a prefetch's read | fault | | `late_hit`: store told to hurry, prefetcher told of the hit | `INFLIGHT+DEMAND+WAITERS+CONSUMED`, not staged on arrival |
-//! | `INFLIGHT`, a demand read | fault | | `join_read`: waits for the same read | `INFLIGHT+WAITERS` |
-//! | `STAGED` | fault | | `marker_hit`: prefetcher told, mapped, vCPU woken, offered to the evictor first | `LOCAL+CONSUMED` |
+//! | `INFLIGHT` | fault | `PREFETCHED` (a prefetch nobody faulted on yet) | `late_hit`: store told to hurry, prefetcher told of the hit | `+DEMAND+WAITERS+CONSUMED −PREFETCHED−MARKER−PROBE`: installed and woken on arrival, not staged |
+//! | `INFLIGHT` | fault | otherwise (a demand read) | `join_read`: waits for the same read | `+WAITERS` |
+//! | `STAGED` | fault | | `marker_hit`: prefetcher told, mapped, vCPU woken, offered to the evictor first | `LOCAL+CONSUMED` (through `INFLIGHT+DEMAND`) |
 //! | `LOCAL` | fault | | `remap`: mapped again under a pin (raced with an install or an eviction that gave it back) | `LOCAL` |
-//! | `EVICTING` | fault | | `wait_eviction`: the evictor rescues it or reads it again | `EVICTING+WAITERS` |
+//! | `EVICTING` | fault | | `wait_eviction`: the evictor rescues it or reads it again | `+WAITERS` |
 //! | `LOST` | fault | | `report_lost` to the VMM | `LOST` |
-//! | `REMOTE` | candidate | a frame below low water (markers: the reserve too) | `prefetch_read` (`+MARKER` for markers and sampled probes, `+PROBE`) | `INFLIGHT+PREFETCHED+PF_READ` |
+//! | `REMOTE` | candidate | a frame below low water (markers: the reserve too) | `prefetch_read` | `INFLIGHT+PREFETCHED+PF_READ` (`+MARKER` for markers and sampled probes, `+PROBE` for probes) |
 //! | `REMOTE` | candidate | no frame | deferred | unchanged |
 //! | any other | candidate | | `skip_candidate` | unchanged |
-//! | `INFLIGHT` | retry due | | `resubmit` the demand read | `INFLIGHT` |
+//! | `INFLIGHT` | retry due | | `resubmit` the demand read | unchanged |
 //! | any other | retry due | | `stale_retry`: logged (cannot happen: the retry owns the page) | unchanged |
 //!
 //! An action whose compare-and-swap loses a race returns [`Step::Raced`], and the word is
