@@ -4,12 +4,15 @@
 #   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
-#   iproute2                      network-namespace tests (`ip netns`)
+#   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh
+#   etcd-server, etcd-client      the pool directory's tests and scripts/cluster.sh run a real etcd
+#   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev; do
+for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
+    etcd-server etcd-client protobuf-compiler; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -23,4 +26,4 @@ if [[ ! -w /dev/kvm ]]; then
     echo "setup: warning: /dev/kvm is missing or not writable; VMs cannot run here" >&2
 fi
 cargo build --release --workspace --bins
-echo "setup: done; binaries in target/release/ (farvm, farvm-memserver)"
+echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-pool, farvm-delay-proxy)"
