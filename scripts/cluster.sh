@@ -122,7 +122,8 @@ start_memserver() { # start_memserver NS RACK ID ADDR
         spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" >/dev/null
         wait_tcp "$ns" "$addr" 7070 10 || die "memory server $id did not start; see $RUN/$id.log"
         spawn "$ns" "$id-announce" "$BIN/farvm-pool" --etcd "$ETCD_URL" announce-server \
-            --id "$id" --address "$addr:17070" --rack "$rack" --capacity "$CAPACITY" >/dev/null
+            --id "$id" --address "$addr:17070" --probe "$addr:7070" --rack "$rack" \
+            --capacity "$CAPACITY" >/dev/null
     fi
     spawn "$ns" "$id-delay" "$BIN/farvm-delay-proxy" --listen "$addr:17070" \
         --connect "$addr:7070" --delay-us "$DELAY_US" >/dev/null

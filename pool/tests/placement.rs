@@ -51,8 +51,15 @@ fn sid(s: &str) -> ServerId {
     ServerId::new(s).unwrap()
 }
 
+/// Registers `vm` in the view (live VMs' slabs are the ones plans move).
+fn live(view: &mut PoolView, vm: VmId) {
+    let rec = request(vm, GIB, 0, 1).record(0);
+    view.vms.insert(vm, rec);
+}
+
 /// Places `placement` of `vm` into the view, as the directory's transaction does.
 fn commit(view: &mut PoolView, vm: VmId, slabs: &[SlabRecord]) {
+    live(view, vm);
     for (i, s) in slabs.iter().enumerate() {
         view.slabs.insert(
             SlabRef {
@@ -403,6 +410,7 @@ fn replica_of_a_dead_or_full_server_is_replaced_on_a_free_rack() {
         server("d", "r3", 2 * GIB, 0, ServerHealth::Up),
     ]);
     let vm = VmId::random();
+    live(&mut view, vm);
     let slab = SlabRef { vm, index: 0 };
     view.slabs.insert(
         slab,
@@ -434,6 +442,11 @@ fn replica_of_a_dead_or_full_server_is_replaced_on_a_free_rack() {
     assert!(why.contains("c shares rack r2 with a replica"), "{why}");
     assert!(why.contains("d full"), "{why}");
     assert!(why.contains("b holds a replica already"), "{why}");
+
+    // Once the VM is gone its slabs are the collector's: no plan moves them.
+    view.vms.clear();
+    assert!(repair_plan(&view, 2).moves.is_empty() && repair_plan(&view, 2).unmovable.is_empty());
+    assert!(drain_plan(&view, &sid("b"), 2).unwrap().moves.is_empty());
 }
 
 #[test]
@@ -444,6 +457,7 @@ fn overfull_server_is_relieved() {
         server("c", "r3", 8 * GIB, 0, ServerHealth::Up),
     ]);
     let vm = VmId::random();
+    live(&mut view, vm);
     for i in 0..3 {
         view.slabs.insert(
             SlabRef { vm, index: i },
@@ -472,6 +486,7 @@ fn rebalance_evens_a_skewed_pool() {
         server("d", "r4", 8 * GIB, 0, ServerHealth::Up),
     ]);
     let vm = VmId::random();
+    live(&mut view, vm);
     for i in 0..8 {
         view.slabs.insert(
             SlabRef { vm, index: i },

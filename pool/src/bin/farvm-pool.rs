@@ -3,7 +3,6 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -100,6 +99,10 @@ enum Cmd {
         /// Seconds between TCP probes of the server; three failures in a row deregister it.
         #[arg(long, default_value_t = 1.0)]
         probe_interval: f64,
+        /// Address to probe, when clients reach the server through something else (a proxy
+        /// that keeps accepting after the server died) [default: --address].
+        #[arg(long, value_name = "ADDR")]
+        probe: Option<SocketAddr>,
     },
     /// Admit a VM: place its remote share and register it (prints the placement and the
     /// servers to pass to `farvm run --memserver`). With --hold, keep its lease alive until
@@ -256,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
             ttl,
             wire_version,
             probe_interval,
+            probe,
         } => announce_server(
             &dir,
             ServerRecord {
@@ -269,6 +273,7 @@ fn run(cli: Cli) -> Result<()> {
                 health: ServerHealth::Up,
             },
             Duration::from_secs(ttl),
+            probe.unwrap_or(address),
             Duration::from_secs_f64(probe_interval.max(0.05)),
         )?,
         Cmd::Admit {
@@ -365,6 +370,7 @@ fn announce_server(
     dir: &Directory,
     record: ServerRecord,
     ttl: Duration,
+    probed: SocketAddr,
     probe: Duration,
 ) -> Result<()> {
     let address = record.address;
@@ -373,15 +379,18 @@ fn announce_server(
     let reg = dir
         .register_server(record, ttl)
         .with_context(|| format!("registering {id}"))?;
-    eprintln!("farvm-pool: {id} ({address}) registered; probing every {probe:?}");
-    let failures = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    eprintln!("farvm-pool: {id} ({address}) registered; probing {probed} every {probe:?}");
+    let mut failures = 0u32;
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(probe);
-        if TcpStream::connect_timeout(&address, probe.max(Duration::from_millis(200))).is_ok() {
-            failures.store(0, Ordering::Relaxed);
-        } else if failures.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+        if TcpStream::connect_timeout(&probed, probe.max(Duration::from_millis(200))).is_ok() {
+            failures = 0;
+        } else {
+            failures += 1;
+        }
+        if failures >= 3 {
             reg.deregister();
-            bail!("{id}: {address} stopped accepting connections; deregistered");
+            bail!("{id}: {probed} stopped accepting connections; deregistered");
         }
     }
     reg.deregister();

@@ -15,7 +15,8 @@ use crate::view::{PoolView, SlabRef};
 /// within `b/2` of its share after taking it, keeping the slab's replicas on distinct racks;
 /// each move lowers the total distance from the fair shares. A server either gives or receives,
 /// never both, so no replica moves twice and no move undoes another. Draining, degraded and
-/// dead servers take no part (see `drain_plan` and `repair_plan`).
+/// dead servers take no part (see `drain_plan` and `repair_plan`), nor do slabs of VMs whose
+/// record is gone (the garbage collector's).
 pub fn rebalance_plan(view: &PoolView, min_wire_version: u8) -> Vec<Move> {
     let mut ledger = Ledger::new(view, min_wire_version);
     let part: Vec<usize> = (0..ledger.entries.len())
@@ -38,6 +39,7 @@ pub fn rebalance_plan(view: &PoolView, min_wire_version: u8) -> Vec<Move> {
     let mut replicas: BTreeMap<SlabRef, Vec<ServerId>> = view
         .slabs
         .iter()
+        .filter(|(s, _)| view.vms.contains_key(&s.vm))
         .map(|(s, r)| (*s, r.replicas.clone()))
         .collect();
     let mut on_server: BTreeMap<ServerId, BTreeSet<SlabRef>> = BTreeMap::new();

@@ -146,6 +146,8 @@ fn plan_moves<'a>(
 
 /// Moves every replica off server `server` (which takes no new slabs meanwhile), keeping each
 /// slab's replicas on distinct racks. Replicas no server can take are listed as unmovable.
+/// Slabs of VMs whose record is gone are left to the garbage collector (here and in every
+/// plan): their reservations still count as load until they are discarded.
 pub fn drain_plan(
     view: &PoolView,
     server: &ServerId,
@@ -159,7 +161,7 @@ pub fn drain_plan(
     let work = view
         .slabs
         .iter()
-        .filter(|(_, r)| r.replicas.contains(server))
+        .filter(|(s, r)| view.vms.contains_key(&s.vm) && r.replicas.contains(server))
         .map(|(s, r)| (*s, r, server.clone()));
     Ok(plan_moves(&mut ledger, work, &mut Default::default()))
 }
@@ -169,7 +171,11 @@ pub fn drain_plan(
 pub fn repair_plan(view: &PoolView, min_wire_version: u8) -> DrainPlan {
     let mut ledger = Ledger::new(view, min_wire_version);
     let mut current = Default::default();
-    let dead = view.slabs.iter().flat_map(|(s, r)| {
+    let live = view
+        .slabs
+        .iter()
+        .filter(|(s, _)| view.vms.contains_key(&s.vm));
+    let dead = live.clone().flat_map(|(s, r)| {
         r.replicas
             .iter()
             .filter(|id| !view.servers.contains_key(*id))
@@ -184,7 +190,7 @@ pub fn repair_plan(view: &PoolView, min_wire_version: u8) -> DrainPlan {
         .map(|e| (e.id.clone(), e.load - e.capacity))
         .collect();
     for (server, mut over) in overfull {
-        for (slab, rec) in view.slabs.iter() {
+        for (slab, rec) in live.clone() {
             if over == 0 {
                 break;
             }
