@@ -5,7 +5,9 @@
 #   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
-#   iproute2                      network-namespace tests (`ip netns`)
+#   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh
+#   etcd-server, etcd-client      the pool directory's tests and scripts/cluster.sh run a real etcd
+#   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
 #   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
 #                                 libvirt's schema
 set -euo pipefail
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
-    libvirt-clients; do
+    libvirt-clients etcd-server etcd-client protobuf-compiler; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -27,4 +29,4 @@ if [[ ! -w /dev/kvm ]]; then
     echo "setup: warning: /dev/kvm is missing or not writable; VMs cannot run here" >&2
 fi
 cargo build --release --workspace --bins
-echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-lab)"
+echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-lab, farvm-pool, farvm-delay-proxy)"
