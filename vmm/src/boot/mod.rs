@@ -5,7 +5,7 @@ pub mod elf;
 pub mod linux;
 pub mod testguest;
 
-use crate::memory::MemError;
+use crate::vstate::memory::MemError;
 
 /// Errors while loading a kernel or building its boot data.
 #[derive(Debug, thiserror::Error)]
