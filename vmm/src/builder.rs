@@ -235,6 +235,7 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
         ram.clone(),
         PvCtl::new(ram, cfg.vcpus, cfg.echo_guest_logs),
         SerialConsole::new(&cfg.serial)?,
+        cfg.vcpus,
         kvm_stats,
     );
     Ok(Vm::new(Arc::new(shared), kvm, vcpus, entry, linux))

@@ -171,9 +171,9 @@ impl VmShared {
         ram: Arc<GuestRam>,
         pv: PvCtl,
         serial: SerialConsole,
+        ncpus: u32,
         kvm_stats: Vec<Option<VcpuStats>>,
     ) -> Self {
-        let ncpus = kvm_stats.len() as u32;
         VmShared {
             name,
             uuid,

@@ -245,7 +245,7 @@ fn a_vm_on_paged_ram_runs_and_vmm_accesses_go_through_the_engine() {
     cfg.remote = Some(spec);
     cfg.kvm_async_pf = false;
     let vm = build(&cfg).expect("build a VM on remote memory");
-    let engine = vm.remote().expect("remote memory").engine().clone();
+    let engine = vm.remote().expect("remote memory").engine();
     assert_eq!(vm.ram().backing(), Backing::External);
     let regions = vm.ram().regions();
     assert_eq!(regions.len(), 1);
@@ -274,7 +274,6 @@ fn a_vm_on_paged_ram_runs_and_vmm_accesses_go_through_the_engine() {
         paging.engine.counters
     );
     assert!(r.paging_errors.is_empty(), "{:?}", r.paging_errors);
-    drop(engine);
     // The engine is shut down with the VM: an access now is an error, not a touch of the
     // unmapped guest view.
     assert!(shared.ram.read_obj::<u64>(GuestAddress(0)).is_err());
