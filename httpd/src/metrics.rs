@@ -140,8 +140,16 @@ impl<'a> Families<'a> {
                 ConstGauge::new(*v).encode(m.encode_family(&labels)?)?;
             }
         }
-        self.gauge(&format!("{name}_sum"), &format!("{help} (sum)"), sum)?;
-        self.gauge(&format!("{name}_count"), &format!("{help} (count)"), count)
+        self.gauge(
+            &format!("{name}_sum"),
+            &format!("Sum of the observations of {name}."),
+            sum,
+        )?;
+        self.gauge(
+            &format!("{name}_count"),
+            &format!("Number of observations of {name}."),
+            count,
+        )
     }
 
     /// A histogram from per-bucket counts `(upper bound, count in that bucket)`, the last bound

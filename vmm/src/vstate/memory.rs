@@ -271,6 +271,18 @@ impl GuestRam {
         }
     }
 
+    /// Local RAM's vm-memory view once `count` bytes at `addr` are checked (None: paged RAM).
+    fn local_view(
+        &self,
+        addr: GuestAddress,
+        count: u64,
+    ) -> Result<Option<&GuestMemoryMmap>, MemError> {
+        match &self.access {
+            Access::Local(m) => self.check(addr, count).map(|()| Some(m)),
+            Access::Paged(_) => Ok(None),
+        }
+    }
+
     /// The engine of paged RAM (None for local RAM).
     fn engine(&self) -> Result<Option<Arc<Engine>>, MemError> {
         match &self.access {
@@ -375,8 +387,7 @@ impl Bytes<GuestAddress> for GuestRam {
         src: &mut F,
         count: usize,
     ) -> Result<usize, MemError> {
-        if let Access::Local(m) = &self.access {
-            self.check(addr, count as u64)?;
+        if let Some(m) = self.local_view(addr, count as u64)? {
             return m
                 .read_volatile_from(addr, src, count)
                 .map_err(access_err(addr));
@@ -396,8 +407,7 @@ impl Bytes<GuestAddress> for GuestRam {
         src: &mut F,
         count: usize,
     ) -> Result<(), MemError> {
-        if let Access::Local(m) = &self.access {
-            self.check(addr, count as u64)?;
+        if let Some(m) = self.local_view(addr, count as u64)? {
             return m
                 .read_exact_volatile_from(addr, src, count)
                 .map_err(access_err(addr));
@@ -417,8 +427,7 @@ impl Bytes<GuestAddress> for GuestRam {
         dst: &mut F,
         count: usize,
     ) -> Result<usize, MemError> {
-        if let Access::Local(m) = &self.access {
-            self.check(addr, count as u64)?;
+        if let Some(m) = self.local_view(addr, count as u64)? {
             return m
                 .write_volatile_to(addr, dst, count)
                 .map_err(access_err(addr));
@@ -436,8 +445,7 @@ impl Bytes<GuestAddress> for GuestRam {
         dst: &mut F,
         count: usize,
     ) -> Result<(), MemError> {
-        if let Access::Local(m) = &self.access {
-            self.check(addr, count as u64)?;
+        if let Some(m) = self.local_view(addr, count as u64)? {
             return m
                 .write_all_volatile_to(addr, dst, count)
                 .map_err(access_err(addr));
@@ -459,39 +467,32 @@ impl Bytes<GuestAddress> for GuestRam {
         addr: GuestAddress,
         order: Ordering,
     ) -> Result<(), MemError> {
-        let size = std::mem::size_of::<T>() as u64;
-        if !addr.0.is_multiple_of(size) {
-            return Err(MemError::Access {
-                gpa: addr.0,
-                reason: format!("an atomic access of {size} bytes must be aligned"),
-            });
-        }
-        match &self.access {
-            Access::Local(m) => {
-                self.check(addr, size)?;
-                m.store(val, addr, order).map_err(access_err(addr))
-            }
-            Access::Paged(_) => self.write_obj(val, addr),
+        match self.local_view(addr, check_atomic::<T>(addr)?)? {
+            Some(m) => m.store(val, addr, order).map_err(access_err(addr)),
+            None => self.write_obj(val, addr),
         }
     }
 
     /// An atomic load on local RAM; on paged RAM the engine's pinned copy of the (aligned,
     /// single-page) value.
     fn load<T: AtomicAccess>(&self, addr: GuestAddress, order: Ordering) -> Result<T, MemError> {
-        let size = std::mem::size_of::<T>() as u64;
-        if !addr.0.is_multiple_of(size) {
-            return Err(MemError::Access {
-                gpa: addr.0,
-                reason: format!("an atomic access of {size} bytes must be aligned"),
-            });
+        match self.local_view(addr, check_atomic::<T>(addr)?)? {
+            Some(m) => m.load(addr, order).map_err(access_err(addr)),
+            None => self.read_obj(addr),
         }
-        match &self.access {
-            Access::Local(m) => {
-                self.check(addr, size)?;
-                m.load(addr, order).map_err(access_err(addr))
-            }
-            Access::Paged(_) => self.read_obj(addr),
-        }
+    }
+}
+
+/// The size of `T` if `addr` is aligned to it (an atomic access must be).
+fn check_atomic<T>(addr: GuestAddress) -> Result<u64, MemError> {
+    let size = std::mem::size_of::<T>() as u64;
+    if addr.0.is_multiple_of(size) {
+        Ok(size)
+    } else {
+        Err(MemError::Access {
+            gpa: addr.0,
+            reason: format!("an atomic access of {size} bytes must be aligned"),
+        })
     }
 }
 
