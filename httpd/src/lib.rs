@@ -21,7 +21,7 @@ pub mod server;
 
 pub use axum;
 pub use listen::{BoundAddr, Listen};
-pub use metrics::{Exposition, Families};
+pub use metrics::{Exposition, Families, HistogramValue};
 pub use prometheus_client;
 pub use server::HttpServer;
 

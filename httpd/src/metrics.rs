@@ -83,8 +83,28 @@ async fn scrape(State(exposition): State<Arc<Exposition>>) -> impl IntoResponse 
     }
 }
 
-/// Writes metric families of a snapshot from inside [`Collector::encode`], every series with
-/// the same labels.
+/// Extra labels of one series of a family (on top of the [`Families`] labels).
+pub type SeriesLabels<'l> = &'l [(&'l str, &'l str)];
+
+/// A histogram's value: per-bucket counts `(upper bound, count in that bucket)`, the last bound
+/// `f64::INFINITY`, plus the sum and count of the observations.
+#[derive(Clone, Copy, Debug)]
+pub struct HistogramValue<'b> {
+    pub sum: f64,
+    pub count: u64,
+    pub buckets: &'b [(f64, u64)],
+}
+
+/// `common` followed by `extra`.
+fn with(common: &[(String, String)], extra: SeriesLabels<'_>) -> Vec<(String, String)> {
+    let mut labels = common.to_vec();
+    labels.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    labels
+}
+
+/// Writes metric families of a snapshot from inside [`Collector::encode`]. Every series gets
+/// the labels given to [`Families::new`]; the `*_series` forms write several series of one
+/// family, each with extra labels (e.g. `op="read"`).
 pub struct Families<'a> {
     encoder: DescriptorEncoder<'a>,
     labels: Vec<(String, String)>,
@@ -104,20 +124,51 @@ impl<'a> Families<'a> {
 
     /// A monotonic counter, exposed as `NAME_total`.
     pub fn counter(&mut self, name: &str, help: &str, value: u64) -> fmt::Result {
-        let c = ConstCounter::new(value);
+        self.counter_series(name, help, &[(&[], value)])
+    }
+
+    /// Series of one counter family.
+    pub fn counter_series(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: &[(SeriesLabels<'_>, u64)],
+    ) -> fmt::Result {
         let mut m = self
             .encoder
-            .encode_descriptor(name, help, None, c.metric_type())?;
-        c.encode(m.encode_family(&self.labels)?)
+            .encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (extra, v) in series {
+            let labels = with(&self.labels, extra);
+            ConstCounter::new(*v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 
     /// A gauge (integers print as integers, floats as floats).
-    pub fn gauge(&mut self, name: &str, help: &str, value: impl EncodeGaugeValue) -> fmt::Result {
-        let g = ConstGauge::new(value);
+    pub fn gauge<G: EncodeGaugeValue + Copy>(
+        &mut self,
+        name: &str,
+        help: &str,
+        value: G,
+    ) -> fmt::Result {
+        self.gauge_series(name, help, &[(&[], value)])
+    }
+
+    /// Series of one gauge family.
+    pub fn gauge_series<G: EncodeGaugeValue + Copy>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: &[(SeriesLabels<'_>, G)],
+    ) -> fmt::Result {
         let mut m = self
             .encoder
-            .encode_descriptor(name, help, None, g.metric_type())?;
-        g.encode(m.encode_family(&self.labels)?)
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (extra, v) in series {
+            let labels = with(&self.labels, extra);
+            ConstGauge::new(*v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 
     /// Quantiles of a distribution the component computed itself: `NAME{quantile="q"}` for
@@ -130,16 +181,14 @@ impl<'a> Families<'a> {
         sum: f64,
         count: u64,
     ) -> fmt::Result {
-        {
-            let mut m = self
-                .encoder
-                .encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (q, v) in quantiles {
-                let mut labels = self.labels.clone();
-                labels.push(("quantile".into(), q.to_string()));
-                ConstGauge::new(*v).encode(m.encode_family(&labels)?)?;
-            }
-        }
+        let labels: Vec<[(&str, &str); 1]> =
+            quantiles.iter().map(|(q, _)| [("quantile", *q)]).collect();
+        let series: Vec<(SeriesLabels<'_>, f64)> = labels
+            .iter()
+            .zip(quantiles)
+            .map(|(l, (_, v))| (&l[..], *v))
+            .collect();
+        self.gauge_series(name, help, &series)?;
         self.gauge(
             &format!("{name}_sum"),
             &format!("Sum of the observations of {name}."),
@@ -152,25 +201,31 @@ impl<'a> Families<'a> {
         )
     }
 
-    /// A histogram from per-bucket counts `(upper bound, count in that bucket)`, the last bound
-    /// `f64::INFINITY`; exposed as `NAME_bucket{le=...}` (cumulative), `NAME_sum`, `NAME_count`.
-    pub fn histogram(
+    /// A histogram, exposed as `NAME_bucket{le=...}` (cumulative), `NAME_sum`, `NAME_count`.
+    pub fn histogram(&mut self, name: &str, help: &str, value: HistogramValue<'_>) -> fmt::Result {
+        self.histogram_series(name, help, &[(&[], value)])
+    }
+
+    /// Series of one histogram family.
+    pub fn histogram_series(
         &mut self,
         name: &str,
         help: &str,
-        sum: f64,
-        count: u64,
-        buckets: &[(f64, u64)],
+        series: &[(SeriesLabels<'_>, HistogramValue<'_>)],
     ) -> fmt::Result {
         let mut m = self
             .encoder
             .encode_descriptor(name, help, None, MetricType::Histogram)?;
-        m.encode_family(&self.labels)?.encode_histogram(
-            sum,
-            count,
-            buckets,
-            None::<&HashMap<usize, Exemplar<Vec<(String, String)>, f64>>>,
-        )
+        for (extra, h) in series {
+            let labels = with(&self.labels, extra);
+            m.encode_family(&labels)?.encode_histogram(
+                h.sum,
+                h.count,
+                h.buckets,
+                None::<&HashMap<usize, Exemplar<Vec<(String, String)>, f64>>>,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -198,9 +253,16 @@ mod tests {
             f.histogram(
                 "farvm_test_op_seconds",
                 "Op latency.",
-                1.5,
-                3,
-                &[(0.001, 1), (0.01, 2), (f64::INFINITY, 0)],
+                HistogramValue {
+                    sum: 1.5,
+                    count: 3,
+                    buckets: &[(0.001, 1), (0.01, 2), (f64::INFINITY, 0)],
+                },
+            )?;
+            f.counter_series(
+                "farvm_test_ops",
+                "Ops by kind.",
+                &[(&[("op", "read")], 5), (&[("op", "write")], 6)],
             )
         }
     }
@@ -220,6 +282,8 @@ mod tests {
             "farvm_test_seconds_count{vm=\"t1\"} 200",
             "farvm_test_op_seconds_bucket{le=\"0.01\",vm=\"t1\"} 3",
             "farvm_test_op_seconds_count{vm=\"t1\"} 3",
+            "farvm_test_ops_total{vm=\"t1\",op=\"read\"} 5",
+            "farvm_test_ops_total{vm=\"t1\",op=\"write\"} 6",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
