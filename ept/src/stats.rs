@@ -1,6 +1,6 @@
 //! Per-VM metrics: counters (relaxed atomics), latency histograms (HDR, one set per recording
 //! thread so recording never contends; merged on snapshot), and the serialisable [`Stats`]
-//! snapshot with a Prometheus text rendering.
+//! snapshot (exporters such as the VMM's Prometheus endpoint render it).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -196,15 +196,6 @@ pub enum Hist {
     Wake,
 }
 const NHIST: usize = 7;
-const HIST_NAMES: [&str; NHIST] = [
-    "fault_service",
-    "zero_fill",
-    "store_read",
-    "install",
-    "prefetch_timeliness",
-    "evict_round",
-    "wake",
-];
 
 /// Histogram slots: each recording thread sticks to one, so locks are uncontended.
 const SLOTS: usize = 8;
@@ -374,70 +365,6 @@ impl Stats {
         self.evict_round = LatencySummary::of(&m[Hist::EvictRound as usize]);
         self.wake = LatencySummary::of(&m[Hist::Wake as usize]);
     }
-
-    /// Prometheus text exposition (version 0.0.4), every series labelled `vm="<vm>"`.
-    pub fn to_prometheus(&self, vm: &str) -> String {
-        use std::fmt::Write;
-        let vm: String = vm
-            .chars()
-            .map(|c| {
-                if c == '"' || c == '\\' || c == '\n' {
-                    '_'
-                } else {
-                    c
-                }
-            })
-            .collect();
-        let mut s = String::new();
-        for (name, v) in self.counters.pairs() {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name}_total counter");
-            let _ = writeln!(s, "farvm_ept_{name}_total{{vm=\"{vm}\"}} {v}");
-        }
-        let gauges = [
-            ("total_pages", self.total_pages as f64),
-            ("budget_pages", self.budget_pages as f64),
-            ("reserve_pages", self.reserve_pages as f64),
-            ("resident_pages", self.resident_pages as f64),
-            ("prefetch_inflight", self.prefetch_inflight as f64),
-            ("prefetch_accuracy", self.accuracy),
-            ("prefetch_accuracy_markers", self.accuracy_markers),
-            ("prefetch_coverage", self.coverage),
-        ];
-        for (name, v) in gauges {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name} gauge");
-            let _ = writeln!(s, "farvm_ept_{name}{{vm=\"{vm}\"}} {v}");
-        }
-        let lat = [
-            (HIST_NAMES[0], &self.fault_service),
-            (HIST_NAMES[1], &self.zero_fill),
-            (HIST_NAMES[2], &self.store_read),
-            (HIST_NAMES[3], &self.install),
-            (HIST_NAMES[4], &self.prefetch_timeliness),
-            (HIST_NAMES[5], &self.evict_round),
-            (HIST_NAMES[6], &self.wake),
-        ];
-        for (name, l) in lat {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name}_seconds summary");
-            for (q, v) in [("0.5", l.p50), ("0.99", l.p99), ("0.999", l.p999)] {
-                let _ = writeln!(
-                    s,
-                    "farvm_ept_{name}_seconds{{vm=\"{vm}\",quantile=\"{q}\"}} {}",
-                    v as f64 / 1e9
-                );
-            }
-            let _ = writeln!(
-                s,
-                "farvm_ept_{name}_seconds_sum{{vm=\"{vm}\"}} {}",
-                l.mean * l.count as f64 / 1e9
-            );
-            let _ = writeln!(
-                s,
-                "farvm_ept_{name}_seconds_count{{vm=\"{vm}\"}} {}",
-                l.count
-            );
-        }
-        s
-    }
 }
 
 #[cfg(test)]
@@ -467,9 +394,6 @@ mod tests {
         assert!((st.fault_service.p50 as i64 - 500_000).abs() < 2_000);
         assert!((st.accuracy_markers - 0.75).abs() < 1e-9);
         assert!((st.accuracy - 0.5).abs() < 1e-9, "probes win over markers");
-        let text = st.to_prometheus("vm\"1");
-        assert!(text.contains("farvm_ept_demand_faults_total{vm=\"vm_1\"} 0"));
-        assert!(text.contains("farvm_ept_fault_service_seconds_count{vm=\"vm_1\"} 4000"));
         let json = serde_json::to_string(&st).unwrap();
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, st);

@@ -59,15 +59,19 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
     }
 }
 
-/// The exit status for an error creating the VM.
-pub fn for_vm_error(e: &crate::vm::VmError) -> i32 {
+/// The exit status for an error building the VM.
+pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
     use crate::boot::BootError;
-    use crate::vm::VmError;
+    use crate::builder::BuildError;
+    use crate::remote::RemoteError;
     match e {
-        VmError::Config(_) => USAGE,
-        VmError::Boot(BootError::Mem(_)) | VmError::Mem(_) | VmError::Kvm(_) | VmError::Io(_) => {
-            HOST_ERROR
-        }
-        VmError::Boot(_) => BAD_KERNEL,
+        BuildError::Config(_)
+        | BuildError::Remote(RemoteError::Config(_) | RemoteError::Token { .. }) => USAGE,
+        BuildError::Boot(BootError::Mem(_))
+        | BuildError::Memory(_)
+        | BuildError::Kvm(_)
+        | BuildError::Io(_)
+        | BuildError::Remote(_) => HOST_ERROR,
+        BuildError::Boot(_) => BAD_KERNEL,
     }
 }

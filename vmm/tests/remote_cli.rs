@@ -132,8 +132,9 @@ fn run_pages_remotely_with_live_stats_and_metrics() {
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout).into_owned();
     assert!(text.contains("paging: prefetcher leap+stream"), "{text}");
-    let (code, body) = farvm_vmm::metrics::scrape(addr, "/metrics").unwrap();
-    assert_eq!(code, 200);
+    let farvm_httpd::client::Response { status, body, .. } =
+        farvm_httpd::client::get(&farvm_httpd::BoundAddr::Tcp(addr), "/metrics").unwrap();
+    assert_eq!(status, 200);
     for series in [
         "farvm_ept_demand_faults_total{vm=\"remote-cli\"}",
         "farvm_ept_fault_service_seconds{vm=\"remote-cli\",quantile=\"0.99\"}",

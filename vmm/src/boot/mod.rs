@@ -7,7 +7,7 @@ pub mod linux;
 pub mod testguest;
 pub mod testguest_file;
 
-use crate::memory::MemError;
+use crate::vstate::memory::MemError;
 
 /// Errors while loading a kernel or building its boot data.
 #[derive(Debug, thiserror::Error)]

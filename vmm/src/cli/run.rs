@@ -10,17 +10,17 @@ use anyhow::Result;
 use clap::Args;
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
+use farvm_httpd::{HttpError, HttpServer, Listen};
 use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use farvm_vmm::boot::{sniff_kernel, KernelKind};
+use farvm_vmm::builder::{self, BootConfig, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
-use farvm_vmm::metrics::MetricsServer;
-use farvm_vmm::remote::{RemoteMemory, RemoteSpec};
+use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
-use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
+use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
 use farvm_vmm::workload_spec::{place, workload_name};
 use farvm_vmm::{exit_code, signals};
 
@@ -146,9 +146,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
     pub serial: SerialOut,
 
-    /// Host backing of guest RAM: anon (private anonymous) or memfd (shared).
-    #[arg(long, value_name = "anon|memfd", default_value = "anon")]
-    pub memory_backing: Backing,
+    /// Host backing of local guest RAM: anon (private anonymous memory, the only kind; remote
+    /// memory is always the paging engine's).
+    #[arg(long, value_name = "anon", default_value = "anon", value_parser = ["anon", "anonymous"])]
+    pub memory_backing: String,
 
     /// VM name (control socket name) [default: farvm-<pid>].
     #[arg(long, value_name = "NAME")]
@@ -321,7 +322,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             .as_ref()
             .map(|p| read_input(p, "initrd"))
             .transpose()?;
-        BootSpec::Linux {
+        BootConfig::Linux {
             kernel,
             initrd,
             cmdline: a
@@ -375,7 +376,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
         if a.demand_4k {
             f |= flags::DEMAND_4K;
         }
-        BootSpec::TestGuest {
+        BootConfig::TestGuest {
             kernel,
             plan: TestPlan {
                 procs: placed.iter().map(|p| p.process_spec()).collect(),
@@ -388,18 +389,14 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             },
         }
     };
-    Ok(VmConfig {
-        name,
-        mem_bytes: a.memory,
-        vcpus: a.vcpus,
-        backing: a.memory_backing,
-        serial: a.serial.clone(),
-        boot,
-        echo_guest_logs: a.guest_log,
-        // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
-        // from a file pages like the built-in one.
-        kvm_async_pf: a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file),
-    })
+    let mut cfg = VmConfig::new(&name, a.memory, a.vcpus, boot);
+    cfg.serial = a.serial.clone();
+    cfg.echo_guest_logs = a.guest_log;
+    // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
+    // from a file pages like the built-in one.
+    cfg.kvm_async_pf = a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file);
+    cfg.remote = remote_spec(a, &cfg)?;
+    Ok(cfg)
 }
 
 /// The workloads of a bare `farvm run` (test guest, no --workload, no --kernel): a sequential
@@ -411,25 +408,20 @@ fn default_workloads(a: &RunArgs) -> Vec<String> {
     vec!["seq:ws=192M".into(), "random:ws=64M".into()]
 }
 
-/// Creates the VM, mapping errors to exit statuses.
-pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
-    Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
-}
-
 /// The remote-memory settings of `a`, or `None` when guest RAM stays local.
 pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
     if a.local_only {
         return Ok(None);
     }
-    // Sizes the VM refuses anyway: let `Vm::create` report them with its own message.
+    // Sizes the VM refuses anyway: let the builder report them with its own message.
     if cfg.vcpus == 0
         || cfg.mem_bytes < farvm_vmm::layout::MIN_RAM
         || cfg.mem_bytes > farvm_vmm::layout::MAX_RAM
     {
         return Ok(None);
     }
-    if matches!(cfg.boot, BootSpec::Linux { .. }) {
+    if matches!(cfg.boot, BootConfig::Linux { .. }) {
         if a.fault_path_cpu.is_some() {
             return Err(usage(
                 "--fault-path-cpu needs remote memory, which needs the test guest".into(),
@@ -469,61 +461,21 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     Ok(Some(spec))
 }
 
-/// Starts remote memory and creates the VM on it; binds stage-2, vCPU attribution, lost-page
-/// handling and stats.
-pub fn create_remote_vm(spec: &RemoteSpec, cfg: VmConfig) -> Result<(Vm, RemoteMemory), Failure> {
-    let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
-    let mut remote = RemoteMemory::start(spec, cfg.mem_bytes).map_err(|e| match e {
-        farvm_vmm::remote::RemoteError::Config(_)
-        | farvm_vmm::remote::RemoteError::Token { .. } => {
-            Failure::new(exit_code::USAGE, e.to_string())
-        }
-        other => host(other.to_string()),
-    })?;
-    let ram = remote.guest_ram().map_err(|e| host(e.to_string()))?;
-    let vm = Vm::create_with_ram(cfg, ram)
-        .map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))?;
-    remote.attach_vm(&vm);
-    let src = remote.stats_source();
-    let name = vm.shared().name.clone();
-    let _ = vm
-        .shared()
-        .paging_stats
-        .set(Arc::new(move || match src.stats() {
-            Some(s) => (
-                serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
-                s.to_prometheus(&name),
-            ),
-            None => (serde_json::Value::Null, String::new()),
-        }));
-    Ok((vm, remote))
+/// Builds the VM (remote memory first, when asked for), mapping errors to exit statuses.
+pub fn build_vm(cfg: &VmConfig) -> Result<Vm, Failure> {
+    builder::build(cfg).map_err(|e| Failure::new(exit_code::for_build_error(&e), e.to_string()))
 }
 
 /// Starts the Prometheus endpoint for `vm`.
-fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<MetricsServer, Failure> {
-    let shared = Arc::downgrade(vm.shared());
-    MetricsServer::start(
-        addr,
-        Arc::new(move || {
-            let Some(s) = shared.upgrade() else {
-                return String::new();
-            };
-            let mut text = s.paging_stats.get().map(|f| f().1).unwrap_or_default();
-            let exits = s.exits.snapshot();
-            let vm = s.name.replace(['"', '\\', '\n'], "_");
-            text.push_str(&format!(
-                "# TYPE farvm_vm_exits_total counter\nfarvm_vm_exits_total{{vm=\"{vm}\"}} {}\n\
-                 # TYPE farvm_vm_uptime_seconds gauge\nfarvm_vm_uptime_seconds{{vm=\"{vm}\"}} {}\n",
-                exits.total(),
-                s.started.elapsed().as_secs_f64()
-            ));
-            text
-        }),
-    )
-    .map_err(|e| {
+fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<HttpServer, Failure> {
+    farvm_vmm::metrics::serve(&Listen::Tcp(addr), vm.shared()).map_err(|e| {
+        let why = match e {
+            HttpError::Bind { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
         Failure::new(
             exit_code::HOST_ERROR,
-            format!("cannot serve --metrics on {addr}: {e}"),
+            format!("cannot serve --metrics on {addr}: {why}"),
         )
     })
 }
@@ -551,24 +503,15 @@ pub fn run_vm(
 
 pub fn run(a: RunArgs) -> Result<i32> {
     let cfg = build_config(&a)?;
-    let name = cfg.name.clone();
-    let (vm, remote) = match remote_spec(&a, &cfg)? {
-        Some(spec) => {
-            let (vm, r) = create_remote_vm(&spec, cfg)?;
-            (vm, Some(r))
-        }
-        None => (create_vm(cfg)?, None),
-    };
+    let vm = build_vm(&cfg)?;
     let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
     if let Some(m) = &metrics {
         eprintln!("farvm: metrics on http://{}/metrics", m.addr());
     }
     if a.stop_at_entry {
         print_entry(&vm, a.json)?;
+        drop(metrics);
         drop(vm);
-        if let Some(r) = remote {
-            r.shutdown();
-        }
         return Ok(exit_code::OK);
     }
     let control = if a.no_control_socket {
@@ -577,16 +520,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
         Some(
             a.control_socket
                 .clone()
-                .unwrap_or_else(|| default_socket_path(&name)),
+                .unwrap_or_else(|| default_socket_path(&cfg.name)),
         )
     };
     let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
     drop(metrics);
-    let paging = remote.as_ref().map(|r| r.stats());
-    print_report(&report, a.json, paging.as_ref());
-    if let Some(r) = remote {
-        r.shutdown();
-    }
+    print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
     if code != exit_code::OK {
         eprintln!("farvm: {}", report.outcome);

@@ -19,11 +19,10 @@ use farvm_memserver::protocol::auth::load_token_file;
 use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
 use serde::Serialize;
 
-use super::ram::EngineRam;
 use super::stage2::KvmPreFault;
 use super::store::{MemserverStore, StoreConfig};
-use crate::memory::{GuestRam, MemError};
 use crate::vm::{Vm, VmOutcome};
+use crate::vstate::memory::{GuestRam, MemError};
 
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
@@ -164,62 +163,6 @@ pub struct RemoteHealth {
 pub struct RemoteStats {
     pub engine: Stats,
     pub remote: RemoteHealth,
-}
-
-impl RemoteStats {
-    /// Prometheus text: the engine's series plus memserver health, labelled `vm="<vm>"`.
-    pub fn to_prometheus(&self, vm: &str) -> String {
-        use std::fmt::Write;
-        let mut s = self.engine.to_prometheus(vm);
-        let vm: String = vm
-            .chars()
-            .map(|c| {
-                if matches!(c, '"' | '\\' | '\n') {
-                    '_'
-                } else {
-                    c
-                }
-            })
-            .collect();
-        let r = &self.remote;
-        for (name, kind, v) in [
-            ("memservers", "gauge", r.servers.len() as u64),
-            ("replication", "gauge", r.replication as u64),
-            (
-                "memserver_dead",
-                "gauge",
-                r.dead_servers.saturating_sub(r.rejoined_servers),
-            ),
-            (
-                "memserver_taken_out_of_service_total",
-                "counter",
-                r.dead_servers,
-            ),
-            ("memserver_rejoined_total", "counter", r.rejoined_servers),
-            ("memserver_suspended_slabs", "gauge", r.suspended_slabs),
-            (
-                "memserver_read_failovers_total",
-                "counter",
-                r.read_failovers,
-            ),
-            (
-                "memserver_slabs_rereplicated_total",
-                "counter",
-                r.slabs_rereplicated,
-            ),
-            ("memserver_degraded_slabs", "gauge", r.degraded_slabs),
-            ("memserver_requests_total", "counter", r.wire_requests),
-            (
-                "memserver_failed_requests_total",
-                "counter",
-                r.failed_requests,
-            ),
-        ] {
-            let _ = writeln!(s, "# TYPE farvm_{name} {kind}");
-            let _ = writeln!(s, "farvm_{name}{{vm=\"{vm}\"}} {v}");
-        }
-        s
-    }
 }
 
 /// Where stats come from, without keeping the engine alive (for the control socket and the
@@ -541,12 +484,10 @@ impl RemoteMemory {
         }
     }
 
-    /// Guest RAM for [`crate::vm::Vm::create_with_ram`]: the engine's guest view as the KVM
-    /// memslot, every VMM access through the engine. Drop the VM before [`Self::shutdown`].
+    /// Guest RAM paged by the engine: its guest view as the KVM memslot, every VMM access a
+    /// copy made by the engine ([`GuestRam::paged`]).
     pub fn guest_ram(&self) -> Result<Arc<GuestRam>, MemError> {
-        Ok(Arc::new(GuestRam::external(Arc::new(EngineRam(
-            self.engine.clone(),
-        )))?))
+        Ok(Arc::new(GuestRam::paged(&self.engine)?))
     }
 
     /// Stops the watcher, then the engine (waiting for its outstanding I/O), then the store

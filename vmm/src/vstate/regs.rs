@@ -3,7 +3,7 @@
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment};
 use kvm_ioctls::VcpuFd;
 
-use super::KvmError;
+use super::vm::KvmError;
 use crate::boot::EntryState;
 
 /// PG|AM|WP|NE|ET|MP|PE: paging on, FPU native (EM=0, TS=0).
