@@ -8,12 +8,14 @@
 #   iproute2                      network-namespace tests (`ip netns`)
 #   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
 #                                 libvirt's schema
+#   acpica-tools                  iasl: the generated ACPI tables are checked with ACPICA's
+#                                 disassembler
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
-    libvirt-clients; do
+    libvirt-clients acpica-tools; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
