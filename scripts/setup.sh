@@ -10,12 +10,14 @@
 #   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
 #   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
 #                                 libvirt's schema
+#   acpica-tools                  iasl: the generated ACPI tables are checked with ACPICA's
+#                                 disassembler
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
-    libvirt-clients etcd-server etcd-client protobuf-compiler; do
+    libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
