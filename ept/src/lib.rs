@@ -28,7 +28,8 @@ pub mod memstore;
 pub mod stage2;
 mod state;
 pub mod stats;
-pub mod store;
+/// The page-store seam (`farvm-pageio`), under the name the engine's modules use.
+pub use farvm_pageio as store;
 pub mod sys;
 pub mod translate;
 pub mod vcpu;

@@ -1,6 +1,8 @@
-//! The page I/O interface the engine drives: [`RemoteStore`] (implemented by the VMM over the
-//! memserver client, and by [`crate::memstore::MemStore`] for tests) and the completion path back
-//! into the engine ([`CompletionSink`]).
+//! farvm-pageio: the page-store seam, one vocabulary shared by the paging engine (`farvm-ept`)
+//! and every page store (the memserver client's store, the engine's in-process test store).
+//!
+//! The engine drives a [`RemoteStore`]; finished requests come back through the
+//! [`CompletionSink`] the engine attaches.
 //!
 //! Contract:
 //! - Requests are submitted in batches and complete asynchronously, in any order, possibly on
@@ -15,7 +17,8 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::PAGE_SIZE;
+/// Page size of every request (4 KiB).
+pub const PAGE_SIZE: usize = 4096;
 
 /// Guest page number (guest-physical address >> 12).
 pub type GuestPage = u64;
