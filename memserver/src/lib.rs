@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod client;
 pub mod process;
-pub mod protocol;
+/// The wire protocol (`farvm-memproto`).
+pub use farvm_memproto as protocol;
 pub mod server;
 pub mod transport;

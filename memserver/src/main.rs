@@ -12,7 +12,7 @@ use farvm_memserver::protocol::auth::{load_token_file, Secret};
 use farvm_memserver::server::{Server, ServerConfig};
 
 /// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
-/// (VM id), served over a pipelined binary protocol (see memserver/PROTOCOL.md).
+/// (VM id), served over a pipelined binary protocol (see memproto/PROTOCOL.md).
 ///
 /// Without a subcommand it serves until killed. Pages live in one anonymous MAP_NORESERVE
 /// arena of --capacity bytes; a write that would exceed it is refused with

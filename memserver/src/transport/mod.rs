@@ -7,11 +7,9 @@
 //! request planning ([`plan`]) and completion-status mapping ([`wc`]) — are plain code,
 //! unit-tested here because this machine has no RDMA device.
 
-pub mod endpoint;
-pub mod plan;
+pub use farvm_memproto::rdma::{endpoint, plan, region};
 #[cfg(feature = "rdma")]
 pub mod rdma;
-pub mod region;
 pub mod wc;
 
 use crate::client::{Client, ClientError, IoBuf, OpKind, Priority};

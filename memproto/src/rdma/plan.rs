@@ -6,7 +6,7 @@
 //! 32 bits), so a completion identifies which pages it covers without any lookup table.
 
 use super::region::{RegionError, RegionMap};
-use crate::protocol::PAGE_SIZE;
+use crate::PAGE_SIZE;
 
 /// One planned work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::region::RemoteRegion;
+    use crate::rdma::region::RemoteRegion;
 
     fn map() -> RegionMap {
         let mut m = RegionMap::new(256).unwrap();

@@ -1,8 +1,15 @@
-//! The memserver wire protocol (version 2): constants, status codes, frame codec and the
-//! challenge–response handshake. The normative description is `memserver/PROTOCOL.md`.
+//! farvm-memproto: what the memserver client and server share.
+//!
+//! - The wire protocol (version 2): constants, status codes ([`Status`]), the frame codec
+//!   ([`frame`]) and the challenge–response handshake ([`auth`]). The normative description is
+//!   `PROTOCOL.md` next to this crate.
+//! - [`rdma`]: the transport-neutral half of one-sided RDMA access (region grants, work-request
+//!   planning, queue-pair addresses), plain code that both sides use and that is tested without
+//!   a device.
 
 pub mod auth;
 pub mod frame;
+pub mod rdma;
 
 pub use frame::{Body, Frame, FrameError, Header, Opcode, PageSel, StatInfo};
 

@@ -7,7 +7,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::protocol::PAGE_SIZE;
+use crate::PAGE_SIZE;
 
 /// Bookkeeping errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! exactly the bytes it consumed (the decoder validates fully, so accepted frames are canonical).
 #![no_main]
 
-use farvm_memserver::protocol::frame::{
+use farvm_memproto::frame::{
     decode, encode, encode_error, Body, Opcode, FLAG_IF_ABSENT,
 };
 use libfuzzer_sys::fuzz_target;

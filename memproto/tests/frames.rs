@@ -1,10 +1,10 @@
 //! Property tests of the frame codec: every frame type round-trips, and arbitrary bytes never
 //! make the decoder panic (the same property the cargo-fuzz target checks).
 
-use farvm_memserver::protocol::frame::{
+use farvm_memproto::frame::{
     decode, encode, encode_error, Body, Frame, Opcode, PageSel, HEADER_LEN, MAX_BODY, WIRE_PAGE,
 };
-use farvm_memserver::protocol::{StatInfo, Status, MAX_PAGES_PER_FRAME};
+use farvm_memproto::{StatInfo, Status, MAX_PAGES_PER_FRAME};
 use proptest::prelude::*;
 
 fn status() -> impl Strategy<Value = Status> {
@@ -153,7 +153,7 @@ proptest! {
                 encode_error(&mut out, Opcode::Write, status, f.req_id, f.namespace, message);
                 prop_assert_eq!(out.len(), used);
             } else {
-                encode(&mut out, &f, buf[6] & farvm_memserver::protocol::frame::FLAG_IF_ABSENT != 0);
+                encode(&mut out, &f, buf[6] & farvm_memproto::frame::FLAG_IF_ABSENT != 0);
                 prop_assert_eq!(&out[..], &buf[..used]);
             }
         }
