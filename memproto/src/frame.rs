@@ -412,6 +412,34 @@ fn decode_sel<'a>(h: &Header, body: &'a [u8]) -> Result<(PageSel<'a>, usize), Fr
     }
 }
 
+/// Length of the presence bitmap that starts the body of a successful READ response with
+/// this header (its page count checked).
+pub fn read_resp_bitmap_len(h: &Header) -> Result<usize, FrameError> {
+    Ok(bitmap_len(check_count(h.count)?))
+}
+
+/// Checks a successful READ response's presence bitmap against its header (no bit past the
+/// page count, a body of exactly the bitmap plus one wire page per present page) and returns
+/// the number of present pages. With it a receiver can parse the bitmap first and then
+/// receive the pages straight into their destinations.
+pub fn read_resp_present(h: &Header, bitmap: &[u8]) -> Result<usize, FrameError> {
+    let count = check_count(h.count)?;
+    let bl = bitmap_len(count);
+    if bitmap.len() != bl {
+        return Err(FrameError::BadLength {
+            opcode: h.opcode,
+            got: bitmap.len(),
+            expected: bl,
+        });
+    }
+    if count % 8 != 0 && bitmap[bl - 1] >> (count % 8) != 0 {
+        return Err(FrameError::BadBitmap);
+    }
+    let present: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
+    expect_len(h.opcode, h.body_len as usize, bl + present * WIRE_PAGE)?;
+    Ok(present)
+}
+
 /// Decodes a body whose header was accepted by [`decode_header`]. `body` must be exactly
 /// `header.body_len` bytes.
 pub fn decode_body<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, FrameError> {
@@ -492,8 +520,7 @@ pub fn decode_body<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, FrameErr
             frame(Body::Stat)
         }
         Opcode::ReadResp => {
-            let count = check_count(h.count)?;
-            let bl = bitmap_len(count);
+            let bl = read_resp_bitmap_len(h)?;
             if body.len() < bl {
                 return Err(FrameError::BadLength {
                     opcode: h.opcode,
@@ -502,11 +529,7 @@ pub fn decode_body<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, FrameErr
                 });
             }
             let bitmap = &body[..bl];
-            if count % 8 != 0 && bitmap[bl - 1] >> (count % 8) != 0 {
-                return Err(FrameError::BadBitmap);
-            }
-            let present: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
-            expect_len(h.opcode, body.len(), bl + present * WIRE_PAGE)?;
+            read_resp_present(h, bitmap)?;
             frame(Body::ReadResp {
                 count: h.count,
                 bitmap,

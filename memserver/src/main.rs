@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+use farvm_memproto::auth::{load_token_file, Secret};
 use farvm_memserver::bench::{self, BenchConfig};
-use farvm_memserver::protocol::auth::{load_token_file, Secret};
 use farvm_memserver::server::{Server, ServerConfig};
 
 /// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
@@ -44,6 +44,11 @@ struct Cli {
     /// Serve Prometheus metrics (text format, any HTTP path) on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Pin every thread that serves a client connection to this host CPU (the server's half
+    /// of a VMM's fault path; `farvm run --fault-path-cpu N` passes it to the memory server it
+    /// starts). Other threads stay unpinned.
+    #[arg(long, value_name = "CPU")]
+    connection_cpu: Option<usize>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -166,6 +171,7 @@ fn run() -> Result<()> {
                 capacity_bytes: capacity,
                 tokens,
                 metrics: cli.metrics,
+                connection_cpu: cli.connection_cpu,
             })?;
             // Machine-readable line for tools that start the server on port 0.
             println!("listening {}", h.addr());

@@ -394,16 +394,23 @@ pub(super) fn run_remote(
 }
 
 fn floor(secs: u64) -> Result<Floor> {
-    let cfg = farvm_memserver::bench::BenchConfig {
+    let cfg = farvm_memclient::bench::BenchConfig {
         duration: Duration::from_secs(secs.max(1)),
         depths: vec![1],
         rounds: 2,
         ..Default::default()
     };
-    let rows = farvm_memserver::bench::run(&cfg, |_| {}).context("measuring the TCP floor")?;
+    let server = farvm_vmm::remote::local_server::LocalServer::start(
+        farvm_memclient::bench::capacity_bytes(&cfg),
+        None,
+    )
+    .context("starting a memserver for the TCP floor")?;
+    let rows = farvm_memclient::bench::run(&cfg, server.addr(), |_| {})
+        .context("measuring the TCP floor")?;
+    server.shutdown();
     let r = rows.first().context("TCP floor: no result")?;
     let (spin_p50, spin_p99) =
-        farvm_memserver::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
+        farvm_memclient::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
             .context("measuring the spinning TCP floor")?;
     // The stricter of the two waiting policies is the floor: on this host a blocked waiter's
     // wake-up costs 10-50 µs depending on whether the other core is idle, and spinning avoids
@@ -420,7 +427,7 @@ fn floor(secs: u64) -> Result<Floor> {
         tcp_spinning_p50_us: spin_p50,
         memserver_p50_us: r.memserver.p50_us,
         memserver_p99_us: r.memserver.p99_us,
-        tcp_stream_pages_per_s: farvm_memserver::bench::tcp_stream_pages_per_sec(
+        tcp_stream_pages_per_s: farvm_memclient::bench::tcp_stream_pages_per_sec(
             Duration::from_secs(secs.max(1)),
         )
         .context("measuring the TCP streaming rate")?,

@@ -1,4 +1,4 @@
-//! One-sided RDMA transport on rdma-core via `sideway` (feature `rdma`).
+//! One-sided RDMA access on rdma-core via `sideway` (feature `rdma`).
 //!
 //! **Not run on hardware**: the development host has no RDMA device (no CONFIG_INFINIBAND, so
 //! no Soft-RoCE either). This compiles and its device-independent logic (regions, planning,
@@ -27,13 +27,13 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 
-use super::endpoint::QpEndpoint;
-use super::plan::{plan, split_wr_id, WorkRequest};
-use super::region::RegionMap;
+use farvm_memproto::rdma::endpoint::QpEndpoint;
+use farvm_memproto::rdma::plan::{plan, split_wr_id, WorkRequest};
+use farvm_memproto::rdma::region::RegionMap;
+use farvm_memproto::{page_crc, MAX_PAGES_PER_FRAME, PAGE_SIZE};
+
 use super::wc::map_status;
-use super::PageTransport;
-use crate::client::ClientError;
-use crate::protocol::{page_crc, MAX_PAGES_PER_FRAME, PAGE_SIZE};
+use crate::ClientError;
 
 /// RDMA set-up failures.
 #[derive(Debug, thiserror::Error)]
@@ -152,7 +152,7 @@ impl RdmaQueuePair {
             .query_port(dev.port)
             .map_err(verbs("ibv_query_port"))?
             .lid();
-        let psn = u32::from_le_bytes(crate::protocol::auth::random_bytes::<4>()) & 0xff_ffff;
+        let psn = u32::from_le_bytes(farvm_memproto::auth::random_bytes::<4>()) & 0xff_ffff;
         let local = QpEndpoint {
             qpn: qp.qp_number(),
             psn,
@@ -335,12 +335,10 @@ impl RdmaTransport {
     }
 }
 
-impl PageTransport for RdmaTransport {
-    fn name(&self) -> &'static str {
-        "rdma"
-    }
-
-    fn read_pages(
+impl RdmaTransport {
+    /// Reads `pages` of `ns` into `dst` (`pages.len()` × 4096 bytes); `present[i]` tells
+    /// whether page i was stored (absent pages are zero-filled in `dst`).
+    pub fn read_pages(
         &self,
         ns: u64,
         pages: &[u64],
@@ -378,7 +376,8 @@ impl PageTransport for RdmaTransport {
         Ok(())
     }
 
-    fn write_pages(&self, ns: u64, pages: &[u64], src: &[u8]) -> Result<(), ClientError> {
+    /// Writes `pages` of `ns` from `src` (`pages.len()` × 4096 bytes).
+    pub fn write_pages(&self, ns: u64, pages: &[u64], src: &[u8]) -> Result<(), ClientError> {
         if src.len() != pages.len() * PAGE_SIZE {
             return Err(ClientError::InvalidRequest(
                 "buffer size does not match the page list",

@@ -3,7 +3,7 @@
 //! slab moved); transport retries exhausted or flushes mean the server or path died, which
 //! triggers fail-over exactly like a lost TCP connection.
 
-use crate::client::ClientError;
+use crate::ClientError;
 
 /// `IBV_WC_SUCCESS`.
 pub const WC_SUCCESS: u32 = 0;

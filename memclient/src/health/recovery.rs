@@ -15,23 +15,26 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ClientError, Inner, IoBuf, OpKind, Placement, SlabKey, MAX_REPLICAS};
-use crate::protocol::MAX_PAGES_PER_FRAME;
+use farvm_memproto::MAX_PAGES_PER_FRAME;
 
-impl Inner {
+use crate::core::Core;
+use crate::placement::SlabKey;
+use crate::tickets::{TicketOp, MAX_REPLICAS};
+use crate::{ClientError, IoBuf};
+
+impl Core {
     /// Server `dead` was taken out of service: drops it from the placement of every slab
     /// that has another live replica, and re-replicates those. A slab it was the last live
     /// replica of keeps it: the slab is suspended until the server answers again (see
     /// `rejoin`), because a timeout may well be transient and the server may still hold the
     /// only copy.
     pub(super) fn handle_dead(&self, dead: u16) {
-        if !self.is_dead(dead) {
+        if !self.servers.is_dead(dead) {
             // Back in service before this event was handled (see `rejoin`).
             return;
         }
         let mut suspended = 0u64;
-        for shard in self.placement.iter() {
-            let mut m = shard.write().unwrap_or_else(|e| e.into_inner());
+        for mut m in self.placements.write_all() {
             for p in m.values_mut() {
                 let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
                     continue;
@@ -40,12 +43,12 @@ impl Inner {
                     suspended += 1;
                     continue;
                 }
-                remove_at(p, pos);
+                p.remove_at(pos);
             }
         }
         if suspended > 0 {
             tracing::error!(
-                server = %self.servers[dead as usize].addr,
+                server = %self.addr(dead),
                 slabs = suspended,
                 "the server out of service holds the last live replica of these slabs: their \
                  requests fail until it answers again"
@@ -58,8 +61,7 @@ impl Inner {
     /// it. A fill that stops drops its half-filled replica, so a later call tries again.
     pub(super) fn rereplicate_degraded(&self) {
         let mut jobs: Vec<(SlabKey, u16)> = Vec::new();
-        for shard in self.placement.iter() {
-            let mut m = shard.write().unwrap_or_else(|e| e.into_inner());
+        for mut m in self.placements.write_all() {
             for (key, p) in m.iter_mut() {
                 let n = p.n as usize;
                 if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
@@ -68,7 +70,9 @@ impl Inner {
                 if self.live_source(p, None).is_none() {
                     continue;
                 }
-                let (c, k) = self.choose(p.servers(), 1);
+                let (c, k) =
+                    self.placements
+                        .choose(&self.servers, p.servers(), 1, self.cfg.slab_pages);
                 if k == 1 {
                     p.replicas[n] = c[0];
                     p.filling |= 1 << n;
@@ -83,7 +87,9 @@ impl Inner {
         for (key, target) in jobs {
             match self.fill_slab(key, target) {
                 Ok(()) => {
-                    self.slabs_rereplicated.fetch_add(1, Ordering::Relaxed);
+                    self.health
+                        .slabs_rereplicated
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 Err(why) => {
                     tracing::warn!(
@@ -100,12 +106,16 @@ impl Inner {
 
     /// Removes a replica whose fill stopped (under the fill lock, as the flip to normal is).
     fn drop_filling(&self, key: SlabKey, target: u16) {
-        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
-        let mut m = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
+        let mut fills = self
+            .placements
+            .fills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut m = self.placements.write_shard(key);
         if let Some(p) = m.get_mut(&key) {
             if let Some(i) = p.servers().iter().position(|&s| s == target) {
                 if p.is_filling(i) {
-                    remove_at(p, i);
+                    p.remove_at(i);
                 }
             }
         }
@@ -113,7 +123,7 @@ impl Inner {
     }
 
     fn source_for(&self, key: SlabKey, target: u16) -> Option<u16> {
-        let p = self.lookup(key)?;
+        let p = self.placements.lookup(key)?;
         self.live_source(&p, Some(target))
     }
 
@@ -124,7 +134,7 @@ impl Inner {
             .filter_map(|tn| {
                 let t = self.tickets.lock(tn);
                 (t.active
-                    && matches!(t.op, OpKind::Write | OpKind::Discard)
+                    && matches!(t.op, TicketOp::Write | TicketOp::Discard)
                     && (t.ns, t.slab) == key)
                     .then_some((tn, t.seq))
             })
@@ -146,14 +156,14 @@ impl Inner {
         let mut data: Vec<u8> = Vec::with_capacity(MAX_PAGES_PER_FRAME * 4096);
         for chunk in pages.chunks(MAX_PAGES_PER_FRAME) {
             let r = loop {
-                if self.is_dead(target) {
+                if self.servers.is_dead(target) {
                     return Err("target died");
                 }
                 let src = self
                     .source_for(key, target)
                     .ok_or("no live source replica")?;
                 io.set_scatter(chunk).map_err(|_| "bad chunk")?;
-                let (back, r) = self.direct_io_patient(src, OpKind::Read, ns, io, false);
+                let (back, r) = self.direct_io_patient(src, TicketOp::Read, ns, io);
                 io = back;
                 match r {
                     Err(e) if e.is_server_failure() => continue,
@@ -175,13 +185,13 @@ impl Inner {
             if !present.is_empty() {
                 io.set_scatter(&present).map_err(|_| "bad chunk")?;
                 io.data_mut().copy_from_slice(&data);
-                let (back, r) = self.direct_io_patient(target, OpKind::Write, ns, io, false);
+                let (back, r) = self.direct_io_patient(target, TicketOp::Write, ns, io);
                 io = back;
                 r.map_err(|_| "target write failed")?;
             }
             if !absent.is_empty() {
                 io.set_scatter(&absent).map_err(|_| "bad chunk")?;
-                let (back, r) = self.direct_io_patient(target, OpKind::Discard, ns, io, false);
+                let (back, r) = self.direct_io_patient(target, TicketOp::Discard, ns, io);
                 io = back;
                 r.map_err(|_| "target discard failed")?;
             }
@@ -206,7 +216,11 @@ impl Inner {
                 return Err("writes never paused long enough to finish the catch-up");
             }
             let dirty: Vec<u64> = {
-                let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+                let mut fills = self
+                    .placements
+                    .fills
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 let busy = fills.get(&key).is_some_and(|f| f.inflight > 0);
                 if busy {
                     None
@@ -218,7 +232,7 @@ impl Inner {
                     if d.is_empty() {
                         // Flip under the fill lock: writes register under it, so none can
                         // observe "filling" after this and skip the target.
-                        let mut m = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
+                        let mut m = self.placements.write_shard(key);
                         if let Some(p) = m.get_mut(&key) {
                             if let Some(i) = p.servers().iter().position(|&s| s == target) {
                                 p.filling &= !(1 << i);
@@ -240,18 +254,17 @@ impl Inner {
     }
 }
 
-impl Inner {
+impl Core {
     /// `direct_io`, waiting out `QueueFull` (the VMM may hold every ticket for a moment).
     fn direct_io_patient(
         &self,
         s: u16,
-        op: OpKind,
+        op: TicketOp,
         ns: u64,
         mut io: IoBuf,
-        if_absent: bool,
     ) -> (IoBuf, Result<u32, ClientError>) {
         for _ in 0..2000 {
-            let (back, r) = self.direct_io(s, op, ns, io, if_absent);
+            let (back, r) = self.direct_io(s, op, ns, io);
             if r != Err(ClientError::QueueFull) {
                 return (back, r);
             }
@@ -260,15 +273,4 @@ impl Inner {
         }
         (io, Err(ClientError::QueueFull))
     }
-}
-
-pub(super) fn remove_at(p: &mut Placement, pos: usize) {
-    let n = p.n as usize;
-    for i in pos..n - 1 {
-        p.replicas[i] = p.replicas[i + 1];
-    }
-    let low = p.filling & ((1 << pos) - 1);
-    let high = (p.filling >> (pos + 1)) << pos;
-    p.filling = low | high;
-    p.n -= 1;
 }

@@ -24,55 +24,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::conn::{ConnLimits, Connection, Sink};
-use super::recovery::remove_at;
-use super::ticket::{OpKind, Reply};
-use super::{wait, ClientError, Inner, Priority, SinkRef};
-use crate::protocol::StatInfo;
+use crate::core::Core;
 
-impl Inner {
-    /// Opens every connection to server `s` (bulk, then the write and demand lanes), as
-    /// connection set `generation`.
-    pub(super) fn connect_server(
-        self: &Arc<Self>,
-        s: u16,
-        generation: u32,
-    ) -> Result<Arc<[Arc<Connection>]>, ClientError> {
-        let limits = ConnLimits {
-            window: self.cfg.window,
-            demand_reserve: self.cfg.demand_reserve,
-            depth: self.cfg.depth,
-            timeout: self.cfg.timeout,
-        };
-        let lanes = usize::from(self.cfg.demand_lane) + usize::from(self.cfg.write_lane);
-        let n = self.cfg.conns_per_server.max(1) + lanes;
-        let mut conns = Vec::with_capacity(n);
-        for _ in 0..n {
-            let sink: Arc<dyn Sink> = Arc::new(SinkRef(Arc::downgrade(self), generation));
-            match Connection::connect(
-                self.servers[s as usize].addr,
-                s,
-                self.cfg.secret.as_ref(),
-                limits,
-                self.cfg.connect_timeout,
-                self.tickets.clone(),
-                sink,
-            ) {
-                Ok(c) => conns.push(c),
-                Err(e) => {
-                    for c in conns.drain(..) {
-                        c.close();
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(conns.into())
-    }
-
+impl Core {
     /// One attempt to bring server `s` (out of service) back.
     pub(super) fn try_rejoin(self: &Arc<Self>, s: u16) {
-        let st = &self.servers[s as usize];
+        let Some(st) = self.servers.get(s) else {
+            return;
+        };
         // A new connection set: failures still reported by the old one are stale from here.
         let generation = st.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
         let conns = match self.connect_server(s, generation) {
@@ -85,7 +44,10 @@ impl Inner {
         // Still out of service for every caller: only this STAT uses the new connections.
         *st.conns.write().unwrap_or_else(|e| e.into_inner()) = conns.clone();
         std::thread::sleep(settle_time(self.cfg.timeout));
-        let info = match self.stat_on(&conns[0], s) {
+        let Some(first) = conns.first() else {
+            return;
+        };
+        let info = match self.blocking_stat(s, 0, Some(&**first)) {
             Ok(i) => i,
             Err(e) => {
                 tracing::debug!(server = %st.addr, "connected, but STAT failed: {e}");
@@ -105,37 +67,19 @@ impl Inner {
             Ordering::Relaxed,
         );
         st.dead.store(false, Ordering::Release);
-        self.rejoined_servers.fetch_add(1, Ordering::Relaxed);
+        self.health.rejoined_servers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(server = %st.addr, "memserver back in service");
         self.rereplicate_degraded();
-    }
-
-    /// STAT on one connection of a server still out of service.
-    fn stat_on(&self, conn: &Connection, s: u16) -> Result<StatInfo, ClientError> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let tn = self.tickets.alloc().ok_or(ClientError::QueueFull)?;
-        {
-            let mut t = self.tickets.lock(tn);
-            t.reset();
-            t.op = OpKind::Stat;
-            t.reply = Reply::Internal(tx);
-        }
-        if let Err(e) = conn.submit(tn, Priority::Demand, true, true) {
-            self.on_complete(tn, s, Some(Err(e)));
-        }
-        let d = wait(&rx, std::time::Duration::ZERO);
-        d.result.map(|_| d.stat)
     }
 
     /// Server `s` restarted: nothing it held is ours any more. Removes it from every
     /// placement; slabs left with no replica are lost.
     fn forget_server(&self, s: u16) {
         let (mut dropped, mut lost) = (0u64, 0u64);
-        for shard in self.placement.iter() {
-            let mut m = shard.write().unwrap_or_else(|e| e.into_inner());
+        for mut m in self.placements.write_all() {
             for p in m.values_mut() {
                 if let Some(pos) = p.servers().iter().position(|&x| x == s) {
-                    remove_at(p, pos);
+                    p.remove_at(pos);
                     dropped += 1;
                     if p.n == 0 {
                         p.lost = true;
@@ -144,7 +88,7 @@ impl Inner {
                 }
             }
         }
-        let addr = self.servers[s as usize].addr;
+        let addr = self.addr(s);
         if lost > 0 {
             tracing::error!(
                 server = %addr,

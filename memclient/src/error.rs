@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use crate::protocol::Status;
+use farvm_memproto::Status;
 
 /// Everything a client call can fail with. Cheap to clone (no heap data), so one failure can
 /// be reported to several waiters.
@@ -65,7 +65,7 @@ pub enum ClientError {
         addr: SocketAddr,
         /// The version in the server's CHALLENGE header.
         server: u8,
-        /// [`crate::protocol::PROTOCOL_VERSION`].
+        /// [`farvm_memproto::PROTOCOL_VERSION`].
         client: u8,
     },
     /// The server violated the protocol.

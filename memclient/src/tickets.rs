@@ -1,29 +1,26 @@
-//! Preallocated request tickets: the state of one user request across its replicas.
+//! Preallocated request tickets: the state of one request across its replicas, and where its
+//! result goes.
 //!
 //! The table is allocated once; a lock-free queue hands out free ticket numbers, and each
 //! ticket has its own mutex, so the request path takes no global lock and allocates nothing.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_channel::Sender;
 use crossbeam_queue::ArrayQueue;
+use farvm_memproto::StatInfo;
 
-use super::{ClientError, Completion, IoBuf, Priority};
-use crate::protocol::StatInfo;
+use crate::{ClientError, Finished, FinishedSink, IoBuf, Priority};
 
 /// Most replicas per slab.
 pub const MAX_REPLICAS: usize = 4;
 
 /// What a ticket asks of the servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpKind {
-    /// READ.
+pub(crate) enum TicketOp {
     Read,
-    /// WRITE.
     Write,
-    /// DISCARD.
     Discard,
-    /// STAT.
     Stat,
 }
 
@@ -31,8 +28,10 @@ pub enum OpKind {
 pub(crate) enum Reply {
     /// Nothing attached yet.
     None,
-    /// The user's completion channel.
-    User(Sender<Completion>),
+    /// A completion channel (the caller's, or a blocking call's).
+    Channel(Sender<Finished>),
+    /// A sink called on the thread that finishes the request (the page store).
+    Sink(Arc<dyn FinishedSink>),
     /// An internal blocking waiter (stat, re-replication).
     Internal(Sender<InternalDone>),
 }
@@ -49,11 +48,10 @@ pub(crate) struct Ticket {
     pub active: bool,
     /// Bumped every time the ticket finishes (lets recovery wait for older requests).
     pub seq: u64,
-    pub op: OpKind,
+    pub op: TicketOp,
     pub ns: u64,
     pub prio: Priority,
     pub user_data: u64,
-    pub if_absent: bool,
     pub io: Option<IoBuf>,
     pub reply: Reply,
     pub replicas: [u16; MAX_REPLICAS],
@@ -65,6 +63,8 @@ pub(crate) struct Ticket {
     pub acked: u8,
     pub err: Option<ClientError>,
     pub count: u32,
+    /// Writes/discards to a slab being re-replicated: counted in its fill's in-flight writes.
+    pub in_fill: bool,
     pub stat: StatInfo,
     pub slab: u64,
     /// Reads: the slab's placement is `lost` (an absent page is a lost one).
@@ -76,11 +76,10 @@ impl Ticket {
         Self {
             active: false,
             seq: 0,
-            op: OpKind::Read,
+            op: TicketOp::Read,
             ns: 0,
             prio: Priority::Demand,
             user_data: 0,
-            if_absent: false,
             io: None,
             reply: Reply::None,
             replicas: [0; MAX_REPLICAS],
@@ -90,6 +89,7 @@ impl Ticket {
             acked: 0,
             err: None,
             count: 0,
+            in_fill: false,
             stat: StatInfo::default(),
             slab: 0,
             lost_slab: false,
@@ -130,9 +130,36 @@ impl Tickets {
         let _ = self.free.push(t);
     }
 
-    pub fn lock(&self, t: u32) -> std::sync::MutexGuard<'_, Ticket> {
+    pub fn lock(&self, t: u32) -> MutexGuard<'_, Ticket> {
         self.slots[t as usize]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Hands a finished request to where its reply goes.
+pub(crate) fn deliver(reply: Reply, user_data: u64, io: IoBuf, result: Result<u32, ClientError>) {
+    match reply {
+        // The caller owns the receiver; if it dropped it, it no longer wants the result.
+        Reply::Channel(tx) => {
+            let _ = tx.send(Finished {
+                user_data,
+                io,
+                result,
+            });
+        }
+        Reply::Sink(sink) => sink.finished(Finished {
+            user_data,
+            io,
+            result,
+        }),
+        Reply::Internal(tx) => {
+            let _ = tx.send(InternalDone {
+                result,
+                stat: StatInfo::default(),
+                io: Some(io),
+            });
+        }
+        Reply::None => {}
     }
 }
