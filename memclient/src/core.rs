@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, Weak};
-use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME};
@@ -484,7 +483,7 @@ impl Core {
         if let Err(e) = sent {
             self.on_complete(tn, s, Some(Err(e)));
         }
-        let d = wait(&rx, Duration::ZERO);
+        let d = wait_internal(&rx);
         d.result.map(|_| d.stat)
     }
 
@@ -518,7 +517,7 @@ impl Core {
         if let Err(e) = self.send_to(s, tn, Priority::Prefetch, Lane::Bulk, SendMode::Caller) {
             self.on_complete(tn, s, Some(Err(e)));
         }
-        let d = wait(&rx, Duration::ZERO);
+        let d = wait_internal(&rx);
         (
             d.io.unwrap_or_else(|| IoBuf::new(MAX_PAGES_PER_FRAME)),
             d.result,
@@ -526,23 +525,12 @@ impl Core {
     }
 }
 
-/// Waits for a completion, spinning for `spin` first (a sleeping waiter costs a wake-up,
-/// which on a loaded 2-core host is a large part of a 20 µs round trip).
-pub fn wait<T>(rx: &Receiver<T>, spin: Duration) -> T {
-    if !spin.is_zero() {
-        let t0 = Instant::now();
-        loop {
-            match rx.try_recv() {
-                Ok(v) => return v,
-                Err(crossbeam_channel::TryRecvError::Disconnected) => break,
-                Err(crossbeam_channel::TryRecvError::Empty) => {}
-            }
-            if t0.elapsed() >= spin {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    // The sender side lives in the caller (it passed `tx`), so recv cannot disconnect.
-    rx.recv().expect("completion sender alive")
+/// Waits for an internal request's result. The sender lives in the request's ticket, which
+/// always answers (a result, or the failure that ended the request).
+fn wait_internal(rx: &Receiver<InternalDone>) -> InternalDone {
+    rx.recv().unwrap_or(InternalDone {
+        result: Err(ClientError::Disconnected),
+        stat: StatInfo::default(),
+        io: None,
+    })
 }

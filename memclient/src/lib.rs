@@ -1,7 +1,7 @@
 //! farvm-memclient: the memserver client, and the paging engine's page store over it.
 //!
 //! - [`Client`] ([`api`]): a pool of pipelined connections to several servers, slab placement
-//!   by power-of-two choices on free capacity ([`placement`]), replication factor R with read
+//!   by power-of-two choices on free capacity (`placement`), replication factor R with read
 //!   fail-over, re-replication after a server dies and rejoin of servers that answer again
 //!   ([`health`]). One [`Client::submit`] whose result goes where [`ReplyTo`] says; the read
 //!   a vCPU waits on is received by the waiting thread itself ([`Client::submit_wait`]).
@@ -13,7 +13,7 @@
 //! # Hot path
 //! A request carries a caller-owned [`IoBuf`] (allocated once) that comes back when it
 //! finishes. Nothing is heap-allocated per request and no global lock is taken: tickets come
-//! from a lock-free queue ([`tickets`]), placement is sharded, each connection and each
+//! from a lock-free queue (`tickets`), placement is sharded, each connection and each
 //! ticket has its own lock. Page bytes land where the [`IoBuf`] says — in the buffer itself, or
 //! in the caller's memory for an [`IoBuf::external`] buffer — and a read's pages are marked
 //! present only once all of them landed and passed their crc32c check.
@@ -58,7 +58,6 @@ mod tickets;
 
 pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
 pub use config::ClientConfig;
-pub use core::wait;
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
 pub use health::ClientStats;

@@ -108,6 +108,14 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
     for i in 0..pages.len() {
         assert!(dst.0[i].iter().all(|&b| b == i as u8 + 1), "page {i}");
     }
+    // Every page read landed in the engine's pages, copied once from a receive buffer or
+    // received in place: nothing went through a client buffer.
+    let st = store.client().stats();
+    assert_eq!(
+        st.read_bytes_in_place + st.read_bytes_copied,
+        pages.len() as u64 * (PAGE_SIZE as u64 + 4),
+        "{st:?}"
+    );
     // Synchronous demand reads (the fault handler's path) see the same data, and their
     // completion comes back as the return value, not through the sink.
     sink.0.lock().unwrap().clear();

@@ -760,3 +760,37 @@ fn unreachable_error(out: &mut Vec<u8>, f: &Frame<'_>) {
         encode_error(out, Opcode::Hello, status, f.req_id, f.namespace, message);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receiver checks a READ response's bitmap before any page of it arrives.
+    #[test]
+    fn a_read_response_bitmap_is_checked_before_its_pages() {
+        let mut read = Vec::new();
+        let f = Frame {
+            req_id: 4,
+            namespace: 3,
+            body: Body::ReadResp {
+                count: 3,
+                bitmap: &[0b0000_0101],
+                pages: &[0u8; 2 * WIRE_PAGE],
+            },
+        };
+        encode(&mut read, &f, false);
+        let hb = read.first_chunk::<HEADER_LEN>().expect("header");
+        let h = decode_header(hb).expect("header decodes");
+        assert_eq!(read_resp_bitmap_len(&h), Ok(1));
+        assert_eq!(read_resp_present(&h, &[0b0000_0101]), Ok(2));
+        // A bit past the page count, or a bitmap that does not match the body length.
+        assert_eq!(
+            read_resp_present(&h, &[0b0000_1101]),
+            Err(FrameError::BadBitmap)
+        );
+        assert!(matches!(
+            read_resp_present(&h, &[0b0000_0001]),
+            Err(FrameError::BadLength { .. })
+        ));
+    }
+}

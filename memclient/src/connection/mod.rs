@@ -66,6 +66,9 @@ pub(crate) trait Link: Send + Sync {
     fn receive_inline(&self, done: &dyn Fn() -> bool, handoff: bool);
     /// Requests in flight (lock-free snapshot).
     fn inflight(&self) -> usize;
+    /// Bytes of read responses' pages (with their crc32c) since the link opened: copied
+    /// through a receive buffer, and received straight into their destinations.
+    fn landed(&self) -> (u64, u64);
     /// Requests queued or in flight.
     fn outstanding(&self) -> usize;
     /// True once the link failed or was closed.

@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -100,6 +100,10 @@ pub(crate) struct TcpLink {
     fd: RawFd,
     /// Owns the socket `fd` refers to; also shuts it down.
     stream: TcpStream,
+    /// Read pages' bytes (with their crc32c) copied from the receive buffer / received in
+    /// place, since the connection opened.
+    landed_copied: AtomicU64,
+    landed_in_place: AtomicU64,
 }
 
 /// How reading a frame ended for the connection.
@@ -172,6 +176,8 @@ impl TcpLink {
             rx_parked: AtomicBool::new(false),
             fd,
             stream,
+            landed_copied: AtomicU64::new(0),
+            landed_in_place: AtomicU64::new(0),
         });
         let c = conn.clone();
         std::thread::Builder::new()
@@ -387,37 +393,60 @@ impl TcpLink {
         }
     }
 
-    /// Frees a receiving slot and reports its ticket's outcome.
+    /// Frees a receiving slot and reports its ticket's outcome (once: only the thread that
+    /// claimed the slot finishes it).
     fn finish_slot(&self, slot: usize, ticket: u32, outcome: Result<u32, ClientError>) {
-        let queued = {
+        let (owned, queued) = {
             let mut s = self.sched();
-            if s.slots[slot].state == SlotState::Receiving {
+            let owned = s.slots[slot].state == SlotState::Receiving;
+            if owned {
                 s.slots[slot].state = SlotState::Free;
                 s.free.push(slot as u16);
                 s.inflight -= 1;
                 self.inflight_hint.store(s.inflight, Ordering::SeqCst);
             }
-            !s.broken && (!s.demand.is_empty() || !s.prefetch.is_empty())
+            (
+                owned,
+                !s.broken && (!s.demand.is_empty() || !s.prefetch.is_empty()),
+            )
         };
         // Wake the sender only when a freed window slot lets a queued request go.
         if queued {
             self.cv.notify_one();
         }
-        self.sink.complete(ticket, self.server, outcome);
+        if owned {
+            self.sink.complete(ticket, self.server, outcome);
+        }
     }
 
     /// Reads one frame (the caller holds the receive side): lands a read's pages in its
     /// ticket's buffer, applies any other response, and reports the outcome.
     fn read_one(&self, rx: &mut Rx) -> bool {
-        let h = match rx.buf.ensure(HEADER_LEN).map_err(Some).and_then(|()| {
-            let hb = rx.buf.buffered().first_chunk::<HEADER_LEN>().copied();
-            hb.map_or(Err(None), |hb| decode_header(&hb).map_err(|_| None))
-        }) {
-            Ok(h) => h,
-            Err(io) => {
-                self.stream_failed(io.map(|e| e.to_string()));
-                return false;
+        if rx.buf.buffered().is_empty() {
+            match rx.buf.fill(Wait::Patient) {
+                Ok(0) => {
+                    self.stream_failed(Some("connection closed by the server".into()));
+                    return false;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.stream_failed(Some(e.to_string()));
+                    return false;
+                }
             }
+        }
+        if let Err(e) = rx.buf.ensure(HEADER_LEN) {
+            self.stream_failed(Some(e.to_string()));
+            return false;
+        }
+        let header = rx
+            .buf
+            .buffered()
+            .first_chunk::<HEADER_LEN>()
+            .map(decode_header);
+        let Some(Ok(h)) = header else {
+            self.stream_failed(None);
+            return false;
         };
         rx.buf.consume(HEADER_LEN);
         let Some((slot, ticket)) = self.claim(h.req_id) else {
@@ -520,14 +549,21 @@ impl TcpLink {
                 Err(_) => (Err(ClientError::Disconnected), FrameEnd::Failed),
             };
         }
-        if let Err(e) = rx.buf.land() {
-            if !self.is_broken() {
-                tracing::warn!(server = self.server, "connection lost mid-response: {e}");
+        match rx.buf.land() {
+            Ok(l) => {
+                self.landed_copied.fetch_add(l.copied, Ordering::Relaxed);
+                self.landed_in_place
+                    .fetch_add(l.in_place, Ordering::Relaxed);
             }
-            if let Some(io) = self.tickets.lock(ticket).io.as_mut() {
-                io.clear_present();
+            Err(e) => {
+                if !self.is_broken() {
+                    tracing::warn!(server = self.server, "connection lost mid-response: {e}");
+                }
+                if let Some(io) = self.tickets.lock(ticket).io.as_mut() {
+                    io.clear_present();
+                }
+                return (Err(ClientError::Disconnected), FrameEnd::Failed);
             }
-            return (Err(ClientError::Disconnected), FrameEnd::Failed);
         }
         let mut t = self.tickets.lock(ticket);
         let Some(io) = t.io.as_mut() else {
@@ -769,6 +805,13 @@ impl Link for TcpLink {
         self.inflight_hint.load(Ordering::SeqCst)
     }
 
+    fn landed(&self) -> (u64, u64) {
+        (
+            self.landed_copied.load(Ordering::Relaxed),
+            self.landed_in_place.load(Ordering::Relaxed),
+        )
+    }
+
     fn outstanding(&self) -> usize {
         let s = self.sched();
         self.limits.depth - s.free.len()
@@ -944,30 +987,5 @@ mod tests {
         assert_eq!((f.req_id, f.namespace), (9, 3));
         assert!(matches!(f.body, Body::DiscardResp { freed: 7 }));
         server.join().expect("server thread");
-    }
-
-    #[test]
-    fn frame_errors_are_not_panics() {
-        // `read_resp_present` guards the landing: a bitmap bit past the count is refused.
-        let mut read = Vec::new();
-        encode(
-            &mut read,
-            &Frame {
-                req_id: 4,
-                namespace: 3,
-                body: Body::ReadResp {
-                    count: 3,
-                    bitmap: &[0b0000_0101],
-                    pages: &[0u8; 2 * WIRE_PAGE],
-                },
-            },
-            false,
-        );
-        let h = decode_header(read.first_chunk::<HEADER_LEN>().expect("header")).expect("ok");
-        assert_eq!(read_resp_present(&h, &[0b0000_0101]), Ok(2));
-        assert!(matches!(
-            read_resp_present(&h, &[0b0000_1101]),
-            Err(farvm_memproto::frame::FrameError::BadBitmap)
-        ));
     }
 }

@@ -30,6 +30,10 @@ pub struct ClientStats {
     pub suspended_slabs: u64,
     /// Servers put back in service after answering again.
     pub rejoined_servers: u64,
+    /// Bytes of read pages (with their crc32c) the open connections copied through their
+    /// receive buffer, and received straight into their destination.
+    pub read_bytes_copied: u64,
+    pub read_bytes_in_place: u64,
 }
 
 /// What the maintenance thread is told.
@@ -160,6 +164,14 @@ impl Core {
                 }
             }
         }
+        let (mut copied, mut in_place) = (0, 0);
+        for s in 0..self.servers.len() as u16 {
+            for c in self.servers.conns(s).iter() {
+                let (a, b) = c.landed();
+                copied += a;
+                in_place += b;
+            }
+        }
         let h = &self.health;
         ClientStats {
             dead_servers: h.dead_servers.load(Ordering::Relaxed),
@@ -168,6 +180,8 @@ impl Core {
             degraded_slabs: degraded,
             suspended_slabs: suspended,
             rejoined_servers: h.rejoined_servers.load(Ordering::Relaxed),
+            read_bytes_copied: copied,
+            read_bytes_in_place: in_place,
         }
     }
 }

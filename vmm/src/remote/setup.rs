@@ -257,6 +257,7 @@ fn collect(
         degraded_slabs,
         suspended_slabs,
         rejoined_servers,
+        ..
     } = client.stats();
     let c = store.counters();
     RemoteStats {
