@@ -116,11 +116,6 @@ impl Client {
         self.core.cfg.slab_pages
     }
 
-    /// Spin time of blocking waits.
-    pub fn spin(&self) -> Duration {
-        self.core.cfg.spin
-    }
-
     /// Replication factor in use.
     pub fn replication(&self) -> usize {
         self.core.r

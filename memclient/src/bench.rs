@@ -42,8 +42,6 @@ pub struct BenchConfig {
     pub rounds: usize,
     /// Pages written before reading (reads pick among them at random).
     pub pages: u64,
-    /// Client spin before sleeping when waiting for a completion.
-    pub spin: Duration,
 }
 
 impl Default for BenchConfig {
@@ -53,7 +51,6 @@ impl Default for BenchConfig {
             depths: vec![1, 8, 32],
             rounds: 2,
             pages: 8192,
-            spin: Duration::from_micros(50),
         }
     }
 }
@@ -261,7 +258,6 @@ pub fn run(
     ccfg.window = maxd.max(1);
     ccfg.demand_reserve = 0;
     ccfg.depth = maxd.max(1) * 2;
-    ccfg.spin = cfg.spin;
     let client = Client::connect(ccfg)?;
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
     let mut p = 0;

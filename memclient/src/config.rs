@@ -40,8 +40,6 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Outstanding user requests at most (default 1024).
     pub max_requests: usize,
-    /// How long blocking calls spin before sleeping (default 50 µs; 0 disables spinning).
-    pub spin: Duration,
 }
 
 impl ClientConfig {
@@ -61,7 +59,6 @@ impl ClientConfig {
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             max_requests: 1024,
-            spin: Duration::from_micros(50),
         }
     }
 

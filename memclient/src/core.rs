@@ -186,6 +186,7 @@ impl Core {
             user_data,
         } = job;
         let mode = match receive {
+            _ if connection::on_receive_side() => SendMode::Deferred,
             Receive::Background => SendMode::Caller,
             Receive::Polled | Receive::Inline => SendMode::CallerReceives,
         };

@@ -64,9 +64,6 @@ enum Cmd {
         /// Alternating floor/memserver rounds per depth (pooled).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
-        /// Microseconds the client spins before sleeping at 1 in flight (0: never spin).
-        #[arg(long, default_value_t = 50)]
-        spin_us: u64,
         /// Comma-separated in-flight depths to measure (e.g. `1` for the latency cell only).
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
         depths: Vec<usize>,
@@ -127,7 +124,6 @@ fn run() -> Result<()> {
         Some(Cmd::Bench {
             duration,
             rounds,
-            spin_us,
             depths,
             pages,
         }) => {
@@ -143,7 +139,6 @@ fn run() -> Result<()> {
             let cfg = BenchConfig {
                 duration: Duration::from_secs_f64(duration),
                 rounds,
-                spin: Duration::from_micros(spin_us),
                 depths,
                 pages,
             };

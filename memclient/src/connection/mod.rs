@@ -89,6 +89,34 @@ pub(crate) struct LinkSpec<'a> {
     pub connect_timeout: Duration,
 }
 
+thread_local! {
+    /// Set while this thread handles a received frame (and so runs the sinks of the requests
+    /// it finishes).
+    static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as receiving until dropped.
+pub(crate) struct ReceivingGuard(bool);
+
+impl ReceivingGuard {
+    pub fn enter() -> Self {
+        Self(RECEIVING.with(|r| r.replace(true)))
+    }
+}
+
+impl Drop for ReceivingGuard {
+    fn drop(&mut self) {
+        RECEIVING.with(|r| r.set(self.0));
+    }
+}
+
+/// Whether the calling thread is handling a received frame: a request it submits must not be
+/// written to a socket from here (a receiver blocked on a full send buffer could deadlock with
+/// a server blocked on ours), so it goes through the link's sender thread.
+pub(crate) fn on_receive_side() -> bool {
+    RECEIVING.with(|r| r.get())
+}
+
 /// Opens a link (TCP) and starts its threads.
 pub(crate) fn connect(
     spec: &LinkSpec<'_>,

@@ -261,6 +261,10 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
 
+    use farvm_memproto::frame::{decode_body, encode, Body, Frame};
+
+    use crate::connection::tcp::RX_SLICE;
+
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
@@ -307,5 +311,96 @@ mod tests {
         drop(tx);
         r.consume(1);
         assert_eq!(r.fill(Wait::Patient).expect("end of stream"), 0);
+    }
+
+    #[test]
+    fn whole_frame_in_needs_header_and_body() {
+        let mut two = Vec::new();
+        for id in [1, 2] {
+            let f = Frame {
+                req_id: id,
+                namespace: 3,
+                body: Body::WriteResp { written: 1 },
+            };
+            encode(&mut two, &f, false);
+        }
+        let one = two.len() / 2;
+        assert!(whole_frame_in(&two));
+        assert!(whole_frame_in(&two[one..]));
+        assert!(!whole_frame_in(&two[..one - 1]));
+        assert!(!whole_frame_in(&[]));
+        // A read response: its header promises a body that has not arrived yet.
+        let mut read = Vec::new();
+        let f = Frame {
+            req_id: 4,
+            namespace: 3,
+            body: Body::ReadResp {
+                count: 1,
+                bitmap: &[0],
+                pages: &[],
+            },
+        };
+        encode(&mut read, &f, false);
+        assert!(whole_frame_in(&read));
+        assert!(!whole_frame_in(&read[..read.len() - 1]));
+        // Garbage is "ready": reading it fails the connection at once instead of waiting.
+        assert!(whole_frame_in(&[0xde; HEADER_LEN]));
+    }
+
+    /// A frame that arrives in two pieces with a gap longer than `RX_SLICE` is still read
+    /// whole (a receive inside a frame retries the timeout), while a receive at a frame
+    /// boundary returns the timeout so the inline waiter can re-check `done()`.
+    #[test]
+    fn receives_time_out_only_between_frames() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = l.local_addr().expect("local addr");
+        let mut frame = Vec::new();
+        encode(
+            &mut frame,
+            &Frame {
+                req_id: 9,
+                namespace: 3,
+                body: Body::DiscardResp { freed: 7 },
+            },
+            false,
+        );
+        // The server sends only once the client has seen its timeout (no timing race).
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            go_rx.recv().expect("client signals");
+            s.write_all(&frame[..HEADER_LEN / 2]).expect("first piece");
+            s.flush().expect("flush");
+            // Well past the timeout, which the kernel rounds up to whole jiffies (a few ms).
+            std::thread::sleep(RX_SLICE * 50);
+            s.write_all(&frame[HEADER_LEN / 2..]).expect("second piece");
+        });
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(RX_SLICE)).expect("timeout");
+        let mut buf = RecvBuf::new(stream.as_raw_fd(), 2);
+        // Nothing has been sent yet: the boundary receive times out instead of blocking.
+        let e = match buf.fill(Wait::Slice) {
+            Ok(n) => panic!("no data was sent yet, got {n} bytes"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "unexpected error kind {e:?}"
+        );
+        go_tx.send(()).expect("server thread alive");
+        let hb = match buf.ensure(HEADER_LEN) {
+            Ok(()) => *buf.buffered().first_chunk::<HEADER_LEN>().expect("header"),
+            Err(e) => panic!("split frame not reassembled: {e}"),
+        };
+        let h = decode_header(&hb).expect("header decodes");
+        buf.consume(HEADER_LEN);
+        buf.ensure(h.body_len as usize).expect("body");
+        let f = decode_body(&h, &buf.buffered()[..h.body_len as usize]).expect("body decodes");
+        assert_eq!((f.req_id, f.namespace), (9, 3));
+        assert!(matches!(f.body, Body::DiscardResp { freed: 7 }));
+        server.join().expect("server thread");
     }
 }
