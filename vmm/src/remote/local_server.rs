@@ -47,15 +47,19 @@ pub enum LocalServerError {
 /// running executable (or one directory up from a `deps/` directory, where test binaries
 /// live).
 pub fn binary() -> Result<PathBuf, LocalServerError> {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        let path = PathBuf::from(p);
+    let exe = std::env::current_exe().map_err(LocalServerError::Exe)?;
+    locate(std::env::var_os(BIN_ENV).map(PathBuf::from), &exe)
+}
+
+/// [`binary`] for a given `FARVM_MEMSERVER_BIN` value and running executable.
+fn locate(named: Option<PathBuf>, exe: &Path) -> Result<PathBuf, LocalServerError> {
+    if let Some(path) = named {
         return if path.is_file() {
             Ok(path)
         } else {
             Err(LocalServerError::Missing { path })
         };
     }
-    let exe = std::env::current_exe().map_err(LocalServerError::Exe)?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let beside = dir.join(BIN_NAME);
     if beside.is_file() {
@@ -266,4 +270,66 @@ fn keep(mut cmd: Command, path: PathBuf, started: Sender<Started>, stop: Receive
     let _ = child.kill();
     let _ = child.wait();
     drop(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_is_found_beside_the_executable_or_above_deps() {
+        let dir = std::env::temp_dir().join(format!("farvm-locate-{}", std::process::id()));
+        let deps = dir.join("deps");
+        std::fs::create_dir_all(&deps).unwrap();
+        let exe = deps.join("some-test");
+        // Nothing there: the error names where it looked.
+        let e = locate(None, &exe).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&*deps.join(BIN_NAME).to_string_lossy()),
+            "{e}"
+        );
+        assert!(e.to_string().contains(BIN_ENV), "{e}");
+        // One directory up from deps/ (a test binary's place).
+        std::fs::write(dir.join(BIN_NAME), b"").unwrap();
+        assert_eq!(locate(None, &exe).unwrap(), dir.join(BIN_NAME));
+        // Beside the executable wins.
+        std::fs::write(deps.join(BIN_NAME), b"").unwrap();
+        assert_eq!(locate(None, &exe).unwrap(), deps.join(BIN_NAME));
+        // The variable wins, and must name a file.
+        let named = dir.join("elsewhere");
+        let e = locate(Some(named.clone()), &exe).unwrap_err();
+        assert!(e.to_string().contains(&*named.to_string_lossy()), "{e}");
+        std::fs::write(&named, b"").unwrap();
+        assert_eq!(locate(Some(named.clone()), &exe).unwrap(), named);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn alive(pid: u32) -> bool {
+        // A reaped process has no /proc entry; a zombie is not alive either.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| !r.trim_start().starts_with('Z'))
+        })
+    }
+
+    /// Needs the `farvm-memserver` binary (built by `cargo test --workspace`); without it the
+    /// error names the path it looked at.
+    #[test]
+    fn a_local_server_listens_pins_its_connections_and_is_reaped_with_its_handle() {
+        let cpu = crate::affinity::allowed_cpus().unwrap()[0];
+        let server = LocalServer::start(16 << 20, Some(cpu)).unwrap_or_else(|e| panic!("{e}"));
+        let pid = server.pid();
+        assert!(alive(pid));
+        let _conn = std::net::TcpStream::connect(server.addr()).expect("it listens");
+        // The connection thread pins itself before the handshake it then sends.
+        let mut hello = [0u8; 8];
+        std::io::Read::read_exact(&mut &_conn, &mut hello).expect("challenge");
+        let tids = server.connection_thread_ids();
+        assert_eq!(tids.len(), 1, "{tids:?}");
+        assert_eq!(crate::affinity::thread_cpus(tids[0]).unwrap(), vec![cpu]);
+        server.shutdown();
+        assert!(!alive(pid), "the server outlived its handle");
+    }
 }
