@@ -199,10 +199,21 @@ pub struct RunArgs {
     /// disabling HLT exits) so that a guest fault on a remote page is handled on the vCPU's
     /// own thread: the paging engine then knows which vCPU, hence which guest process, faulted
     /// (per-process prefetching and accuracy), and the fault costs two thread hand-offs less.
-    /// On VMX/SVM hosts a halted vCPU then keeps its physical CPU; give this flag there if
-    /// vCPUs are overcommitted.
+    /// With this flag KVM takes such faults on its own worker thread instead, which nobody can
+    /// attribute (96% of a stride run's faults under SVM). Without HLT exits a guest HLT halts
+    /// in guest mode and holds its host CPU; farvm parks a test-guest vCPU that has nothing
+    /// left to run in KVM, where it blocks, so only a guest that idles with HLT pays that.
     #[arg(long)]
     pub kvm_async_pf: bool,
+
+    /// Stage-2 pre-fault of injected pages: on builds each prefetched page's stage-2
+    /// (EPT/NPT) entry with KVM_PRE_FAULT_MEMORY as it is installed, so the guest's first
+    /// touch takes no exit at all (where KVM supports it: two-dimensional paging, Linux 6.11
+    /// or later; the paging summary says "on", or "unsupported" where KVM refuses it); off
+    /// leaves the entry to the guest's first touch (a stage-2 fault KVM resolves from the
+    /// host mapping), for A/B comparisons (`farvm-lab bench stage2`).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub stage2_prefault: bool,
 
     /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
     /// found by walking its page tables from the CR3 the guest agent publishes; pages it
@@ -255,6 +266,14 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -458,6 +477,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
+    spec.stage2_prefault = a.stage2_prefault;
     Ok(Some(spec))
 }
 

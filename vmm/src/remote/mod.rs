@@ -13,5 +13,6 @@ pub mod stage2;
 
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use setup::{
-    PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats, StatsSource,
+    PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats,
+    Stage2Prefault, StatsSource,
 };

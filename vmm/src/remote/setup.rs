@@ -66,6 +66,9 @@ pub struct RemoteSpec {
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
+    /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
+    pub stage2_prefault: bool,
 }
 
 impl RemoteSpec {
@@ -83,6 +86,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            stage2_prefault: true,
         }
     }
 }
@@ -138,6 +142,18 @@ impl StageTwo for LateStageTwo {
     }
 }
 
+/// Whether injected pages get their stage-2 entries ahead of the guest's touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage2Prefault {
+    /// KVM_PRE_FAULT_MEMORY is used.
+    On,
+    /// Turned off (`RemoteSpec::stage2_prefault`).
+    Off,
+    /// Asked for, but this KVM refused it (e.g. shadow paging): host-PTE injection only.
+    Unsupported,
+}
+
 /// Health of the memserver side, for stats.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteHealth {
@@ -165,6 +181,7 @@ pub struct RemoteHealth {
 pub struct RemoteStats {
     pub engine: Stats,
     pub remote: RemoteHealth,
+    pub stage2_prefault: Stage2Prefault,
 }
 
 /// Where stats come from, without keeping the engine alive (for the control socket and the
@@ -175,6 +192,7 @@ pub struct StatsSource {
     store: Weak<PageStore>,
     servers: Vec<SocketAddr>,
     embedded: bool,
+    stage2_prefault: bool,
 }
 
 impl StatsSource {
@@ -182,7 +200,13 @@ impl StatsSource {
     pub fn stats(&self) -> Option<RemoteStats> {
         let engine = self.engine.upgrade()?;
         let store = self.store.upgrade()?;
-        Some(collect(&engine, &store, &self.servers, self.embedded))
+        Some(collect(
+            &engine,
+            &store,
+            &self.servers,
+            self.embedded,
+            self.stage2_prefault,
+        ))
     }
 }
 
@@ -191,6 +215,7 @@ fn collect(
     store: &PageStore,
     servers: &[SocketAddr],
     embedded: bool,
+    stage2_prefault: bool,
 ) -> RemoteStats {
     let client = store.client();
     let ClientStats {
@@ -203,8 +228,14 @@ fn collect(
         ..
     } = client.stats();
     let c = store.counters();
+    let engine = engine.stats();
     RemoteStats {
-        engine: engine.stats(),
+        stage2_prefault: match (stage2_prefault, engine.stage2_prefault) {
+            (false, _) => Stage2Prefault::Off,
+            (true, true) => Stage2Prefault::On,
+            (true, false) => Stage2Prefault::Unsupported,
+        },
+        engine,
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
@@ -231,6 +262,7 @@ pub struct RemoteMemory {
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
     fault_path_cpu: Option<usize>,
+    stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
 }
@@ -337,6 +369,7 @@ impl RemoteMemory {
             servers,
             local,
             fault_path_cpu: spec.fault_path_cpu,
+            stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
         };
@@ -400,9 +433,14 @@ impl RemoteMemory {
     }
 
     /// Binds stage-2 injection to the KVM VM (`guest_vcpus` = the guest's vCPU count; the
-    /// pre-fault vCPU, if supported, gets the next id).
+    /// pre-fault vCPU, if supported and not turned off, gets the next id).
     pub fn bind_kvm(&self, vm_fd: std::os::fd::RawFd, guest_vcpus: u32) {
-        let _ = self.stage2.0.set(KvmPreFault::new(vm_fd, guest_vcpus));
+        let s = if self.stage2_prefault {
+            KvmPreFault::new(vm_fd, guest_vcpus)
+        } else {
+            KvmPreFault::disabled()
+        };
+        let _ = self.stage2.0.set(s);
     }
 
     /// Starts a thread that registers each vCPU thread id (`tids()`, 0 = not started yet) and
@@ -470,6 +508,7 @@ impl RemoteMemory {
             &self.store,
             &self.servers,
             self.local.is_some(),
+            self.stage2_prefault,
         )
     }
 
@@ -480,6 +519,7 @@ impl RemoteMemory {
             store: Arc::downgrade(&self.store),
             servers: self.servers.clone(),
             embedded: self.local.is_some(),
+            stage2_prefault: self.stage2_prefault,
         }
     }
 
