@@ -93,6 +93,38 @@ pub fn markdown(r: &Report) -> String {
             }
         );
     }
+    let _ = writeln!(
+        s,
+        "\nCPU per remote page in the measured phase (µs: the median run's CPU time by thread \
+         between the workload's MEASURE and MEASURED doorbells, divided by the pages read from \
+         the memserver meanwhile; memserver = the whole server process):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | local | prefetcher | pages read | total | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
+        let pages = c.cpu.measured_pages_read as f64;
+        let m = c.cpu.measured.unwrap_or_default();
+        let us = |ms: f64| f(ms * 1e3 / pages, 1);
+        let _ = writeln!(
+            s,
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.workload,
+            c.local_pct,
+            c.prefetcher,
+            c.cpu.measured_pages_read,
+            f(c.cpu_us_per_page, 1),
+            us(m.vcpu_ms),
+            us(m.fault_ms),
+            us(m.evict_ms),
+            us(m.store_rx_ms),
+            us(m.store_tx_ms),
+            us(m.memserver_ms),
+            us(m.other_ms),
+        );
+    }
     // All-local runs, one footprint run per workload, the cells' runs — less the footprint
     // runs that stand as a (100%, none) cell.
     let reused = r
