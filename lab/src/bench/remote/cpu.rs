@@ -3,10 +3,10 @@
 //! thread: the page lands and is installed there), the embedded memserver child (all its
 //! threads), and the rest of this process. A sampler thread reads `/proc/self/task/*/stat` and
 //! the embedded memserver child's tasks every [`PERIOD`], keeping each thread's latest user+system time,
-//! so a thread that exits loses at most one period. Each sample is kept with its time, so the
+//! so a thread that exits loses at most one period. Times are the scheduler's exact run times
+//! where the kernel shows them (`/proc/PID/task/TID/sched`), else clock ticks. Each sample is kept with its time, so the
 //! split of a window of the run (the workload's measured phase) is the difference of the samples
-//! nearest its ends. Resolution is the kernel's clock tick (`CLK_TCK`, 10 ms here) per thread:
-//! meaningful for windows of a few hundred ms of CPU and more.
+//! nearest its ends.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -123,7 +123,7 @@ impl RunCpu {
     }
 }
 
-/// (process, tid) -> (comm, ticks at first sight, latest ticks).
+/// (process, tid) -> (comm, CPU ns at first sight, latest CPU ns).
 type Seen = HashMap<(Process, u32), (String, u64, u64)>;
 
 /// The CPU split since the sampler started, at points in time (since it started).
@@ -152,17 +152,13 @@ impl CpuSeries {
     }
 }
 
-fn split_of(seen: &Seen, ms_per_tick: f64) -> CpuSplit {
+fn split_of(seen: &Seen) -> CpuSplit {
     let mut split = CpuSplit::default();
     for ((process, _), (comm, first, last)) in seen {
         if comm == "lab-cpu-sampler" {
             continue;
         }
-        split.add(
-            *process,
-            comm,
-            last.saturating_sub(*first) as f64 * ms_per_tick,
-        );
+        split.add(*process, comm, last.saturating_sub(*first) as f64 / 1e6);
     }
     split
 }
@@ -183,7 +179,6 @@ impl CpuSampler {
         sample(&mut seen, &mut memserver, true);
         let flag = stop.clone();
         let t0 = std::time::Instant::now();
-        let ms_per_tick = 1000.0 / clock_ticks_per_sec();
         let thread = std::thread::Builder::new()
             .name("lab-cpu-sampler".into())
             .spawn(move || {
@@ -195,9 +190,7 @@ impl CpuSampler {
                         std::thread::sleep(PERIOD);
                     }
                     sample(&mut seen, &mut memserver, false);
-                    series
-                        .points
-                        .push((t0.elapsed(), split_of(&seen, ms_per_tick)));
+                    series.points.push((t0.elapsed(), split_of(&seen)));
                     if last {
                         return series;
                     }
@@ -271,22 +264,38 @@ fn find_memserver(own: u32) -> Option<u32> {
     })
 }
 
-/// (tid, comm, utime + stime ticks) of every task of `pid`.
+/// (tid, comm, CPU time in ns) of every task of `pid`: the scheduler's exact run time
+/// (`se.sum_exec_runtime` in `/proc/PID/task/TID/sched`, ms with ns digits) where the kernel
+/// shows it, else user + system time from `stat`, in clock ticks.
 fn tasks(pid: u32) -> Vec<(u32, String, u64)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
+    let ns_per_tick = 1e9 / clock_ticks_per_sec();
     dir.flatten()
         .filter_map(|t| {
             let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
             let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
             let (head, rest) = stat.rsplit_once(") ")?;
             let comm = head.split_once(" (")?.1.to_string();
-            // After "comm) ": state is field 3, utime field 14, stime field 15.
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: u64 = f.get(11)?.parse().ok()?;
-            let stime: u64 = f.get(12)?.parse().ok()?;
-            Some((tid, comm, utime + stime))
+            let exact = std::fs::read_to_string(t.path().join("sched"))
+                .ok()
+                .and_then(|s| {
+                    let line = s.lines().find(|l| l.starts_with("se.sum_exec_runtime"))?;
+                    let ms: f64 = line.rsplit_once(':')?.1.trim().parse().ok()?;
+                    Some((ms * 1e6) as u64)
+                });
+            let ns = match exact {
+                Some(ns) => ns,
+                None => {
+                    // After "comm) ": state is field 3, utime field 14, stime field 15.
+                    let f: Vec<&str> = rest.split_whitespace().collect();
+                    let utime: u64 = f.get(11)?.parse().ok()?;
+                    let stime: u64 = f.get(12)?.parse().ok()?;
+                    ((utime + stime) as f64 * ns_per_tick) as u64
+                }
+            };
+            Some((tid, comm, ns))
         })
         .collect()
 }
