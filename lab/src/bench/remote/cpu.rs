@@ -1,4 +1,4 @@
-//! CPU time of one remote-memory VM run, split by thread: the vCPU, the engine's fault handler
+//! CPU time and context switches of one remote-memory VM run, split by thread: the vCPU, the engine's fault handler
 //! and evictor, the memclient receive and send threads (completions are applied on the receive
 //! thread: the page lands and is installed there), the embedded memserver child (all its
 //! threads), and the rest of this process. A sampler thread reads `/proc/self/task/*/stat` and
@@ -18,55 +18,55 @@ use serde::Serialize;
 
 const PERIOD: Duration = Duration::from_millis(10);
 
-/// CPU milliseconds of one run by thread class.
+/// A quantity by thread class: ms of CPU time, or context switches.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
-pub struct CpuSplit {
-    pub vcpu_ms: f64,
-    pub fault_ms: f64,
-    pub evict_ms: f64,
+pub struct ThreadSplit {
+    pub vcpu: f64,
+    pub fault: f64,
+    pub evict: f64,
     /// memclient receive threads: page reception and the engine's completion path (install).
-    pub store_rx_ms: f64,
+    pub store_rx: f64,
     /// memclient send and maintenance threads.
-    pub store_tx_ms: f64,
+    pub store_tx: f64,
     /// The memserver child process, all threads.
-    pub memserver_ms: f64,
+    pub memserver: f64,
     /// Every other thread of this process that ran during the VM run (VM setup, devices).
-    pub other_ms: f64,
+    pub other: f64,
 }
 
-impl CpuSplit {
-    pub fn total_ms(&self) -> f64 {
-        self.vcpu_ms
-            + self.fault_ms
-            + self.evict_ms
-            + self.store_rx_ms
-            + self.store_tx_ms
-            + self.memserver_ms
-            + self.other_ms
+impl ThreadSplit {
+    pub fn total(&self) -> f64 {
+        self.vcpu
+            + self.fault
+            + self.evict
+            + self.store_rx
+            + self.store_tx
+            + self.memserver
+            + self.other
     }
 
     /// `self - earlier`, class by class.
-    pub fn since(&self, earlier: &CpuSplit) -> CpuSplit {
-        CpuSplit {
-            vcpu_ms: self.vcpu_ms - earlier.vcpu_ms,
-            fault_ms: self.fault_ms - earlier.fault_ms,
-            evict_ms: self.evict_ms - earlier.evict_ms,
-            store_rx_ms: self.store_rx_ms - earlier.store_rx_ms,
-            store_tx_ms: self.store_tx_ms - earlier.store_tx_ms,
-            memserver_ms: self.memserver_ms - earlier.memserver_ms,
-            other_ms: self.other_ms - earlier.other_ms,
+    pub fn since(&self, earlier: &ThreadSplit) -> ThreadSplit {
+        ThreadSplit {
+            vcpu: self.vcpu - earlier.vcpu,
+            fault: self.fault - earlier.fault,
+            evict: self.evict - earlier.evict,
+            store_rx: self.store_rx - earlier.store_rx,
+            store_tx: self.store_tx - earlier.store_tx,
+            memserver: self.memserver - earlier.memserver,
+            other: self.other - earlier.other,
         }
     }
 
     fn add(&mut self, process: Process, comm: &str, ms: f64) {
         let slot = match process {
-            Process::Memserver => &mut self.memserver_ms,
-            Process::Own if comm.starts_with("vcpu") => &mut self.vcpu_ms,
-            Process::Own if comm == "ept-fault" => &mut self.fault_ms,
-            Process::Own if comm == "ept-evict" => &mut self.evict_ms,
-            Process::Own if comm.starts_with("memclient-rx") => &mut self.store_rx_ms,
-            Process::Own if comm.starts_with("memclient-") => &mut self.store_tx_ms,
-            Process::Own => &mut self.other_ms,
+            Process::Memserver => &mut self.memserver,
+            Process::Own if comm.starts_with("vcpu") => &mut self.vcpu,
+            Process::Own if comm == "ept-fault" => &mut self.fault,
+            Process::Own if comm == "ept-evict" => &mut self.evict,
+            Process::Own if comm.starts_with("memclient-rx") => &mut self.store_rx,
+            Process::Own if comm.starts_with("memclient-") => &mut self.store_tx,
+            Process::Own => &mut self.other,
         };
         *slot += ms;
     }
@@ -81,9 +81,13 @@ enum Process {
 /// CPU time of one run: the whole VM run, and the workload's measured phase.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct RunCpu {
-    pub whole: CpuSplit,
-    /// Between the workload's MEASURE and MEASURED doorbells; `None` if it did not get there.
-    pub measured: Option<CpuSplit>,
+    /// CPU ms of the whole VM run.
+    pub whole: ThreadSplit,
+    /// CPU ms between the workload's MEASURE and MEASURED doorbells; `None` if it did not get
+    /// there.
+    pub measured: Option<ThreadSplit>,
+    /// Context switches (each a block and a wake-up, or a preemption) in the same window.
+    pub measured_switches: Option<ThreadSplit>,
     /// Pages read from the memserver in the measured phase.
     pub measured_pages_read: u64,
 }
@@ -100,14 +104,15 @@ impl RunCpu {
                 .find(|e| e.phase == ph)
                 .map(|e| Duration::from_nanos(e.host_ns))
         };
-        let measured =
+        let window =
             rec.and_then(|r| Some(series.window(at(r, phase::MEASURE)?, at(r, phase::MEASURED)?)));
         let measured_pages_read = rec
             .and_then(|r| r.measured_phase_paging())
             .map_or(0, |d| d.bytes_read / 4096);
         Self {
             whole: series.total(),
-            measured,
+            measured: window.map(|w| w.0),
+            measured_switches: window.map(|w| w.1),
             measured_pages_read,
         }
     }
@@ -116,51 +121,67 @@ impl RunCpu {
     pub fn us_per_page(&self) -> f64 {
         match self.measured {
             Some(m) if self.measured_pages_read > 0 => {
-                m.total_ms() * 1e3 / self.measured_pages_read as f64
+                m.total() * 1e3 / self.measured_pages_read as f64
             }
             _ => f64::NAN,
         }
     }
 }
 
-/// (process, tid) -> (comm, CPU ns at first sight, latest CPU ns).
-type Seen = HashMap<(Process, u32), (String, u64, u64)>;
+/// One thread as sampled: comm, (CPU ns, context switches) at first sight and latest.
+struct Task {
+    comm: String,
+    first: (u64, u64),
+    last: (u64, u64),
+}
 
-/// The CPU split since the sampler started, at points in time (since it started).
+/// (process, tid) -> what was seen of it.
+type Seen = HashMap<(Process, u32), Task>;
+
+/// The CPU (ms) and context-switch splits since the sampler started, at points in time (since
+/// it started).
 #[derive(Debug, Default)]
 pub(crate) struct CpuSeries {
-    points: Vec<(Duration, CpuSplit)>,
+    points: Vec<(Duration, ThreadSplit, ThreadSplit)>,
 }
 
 impl CpuSeries {
-    /// The split of the whole sampled time.
-    pub fn total(&self) -> CpuSplit {
+    /// The CPU split of the whole sampled time.
+    pub fn total(&self) -> ThreadSplit {
         self.points.last().map(|p| p.1).unwrap_or_default()
     }
 
-    /// The split between `from` and `to` (times since the sampler started), from the samples
-    /// nearest them.
-    pub fn window(&self, from: Duration, to: Duration) -> CpuSplit {
+    /// The (CPU, context switches) splits between `from` and `to` (times since the sampler
+    /// started), from the samples nearest them.
+    pub fn window(&self, from: Duration, to: Duration) -> (ThreadSplit, ThreadSplit) {
         let at = |t: Duration| {
             self.points
                 .iter()
                 .min_by_key(|p| p.0.abs_diff(t))
-                .map(|p| p.1)
+                .map(|p| (p.1, p.2))
                 .unwrap_or_default()
         };
-        at(to).since(&at(from))
+        let (a, b) = (at(from), at(to));
+        (b.0.since(&a.0), b.1.since(&a.1))
     }
 }
 
-fn split_of(seen: &Seen) -> CpuSplit {
-    let mut split = CpuSplit::default();
-    for ((process, _), (comm, first, last)) in seen {
-        if comm == "lab-cpu-sampler" {
+/// (CPU ms, context switches) by thread class.
+fn split_of(seen: &Seen) -> (ThreadSplit, ThreadSplit) {
+    let mut cpu = ThreadSplit::default();
+    let mut switches = ThreadSplit::default();
+    for ((process, _), t) in seen {
+        if t.comm == "lab-cpu-sampler" {
             continue;
         }
-        split.add(*process, comm, last.saturating_sub(*first) as f64 / 1e6);
+        cpu.add(
+            *process,
+            &t.comm,
+            t.last.0.saturating_sub(t.first.0) as f64 / 1e6,
+        );
+        switches.add(*process, &t.comm, t.last.1.saturating_sub(t.first.1) as f64);
     }
-    split
+    (cpu, switches)
 }
 
 /// Samples thread CPU times from [`CpuSampler::start`] to [`CpuSampler::finish`].
@@ -183,14 +204,19 @@ impl CpuSampler {
             .name("lab-cpu-sampler".into())
             .spawn(move || {
                 let mut series = CpuSeries::default();
-                series.points.push((Duration::ZERO, CpuSplit::default()));
+                series.points.push((
+                    Duration::ZERO,
+                    ThreadSplit::default(),
+                    ThreadSplit::default(),
+                ));
                 loop {
                     let last = flag.load(Ordering::Relaxed);
                     if !last {
                         std::thread::sleep(PERIOD);
                     }
                     sample(&mut seen, &mut memserver, false);
-                    series.points.push((t0.elapsed(), split_of(&seen)));
+                    let (cpu, switches) = split_of(&seen);
+                    series.points.push((t0.elapsed(), cpu, switches));
                     if last {
                         return series;
                     }
@@ -233,22 +259,28 @@ fn clock_ticks_per_sec() -> f64 {
 /// One pass over this process's tasks and its memserver child's tasks.
 fn sample(seen: &mut Seen, memserver: &mut Option<u32>, initial: bool) {
     let own = std::process::id();
-    for (tid, comm, ticks) in tasks(own) {
-        let e = seen
-            .entry((Process::Own, tid))
-            .or_insert_with(|| (comm.clone(), if initial { ticks } else { 0 }, ticks));
-        e.0 = comm;
-        e.2 = ticks;
+    for (tid, comm, now) in tasks(own) {
+        let e = seen.entry((Process::Own, tid)).or_insert_with(|| Task {
+            comm: comm.clone(),
+            first: if initial { now } else { (0, 0) },
+            last: now,
+        });
+        e.comm = comm;
+        e.last = now;
     }
     if memserver.is_none() {
         *memserver = find_memserver(own);
     }
     if let Some(child) = *memserver {
-        for (tid, comm, ticks) in tasks(child) {
+        for (tid, comm, now) in tasks(child) {
             let e = seen
                 .entry((Process::Memserver, tid))
-                .or_insert_with(|| (comm, if initial { ticks } else { 0 }, ticks));
-            e.2 = ticks;
+                .or_insert_with(|| Task {
+                    comm,
+                    first: if initial { now } else { (0, 0) },
+                    last: now,
+                });
+            e.last = now;
         }
     }
 }
@@ -264,10 +296,11 @@ fn find_memserver(own: u32) -> Option<u32> {
     })
 }
 
-/// (tid, comm, CPU time in ns) of every task of `pid`: the scheduler's exact run time
-/// (`se.sum_exec_runtime` in `/proc/PID/task/TID/sched`, ms with ns digits) where the kernel
-/// shows it, else user + system time from `stat`, in clock ticks.
-fn tasks(pid: u32) -> Vec<(u32, String, u64)> {
+/// (tid, comm, (CPU time in ns, context switches)) of every task of `pid`. CPU time is the
+/// scheduler's exact run time (`se.sum_exec_runtime` in `/proc/PID/task/TID/sched`, ms with ns
+/// digits) where the kernel shows it, else user + system time from `stat` in clock ticks;
+/// context switches are voluntary + involuntary from `status`.
+fn tasks(pid: u32) -> Vec<(u32, String, (u64, u64))> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
@@ -295,7 +328,15 @@ fn tasks(pid: u32) -> Vec<(u32, String, u64)> {
                     ((utime + stime) as f64 * ns_per_tick) as u64
                 }
             };
-            Some((tid, comm, ns))
+            let switches = std::fs::read_to_string(t.path().join("status"))
+                .map(|s| {
+                    s.lines()
+                        .filter(|l| l.contains("ctxt_switches:"))
+                        .filter_map(|l| l.rsplit_once(':')?.1.trim().parse::<u64>().ok())
+                        .sum()
+                })
+                .unwrap_or(0);
+            Some((tid, comm, (ns, switches)))
         })
         .collect()
 }
@@ -304,30 +345,56 @@ fn tasks(pid: u32) -> Vec<(u32, String, u64)> {
 mod tests {
     use super::*;
 
+    fn thread_cpu_ms() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+    }
+
     #[test]
-    fn a_busy_thread_is_counted_by_its_name() {
+    fn a_busy_thread_is_counted_by_its_name_and_a_sleeping_one_by_its_switches() {
         let sampler = CpuSampler::start();
-        let t = std::thread::Builder::new()
+        let busy = std::thread::Builder::new()
             .name("ept-evict".into())
             .spawn(|| {
-                let t0 = std::time::Instant::now();
+                // Busy for 100 ms of its own CPU time, however loaded the host.
                 let mut x = 0u64;
-                while t0.elapsed() < Duration::from_millis(300) {
-                    x = x.wrapping_mul(31).wrapping_add(1);
+                while thread_cpu_ms() < 100.0 {
+                    for _ in 0..10_000 {
+                        x = x.wrapping_mul(31).wrapping_add(1);
+                    }
                 }
                 std::hint::black_box(x);
+                // Stay alive for a sample after the work.
+                std::thread::sleep(PERIOD * 3);
             })
             .unwrap();
-        t.join().unwrap();
+        let sleepy = std::thread::Builder::new()
+            .name("ept-fault".into())
+            .spawn(|| {
+                for _ in 0..20 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(PERIOD * 3);
+            })
+            .unwrap();
+        busy.join().unwrap();
+        sleepy.join().unwrap();
         let series = sampler.finish();
         let split = series.total();
-        assert_eq!(
-            series.window(Duration::ZERO, Duration::from_secs(3600)),
-            split
+        let (cpu, switches) = series.window(Duration::ZERO, Duration::from_secs(3600));
+        assert_eq!(cpu, split);
+        assert!(
+            split.evict >= 90.0 && split.evict < 1000.0,
+            "100 ms of CPU counted as {split:?}"
         );
-        // Some CPU was seen (the exact share depends on the host's load).
-        assert!(split.evict_ms > 0.0, "{split:?}");
-        assert_eq!(split.fault_ms, 0.0);
-        assert!(split.total_ms() >= split.evict_ms);
+        assert!(split.fault < 50.0, "{split:?}");
+        assert!(split.total() >= split.evict);
+        // Each sleep is a block and a wake-up.
+        assert!(switches.fault >= 20.0, "{switches:?}");
     }
 }

@@ -116,13 +116,40 @@ pub fn markdown(r: &Report) -> String {
             c.prefetcher,
             c.cpu.measured_pages_read,
             f(c.cpu_us_per_page, 1),
-            us(m.vcpu_ms),
-            us(m.fault_ms),
-            us(m.evict_ms),
-            us(m.store_rx_ms),
-            us(m.store_tx_ms),
-            us(m.memserver_ms),
-            us(m.other_ms),
+            us(m.vcpu),
+            us(m.fault),
+            us(m.evict),
+            us(m.store_rx),
+            us(m.store_tx),
+            us(m.memserver),
+            us(m.other),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nContext switches per 100 remote pages in the measured phase (each a block and a \
+         wake-up, or a preemption; same runs):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | local | prefetcher | vCPU | fault | evict | store rx+install | store tx | memserver |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
+        let per = |n: f64| f(n * 100.0 / c.cpu.measured_pages_read as f64, 1);
+        let w = c.cpu.measured_switches.unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} |",
+            c.workload,
+            c.local_pct,
+            c.prefetcher,
+            per(w.vcpu),
+            per(w.fault),
+            per(w.evict),
+            per(w.store_rx),
+            per(w.store_tx),
+            per(w.memserver),
         );
     }
     // All-local runs, one footprint run per workload, the cells' runs — less the footprint
