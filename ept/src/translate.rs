@@ -31,6 +31,7 @@ pub trait GuestPages {
     fn copy_page(&self, gpn: u64, out: &mut [u64; 512]) -> bool;
 }
 
+/// Translates between guest pages and the page numbers the prefetcher learns from.
 pub trait PageSpace: Send {
     /// The prefetcher's page number for guest page `gpn` faulted by `key`.
     fn to_prefetch(&mut self, mem: &dyn GuestPages, key: ProcessKey, gpn: u64) -> PageNo;
@@ -119,6 +120,7 @@ impl Default for VirtualPages {
 }
 
 impl VirtualPages {
+    /// An empty map (no process walked yet).
     pub fn new() -> Self {
         Self {
             procs: Vec::with_capacity(MAX_PROCESSES),

@@ -29,8 +29,11 @@ const OFF_CR3: usize = core::mem::offset_of!(AgentSlot, cr3);
 /// What the slot said at fault time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Attribution {
+    /// The vCPU whose thread faulted, if registered.
     pub vcpu: Option<u32>,
+    /// The guest process id its agent slot published (0: unknown).
     pub pid: u64,
+    /// That process's page-table root (0: unknown / kernel).
     pub cr3: u64,
 }
 
@@ -48,6 +51,7 @@ impl Default for VcpuTable {
 }
 
 impl VcpuTable {
+    /// An empty table (no vCPU registered).
     pub fn new() -> Self {
         Self {
             tids: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -55,6 +59,7 @@ impl VcpuTable {
         }
     }
 
+    /// Registers host thread `tid` as vCPU `vcpu` (its faults are attributed to it).
     pub fn set_tid(&self, vcpu: usize, tid: u32) {
         self.tids[vcpu].store(tid as u64 + 1, Ordering::Release);
     }
@@ -65,15 +70,18 @@ impl VcpuTable {
         t.checked_sub(1).map(|t| t as u32)
     }
 
+    /// Records the guest page of `vcpu`'s agent slot; returns the previous one (`u64::MAX`: none).
     pub fn set_slot_page(&self, vcpu: usize, page: u64) -> u64 {
         self.slots[vcpu].swap(page, Ordering::AcqRel)
     }
 
+    /// The guest page of `vcpu`'s agent slot, if one is registered.
     pub fn slot_page(&self, vcpu: usize) -> Option<u64> {
         let p = self.slots[vcpu].load(Ordering::Acquire);
         (p != NO_SLOT).then_some(p)
     }
 
+    /// The vCPU thread `tid` belongs to.
     pub fn vcpu_of(&self, tid: u32) -> Option<u32> {
         let want = tid as u64 + 1;
         self.tids

@@ -36,6 +36,7 @@ pub struct Exposition {
 }
 
 impl Exposition {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -90,8 +91,11 @@ pub type SeriesLabels<'l> = &'l [(&'l str, &'l str)];
 /// `f64::INFINITY`, plus the sum and count of the observations.
 #[derive(Clone, Copy, Debug)]
 pub struct HistogramValue<'b> {
+    /// Sum of the observations.
     pub sum: f64,
+    /// Number of observations (the sum of the bucket counts).
     pub count: u64,
+    /// `(upper bound, count in that bucket)`, not cumulative, the last bound `f64::INFINITY`.
     pub buckets: &'b [(f64, u64)],
 }
 

@@ -597,7 +597,8 @@ fn malformed_frame_closes_only_that_connection() {
     assert_eq!(out, page(1, 0, 0));
     // Metrics over HTTP.
     let mut m = TcpStream::connect(srv.metrics_addr().unwrap()).unwrap();
-    m.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"));

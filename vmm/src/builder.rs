@@ -27,16 +27,22 @@ use crate::vstate::vm::{KvmError, KvmVm};
 /// Errors building a VM.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The configuration is invalid.
     #[error("invalid VM configuration: {0}")]
     Config(String),
+    /// Guest RAM could not be set up.
     #[error(transparent)]
     Memory(#[from] MemError),
+    /// The kernel could not be loaded.
     #[error(transparent)]
     Boot(#[from] BootError),
+    /// A KVM call failed.
     #[error(transparent)]
     Kvm(#[from] KvmError),
+    /// Remote memory could not be set up.
     #[error(transparent)]
     Remote(#[from] RemoteError),
+    /// Another host error.
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -46,12 +52,20 @@ pub enum BuildError {
 pub enum BootConfig {
     /// A farvm test-guest kernel (ELF, direct 64-bit entry) with its test plan: the processes
     /// (workloads) it runs, its timer, its frame allocator settings.
-    TestGuest { kernel: Arc<[u8]>, plan: TestPlan },
+    TestGuest {
+        /// The kernel ELF.
+        kernel: Arc<[u8]>,
+        /// Its processes, timer and frame allocator settings.
+        plan: TestPlan,
+    },
     /// A Linux bzImage or vmlinux, per the x86 64-bit boot protocol (local RAM only: the
     /// loader writes guest memory directly).
     Linux {
+        /// The bzImage or vmlinux.
         kernel: Arc<[u8]>,
+        /// The initrd, if any.
         initrd: Option<Arc<[u8]>>,
+        /// The kernel command line.
         cmdline: String,
     },
 }
@@ -67,6 +81,7 @@ pub struct VmConfig {
     pub vcpus: u32,
     /// Guest RAM in bytes (4 KiB multiple; above 3 GiB it continues at 4 GiB).
     pub mem_bytes: u64,
+    /// What to boot.
     pub boot: BootConfig,
     /// Remote memory: guest RAM behind the paging engine and memory servers, with this local
     /// budget, prefetcher and servers. `None`: all RAM local. (Its `vm_name` is taken from

@@ -21,6 +21,7 @@ pub const MEMORY_LOST: i32 = 74;
 pub const TIMEOUT: i32 = 124;
 /// SIGINT (128 + 2) and SIGTERM (128 + 15): the VM was shut down cleanly.
 pub const SIGINT: i32 = 130;
+/// See [`SIGINT`].
 pub const SIGTERM: i32 = 143;
 
 /// Parses the command line as `C`. `--help` and `--version` print and exit 0; bad arguments

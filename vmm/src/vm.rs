@@ -37,21 +37,44 @@ pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum VmOutcome {
     /// The guest wrote its exit status to the shutdown port.
-    GuestShutdown { status: u32 },
+    GuestShutdown {
+        /// The status written.
+        status: u32,
+    },
     /// The guest kernel panicked.
-    GuestPanic { message: String },
+    GuestPanic {
+        /// The panic location and message from the guest's record.
+        message: String,
+    },
     /// SIGINT/SIGTERM.
-    Signal { signal: i32 },
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
     /// A shutdown request (control socket, API).
     ControlShutdown,
     /// The run exceeded its time limit.
-    Timeout { secs: u64 },
+    Timeout {
+        /// The limit, in seconds.
+        secs: u64,
+    },
     /// The guest crashed: internal emulation error, triple fault, failed entry, bad MMIO.
-    Crash { cpu: u32, message: String },
+    Crash {
+        /// The vCPU that crashed.
+        cpu: u32,
+        /// What KVM reported.
+        message: String,
+    },
     /// A host-side failure (ioctl error, ...).
-    HostError { message: String },
+    HostError {
+        /// What failed.
+        message: String,
+    },
     /// The guest needed a page of remote memory whose data the memory servers lost.
-    MemoryLost { gpa: u64 },
+    MemoryLost {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
 }
 
 impl std::fmt::Display for VmOutcome {
@@ -103,19 +126,32 @@ impl std::fmt::Display for VmState {
 /// Errors of the control surface.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    /// A control request that does not fit the VM's state (e.g. pausing a stopped VM).
     #[error("cannot {action} a VM that is {state}")]
     InvalidState {
+        /// What was asked (start, pause ...).
         action: &'static str,
+        /// The state the VM was in.
         state: VmState,
     },
+    /// The vCPUs did not stop in time for a pause.
     #[error("the vCPUs did not leave the guest within {0:?}")]
     PauseTimeout(Duration),
+    /// A vCPU thread could not be spawned.
     #[error("cannot start thread vcpu{index}: {source}")]
-    Spawn { index: u32, source: std::io::Error },
+    Spawn {
+        /// The vCPU.
+        index: u32,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The signal handler that kicks vCPUs out of KVM_RUN could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Signals(std::io::Error),
+    /// No vCPU with this index.
     #[error("no vCPU {0}")]
     NoVcpu(usize),
+    /// A KVM call failed.
     #[error(transparent)]
     Kvm(#[from] KvmError),
 }
@@ -123,9 +159,13 @@ pub enum VmError {
 /// A VM's counters at one instant (what `farvm stats` and an API's `vm.counters` show).
 #[derive(Clone, Debug, Serialize)]
 pub struct VmCounters {
+    /// Seconds since the VM started.
     pub uptime_secs: f64,
+    /// vCPU exits by kind.
     pub exits: ExitCounts,
+    /// All vCPU exits.
     pub exits_total: u64,
+    /// Paravirtual device traffic.
     pub pv: PvCounterValues,
     /// Paging engine and memory-server statistics (remote memory only).
     pub paging: Option<RemoteStats>,
@@ -133,14 +173,21 @@ pub struct VmCounters {
 
 /// State shared by the vCPU threads, the devices, the control socket and the caller.
 pub struct VmShared {
+    /// The VM's name.
     pub name: String,
     /// The UUID the VM was created with, if any (libvirt gives one).
     pub uuid: Option<String>,
+    /// Guest RAM.
     pub ram: Arc<GuestRam>,
+    /// The paravirtual control device.
     pub pv: PvCtl,
+    /// The COM1 console.
     pub serial: SerialConsole,
+    /// vCPU exit counters.
     pub exits: ExitStats,
+    /// vCPUs.
     pub ncpus: u32,
+    /// When the VM was created.
     pub started: Instant,
     stop: AtomicBool,
     outcome: Mutex<Option<VmOutcome>>,
@@ -529,12 +576,17 @@ impl Vm {
 /// The final account of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct VmReport {
+    /// The VM's name.
     pub name: String,
+    /// How it ended.
     pub outcome: VmOutcome,
+    /// How long it ran.
     pub uptime_secs: f64,
+    /// vCPU exits by kind.
     pub exits: ExitCounts,
     /// KVM's per-vCPU counters at the end (non-zero ones).
     pub kvm_stats: Vec<Option<Vec<(String, u64)>>>,
+    /// The test guest's processes, by pid.
     pub processes: Vec<ProcessRecord>,
     /// Paging statistics at the end (remote memory only).
     pub paging: Option<RemoteStats>,
@@ -553,6 +605,7 @@ pub struct RunningVm {
 }
 
 impl RunningVm {
+    /// What the vCPU threads, devices and control socket share.
     pub fn shared(&self) -> &Arc<VmShared> {
         &self.shared
     }

@@ -20,16 +20,21 @@ use crate::vstate::memory::GuestRam;
 
 /// Guest-physical layout of the Linux boot data.
 pub const GDT_GPA: u64 = 0x500;
+/// The zero page (`boot_params`).
 pub const ZERO_PAGE_GPA: u64 = 0x7000;
+/// The identity-mapping PML4 (its PDPT and PDs follow).
 pub const PML4_GPA: u64 = 0x9000;
 const PDPT_GPA: u64 = 0xa000;
 const PD_GPA: u64 = 0xb000; // four PDs: 0xb000..0xf000 identity-map 0..4 GiB
+/// The kernel command line.
 pub const CMDLINE_GPA: u64 = 0x20000;
+/// Longest command line, with its NUL.
 pub const CMDLINE_MAX: usize = 0x10000;
 /// Lowest address a kernel may be loaded at (1 MiB).
 pub const HIMEM_START: u64 = 0x100000;
 /// The Linux boot GDT selectors (`__BOOT_CS`, `__BOOT_DS`).
 pub const BOOT_CS: u16 = 0x10;
+/// `__BOOT_DS`.
 pub const BOOT_DS: u16 = 0x18;
 const GDT: [u64; 4] = [0, 0, 0x00af_9a00_0000_ffff, 0x00cf_9200_0000_ffff];
 
@@ -47,15 +52,25 @@ const STARTUP_64_OFFSET: u64 = 0x200;
 /// Where everything went (for `--stop-at-entry` and tests).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LinuxBootInfo {
+    /// `bzImage` or `vmlinux`.
     pub kind: &'static str,
+    /// The setup header's boot protocol version (0 when the image has no setup header).
     pub protocol_version: u16,
+    /// Guest-physical load address of the kernel.
     pub kernel_load: u64,
+    /// End of the loaded kernel.
     pub kernel_end: u64,
+    /// The 64-bit entry point.
     pub entry: u64,
+    /// Where `boot_params` is.
     pub boot_params_gpa: u64,
+    /// Where the command line is.
     pub cmdline_gpa: u64,
+    /// Its length without the NUL.
     pub cmdline_len: usize,
+    /// Where the initrd is, if any.
     pub initrd_gpa: Option<u64>,
+    /// Its length (0: none).
     pub initrd_len: u64,
     /// `(addr, size, type)` e820 entries.
     pub e820: Vec<(u64, u64, u32)>,

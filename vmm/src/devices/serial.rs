@@ -18,8 +18,11 @@ pub const COM1_PORTS: u16 = 8;
 /// Where console output goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialOut {
+    /// The VMM's standard output.
     Stdout,
+    /// A file, created or truncated.
     File(PathBuf),
+    /// Discarded.
     None,
 }
 

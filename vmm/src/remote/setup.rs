@@ -28,16 +28,32 @@ use crate::vstate::memory::{GuestRam, MemError};
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
+    /// A remote-memory setting out of range or inconsistent.
     #[error("invalid remote-memory setting: {0}")]
     Config(String),
+    /// The `farvm-memserver` child could not be started.
     #[error("cannot start the local memory server: {0}")]
     LocalServer(#[from] super::local_server::LocalServerError),
+    /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
+    /// The token file cannot be read or holds no valid secret.
     #[error("cannot read --memserver-token-file {path}: {msg}")]
-    Token { path: PathBuf, msg: String },
+    Token {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// `--fault-path-cpu` names a CPU this process may not run on.
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
-    Placement { cpu: usize, source: std::io::Error },
+    Placement {
+        /// The CPU.
+        cpu: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The paging engine refused its configuration or could not start.
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -157,30 +173,42 @@ pub enum Stage2Prefault {
 /// Health of the memserver side, for stats.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteHealth {
+    /// The memory servers in use.
     pub servers: Vec<String>,
     /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
+    /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
     pub dead_servers: u64,
     /// Times a memserver answered again and was put back in service.
     pub rejoined_servers: u64,
+    /// Reads served by another replica after one failed.
     pub read_failovers: u64,
+    /// Slabs copied to a new replica after one was lost.
     pub slabs_rereplicated: u64,
+    /// Slabs with fewer live replicas than asked for.
     pub degraded_slabs: u64,
     /// Slabs with no replica in service: the guest waits on their pages until one returns.
     pub suspended_slabs: u64,
+    /// Wire requests sent.
     pub wire_requests: u64,
+    /// Submissions that waited for a free request buffer.
     pub slot_waits: u64,
+    /// Submissions refused as busy.
     pub busy: u64,
+    /// Requests that failed.
     pub failed_requests: u64,
 }
 
 /// Everything `farvm stats` shows about paging.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteStats {
+    /// The paging engine's counters, latencies and page states.
     pub engine: Stats,
+    /// The memory servers' side.
     pub remote: RemoteHealth,
+    /// Whether stage-2 pre-fault is on, off or unsupported.
     pub stage2_prefault: Stage2Prefault,
 }
 

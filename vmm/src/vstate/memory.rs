@@ -34,22 +34,47 @@ use crate::layout;
 /// Errors of guest-memory setup and access.
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
+    /// An access outside guest RAM.
     #[error("guest memory range {gpa:#x}+{len:#x} is outside guest RAM (or spans two regions)")]
-    OutOfRange { gpa: u64, len: u64 },
+    OutOfRange {
+        /// First guest-physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The RAM layout (sizes, holes) is invalid.
     #[error("guest memory layout is invalid: {0}")]
     Layout(String),
+    /// Guest RAM could not be mapped.
     #[error("cannot map {len} bytes of guest RAM: {reason}")]
-    Mmap { len: u64, reason: String },
+    Mmap {
+        /// Bytes asked for.
+        len: u64,
+        /// The OS error.
+        reason: String,
+    },
+    /// A guest memory access failed.
     #[error("guest memory access at {gpa:#x}: {reason}")]
-    Access { gpa: u64, reason: String },
+    Access {
+        /// Guest-physical address.
+        gpa: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The paging engine failed a VMM access to paged RAM.
     #[error("the paging engine could not copy {gpa:#x}+{len:#x}: {source}")]
     Engine {
+        /// First guest-physical address.
         gpa: u64,
+        /// Length in bytes.
         len: u64,
+        /// The engine's error.
         source: EngineError,
     },
+    /// The paging engine has shut down.
     #[error("the paging engine that owned guest RAM has stopped")]
     EngineStopped,
+    /// A direct (vm-memory) view was asked of engine-owned RAM.
     #[error("guest RAM belongs to the paging engine: it has no direct vm-memory view")]
     NotDirect,
 }

@@ -9,13 +9,18 @@ use super::memory::GuestRam;
 /// Errors from KVM setup and vCPU ioctls.
 #[derive(Debug, thiserror::Error)]
 pub enum KvmError {
+    /// `/dev/kvm` cannot be opened.
     #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
     Open(kvm_ioctls::Error),
+    /// A KVM ioctl failed.
     #[error("{what}: {source}")]
     Ioctl {
+        /// What was being done.
         what: &'static str,
+        /// KVM's error.
         source: kvm_ioctls::Error,
     },
+    /// This KVM lacks a capability farvm needs.
     #[error("{0}")]
     Unsupported(String),
 }
@@ -61,7 +66,9 @@ const TSS_ADDRESS: usize = 0xfffb_d000;
 
 /// A created KVM VM with guest RAM registered.
 pub struct KvmVm {
+    /// The `/dev/kvm` handle.
     pub kvm: Kvm,
+    /// The VM's fd.
     pub fd: VmFd,
     /// HLT exits are disabled: a guest HLT halts in guest mode (see
     /// `disable_async_page_faults`).

@@ -1,4 +1,5 @@
-//! The targets section of `remote.md`: issue 5's goals, each checked against this run's cells.
+//! The targets section of `remote.md`: the remote-memory goals, each checked against this run's
+//! cells.
 
 use super::report::{Cell, Report};
 
@@ -10,7 +11,7 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
-/// Issue 5's targets, each checked against this run (lines only for cells the run has).
+/// The remote-memory targets, each checked against this run (lines only for cells the run has).
 pub(super) fn targets(r: &Report) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -28,7 +29,7 @@ pub(super) fn targets(r: &Report) -> String {
             .find(|c| c.workload == w && c.local_pct == low && c.prefetcher == p)
     };
     let base = |w: &str| r.baselines.iter().find(|b| b.workload == w);
-    let _ = writeln!(s, "Targets (issue 5), at {low}% local:\n");
+    let _ = writeln!(s, "Targets, at {low}% local:\n");
     if let Some(c) = cell("seq", "leap+stream") {
         let _ = writeln!(
             s,
