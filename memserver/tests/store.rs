@@ -291,7 +291,9 @@ fn demand_reads_overtake_queued_prefetches() {
         ReplyTo::Channel(&tx),
     )
     .unwrap();
-    let order: Vec<u64> = (0..=backlog).map(|_| rx.recv().unwrap().user_data).collect();
+    let order: Vec<u64> = (0..=backlog)
+        .map(|_| rx.recv().unwrap().user_data)
+        .collect();
     let pos = order.iter().position(|&u| u == 999).unwrap();
     // Prefetches are limited to one in flight, so at most that one (plus one the sender
     // thread may have been writing at that moment) finishes before the demand read.
