@@ -61,7 +61,7 @@ build) ;;
 *) usage ;;
 esac
 
-for c in busybox cpio modprobe xz mkfs.ext4 openssl gzip sha256sum; do
+for c in busybox cpio modprobe xz mkfs.ext4 debugfs openssl gzip sha256sum; do
     command -v "$c" >/dev/null || die "missing $c (Debian: busybox-static cpio kmod xz-utils e2fsprogs openssl gzip)"
 done
 busybox=$(command -v busybox)
@@ -158,9 +158,13 @@ EOF
     (cd "$D" && sha256sum blob >blob.sha256)
     find "$D" -exec touch -h -d "@$EPOCH" {} +
     truncate -s "${DISK_MIB}M" "$OUT/disk.img"
-    E2FSPROGS_FAKE_TIME=$EPOCH mkfs.ext4 -q -F -d "$D" -U "$FS_UUID" \
+    E2FSPROGS_FAKE_TIME=$EPOCH SOURCE_DATE_EPOCH=$EPOCH mkfs.ext4 -q -F -d "$D" -U "$FS_UUID" \
         -E "hash_seed=$FS_UUID,root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0" \
         -L farvm-data "$OUT/disk.img"
+    # mke2fs copies each file's ctime, which no tool can set on the source: fix it here.
+    for f in blob blob.sha256; do
+        debugfs -w -R "sif /$f ctime @$EPOCH" "$OUT/disk.img" >/dev/null 2>&1 || die "debugfs on disk.img failed"
+    done
     blob_sha=$(cut -d' ' -f1 "$D/blob.sha256")
 
     cp "$kdir/vmlinuz" "$OUT/vmlinuz"
