@@ -291,7 +291,9 @@ fn demand_reads_overtake_queued_prefetches() {
         ReplyTo::Channel(&tx),
     )
     .unwrap();
-    let order: Vec<u64> = (0..=backlog).map(|_| rx.recv().unwrap().user_data).collect();
+    let order: Vec<u64> = (0..=backlog)
+        .map(|_| rx.recv().unwrap().user_data)
+        .collect();
     let pos = order.iter().position(|&u| u == 999).unwrap();
     // Prefetches are limited to one in flight, so at most that one (plus one the sender
     // thread may have been writing at that moment) finishes before the demand read.
@@ -597,7 +599,8 @@ fn malformed_frame_closes_only_that_connection() {
     assert_eq!(out, page(1, 0, 0));
     // Metrics over HTTP.
     let mut m = TcpStream::connect(srv.metrics_addr().unwrap()).unwrap();
-    m.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"));

@@ -31,8 +31,9 @@ pub struct ClientStats {
     /// Servers put back in service after answering again.
     pub rejoined_servers: u64,
     /// Bytes of read pages (with their crc32c) the open connections copied through their
-    /// receive buffer, and received straight into their destination.
+    /// receive buffer (bytes that had already arrived there with what came before them).
     pub read_bytes_copied: u64,
+    /// Bytes of read pages received straight into their destination (no copy).
     pub read_bytes_in_place: u64,
 }
 

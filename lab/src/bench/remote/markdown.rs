@@ -13,7 +13,7 @@ fn f(v: f64, prec: usize) -> String {
     }
 }
 
-/// The markdown report: floors, issue 5's targets checked against this run, the all-local
+/// The markdown report: floors, the remote-memory targets checked against this run, the all-local
 /// baselines, and the matrix.
 pub fn markdown(r: &Report) -> String {
     use std::fmt::Write;

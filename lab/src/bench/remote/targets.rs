@@ -1,5 +1,5 @@
-//! The targets section of `remote.md`: issue 5's goals and the data path's (time against the
-//! streaming floor, CPU per remote page), each checked against this run's cells.
+//! The targets section of `remote.md`: the remote-memory goals and the data path's (time
+//! against the streaming floor, CPU per remote page), each checked against this run's cells.
 
 use super::report::{Cell, Report};
 
@@ -11,7 +11,8 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
-/// Issue 5's and the data path's targets, each checked against this run (lines only for cells the run has).
+/// The remote-memory and data-path targets, each checked against this run (lines only for
+/// cells the run has).
 pub(super) fn targets(r: &Report) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -31,7 +32,7 @@ pub(super) fn targets(r: &Report) -> String {
     let base = |w: &str| r.baselines.iter().find(|b| b.workload == w);
     let _ = writeln!(
         s,
-        "Targets (issue 5 at {low}% local; the data path at every local share):\n"
+        "Targets, at {low}% local (the data path's at every local share):\n"
     );
     if let Some(c) = cell("seq", "leap+stream") {
         let _ = writeln!(
