@@ -357,34 +357,49 @@ mod tests {
 
     #[test]
     fn a_busy_thread_is_counted_by_its_name_and_a_sleeping_one_by_its_switches() {
+        use std::sync::mpsc::channel;
         let sampler = CpuSampler::start();
-        let busy = std::thread::Builder::new()
-            .name("ept-evict".into())
-            .spawn(|| {
-                // Busy for 100 ms of its own CPU time, however loaded the host.
-                let mut x = 0u64;
-                while thread_cpu_ms() < 100.0 {
-                    for _ in 0..10_000 {
-                        x = x.wrapping_mul(31).wrapping_add(1);
+        // Each thread reports when its work is done and stays alive until released, so the
+        // sampler's last sample (taken by `finish`) sees its final times however late the
+        // loaded host schedules the sampler.
+        let (done_tx, done_rx) = channel::<()>();
+        let (busy_go, busy_release) = channel::<()>();
+        let (sleepy_go, sleepy_release) = channel::<()>();
+        let busy = {
+            let done = done_tx.clone();
+            std::thread::Builder::new()
+                .name("ept-evict".into())
+                .spawn(move || {
+                    // Busy for 100 ms of its own CPU time, however loaded the host.
+                    let mut x = 0u64;
+                    while thread_cpu_ms() < 100.0 {
+                        for _ in 0..10_000 {
+                            x = x.wrapping_mul(31).wrapping_add(1);
+                        }
                     }
-                }
-                std::hint::black_box(x);
-                // Stay alive for a sample after the work.
-                std::thread::sleep(PERIOD * 3);
-            })
-            .unwrap();
+                    std::hint::black_box(x);
+                    done.send(()).unwrap();
+                    let _ = busy_release.recv();
+                })
+                .unwrap()
+        };
         let sleepy = std::thread::Builder::new()
             .name("ept-fault".into())
-            .spawn(|| {
+            .spawn(move || {
                 for _ in 0..20 {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                std::thread::sleep(PERIOD * 3);
+                done_tx.send(()).unwrap();
+                let _ = sleepy_release.recv();
             })
             .unwrap();
+        done_rx.recv().unwrap();
+        done_rx.recv().unwrap();
+        let series = sampler.finish();
+        busy_go.send(()).unwrap();
+        sleepy_go.send(()).unwrap();
         busy.join().unwrap();
         sleepy.join().unwrap();
-        let series = sampler.finish();
         let split = series.total();
         let (cpu, switches) = series.window(Duration::ZERO, Duration::from_secs(3600));
         assert_eq!(cpu, split);
