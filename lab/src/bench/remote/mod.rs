@@ -18,6 +18,7 @@ use farvm_vmm::remote::PageSpaceKind;
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod charts;
+mod cpu;
 mod floor;
 mod markdown;
 mod plan;
