@@ -21,6 +21,7 @@ use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
 
 use super::local_server::LocalServer;
+use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
 use crate::vm::{Vm, VmOutcome};
 use crate::vstate::memory::{GuestRam, MemError};
@@ -36,6 +37,8 @@ pub enum RemoteError {
     Connect(String),
     #[error("cannot read --memserver-token-file {path}: {msg}")]
     Token { path: PathBuf, msg: String },
+    #[error("memory pool: {0}")]
+    Pool(String),
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
     Placement { cpu: usize, source: std::io::Error },
     #[error(transparent)]
@@ -47,8 +50,10 @@ pub enum RemoteError {
 pub struct RemoteSpec {
     /// VM name (the memserver namespace is derived from it).
     pub vm_name: String,
-    /// Memory servers; empty = start a local `farvm-memserver` child on loopback.
+    /// Memory servers; empty (and no pool) = start a local `farvm-memserver` child on loopback.
     pub servers: Vec<SocketAddr>,
+    /// A memory pool to be admitted to instead of a server list (`farvm run --pool`).
+    pub pool: Option<PoolSpec>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -78,6 +83,7 @@ impl RemoteSpec {
         Self {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
+            pool: None,
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -160,6 +166,10 @@ pub struct RemoteHealth {
     pub servers: Vec<String>,
     /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
+    /// The VM instance's id in the memory pool (`--pool`), if admitted to one.
+    pub pool_vm: Option<String>,
+    /// Slab replicas moved to another server (a drain, a rebalance, a full server).
+    pub replicas_moved: u64,
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
     pub dead_servers: u64,
@@ -192,6 +202,7 @@ pub struct StatsSource {
     store: Weak<PageStore>,
     servers: Vec<SocketAddr>,
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 }
 
@@ -205,6 +216,7 @@ impl StatsSource {
             &store,
             &self.servers,
             self.embedded,
+            self.pool_vm.clone(),
             self.stage2_prefault,
         ))
     }
@@ -215,6 +227,7 @@ fn collect(
     store: &PageStore,
     servers: &[SocketAddr],
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 ) -> RemoteStats {
     let client = store.client();
@@ -225,6 +238,7 @@ fn collect(
         degraded_slabs,
         suspended_slabs,
         rejoined_servers,
+        replicas_moved,
         ..
     } = client.stats();
     let c = store.counters();
@@ -239,6 +253,8 @@ fn collect(
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
+            pool_vm,
+            replicas_moved,
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -261,6 +277,7 @@ pub struct RemoteMemory {
     stage2: Arc<LateStageTwo>,
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
+    pool: Option<PoolVm>,
     fault_path_cpu: Option<usize>,
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
@@ -294,7 +311,23 @@ impl RemoteMemory {
             &farvm_prefetch::registry::Config::default(),
         )
         .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let (servers, local) = if spec.servers.is_empty() {
+        if spec.pool.is_some() && !spec.servers.is_empty() {
+            return Err(RemoteError::Config(
+                "give memory servers either as --memserver or as --pool, not both".into(),
+            ));
+        }
+        let mut pool = None;
+        let (servers, local) = if let Some(ps) = &spec.pool {
+            let local_budget = match spec.budget {
+                Budget::Unlimited => mem_bytes,
+                Budget::Bytes(b) => b,
+                Budget::Percent(p) => (mem_bytes as f64 * p / 100.0) as u64 & !4095,
+            };
+            let (member, admission) =
+                PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?;
+            pool = Some((member, admission.clone()));
+            (admission.servers, None)
+        } else if spec.servers.is_empty() {
             // Room for every guest page plus slack; the arena is MAP_NORESERVE, so only pages
             // actually written back cost host memory. Its connection threads are the server's
             // half of the fault path: pinned with it.
@@ -334,7 +367,13 @@ impl RemoteMemory {
                 })?;
             ccfg.secret = Some(first);
         }
-        if let Some(r) = spec.replicas {
+        if let Some((_, admission)) = &pool {
+            ccfg.slab_homes = admission.homes.clone();
+            ccfg.replication = Some(admission.replication);
+            if let Some(ps) = &spec.pool {
+                ccfg.slab_pages = (ps.slab_bytes / 4096).max(1);
+            }
+        } else if let Some(r) = spec.replicas {
             if r == 0 || r > servers.len() {
                 return Err(RemoteError::Config(format!(
                     "--replicas {r} needs between 1 and {} (the number of --memserver)",
@@ -342,12 +381,26 @@ impl RemoteMemory {
                 )));
             }
         }
-        let client =
-            Arc::new(Client::connect(ccfg).map_err(|e| RemoteError::Connect(e.to_string()))?);
+        let client = match Client::connect(ccfg) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                if let Some((member, _)) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(RemoteError::Connect(e.to_string()));
+            }
+        };
+        let (pool, namespace) = match pool {
+            Some((mut member, admission)) => {
+                member.follow(Arc::downgrade(&client));
+                (Some(member), admission.namespace)
+            }
+            None => (None, namespace_for_name(&spec.vm_name)),
+        };
         let store = PageStore::new(
             client,
             StoreConfig {
-                namespace: namespace_for_name(&spec.vm_name),
+                namespace,
                 slots: 256,
             },
         );
@@ -361,13 +414,23 @@ impl RemoteMemory {
         if spec.page_space == PageSpaceKind::Virtual {
             parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
         }
-        let engine = Arc::new(Engine::start(cfg, parts)?);
+        let engine = match Engine::start(cfg, parts) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                store.stop();
+                if let Some(member) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(e.into());
+            }
+        };
         let remote = Self {
             engine,
             store,
             stage2,
             servers,
             local,
+            pool,
             fault_path_cpu: spec.fault_path_cpu,
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
@@ -508,6 +571,7 @@ impl RemoteMemory {
             &self.store,
             &self.servers,
             self.local.is_some(),
+            self.pool.as_ref().map(|p| p.vm().to_string()),
             self.stage2_prefault,
         )
     }
@@ -519,6 +583,7 @@ impl RemoteMemory {
             store: Arc::downgrade(&self.store),
             servers: self.servers.clone(),
             embedded: self.local.is_some(),
+            pool_vm: self.pool.as_ref().map(|p| p.vm().to_string()),
             stage2_prefault: self.stage2_prefault,
         }
     }
@@ -542,6 +607,7 @@ impl RemoteMemory {
             engine,
             local,
             store,
+            pool,
             ..
         } = self;
         match Arc::into_inner(engine) {
@@ -549,6 +615,7 @@ impl RemoteMemory {
             None => {
                 tracing::warn!("paging engine still referenced at shutdown; leaving it running");
                 std::mem::forget(local);
+                std::mem::forget(pool);
                 return;
             }
         }
@@ -557,6 +624,10 @@ impl RemoteMemory {
         drop(store);
         if let Some(h) = local {
             h.shutdown();
+        }
+        // The VM is gone and its client closed: the servers may drop its pages now.
+        if let Some(member) = pool {
+            member.release(Duration::from_secs(10));
         }
     }
 }
