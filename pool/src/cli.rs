@@ -103,6 +103,14 @@ pub enum PoolCommand {
         #[arg(long, value_name = "SECONDS", default_value_t = 600)]
         timeout: u64,
     },
+    /// Serve the pool's status as Prometheus metrics on ADDR (HOST:PORT, unix:PATH or fd:N)
+    /// until killed: per server capacity, used, reserved, free, VMs and health, per rack and
+    /// for the fleet, with the oversubscription ratio. Kept current by an etcd watch.
+    Metrics {
+        /// Where to listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: String,
+    },
     /// Print a plan of slab moves (nothing is changed).
     Plan {
         #[command(subcommand)]
@@ -258,6 +266,15 @@ pub fn run(args: PoolArgs) -> Result<()> {
                 for u in &plan.unmovable {
                     println!("stuck slab {} on {}: {}", u.slab, u.from, u.reason);
                 }
+            }
+        }
+        PoolCommand::Metrics { listen } => {
+            let listen: farvm_httpd::Listen = listen.parse()?;
+            install_signal_handlers();
+            let server = crate::metrics::serve(&listen, &dir)?;
+            eprintln!("serving pool metrics on {}", server.addr());
+            while !STOP.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
             }
         }
         PoolCommand::Gc { wait, json } => gc(&dir, Duration::from_secs(wait), json)?,

@@ -195,6 +195,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", default_value_t = 10, requires = "pool")]
     pub pool_lease_ttl: u64,
 
+    /// With --pool: the slab size, the unit of placement (each slab of the remote share is
+    /// reserved whole on --replicas servers), e.g. 1G or 64M.
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool")]
+    pub pool_slab: String,
+
     /// With --pool: seconds to wait for etcd at start before giving up.
     #[arg(long, value_name = "SECS", default_value_t = 300, requires = "pool")]
     pub pool_wait: u64,
@@ -484,12 +489,6 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         }
         return Ok(None);
     }
-    if cfg.mem_bytes > farvm_vmm::layout::LOW_RAM_MAX {
-        return Err(usage(format!(
-            "remote memory supports at most {} of guest RAM; use --local-only for more",
-            format_size(farvm_vmm::layout::LOW_RAM_MAX)
-        )));
-    }
     let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
     if !farvm_prefetch::registry::names().contains(&a.prefetcher.as_str()) {
         return Err(usage(format!(
@@ -504,6 +503,15 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         let mut ps = farvm_vmm::remote::PoolSpec::new(a.pool.clone());
         ps.lease_ttl = std::time::Duration::from_secs(a.pool_lease_ttl.max(1));
         ps.wait = std::time::Duration::from_secs(a.pool_wait);
+        ps.slab_bytes = match farvm_ept::Budget::parse(&a.pool_slab) {
+            Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => b,
+            _ => {
+                return Err(usage(format!(
+                    "--pool-slab {}: a size of whole 4 KiB pages, e.g. 1G or 64M",
+                    a.pool_slab
+                )))
+            }
+        };
         if let Some(h) = &a.pool_host {
             ps.host = h.clone();
         }

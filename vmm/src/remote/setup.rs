@@ -304,7 +304,9 @@ impl StageTwo for SharedStageTwo {
 
 impl RemoteMemory {
     /// Connects (or starts a local memserver), builds the prefetcher and starts the engine
-    /// with `mem_bytes` of guest RAM (guest-physical `0..mem_bytes`).
+    /// with `mem_bytes` of guest RAM, laid out as [`crate::layout::ram_ranges`] says: above
+    /// 3 GiB the engine's range also spans the 3..4 GiB MMIO hole, whose pages the guest never
+    /// touches (they are in no KVM memslot) and so cost nothing.
     pub fn start(spec: &RemoteSpec, mem_bytes: u64) -> Result<Self, RemoteError> {
         let prefetcher = farvm_prefetch::registry::build(
             &spec.prefetcher,
@@ -404,8 +406,17 @@ impl RemoteMemory {
                 slots: 256,
             },
         );
-        let mut cfg = EngineConfig::new(mem_bytes);
-        cfg.budget = spec.budget;
+        let span = crate::layout::ram_ranges(mem_bytes)
+            .last()
+            .map_or(mem_bytes, |&(gpa, len)| gpa + len);
+        let mut cfg = EngineConfig::new(span);
+        // A share is of guest RAM, not of the span with the hole in it.
+        cfg.budget = match spec.budget {
+            Budget::Percent(p) if span != mem_bytes => {
+                Budget::Bytes(((mem_bytes as f64 * p / 100.0) as u64 & !4095).max(4096))
+            }
+            b => b,
+        };
         cfg.probe_every = spec.probe_every;
         cfg.prefetch = spec.prefetcher != "none";
         let stage2 = Arc::new(LateStageTwo::default());
