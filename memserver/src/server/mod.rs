@@ -241,6 +241,17 @@ impl ServerHandle {
         self.shared.store.occupancy().used_pages
     }
 
+    /// The server's occupancy (pages used and capacity) and instance id.
+    pub fn occupancy(&self) -> farvm_memproto::StatInfo {
+        self.shared.store.occupancy()
+    }
+
+    /// Drops namespace `id` whoever owns it (see [`store::Store::drop_namespace`]); returns
+    /// the pages freed.
+    pub fn drop_namespace(&self, id: u64) -> u64 {
+        self.shared.store.drop_namespace(id)
+    }
+
     /// Stops accepting, closes every connection and joins the server threads.
     pub fn shutdown(mut self) {
         self.stop_now();

@@ -77,6 +77,12 @@ server answers again. A server that restarted has lost its pages: they are never
 as zeros. When the guest needs one of them the VM is stopped with exit status 74, naming the
 page; pages the guest never needs again cost nothing.
 
+With --pool URLS (etcd) the VM joins a memory pool instead: memory servers registered there
+(`farvm-memserver --pool URLS --rack R`) hold its pages, placed by the pool on --replicas
+distinct racks (2 unless told); a VM that cannot be placed is refused naming the racks and
+bytes missing. The VM's pages are dropped on every server when it exits, or when its lease
+runs out after farvm was killed. See `farvm pool --help`.
+
 Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
 random:ws=64M in 512M of RAM at 50% local.
 
@@ -93,6 +99,7 @@ EXAMPLES
   farvm run --local-memory 25% --prefetcher none --workload stride:ws=128M
   farvm run --memserver 10.0.0.5:7070 --memserver 10.0.0.6:7070 --replicas 2 \\
             --memserver-token-file tokens --metrics 127.0.0.1:9300
+  farvm run --pool http://10.77.0.2:2379 --memory 64G --local-memory 2G --replicas 2
   farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
@@ -202,6 +209,35 @@ pub struct RunArgs {
     /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
     #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<SocketAddr>,
+
+    /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
+    /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
+    /// and is admitted by the pool's placement: every slab of its remote share gets --replicas
+    /// copies (default 2) on as many distinct racks, or the VM is refused with the shortfall
+    /// (rack, bytes). Its record lives under its own lease; at exit the servers drop its pages
+    /// at once, and if farvm dies they do so when the lease expires. While etcd does not
+    /// answer, the start waits (--pool-wait) and says so; a running VM never waits on etcd.
+    #[arg(long, value_name = "URLS", value_delimiter = ',', env = "FARVM_POOL",
+          conflicts_with_all = ["memservers", "local_only"])]
+    pub pool: Vec<String>,
+
+    /// With --pool: the VM's lease TTL in seconds (how soon after farvm dies its pages are
+    /// reclaimed).
+    #[arg(long, value_name = "SECS", default_value_t = 10, requires = "pool")]
+    pub pool_lease_ttl: u64,
+
+    /// With --pool: the slab size, the unit of placement (each slab of the remote share is
+    /// reserved whole on --replicas servers), e.g. 1G or 64M.
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool")]
+    pub pool_slab: String,
+
+    /// With --pool: seconds to wait for etcd at start before giving up.
+    #[arg(long, value_name = "SECS", default_value_t = 300, requires = "pool")]
+    pub pool_wait: u64,
+
+    /// With --pool: this host's name in the pool [default: the kernel's host name].
+    #[arg(long, value_name = "NAME", requires = "pool")]
+    pub pool_host: Option<String>,
 
     /// Copies of each remote page [default: 2 with two or more memservers, else 1].
     #[arg(long, value_name = "R")]
@@ -483,12 +519,6 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     {
         return Ok(None);
     }
-    if cfg.mem_bytes > farvm_vmm::layout::LOW_RAM_MAX {
-        return Err(usage(format!(
-            "remote memory supports at most {} of guest RAM; use --local-only for more",
-            format_size(farvm_vmm::layout::LOW_RAM_MAX)
-        )));
-    }
     let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
     if !farvm_prefetch::registry::names().contains(&a.prefetcher.as_str()) {
         return Err(usage(format!(
@@ -499,6 +529,24 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     }
     let mut spec = RemoteSpec::new(&cfg.name);
     spec.servers = a.memservers.clone();
+    if !a.pool.is_empty() {
+        let mut ps = farvm_vmm::remote::PoolSpec::new(a.pool.clone());
+        ps.lease_ttl = std::time::Duration::from_secs(a.pool_lease_ttl.max(1));
+        ps.wait = std::time::Duration::from_secs(a.pool_wait);
+        ps.slab_bytes = match farvm_ept::Budget::parse(&a.pool_slab) {
+            Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => b,
+            _ => {
+                return Err(usage(format!(
+                    "--pool-slab {}: a size of whole 4 KiB pages, e.g. 1G or 64M",
+                    a.pool_slab
+                )))
+            }
+        };
+        if let Some(h) = &a.pool_host {
+            ps.host = h.clone();
+        }
+        spec.pool = Some(ps);
+    }
     spec.replicas = a.replicas;
     spec.token_file = a.memserver_token_file.clone();
     spec.budget = budget;

@@ -22,6 +22,7 @@ use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
 
 use super::local_server::LocalServer;
+use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
 use crate::vm::{Vm, VmOutcome};
 use crate::vstate::memory::{GuestRam, MemError};
@@ -46,6 +47,9 @@ pub enum RemoteError {
         /// What is wrong.
         msg: String,
     },
+    /// The memory pool refused or failed (`--pool`).
+    #[error("memory pool: {0}")]
+    Pool(String),
     /// `--fault-path-cpu` names a CPU this process may not run on.
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
     Placement {
@@ -64,8 +68,10 @@ pub enum RemoteError {
 pub struct RemoteSpec {
     /// VM name (the memserver namespace is derived from it).
     pub vm_name: String,
-    /// Memory servers; empty = start a local `farvm-memserver` child on loopback.
+    /// Memory servers; empty (and no pool) = start a local `farvm-memserver` child on loopback.
     pub servers: Vec<SocketAddr>,
+    /// A memory pool to be admitted to instead of a server list (`farvm run --pool`).
+    pub pool: Option<PoolSpec>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -98,6 +104,7 @@ impl RemoteSpec {
         Self {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
+            pool: None,
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -182,6 +189,10 @@ pub struct RemoteHealth {
     pub servers: Vec<String>,
     /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
+    /// The VM instance's id in the memory pool (`--pool`), if admitted to one.
+    pub pool_vm: Option<String>,
+    /// Slab replicas moved to another server (a drain, a rebalance, a full server).
+    pub replicas_moved: u64,
     /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
@@ -225,6 +236,7 @@ pub struct StatsSource {
     store: Weak<PageStore>,
     servers: Vec<SocketAddr>,
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 }
 
@@ -238,6 +250,7 @@ impl StatsSource {
             &store,
             &self.servers,
             self.embedded,
+            self.pool_vm.clone(),
             self.stage2_prefault,
         ))
     }
@@ -248,6 +261,7 @@ fn collect(
     store: &PageStore,
     servers: &[SocketAddr],
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 ) -> RemoteStats {
     let client = store.client();
@@ -258,6 +272,7 @@ fn collect(
         degraded_slabs,
         suspended_slabs,
         rejoined_servers,
+        replicas_moved,
         ..
     } = client.stats();
     let c = store.counters();
@@ -272,6 +287,8 @@ fn collect(
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
+            pool_vm,
+            replicas_moved,
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -294,6 +311,7 @@ pub struct RemoteMemory {
     stage2: Arc<LateStageTwo>,
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
+    pool: Option<PoolVm>,
     fault_path_cpu: Option<usize>,
     guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
@@ -321,14 +339,32 @@ impl StageTwo for SharedStageTwo {
 
 impl RemoteMemory {
     /// Connects (or starts a local memserver), builds the prefetcher and starts the engine
-    /// with `mem_bytes` of guest RAM (guest-physical `0..mem_bytes`).
+    /// with `mem_bytes` of guest RAM, laid out as [`crate::layout::ram_ranges`] says: above
+    /// 3 GiB the engine's range also spans the 3..4 GiB MMIO hole, whose pages the guest never
+    /// touches (they are in no KVM memslot) and so cost nothing.
     pub fn start(spec: &RemoteSpec, mem_bytes: u64) -> Result<Self, RemoteError> {
         let prefetcher = farvm_prefetch::registry::build(
             &spec.prefetcher,
             &farvm_prefetch::registry::Config::default(),
         )
         .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let (servers, local) = if spec.servers.is_empty() {
+        if spec.pool.is_some() && !spec.servers.is_empty() {
+            return Err(RemoteError::Config(
+                "give memory servers either as --memserver or as --pool, not both".into(),
+            ));
+        }
+        let mut pool = None;
+        let (servers, local) = if let Some(ps) = &spec.pool {
+            let local_budget = match spec.budget {
+                Budget::Unlimited => mem_bytes,
+                Budget::Bytes(b) => b,
+                Budget::Percent(p) => (mem_bytes as f64 * p / 100.0) as u64 & !4095,
+            };
+            let (member, admission) =
+                PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?;
+            pool = Some((member, admission.clone()));
+            (admission.servers, None)
+        } else if spec.servers.is_empty() {
             // Room for every guest page plus slack; the arena is MAP_NORESERVE, so only pages
             // actually written back cost host memory. Its connection threads are the server's
             // half of the fault path: pinned with it.
@@ -368,7 +404,13 @@ impl RemoteMemory {
                 })?;
             ccfg.secret = Some(first);
         }
-        if let Some(r) = spec.replicas {
+        if let Some((_, admission)) = &pool {
+            ccfg.slab_homes = admission.homes.clone();
+            ccfg.replication = Some(admission.replication);
+            if let Some(ps) = &spec.pool {
+                ccfg.slab_pages = (ps.slab_bytes / 4096).max(1);
+            }
+        } else if let Some(r) = spec.replicas {
             if r == 0 || r > servers.len() {
                 return Err(RemoteError::Config(format!(
                     "--replicas {r} needs between 1 and {} (the number of --memserver)",
@@ -376,17 +418,40 @@ impl RemoteMemory {
                 )));
             }
         }
-        let client =
-            Arc::new(Client::connect(ccfg).map_err(|e| RemoteError::Connect(e.to_string()))?);
+        let client = match Client::connect(ccfg) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                if let Some((member, _)) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(RemoteError::Connect(e.to_string()));
+            }
+        };
+        let (pool, namespace) = match pool {
+            Some((mut member, admission)) => {
+                member.follow(Arc::downgrade(&client));
+                (Some(member), admission.namespace)
+            }
+            None => (None, namespace_for_name(&spec.vm_name)),
+        };
         let store = PageStore::new(
             client,
             StoreConfig {
-                namespace: namespace_for_name(&spec.vm_name),
+                namespace,
                 slots: 256,
             },
         );
-        let mut cfg = EngineConfig::new(mem_bytes);
-        cfg.budget = spec.budget;
+        let span = crate::layout::ram_ranges(mem_bytes)
+            .last()
+            .map_or(mem_bytes, |&(gpa, len)| gpa + len);
+        let mut cfg = EngineConfig::new(span);
+        // A share is of guest RAM, not of the span with the hole in it.
+        cfg.budget = match spec.budget {
+            Budget::Percent(p) if span != mem_bytes => {
+                Budget::Bytes(((mem_bytes as f64 * p / 100.0) as u64 & !4095).max(4096))
+            }
+            b => b,
+        };
         cfg.probe_every = spec.probe_every;
         cfg.prefetch = spec.prefetcher != "none";
         let stage2 = Arc::new(LateStageTwo::default());
@@ -396,13 +461,23 @@ impl RemoteMemory {
         if spec.page_space == PageSpaceKind::Virtual {
             parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
-        let engine = Arc::new(Engine::start(cfg, parts)?);
+        let engine = match Engine::start(cfg, parts) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                store.stop();
+                if let Some(member) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(e.into());
+            }
+        };
         let remote = Self {
             engine,
             store,
             stage2,
             servers,
             local,
+            pool,
             fault_path_cpu: spec.fault_path_cpu,
             guest_paging,
             stage2_prefault: spec.stage2_prefault,
@@ -550,6 +625,7 @@ impl RemoteMemory {
             &self.store,
             &self.servers,
             self.local.is_some(),
+            self.pool.as_ref().map(|p| p.vm().to_string()),
             self.stage2_prefault,
         )
     }
@@ -561,6 +637,7 @@ impl RemoteMemory {
             store: Arc::downgrade(&self.store),
             servers: self.servers.clone(),
             embedded: self.local.is_some(),
+            pool_vm: self.pool.as_ref().map(|p| p.vm().to_string()),
             stage2_prefault: self.stage2_prefault,
         }
     }
@@ -584,6 +661,7 @@ impl RemoteMemory {
             engine,
             local,
             store,
+            pool,
             ..
         } = self;
         match Arc::into_inner(engine) {
@@ -591,6 +669,7 @@ impl RemoteMemory {
             None => {
                 tracing::warn!("paging engine still referenced at shutdown; leaving it running");
                 std::mem::forget(local);
+                std::mem::forget(pool);
                 return;
             }
         }
@@ -599,6 +678,10 @@ impl RemoteMemory {
         drop(store);
         if let Some(h) = local {
             h.shutdown();
+        }
+        // The VM is gone and its client closed: the servers may drop its pages now.
+        if let Some(member) = pool {
+            member.release(Duration::from_secs(10));
         }
     }
 }

@@ -204,14 +204,32 @@ impl GuestRam {
                 "the engine's guest RAM {host:#x}+{len:#x} must be non-empty and 4 KiB aligned"
             )));
         }
-        if len > layout::LOW_RAM_MAX {
+        // The engine's range is guest-physical 0..len. Above 3 GiB it spans the MMIO hole,
+        // which is no RAM region: the guest never reaches those pages.
+        let regions = if len <= layout::LOW_RAM_MAX {
+            vec![RamRegion { gpa: 0, len, host }]
+        } else if len > layout::HIGH_RAM_BASE {
+            vec![
+                RamRegion {
+                    gpa: 0,
+                    len: layout::LOW_RAM_MAX,
+                    host,
+                },
+                RamRegion {
+                    gpa: layout::HIGH_RAM_BASE,
+                    len: len - layout::HIGH_RAM_BASE,
+                    host: host + layout::HIGH_RAM_BASE,
+                },
+            ]
+        } else {
             return Err(MemError::Layout(format!(
-                "remote guest memory is limited to {} GiB (one region below the MMIO hole)",
-                layout::LOW_RAM_MAX >> 30
+                "the engine's guest RAM ends at {len:#x}, inside the MMIO hole ({:#x}..{:#x})",
+                layout::LOW_RAM_MAX,
+                layout::HIGH_RAM_BASE
             )));
-        }
+        };
         Ok(GuestRam {
-            regions: vec![RamRegion { gpa: 0, len, host }],
+            regions,
             access: Access::Paged(Arc::downgrade(engine)),
         })
     }
