@@ -24,7 +24,8 @@
 #   - with `farvm_run=PATH` on the kernel command line, runs that script (e.g. /mnt/x.sh) with
 #     sh, prints "farvm-guest: exit N" and powers off;
 #   - otherwise runs an interactive shell on the console; leaving it powers off.
-#   `poweroff` and `reboot` in the guest sync, unmount /mnt and act at once (ACPI S5 / reset).
+#   `poweroff`, `halt` and `reboot` in the guest sync, unmount /mnt and act at once (ACPI S5 /
+#   reset); so does leaving the shell (power off).
 #
 # ENVIRONMENT
 #   FARVM_GUEST_CACHE  cache directory [${XDG_CACHE_HOME:-~/.cache}/farvm/linux-guest]
@@ -104,15 +105,6 @@ if ((refresh)) || [[ ! -f $OUT/.done ]]; then
         esac
         echo "$b" >>"$R/etc/modules"
     done
-    for verb in poweroff reboot halt; do
-        cat >"$R/sbin/$verb" <<EOF
-#!/bin/sh
-# $verb at once: the shell is not a real init to signal.
-sync
-umount /mnt 2>/dev/null
-exec /bin/busybox $verb -f
-EOF
-    done
     cat >"$R/init" <<'EOF'
 #!/bin/sh
 # /init of farvm's Linux test guest (scripts/linux-guest-image.sh).
@@ -135,16 +127,26 @@ done
 if [ -b /dev/vda ]; then
     mount -t ext4 /dev/vda /mnt || echo "farvm-guest: cannot mount /dev/vda"
 fi
+# busybox's poweroff, halt and reboot signal init (USR2, USR1, TERM): act on them at once.
+down() {
+    sync
+    umount /mnt 2>/dev/null
+    exec busybox "$1" -f
+}
+trap 'down poweroff' USR2 USR1
+trap 'down reboot' TERM
 echo "farvm-guest: ready ($(nproc) cpus, $(awk '/MemTotal/ { print $2 }' /proc/meminfo) kB)"
 if [ -n "${farvm_run:-}" ]; then
     sh "$farvm_run" </dev/console >/dev/console 2>&1
     echo "farvm-guest: exit $?"
 else
-    setsid cttyhack sh -l
+    setsid cttyhack sh -l &
+    # A trapped signal interrupts the wait; the shell's end powers off.
+    wait
 fi
-exec poweroff
+down poweroff
 EOF
-    chmod 755 "$R/init" "$R/sbin/poweroff" "$R/sbin/reboot" "$R/sbin/halt"
+    chmod 755 "$R/init"
     find "$R" -exec touch -h -d "@$EPOCH" {} +
     (cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -9n) \
         >"$OUT/initrd.img"
