@@ -1,6 +1,7 @@
-//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`). Each
-//! subcommand lives in `cli/<name>.rs`; this file only parses arguments, sets up logging and
-//! maps errors to exit codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `api`,
+//! and, started as `cloud-hypervisor`, libvirt's VMM). Each subcommand lives in
+//! `cli/<name>.rs`; this file only parses arguments, sets up logging and maps errors to exit
+//! codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
 
 mod cli;
 
@@ -39,6 +40,9 @@ enum Command {
     /// Guest images built into farvm (`farvm image export DIR`: the test-guest kernel).
     #[command(long_about = cli::image::IMAGE_ABOUT)]
     Image(cli::image::ImageArgs),
+    /// Serve Cloud Hypervisor's REST API for one VM (what libvirt's ch driver drives).
+    #[command(long_about = cli::api::API_ABOUT)]
+    Api(cli::api::ApiArgs),
 }
 
 fn main() {
@@ -58,6 +62,7 @@ fn main() {
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
+        Command::Api(args) => cli::api::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

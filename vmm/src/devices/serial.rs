@@ -1,11 +1,11 @@
-//! The 16550 UART console at COM1 (0x3F8), emulated by vm-superio, writing to stdout, a file
-//! or nowhere. The guest polls it (no interrupt line is wired: the test guest prints few lines
+//! The 16550 UART console at COM1 (0x3F8), emulated by vm-superio, writing to stdout, a file,
+//! a pseudo-terminal ([`super::pty`], which also feeds input) or nowhere. The guest polls it (no interrupt line is wired: the test guest prints few lines
 //! and each byte is already an exit).
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
@@ -20,6 +20,8 @@ pub const COM1_PORTS: u16 = 8;
 pub enum SerialOut {
     Stdout,
     File(PathBuf),
+    /// A pseudo-terminal (the API's `Pty` console mode).
+    Pty(Arc<super::pty::Pty>),
     None,
 }
 
@@ -74,6 +76,7 @@ impl SerialConsole {
                     format!("cannot create serial log {}: {e}", p.display()),
                 )
             })?),
+            SerialOut::Pty(p) => Box::new(p.writer()),
             SerialOut::None => Box::new(io::sink()),
         };
         Ok(SerialConsole {
@@ -92,6 +95,14 @@ impl SerialConsole {
         if let Err(e) = uart.write((port - COM1_BASE) as u8, value) {
             tracing::warn!("serial console write failed: {e:?}");
         }
+    }
+
+    /// Queues host input for the guest (as much as the 64-byte receive FIFO takes); returns
+    /// how many bytes were taken.
+    pub fn push_input(&self, bytes: &[u8]) -> usize {
+        let mut uart = self.uart.lock().unwrap_or_else(|p| p.into_inner());
+        let room = uart.fifo_capacity().min(bytes.len());
+        uart.enqueue_raw_bytes(&bytes[..room]).unwrap_or(0)
     }
 
     /// Guest `in` from a COM1 port.
