@@ -9,10 +9,8 @@ mod common;
 #[path = "common/guest_console.rs"]
 mod guest_console;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::kvm_available;
@@ -112,47 +110,6 @@ impl Drop for Api {
 /// Cloud Hypervisor's error body: a JSON array of messages.
 fn error_messages(body: &str) -> Vec<String> {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("error body {body:?}: {e}"))
-}
-
-/// Reads a pty from a thread; lines arrive on the channel.
-fn read_pty(path: &Path) -> mpsc::Receiver<String> {
-    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        let mut line = Vec::new();
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            for &b in &buf[..n] {
-                if b == b'\n' {
-                    let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
-                    line.clear();
-                } else {
-                    line.push(b);
-                }
-            }
-        }
-    });
-    rx
-}
-
-/// Collects console lines until the guest's power-off line.
-fn console_until_poweroff(rx: &mpsc::Receiver<String>, timeout: Duration) -> String {
-    let mut text = String::new();
-    let t0 = Instant::now();
-    while !text.contains("powering off") {
-        let left = timeout.saturating_sub(t0.elapsed());
-        match rx.recv_timeout(left) {
-            Ok(l) => {
-                text.push_str(&l);
-                text.push('\n');
-            }
-            Err(e) => panic!("console ({e}) so far:\n{text}"),
-        }
-    }
-    text
 }
 
 fn export_guest(dir: &Path) -> PathBuf {
@@ -256,7 +213,7 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
             .expect("pty path"),
     );
     assert!(pty.starts_with("/dev/pts"), "{info}");
-    let console = read_pty(&pty);
+    let console = guest_console::read_pty(&pty);
     api.put("vm.boot", None, 405);
     api.put("vm.resume", None, 405);
 
@@ -276,7 +233,7 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     assert_eq!(api.state(), "Running");
 
     // The guest prints its results on the pty and powers off by itself.
-    let text = console_until_poweroff(&console, Duration::from_secs(300));
+    let text = guest_console::console_until_poweroff(&console, Duration::from_secs(300));
     let (procs, end) = guest_console::parse(&text);
     assert_eq!(end, Some((1, 0, 0)), "{text}");
     for l in guest_console::check_against_native(&workloads, 1, &procs) {

@@ -1,7 +1,12 @@
 //! The test guest's serial-console lines (one per ended process, then the power-off line) and
 //! their check against the native build of the same workloads (used by the API and libvirt
-//! tests through `#[path]`, so only they compile it).
+//! tests through `#[path]`, so only they compile it), read from a pty as libvirt's console is.
 #![allow(dead_code)]
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use farvm_vmm::workload_spec::place;
 
@@ -109,4 +114,45 @@ pub fn check_against_native(specs: &[&str], vcpus: u32, lines: &[ProcessLine]) -
         ));
     }
     log
+}
+
+/// Reads a pty from a thread; lines arrive on the channel.
+pub fn read_pty(path: &Path) -> mpsc::Receiver<String> {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let mut line = Vec::new();
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            for &b in &buf[..n] {
+                if b == b'\n' {
+                    let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
+                    line.clear();
+                } else {
+                    line.push(b);
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Collects console lines until the guest's power-off line.
+pub fn console_until_poweroff(rx: &mpsc::Receiver<String>, timeout: Duration) -> String {
+    let mut text = String::new();
+    let t0 = Instant::now();
+    while !text.contains("powering off") {
+        let left = timeout.saturating_sub(t0.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                text.push_str(&l);
+                text.push('\n');
+            }
+            Err(e) => panic!("console ({e}) so far:\n{text}"),
+        }
+    }
+    text
 }
