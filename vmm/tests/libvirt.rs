@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::kvm_available;
+use common::{alive, kvm_available, memserver_children};
 use farvm_httpd::client::get;
 use farvm_httpd::BoundAddr;
 
@@ -204,33 +204,6 @@ fn domain_xml(name: &str, kernel: &Path, memory_mib: u64, workloads: &[&str]) ->
     )
 }
 
-/// Whether process `pid` still exists (and has not just exited, waiting to be reaped).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, s)| !s.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-/// The children of process `pid` (e.g. the embedded memory server farvm starts).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(
-            list.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    out
-}
-
 /// Waits for every process in `pids` to be gone.
 fn wait_gone(pids: &[u32], what: &str) {
     let t0 = Instant::now();
@@ -304,7 +277,7 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     assert_eq!(lv.dominfo("lv-a", "Max memory"), "131072 KiB");
     let pid_a: u32 = lv.dominfo("lv-a", "Id").parse().unwrap();
     assert!(alive(pid_a), "libvirt's domain id is the VMM's pid");
-    let memserver_a = children(pid_a);
+    let memserver_a = memserver_children(pid_a);
     assert!(!memserver_a.is_empty(), "lv-a's embedded memory server");
     // The host config's section for lv-a: remote memory at 25% local, metrics served.
     let m = get(&BoundAddr::Tcp(metrics), "/metrics").expect("lv-a's metrics endpoint");
@@ -357,7 +330,7 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     assert_eq!(lv.domstate("lv-b"), "running");
     let sock_b = lv.runtime().join("runtime/libvirt/ch/run/lv-b-socket");
     assert!(sock_b.exists(), "{} while lv-b runs", sock_b.display());
-    let mut procs_b = children(pid_b);
+    let mut procs_b = memserver_children(pid_b);
     assert!(!procs_b.is_empty(), "lv-b's embedded memory server");
     procs_b.push(pid_b);
     lv.virsh(&["destroy", "lv-b"]);
