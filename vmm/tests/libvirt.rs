@@ -3,7 +3,8 @@
 //! `cloud-hypervisor`, and `virsh` drives domains booting the test guest on remote memory (the
 //! embedded memory server, 25% local from the host config's per-domain section):
 //! define → start → list → dominfo → suspend (the VM's metrics show it paused at 25% local) →
-//! resume → the guest prints the native checksum on the pty libvirt reports → shutdown ("in
+//! resume → the guest prints the native checksum on the pty libvirt reports, and vm.counters on
+//! the socket libvirt bound shows it and the demand faults → shutdown ("in
 //! shutdown": libvirt 9.0 waits for a destroy) → destroy; a second domain running at the same time is destroyed mid-run and leaves no process or
 //! socket behind.
 //!
@@ -277,6 +278,14 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     assert_eq!(lv.dominfo("lv-a", "Max memory"), "131072 KiB");
     let pid_a: u32 = lv.dominfo("lv-a", "Id").parse().unwrap();
     assert!(alive(pid_a), "libvirt's domain id is the VMM's pid");
+    // libvirt pins and reports vCPUs by their threads' names.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid_a}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    assert!(threads.iter().any(|t| t == "vcpu0"), "{threads:?}");
     let memserver_a = memserver_children(pid_a);
     assert!(!memserver_a.is_empty(), "lv-a's embedded memory server");
     // The host config's section for lv-a: remote memory at 25% local, metrics served.
@@ -302,16 +311,6 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     );
     lv.virsh(&["resume", "lv-a"]);
     assert_eq!(lv.domstate("lv-a"), "running");
-    // It pages from the memory server (the endpoint lives as long as the guest runs).
-    let mut demand_faults = 0.0;
-    while demand_faults == 0.0 {
-        let Ok(m) = get(&BoundAddr::Tcp(metrics), "/metrics") else {
-            break;
-        };
-        demand_faults = metric(&m.body, "farvm_ept_demand_faults_total");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(demand_faults > 0.0, "lv-a took no demand fault");
 
     // lv-a's guest prints its results on the console libvirt reports and powers off.
     let text = guest_console::console_until_poweroff(&console, GUEST_TIMEOUT);
@@ -321,6 +320,28 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     for l in guest_console::check_against_native(&workloads_a, 1, &procs) {
         eprintln!("{l}");
     }
+    // vm.counters on the socket libvirt bound: the guest's final report, paged remotely.
+    let api = BoundAddr::Unix(lv.runtime().join("runtime/libvirt/ch/run/lv-a-socket"));
+    let t0 = Instant::now();
+    let counters = loop {
+        let info = get(&api, "/api/v1/vm.info").expect("lv-a's vm.info");
+        let info: serde_json::Value = serde_json::from_str(&info.body).unwrap();
+        if info["state"] == "Shutdown" {
+            let c = get(&api, "/api/v1/vm.counters").expect("lv-a's vm.counters");
+            break serde_json::from_str::<serde_json::Value>(&c.body).unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        counters["process.1"]["checksum"].as_u64(),
+        Some(procs[0].checksum),
+        "{counters}"
+    );
+    assert!(
+        counters["paging"]["counters.demand_faults"].as_u64() > Some(0),
+        "paged from the memory server: {counters}"
+    );
     // The guest powered off: farvm finished the VM, its memory server with it.
     wait_gone(
         &memserver_a,

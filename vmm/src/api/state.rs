@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use farvm_chapi::info::{self, Counters};
 use farvm_chapi::{ApiError, CreateSpec, SerialTarget, VmState};
+use farvm_devices::serial::SerialOut;
 use farvm_httpd::HttpServer;
 use serde_json::Value;
 
@@ -28,13 +29,10 @@ use super::events::{EventMonitor, Source};
 use super::{Prepared, VmFactory};
 use crate::builder;
 use crate::devices::pty::Pty;
-use crate::devices::serial::SerialOut;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
 
 /// How often the watcher checks that the API server is still there.
 const WATCH_TICK: Duration = Duration::from_millis(500);
-/// How long the pty input pump waits for input per round.
-const INPUT_TICK: Duration = Duration::from_millis(200);
 
 /// A created VM: its configuration, kept across boots.
 struct Created {
@@ -61,6 +59,15 @@ struct Slot {
     run: Run,
     /// Incremented on every boot, so a watcher never finishes a later boot's VM.
     generation: u64,
+}
+
+impl Slot {
+    /// Ends the pty console's input to a VM that stopped (its input thread ends).
+    fn retire_console_input(&self) {
+        if let Some(pty) = self.created.as_ref().and_then(|c| c.pty.as_ref()) {
+            pty.retire_readers();
+        }
+    }
 }
 
 /// The API's VM and what serves it.
@@ -193,10 +200,10 @@ impl ApiState {
             .as_mut()
             .ok_or(ApiError::NotCreated { action: "boot" })?;
         let mut cfg = created.prepared.config.clone();
-        cfg.serial = match created.spec.serial_target() {
-            SerialTarget::Null => SerialOut::None,
-            SerialTarget::Tty => SerialOut::Stdout,
-            SerialTarget::File(p) => SerialOut::File(p),
+        match created.spec.serial_target() {
+            SerialTarget::Null => cfg.serial = SerialOut::None,
+            SerialTarget::Tty => cfg.serial = SerialOut::Stdout,
+            SerialTarget::File(p) => cfg.serial = SerialOut::File(p),
             SerialTarget::Pty => {
                 let pty = match &created.pty {
                     Some(p) => p.clone(),
@@ -209,9 +216,9 @@ impl ApiState {
                         p
                     }
                 };
-                SerialOut::Pty(pty)
+                cfg.console_pty = Some(pty);
             }
-        };
+        }
         self.emit(Source::Vm, "booting");
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
         let metrics = match &created.prepared.metrics {
@@ -225,9 +232,6 @@ impl ApiState {
         slot.generation += 1;
         let generation = slot.generation;
         self.watch(vm.shared().clone(), generation);
-        if let Some(pty) = &created.pty {
-            pump_input(pty.clone(), Arc::downgrade(vm.shared()));
-        }
         slot.run = Run::Running {
             vm,
             generation,
@@ -269,6 +273,7 @@ impl ApiState {
             return;
         };
         let report = vm.finish(VmOutcome::ControlShutdown);
+        slot.retire_console_input();
         tracing::info!(vm = self.name, "the guest stopped: {}", report.outcome);
         slot.run = Run::Stopped(Box::new(report));
         drop(slot);
@@ -280,6 +285,7 @@ impl ApiState {
         match std::mem::replace(&mut slot.run, Run::Idle) {
             Run::Running { vm, .. } => {
                 let report = vm.finish(VmOutcome::ControlShutdown);
+                slot.retire_console_input();
                 tracing::info!(vm = self.name, "stopped: {}", report.outcome);
                 true
             }
@@ -432,42 +438,5 @@ impl ApiState {
 
     pub(super) fn emit_vmm(&self, event: &str) {
         self.emit(Source::Vmm, event);
-    }
-}
-
-/// Copies what is typed into the pty to the guest's serial port while the VM lives.
-fn pump_input(pty: Arc<Pty>, vm: Weak<VmShared>) {
-    let spawned = std::thread::Builder::new()
-        .name("pty-input".into())
-        .spawn(move || {
-            let mut buf = [0u8; 64];
-            let mut pending: &[u8] = &[];
-            loop {
-                let Some(shared) = vm.upgrade() else { return };
-                if shared.stopping() {
-                    return;
-                }
-                if pending.is_empty() {
-                    drop(shared);
-                    match pty.read_input(&mut buf, INPUT_TICK) {
-                        Ok(n) => pending = &buf[..n],
-                        Err(e) => {
-                            tracing::warn!("console input stopped: {e}");
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                let n = shared.serial.push_input(pending);
-                pending = &pending[n..];
-                drop(shared);
-                if n == 0 {
-                    // The guest has not read its receive FIFO yet.
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the console input thread: {e}");
     }
 }

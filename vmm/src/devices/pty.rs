@@ -1,6 +1,9 @@
-//! A pseudo-terminal for the serial console (`console`/`serial` mode `Pty` of the API, what
-//! libvirt asks for): guest output is written to the master side, whoever opens the slave path
-//! (`virsh console`, a test) reads it there and types into it.
+//! A pseudo-terminal as the serial console's backend (`console`/`serial` mode `Pty` of the
+//! API, what libvirt asks for): the board's COM1 console writes guest output into the master
+//! side ([`Pty::writer`]) and reads typed input from it ([`Pty::reader`]); whoever opens the
+//! slave path (`virsh console`, a test) reads the output there and types into it. One pty
+//! serves every boot of a created VM: each boot takes a new reader, which retires the previous
+//! boot's (its input thread sees end of file).
 //!
 //! The slave is put in raw mode (no echo, no line editing, no newline translation) and kept
 //! open by the VMM, so the terminal lives as long as the VM even when no client is attached,
@@ -12,8 +15,12 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How long a [`PtyReader`] waits for input before checking whether it was retired.
+const READ_TICK: Duration = Duration::from_millis(200);
 
 /// An open pseudo-terminal pair.
 #[derive(Debug)]
@@ -21,6 +28,8 @@ pub struct Pty {
     master: File,
     _slave: OwnedFd,
     path: PathBuf,
+    /// The generation of the current reader; older readers report end of file.
+    reader_generation: AtomicU64,
 }
 
 impl PartialEq for Pty {
@@ -82,6 +91,7 @@ impl Pty {
             master,
             _slave: slave,
             path,
+            reader_generation: AtomicU64::new(0),
         })
     }
 
@@ -93,6 +103,21 @@ impl Pty {
     /// A writer into the terminal that drops output nobody has room for.
     pub fn writer(self: &Arc<Self>) -> PtyWriter {
         PtyWriter(self.clone())
+    }
+
+    /// The console input of a new boot: typed input until [`Pty::retire_readers`] or the next
+    /// call (then end of file, which ends the console's input thread).
+    pub fn reader(self: &Arc<Self>) -> PtyReader {
+        let generation = self.reader_generation.fetch_add(1, Ordering::SeqCst) + 1;
+        PtyReader {
+            pty: self.clone(),
+            generation,
+        }
+    }
+
+    /// Ends the input of every reader handed out so far (the VM using them stopped).
+    pub fn retire_readers(&self) {
+        self.reader_generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Waits up to `timeout` for input typed into the terminal and reads it into `buf`;
@@ -116,6 +141,26 @@ impl Pty {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Reads what is typed into a [`Pty`] for one boot's console (see [`Pty::reader`]).
+pub struct PtyReader {
+    pty: Arc<Pty>,
+    generation: u64,
+}
+
+impl Read for PtyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.pty.reader_generation.load(Ordering::SeqCst) != self.generation {
+                return Ok(0);
+            }
+            match self.pty.read_input(buf, READ_TICK)? {
+                0 => continue,
+                n => return Ok(n),
+            }
         }
     }
 }
@@ -172,6 +217,24 @@ mod tests {
             }
         }
         assert_eq!(&buf[..n], b"typed");
+    }
+
+    #[test]
+    fn a_new_reader_retires_the_previous_one() {
+        let pty = Arc::new(Pty::open().unwrap());
+        let mut first = pty.reader();
+        let mut second = pty.reader();
+        let mut buf = [0u8; 8];
+        assert_eq!(first.read(&mut buf).unwrap(), 0, "retired: end of file");
+        let mut client = std::fs::OpenOptions::new()
+            .write(true)
+            .open(pty.path())
+            .unwrap();
+        client.write_all(b"k").unwrap();
+        assert_eq!(second.read(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], b'k');
+        pty.retire_readers();
+        assert_eq!(second.read(&mut buf).unwrap(), 0);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::translate::{GuestPaging, VirtualPages};
 use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
@@ -66,6 +67,9 @@ pub struct RemoteSpec {
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// The guest is Linux: the CR3 values its agent publishes follow Linux's conventions
+    /// (`farvm_ept::translate::GuestPaging::root_of`).
+    pub linux_guest: bool,
     /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
     /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
     pub stage2_prefault: bool,
@@ -86,6 +90,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            linux_guest: false,
             stage2_prefault: true,
         }
     }
@@ -262,6 +267,7 @@ pub struct RemoteMemory {
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
     fault_path_cpu: Option<usize>,
+    guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -358,8 +364,9 @@ impl RemoteMemory {
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
         if spec.page_space == PageSpaceKind::Virtual {
-            parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
+            parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
         let engine = Arc::new(Engine::start(cfg, parts)?);
         let remote = Self {
@@ -369,6 +376,7 @@ impl RemoteMemory {
             servers,
             local,
             fault_path_cpu: spec.fault_path_cpu,
+            guest_paging,
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
@@ -387,6 +395,12 @@ impl RemoteMemory {
     /// The engine (guest RAM, stats).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// How the guest's page tables look, as the engine's page space reads them (the VMM
+    /// sets the paging depth once it learns it).
+    pub fn guest_paging(&self) -> &Arc<GuestPaging> {
+        &self.guest_paging
     }
 
     /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the local
