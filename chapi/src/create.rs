@@ -307,7 +307,7 @@ fn cpus(raw: RawCpus) -> Result<u32, ApiError> {
 }
 
 fn memory(raw: RawMemory) -> Result<u64, ApiError> {
-    if raw.size == 0 || raw.size % MEMORY_ALIGN != 0 {
+    if raw.size == 0 || !raw.size.is_multiple_of(MEMORY_ALIGN) {
         return Err(bad(format!(
             "`memory.size` is {} bytes: it must be a non-zero multiple of 4 KiB",
             raw.size

@@ -46,7 +46,7 @@ enum Run {
     /// Not booted (or shut down through the API).
     Idle,
     Running {
-        vm: RunningVm,
+        vm: Box<RunningVm>,
         generation: u64,
         _metrics: Option<HttpServer>,
     },
@@ -233,7 +233,7 @@ impl ApiState {
         let generation = slot.generation;
         self.watch(vm.shared().clone(), generation);
         slot.run = Run::Running {
-            vm,
+            vm: Box::new(vm),
             generation,
             _metrics: metrics,
         };
