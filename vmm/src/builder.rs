@@ -19,6 +19,7 @@ use crate::boot::linux::{self, LinuxBootInfo};
 use crate::boot::testguest::{self, TestPlan};
 use crate::boot::{acpi, BootError, EntryState};
 use crate::devices::board::{Board, BoardConfig, DeviceError, DiskConfig};
+use crate::devices::pty::Pty;
 use crate::devices::pvctl::PvCtl;
 use crate::layout;
 use crate::remote::{RemoteError, RemoteMemory, RemoteSpec};
@@ -100,6 +101,9 @@ pub struct VmConfig {
     /// Where the serial console's input comes from (stdin on a terminal: through the escape
     /// filter, see `devices::console`).
     pub serial_in: SerialIn,
+    /// A pseudo-terminal as the console (output and input) instead of `serial` and
+    /// `serial_in`: the API server's `Pty` console, kept across the boots of one created VM.
+    pub console_pty: Option<Arc<Pty>>,
     /// Disks, virtio-blk on virtio-mmio in this order (Linux guests: `/dev/vda`, `/dev/vdb`,
     /// …).
     pub disks: Vec<DiskConfig>,
@@ -124,6 +128,7 @@ impl VmConfig {
             remote: None,
             serial: SerialOut::None,
             serial_in: SerialIn::None,
+            console_pty: None,
             disks: Vec::new(),
             echo_guest_logs: false,
             kvm_async_pf: true,
@@ -307,6 +312,7 @@ fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
     let board_cfg = BoardConfig {
         serial_out: cfg.serial.clone(),
         serial_in: cfg.serial_in.clone(),
+        pty: cfg.console_pty.clone(),
         disks: cfg.disks.clone(),
     };
     Ok(Board::new(&board_cfg, mem)?)

@@ -1,7 +1,7 @@
-//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`,
-//! `pool`). Each
-//! subcommand lives in `cli/<name>.rs`; this file only parses arguments, sets up logging and
-//! maps errors to exit codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `pool`, `api`,
+//! and, started as `cloud-hypervisor`, libvirt's VMM). Each subcommand lives in
+//! `cli/<name>.rs`; this file only parses arguments, sets up logging and maps errors to exit
+//! codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
 
 mod cli;
 
@@ -43,6 +43,9 @@ enum Command {
     /// Guest images built into farvm (`farvm image export DIR`: the test-guest kernel).
     #[command(long_about = cli::image::IMAGE_ABOUT)]
     Image(cli::image::ImageArgs),
+    /// Serve Cloud Hypervisor's REST API for one VM (what libvirt's ch driver drives).
+    #[command(long_about = cli::api::API_ABOUT)]
+    Api(cli::api::ApiArgs),
 }
 
 fn main() {
@@ -63,6 +66,7 @@ fn main() {
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
         Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0),
+        Command::Api(args) => cli::api::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -305,6 +305,17 @@ impl VmShared {
         lock(&self.outcome).clone()
     }
 
+    /// Waits up to `timeout` for the outcome, without asking the VM to stop (a supervisor's
+    /// view; [`RunningVm::wait`] is the owner's).
+    pub fn wait_outcome(&self, timeout: Duration) -> Option<VmOutcome> {
+        let o = lock(&self.outcome);
+        let (o, _) = self
+            .cond
+            .wait_timeout_while(o, timeout, |o| o.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        o.clone()
+    }
+
     /// Where the VM is in its life.
     pub fn state(&self) -> VmState {
         if self.stopping() {

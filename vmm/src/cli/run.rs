@@ -89,6 +89,18 @@ random:ws=64M in 512M of RAM at 50% local.
 A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM runs. Ctrl-C
 (SIGINT) or SIGTERM shuts the VM down cleanly.
 
+LIBVIRT DOMAIN XML
+--domain FILE.xml runs a libvirt domain without libvirt. farvm reads the part of the domain
+format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and console, its
+own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or the file
+$FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Elements farvm
+ignores are printed as warnings; a domain it cannot run is an error naming the element and
+line (exit status 64). The domain decides --name, --memory, --vcpus, --kernel, --initrd,
+--cmdline, --serial (a pty console goes to stdout) and the remote-memory options (--memserver,
+--local-memory, --prefetcher, --replicas, --memserver-token-file, --page-space, --probe-every,
+--metrics, --local-only): giving one of them as well is an error. The other options
+(--timeout, --json, --workload, ...) apply as usual.
+
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
   workload's own parameters. Names: seq, stride, random, matmul, matmul-blocked, kv, pagerank,
@@ -110,6 +122,7 @@ EXAMPLES
   farvm run --kernel vmlinuz --initrd initrd.img --disk data.img,ro --local-memory 25% \\
             --serial-in none --cmdline 'console=ttyS0'
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
+  FARVM_CONFIG=./farvm.toml farvm run --domain web-1.xml --timeout 600
 
 EXIT STATUS
   0        the guest shut down with status 0 (every process ended as expected), or the VM was
@@ -130,6 +143,11 @@ EXIT STATUS
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
+    /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
+    /// name, memory, vCPUs, kernel, console and remote-memory options.
+    #[arg(long, value_name = "FILE.xml", conflicts_with_all = super::domain::DOMAIN_DECIDES)]
+    pub domain: Option<PathBuf>,
+
     /// Kernel to boot: a test-guest ELF, a Linux bzImage or vmlinux [default: the built-in
     /// test guest].
     #[arg(long, value_name = "PATH")]
@@ -600,7 +618,12 @@ pub fn run_vm(
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
-    let cfg = build_config(&a)?;
+    let (a, uuid) = match a.domain.clone() {
+        Some(path) => super::domain::resolve(a, &path)?,
+        None => (a, None),
+    };
+    let mut cfg = build_config(&a)?;
+    cfg.uuid = uuid.or(cfg.uuid);
     let vm = build_vm(&cfg)?;
     let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
     if let Some(m) = &metrics {

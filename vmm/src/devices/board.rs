@@ -21,6 +21,7 @@ use farvm_devices::virtio::mmio::{MmioError, VirtioMmio};
 use vm_memory::GuestMemoryMmap;
 
 use super::console::{self, EscapeFilter};
+use super::pty::Pty;
 use crate::vm::{VmOutcome, VmShared};
 
 /// A disk to attach (`farvm run --disk PATH[,ro]`).
@@ -111,6 +112,9 @@ pub struct BoardConfig {
     pub serial_out: SerialOut,
     /// Where the console's input comes from.
     pub serial_in: SerialIn,
+    /// A pseudo-terminal for the console's output and input instead of `serial_out` and
+    /// `serial_in`.
+    pub pty: Option<Arc<Pty>>,
     /// The virtio-blk disks, in order.
     pub disks: Vec<DiskConfig>,
 }
@@ -142,7 +146,11 @@ impl Board {
         let stop = StopTarget::default();
         let mut bus = IoBus::new();
 
-        let console = SerialConsole::new(&cfg.serial_out, IrqLine::new(irqs.clone(), COM1_GSI))?;
+        let com1 = IrqLine::new(irqs.clone(), COM1_GSI);
+        let console = match &cfg.pty {
+            Some(pty) => SerialConsole::with_writer(Box::new(pty.writer()), com1),
+            None => SerialConsole::new(&cfg.serial_out, com1)?,
+        };
         bus.register_pio(COM1_PORT, COM1_PORTS, Arc::new(console.clone()))?;
 
         let target = stop.clone();
@@ -175,7 +183,11 @@ impl Board {
             disks: slots,
             stop,
         };
-        board.attach_input(&cfg.serial_in)?;
+        match &cfg.pty {
+            // The thread ends when the pty retires this boot's reader.
+            Some(pty) => drop(board.console.attach_input(Box::new(pty.reader()))?),
+            None => board.attach_input(&cfg.serial_in)?,
+        }
         Ok(board)
     }
 
@@ -233,6 +245,7 @@ mod tests {
         BoardConfig {
             serial_out: SerialOut::None,
             serial_in: SerialIn::None,
+            pty: None,
             disks,
         }
     }
