@@ -169,8 +169,11 @@ pub struct RunArgs {
 
     /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
     /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
-    #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
-    pub memservers: Vec<SocketAddr>,
+    /// `rdma://HOST:PORT` reaches the server over RDMA: HOST:PORT is its RDMA listener
+    /// (`farvm-memserver --rdma`), and this host needs an RDMA device on the route to it
+    /// (without one, farvm stops at start: "no RDMA device ...", exit status 71).
+    #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
+    pub memservers: Vec<MemserverUrl>,
 
     /// Copies of each remote page [default: 2 with two or more memservers, else 1].
     #[arg(long, value_name = "R")]
@@ -468,7 +471,13 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         )));
     }
     let mut spec = RemoteSpec::new(&cfg.name);
-    spec.servers = a.memservers.clone();
+    spec.servers = a.memservers.iter().map(|m| m.addr).collect();
+    spec.rdma_servers = a
+        .memservers
+        .iter()
+        .filter(|m| m.rdma)
+        .map(|m| m.addr)
+        .collect();
     spec.replicas = a.replicas;
     spec.token_file = a.memserver_token_file.clone();
     spec.budget = budget;
@@ -702,8 +711,30 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
     v
 }
 
-/// `--memserver`: `ip:port` or `host:port`, resolved now so a typo fails at the command line.
-fn parse_memserver(s: &str) -> Result<SocketAddr, String> {
+/// A `--memserver` address, and whether it is reached over RDMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemserverUrl {
+    pub addr: SocketAddr,
+    pub rdma: bool,
+}
+
+/// `--memserver`: `[rdma://]ip:port` or `[rdma://]host:port`, resolved now so a typo fails at
+/// the command line.
+fn parse_memserver(s: &str) -> Result<MemserverUrl, String> {
+    let (rest, rdma) = match s.split_once("://") {
+        Some(("rdma", rest)) => (rest, true),
+        Some(("tcp", rest)) => (rest, false),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "`{s}`: unknown scheme `{scheme}://` (use HOST:PORT or rdma://HOST:PORT)"
+            ))
+        }
+        None => (s, false),
+    };
+    resolve_memserver(rest).map(|addr| MemserverUrl { addr, rdma })
+}
+
+fn resolve_memserver(s: &str) -> Result<SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);

@@ -49,6 +49,9 @@ pub struct RemoteSpec {
     pub vm_name: String,
     /// Memory servers; empty = start a local `farvm-memserver` child on loopback.
     pub servers: Vec<SocketAddr>,
+    /// The servers of `servers` reached over RDMA (their RDMA listeners, `rdma://` on the
+    /// command line).
+    pub rdma_servers: Vec<SocketAddr>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -78,6 +81,7 @@ impl RemoteSpec {
         Self {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
+            rdma_servers: Vec::new(),
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -304,6 +308,7 @@ impl RemoteMemory {
             (spec.servers.clone(), None)
         };
         let mut ccfg = ClientConfig::new(servers.clone());
+        ccfg.rdma_servers = spec.rdma_servers.clone();
         // Write-backs the evictor waits on get their own connection (measured: behind a
         // prefetch stream on a shared one, an eviction round took ~750 µs and bounded a
         // write-heavy scan at ~15 µs per page).
