@@ -321,8 +321,7 @@ fn bench_client(cfg: &BenchConfig, server: SocketAddr, rdma: bool) -> Result<Cli
 
 /// Runs the read bench against one memserver through its TCP listener `tcp` and its RDMA
 /// listener `rdma`, alternating in slices as [`run`] does, so the ratio of the two transports
-/// holds within the run whatever the load. The pages are written once (over TCP) and read
-/// by both.
+/// holds within the run whatever the load. Each client writes the pages, then reads them.
 pub fn run_transports(
     cfg: &BenchConfig,
     tcp: SocketAddr,
@@ -331,12 +330,16 @@ pub fn run_transports(
 ) -> Result<Vec<TransportRow>, BenchError> {
     let over_tcp = bench_client(cfg, tcp, false)?;
     let over_rdma = bench_client(cfg, rdma, true)?;
+    // Each client writes the pages itself (a client reads only slabs it placed); both land
+    // in the same namespace of the one server.
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
-    let mut p = 0;
-    while p < cfg.pages {
-        let n = (cfg.pages - p).min(256) as usize;
-        over_tcp.write(1, p, &fill[..n * PAGE_SIZE])?;
-        p += n as u64;
+    for c in [&over_tcp, &over_rdma] {
+        let mut p = 0;
+        while p < cfg.pages {
+            let n = (cfg.pages - p).min(256) as usize;
+            c.write(1, p, &fill[..n * PAGE_SIZE])?;
+            p += n as u64;
+        }
     }
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
     let mut bufs: Vec<IoBuf> = (0..maxd).map(|_| IoBuf::new(1)).collect();

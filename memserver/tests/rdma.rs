@@ -48,21 +48,34 @@ fn pages_round_trip_over_rdma_and_match_tcp() {
     let mut back = vec![0u8; 700 * PAGE_SIZE];
     let present = c.read(ns, first, &mut back).expect("read over RDMA");
     assert!(present[..600].iter().all(|&p| p), "written pages present");
-    assert!(present[600..].iter().all(|&p| !p), "never-written pages absent");
-    assert!(back[..600 * PAGE_SIZE] == data[..], "pages read over RDMA differ");
+    assert!(
+        present[600..].iter().all(|&p| !p),
+        "never-written pages absent"
+    );
+    assert!(
+        back[..600 * PAGE_SIZE] == data[..],
+        "pages read over RDMA differ"
+    );
 
     // The same store behind the TCP listener: a client's slab placement is its own, so
     // another client asks the server itself (STAT) what the namespace holds.
     let t = client(&[srv.addr()]);
-    let info = t.stat(ns)[0].expect("stat answered over TCP").expect("stat ok");
-    assert_eq!(info.namespace_pages, 600, "pages written over RDMA, seen over TCP");
+    let info = t.stat(ns)[0]
+        .expect("stat answered over TCP")
+        .expect("stat ok");
+    assert_eq!(
+        info.namespace_pages, 600,
+        "pages written over RDMA, seen over TCP"
+    );
 
     // Discard and STAT over RDMA.
     assert_eq!(c.discard(ns, first, 100).expect("discard"), 100);
     let st = c.stat(ns);
     let info = st[0].expect("stat answered").expect("stat ok");
     assert_eq!(info.namespace_pages, 500);
-    let present = c.read(ns, first, &mut back[..200 * PAGE_SIZE]).expect("read");
+    let present = c
+        .read(ns, first, &mut back[..200 * PAGE_SIZE])
+        .expect("read");
     assert!(present[..100].iter().all(|&p| !p) && present[100..].iter().all(|&p| p));
 
     // Many single-page reads in flight at once: the window (16 per RDMA link) and the queue

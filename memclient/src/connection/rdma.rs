@@ -91,6 +91,9 @@ struct RecvSlots {
     _mem: Box<[u8]>,
 }
 
+/// A landed response: its slot, its ticket and the request's outcome.
+type Landed = (usize, u32, Result<u32, ClientError>);
+
 /// An RDMA link (see module docs).
 pub(crate) struct RdmaLink {
     // Drop order matters: the queue pair goes before the memory registered for it, and that
@@ -224,8 +227,8 @@ impl RdmaLink {
                 err(e)
             }
         })?;
-        let remote = QpEndpoint::from_bytes(&eb)
-            .ok_or(ClientError::Protocol("malformed RDMA endpoint"))?;
+        let remote =
+            QpEndpoint::from_bytes(&eb).ok_or(ClientError::Protocol("malformed RDMA endpoint"))?;
         qp.connect(&remote).map_err(&rerr)?;
         tracing::info!(%addr, device = dev.name(), window, "RDMA link up");
         let now = Instant::now();
@@ -293,8 +296,12 @@ impl RdmaLink {
         // back in `send_free` only then.
         let rc = if fits {
             unsafe {
-                self.qp
-                    .post_send(SEND_BIT | sb as u64, b.mr.lkey(), buf.as_ptr(), buf.len() as u32)
+                self.qp.post_send(
+                    SEND_BIT | sb as u64,
+                    b.mr.lkey(),
+                    buf.as_ptr(),
+                    buf.len() as u32,
+                )
             }
         } else {
             -1
@@ -407,16 +414,19 @@ impl RdmaLink {
 
     /// Lands one received frame (`len` bytes in receive slot `i`) and returns the outcome for
     /// its request, if it belongs to one still waiting.
-    fn land(&self, i: usize, len: usize) -> Result<Option<(usize, u32, Result<u32, ClientError>)>, ()> {
+    fn land(&self, i: usize, len: usize) -> Result<Option<Landed>, ()> {
         // SAFETY: slot i's receive completed, so the device is done with it until we post it
         // again; `len` ≤ SLOT_BYTES (the posted length bounds what the device wrote).
-        let frame =
-            unsafe { std::slice::from_raw_parts(self.recv.base.add(i * SLOT_BYTES), len.min(SLOT_BYTES)) };
+        let frame = unsafe {
+            std::slice::from_raw_parts(self.recv.base.add(i * SLOT_BYTES), len.min(SLOT_BYTES))
+        };
         let Some(hb) = frame.first_chunk::<HEADER_LEN>() else {
             return Err(());
         };
         let h = decode_header(hb).map_err(|_| ())?;
-        let body = frame.get(HEADER_LEN..HEADER_LEN + h.body_len as usize).ok_or(())?;
+        let body = frame
+            .get(HEADER_LEN..HEADER_LEN + h.body_len as usize)
+            .ok_or(())?;
         let f = decode_body(&h, body).map_err(|_| ())?;
         let Some((slot, ticket)) = self.claim(h.req_id) else {
             return Ok(None);
@@ -440,7 +450,11 @@ impl RdmaLink {
                             // SAFETY: the request's buffer, which nobody else touches while its
                             // slot is receiving; 4 KiB of source and destination.
                             unsafe {
-                                std::ptr::copy_nonoverlapping(data.as_ptr(), io.page_ptr(k), PAGE_SIZE)
+                                std::ptr::copy_nonoverlapping(
+                                    data.as_ptr(),
+                                    io.page_ptr(k),
+                                    PAGE_SIZE,
+                                )
                             };
                         }
                         self.landed_copied
@@ -453,7 +467,9 @@ impl RdmaLink {
                             Err(ClientError::ChecksumMismatch)
                         }
                     }
-                    _ => Err(ClientError::Protocol("READ response does not match the request")),
+                    _ => Err(ClientError::Protocol(
+                        "READ response does not match the request",
+                    )),
                 }
             }
             _ => apply_response(&mut t, &f),
@@ -475,7 +491,11 @@ impl RdmaLink {
         let n = match self.qp.poll(&mut wcs) {
             Ok(n) => n,
             Err(rc) => {
-                tracing::warn!(server = self.server, rc, "polling the completion queue failed");
+                tracing::warn!(
+                    server = self.server,
+                    rc,
+                    "polling the completion queue failed"
+                );
                 self.fail_all();
                 return None;
             }
@@ -483,7 +503,11 @@ impl RdmaLink {
         for wc in &wcs[..n] {
             if let Err(e) = map_status(wc.status) {
                 if !self.is_broken() {
-                    tracing::warn!(server = self.server, status = wc.status, "RDMA completion failed: {e}");
+                    tracing::warn!(
+                        server = self.server,
+                        status = wc.status,
+                        "RDMA completion failed: {e}"
+                    );
                 }
                 self.fail_all();
                 return None;
@@ -575,7 +599,8 @@ impl RdmaLink {
             tracing::warn!(server = self.server, n, "requests timed out");
             self.dispatch();
             for &t in &expired[..n] {
-                self.sink.complete(t, self.server, Err(ClientError::Timeout));
+                self.sink
+                    .complete(t, self.server, Err(ClientError::Timeout));
             }
         }
     }

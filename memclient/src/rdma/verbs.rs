@@ -23,9 +23,7 @@ use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState,
-};
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
 use sideway::ibverbs::AccessFlags;
 
 use farvm_memproto::rdma::endpoint::QpEndpoint;
@@ -94,7 +92,7 @@ impl RdmaDevice {
     /// Opens the device (port 1) that has a RoCE GID for `ip`, preferring RoCE v2.
     pub fn for_local_ip(ip: IpAddr) -> Result<Self, RdmaError> {
         let list = DeviceList::new().map_err(|_| RdmaError::NoDevice)?;
-        if list.len() == 0 {
+        if list.is_empty() {
             return Err(RdmaError::NoDevice);
         }
         let want = gid_of(ip);

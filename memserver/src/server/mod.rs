@@ -138,9 +138,9 @@ impl Server {
             source,
         })?;
         let rdma_listener = match cfg.rdma {
-            Some(a) => Some(
-                TcpListener::bind(a).map_err(|source| ServerError::Bind { addr: a, source })?,
-            ),
+            Some(a) => {
+                Some(TcpListener::bind(a).map_err(|source| ServerError::Bind { addr: a, source })?)
+            }
             None => None,
         };
         let rdma_addr = match &rdma_listener {

@@ -72,8 +72,8 @@ impl Slots {
         let mut mem = vec![0u8; count * SLOT_BYTES].into_boxed_slice();
         let base = mem.as_mut_ptr();
         // SAFETY: `mem` lives in the same struct as the registration, which drops first.
-        let mr = unsafe { dev.register(base, mem.len()) }
-            .map_err(|e| ConnEnd::Rdma(e.to_string()))?;
+        let mr =
+            unsafe { dev.register(base, mem.len()) }.map_err(|e| ConnEnd::Rdma(e.to_string()))?;
         Ok(Self {
             mr,
             base,
@@ -110,8 +110,12 @@ pub(crate) fn serve(mut ctl: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> 
     for i in 0..window {
         // SAFETY: slot i of the registered receive memory, the device's until polled.
         let rc = unsafe {
-            rig.qp
-                .post_recv(i as u64, rig.recv.mr.lkey(), rig.recv.ptr(i), SLOT_BYTES as u32)
+            rig.qp.post_recv(
+                i as u64,
+                rig.recv.mr.lkey(),
+                rig.recv.ptr(i),
+                SLOT_BYTES as u32,
+            )
         };
         if rc != 0 {
             return Err(verbs_failed("ibv_post_recv", rc));
@@ -167,7 +171,9 @@ fn serve_queue_pair(
     let mut last_check = Instant::now();
     let mut quiet = 0u32;
     loop {
-        let n = qp.poll(&mut wcs).map_err(|rc| verbs_failed("ibv_poll_cq", rc))?;
+        let n = qp
+            .poll(&mut wcs)
+            .map_err(|rc| verbs_failed("ibv_poll_cq", rc))?;
         for wc in &wcs[..n] {
             if wc.status != 0 {
                 return Err(ConnEnd::Rdma(format!(
@@ -204,9 +210,8 @@ fn serve_queue_pair(
             }
             let res = handle(sh, sess, &nonce, h.opcode, h.flags, &f);
             // SAFETY: as in `serve`: slot i is ours again once its frame is handled.
-            let rc = unsafe {
-                qp.post_recv(i as u64, recv.mr.lkey(), recv.ptr(i), SLOT_BYTES as u32)
-            };
+            let rc =
+                unsafe { qp.post_recv(i as u64, recv.mr.lkey(), recv.ptr(i), SLOT_BYTES as u32) };
             if rc != 0 {
                 return Err(verbs_failed("ibv_post_recv", rc));
             }
@@ -217,7 +222,12 @@ fn serve_queue_pair(
                 // a response is at most one frame (SLOT_BYTES).
                 let rc = unsafe {
                     std::ptr::copy_nonoverlapping(sess.out.as_ptr(), send.ptr(sb), len);
-                    qp.post_send(SEND_BIT | sb as u64, send.mr.lkey(), send.ptr(sb), len as u32)
+                    qp.post_send(
+                        SEND_BIT | sb as u64,
+                        send.mr.lkey(),
+                        send.ptr(sb),
+                        len as u32,
+                    )
                 };
                 sess.out.clear();
                 if rc != 0 {

@@ -155,7 +155,14 @@ impl MemserverProcess {
     /// ephemeral ports; its log goes to this process's stderr.
     pub fn spawn_rdma(ip: std::net::IpAddr, capacity: &str) -> Self {
         let listen = std::net::SocketAddr::new(ip, 0).to_string();
-        Self::spawn_with(&["--listen", &listen, "--rdma", &listen, "--capacity", capacity])
+        Self::spawn_with(&[
+            "--listen",
+            &listen,
+            "--rdma",
+            &listen,
+            "--capacity",
+            capacity,
+        ])
     }
 
     fn spawn_with(args: &[&str]) -> Self {
@@ -224,6 +231,7 @@ impl Drop for MemserverProcess {
     }
 }
 
+#[allow(unused_imports)] // used by the RDMA tests only
 pub use farvm_memserver::process::rdma_test_ip as rdma_ip;
 
 /// A remote spec with `budget` (e.g. "25%") and `prefetcher`.

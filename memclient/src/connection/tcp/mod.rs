@@ -30,8 +30,8 @@ use farvm_memproto::frame::{HEADER_LEN, MAX_BODY};
 use farvm_memproto::MAX_PAGES_PER_FRAME;
 
 use super::handshake::{handshake, io_err};
-use super::wire::encode_request;
 use super::recv::RecvBuf;
+use super::wire::encode_request;
 use super::{ConnLimits, Link, LinkSpec, SendMode, Sink};
 use crate::tickets::Tickets;
 use crate::{ClientError, Priority};

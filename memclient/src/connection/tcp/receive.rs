@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use farvm_memproto::frame::{
-    decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Header,
-    Opcode, HEADER_LEN, WIRE_PAGE,
+    decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Header, Opcode,
+    HEADER_LEN, WIRE_PAGE,
 };
 use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 
