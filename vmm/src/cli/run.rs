@@ -749,3 +749,21 @@ fn resolve_memserver(s: &str) -> Result<SocketAddr, String> {
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memserver_urls_name_the_transport() {
+        let tcp = parse_memserver("127.0.0.1:7070").unwrap();
+        assert_eq!((tcp.addr.port(), tcp.rdma), (7070, false));
+        let rdma = parse_memserver("rdma://10.2.0.2:7071").unwrap();
+        assert_eq!(rdma.addr, "10.2.0.2:7071".parse().unwrap());
+        assert!(rdma.rdma);
+        assert!(!parse_memserver("tcp://127.0.0.1:1").unwrap().rdma);
+        let e = parse_memserver("nvme://127.0.0.1:1").unwrap_err();
+        assert!(e.contains("unknown scheme"), "{e}");
+        assert!(parse_memserver("rdma://nohostport").is_err());
+    }
+}
