@@ -4,8 +4,11 @@
 # Idempotent: a second run only rebuilds what changed.
 #   libclang-dev, linux-libc-dev  bindgen generates the rdma-core bindings of the RDMA transport
 #                                 (feature `rdma`) from C headers (userfaultfd's are hand-written)
-#   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
-#   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
+#   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`, on by default in
+#                                 farvm and farvm-memserver), built by rdma-mummy-sys with cmake
+#   rdma-core, libibverbs-dev, librdmacm-dev, ibverbs-providers
+#                                 rdma-core's libraries and device providers (Soft-RoCE's librxe),
+#                                 loaded at run time by `rdma://` links and `farvm-memserver --rdma`
 #   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh
 #   etcd-server, etcd-client      the pool directory's tests and scripts/cluster.sh run a real etcd
 #   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
@@ -17,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
+for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
     libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

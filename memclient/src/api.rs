@@ -94,7 +94,10 @@ impl Client {
             }
         }
         // Authentication and permission failures are configuration errors: report them.
-        if let Some(e @ (ClientError::Auth { .. } | ClientError::Denied)) = first_err {
+        if let Some(
+            e @ (ClientError::Auth { .. } | ClientError::Denied | ClientError::Rdma { .. }),
+        ) = first_err
+        {
             core.close_all();
             return Err(e);
         }

@@ -251,14 +251,9 @@ pub fn run(
     let st = stop.clone();
     let floor_thread = std::thread::spawn(move || floor_server(fl, st));
 
-    let mut ccfg = ClientConfig::new(vec![server]);
     // One connection, like the floor; window large enough for the deepest setting.
-    ccfg.conns_per_server = 1;
+    let client = bench_client(cfg, server, false)?;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
-    ccfg.window = maxd.max(1);
-    ccfg.demand_reserve = 0;
-    ccfg.depth = maxd.max(1) * 2;
-    let client = Client::connect(ccfg)?;
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
     let mut p = 0;
     while p < cfg.pages {
@@ -296,6 +291,108 @@ pub fn run(
     let _ = floor_thread.join();
     client.close();
     Ok(rows)
+}
+
+/// One row of the transport comparison: the same memserver over TCP and over RDMA.
+#[derive(Debug, Clone, Copy)]
+pub struct TransportRow {
+    /// Requests in flight.
+    pub depth: usize,
+    /// Through the server's TCP listener.
+    pub tcp: Cell,
+    /// Through its RDMA listener.
+    pub rdma: Cell,
+}
+
+/// A bench client of `server` (one bulk connection, window for the deepest setting); over
+/// RDMA when `rdma`.
+fn bench_client(cfg: &BenchConfig, server: SocketAddr, rdma: bool) -> Result<Client, BenchError> {
+    let mut ccfg = ClientConfig::new(vec![server]);
+    if rdma {
+        ccfg.rdma_servers = vec![server];
+    }
+    ccfg.conns_per_server = 1;
+    let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
+    ccfg.window = maxd.max(1);
+    ccfg.demand_reserve = 0;
+    ccfg.depth = maxd.max(1) * 2;
+    Ok(Client::connect(ccfg)?)
+}
+
+/// Runs the read bench against one memserver through its TCP listener `tcp` and its RDMA
+/// listener `rdma`, alternating in slices as [`run`] does, so the ratio of the two transports
+/// holds within the run whatever the load. Each client writes the pages, then reads them.
+pub fn run_transports(
+    cfg: &BenchConfig,
+    tcp: SocketAddr,
+    rdma: SocketAddr,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<TransportRow>, BenchError> {
+    let over_tcp = bench_client(cfg, tcp, false)?;
+    let over_rdma = bench_client(cfg, rdma, true)?;
+    // Each client writes the pages itself (a client reads only slabs it placed); both land
+    // in the same namespace of the one server.
+    let fill = vec![0xa5u8; 256 * PAGE_SIZE];
+    for c in [&over_tcp, &over_rdma] {
+        let mut p = 0;
+        while p < cfg.pages {
+            let n = (cfg.pages - p).min(256) as usize;
+            c.write(1, p, &fill[..n * PAGE_SIZE])?;
+            p += n as u64;
+        }
+    }
+    let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
+    let mut bufs: Vec<IoBuf> = (0..maxd).map(|_| IoBuf::new(1)).collect();
+    let mut rows = Vec::new();
+    for &depth in &cfg.depths {
+        let (mut ta, mut ra) = (Acc::new()?, Acc::new()?);
+        let slices = (cfg.duration.as_nanos() / SLICE.as_nanos()).max(1) as u32;
+        let slice = cfg.duration / slices;
+        for _ in 0..cfg.rounds.max(1) * slices as usize {
+            run_memserver(&over_tcp, cfg, slice, depth, &mut ta, &mut bufs)?;
+            run_memserver(&over_rdma, cfg, slice, depth, &mut ra, &mut bufs)?;
+        }
+        let row = TransportRow {
+            depth,
+            tcp: ta.cell(),
+            rdma: ra.cell(),
+        };
+        progress(&format!(
+            "in-flight {depth:>2}: TCP p50 {:.1} µs, RDMA p50 {:.1} µs",
+            row.tcp.p50_us, row.rdma.p50_us
+        ));
+        rows.push(row);
+    }
+    over_tcp.close();
+    over_rdma.close();
+    Ok(rows)
+}
+
+/// Formats the transport comparison (RDMA / TCP ratios).
+pub fn transport_table(rows: &[TransportRow]) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "| in flight | TCP p50 µs | TCP p99 µs | TCP pages/s | RDMA p50 µs | RDMA p99 µs | RDMA pages/s | p50 RDMA/TCP | pages/s RDMA/TCP |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "| {} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0} | {:.3} | {:.3} |",
+            r.depth,
+            r.tcp.p50_us,
+            r.tcp.p99_us,
+            r.tcp.pages_per_s,
+            r.rdma.p50_us,
+            r.rdma.p99_us,
+            r.rdma.pages_per_s,
+            r.rdma.p50_us / r.tcp.p50_us,
+            r.rdma.pages_per_s / r.tcp.pages_per_s
+        );
+    }
+    o
 }
 
 /// Formats the result table and the target checks.

@@ -10,6 +10,10 @@ use farvm_memproto::auth::Secret;
 pub struct ClientConfig {
     /// Memory servers.
     pub servers: Vec<SocketAddr>,
+    /// The servers of `servers` reached over RDMA: each of these addresses is a server's RDMA
+    /// listener (`farvm-memserver --rdma`), and its connections are RDMA links (needs the
+    /// `rdma` feature and an RDMA device on the route to it). Default: none, all TCP.
+    pub rdma_servers: Vec<SocketAddr>,
     /// Tenant secret (None: the servers must run in open mode).
     pub secret: Option<Secret>,
     /// Replication factor; default 2 with ≥ 2 servers, else 1.
@@ -51,6 +55,7 @@ impl ClientConfig {
     pub fn new(servers: Vec<SocketAddr>) -> Self {
         Self {
             servers,
+            rdma_servers: Vec::new(),
             secret: None,
             replication: None,
             slab_pages: 1 << 18,

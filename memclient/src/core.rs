@@ -119,6 +119,7 @@ impl Core {
                 timeout: self.cfg.timeout,
             },
             connect_timeout: self.cfg.connect_timeout,
+            rdma: self.cfg.rdma_servers.contains(&self.addr(s)),
         };
         let n = self.cfg.conns_total();
         let mut conns = Vec::with_capacity(n);

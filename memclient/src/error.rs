@@ -68,6 +68,16 @@ pub enum ClientError {
         /// [`farvm_memproto::PROTOCOL_VERSION`].
         client: u8,
     },
+    /// An RDMA link could not be set up: no RDMA device, none on the route to the server, a
+    /// build without RDMA support, or a failed verbs call (the log has the details). A
+    /// configuration error, like [`ClientError::Auth`]: not retried.
+    #[error("cannot reach memserver {addr} over RDMA: {reason}")]
+    Rdma {
+        /// Server address (its RDMA bootstrap listener).
+        addr: SocketAddr,
+        /// Why.
+        reason: &'static str,
+    },
     /// The server violated the protocol.
     #[error("protocol error: {0}")]
     Protocol(&'static str),

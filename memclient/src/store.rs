@@ -336,7 +336,8 @@ pub fn map_err(e: ClientError) -> StoreError {
         ClientError::Disconnected
         | ClientError::NoLiveReplica
         | ClientError::Lost
-        | ClientError::Connect { .. } => StoreError::Unavailable,
+        | ClientError::Connect { .. }
+        | ClientError::Rdma { .. } => StoreError::Unavailable,
         ClientError::QueueFull => StoreError::Busy,
         ClientError::Protocol(_)
         | ClientError::Version { .. }

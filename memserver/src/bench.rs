@@ -1,7 +1,7 @@
 //! `farvm-memserver bench`: the client's read bench (`farvm_memclient::bench`) against a server
 //! started in this process on loopback.
 
-pub use farvm_memclient::bench::{table, BenchConfig, Row};
+pub use farvm_memclient::bench::{table, transport_table, BenchConfig, Row, TransportRow};
 
 use crate::server::{Server, ServerConfig, ServerError};
 
@@ -23,6 +23,23 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(&str)) -> Result<Vec<Row>, Be
         farvm_memclient::bench::capacity_bytes(cfg),
     ))?;
     let rows = farvm_memclient::bench::run(cfg, server.addr(), progress)?;
+    server.shutdown();
+    Ok(rows)
+}
+
+/// Starts a server listening on `ip` over TCP and RDMA (ephemeral ports), runs the transport
+/// comparison (`farvm_memclient::bench::run_transports`) against it and stops it.
+pub fn run_transports(
+    cfg: &BenchConfig,
+    ip: std::net::IpAddr,
+    progress: impl FnMut(&str),
+) -> Result<Vec<TransportRow>, BenchError> {
+    let mut scfg = ServerConfig::loopback(farvm_memclient::bench::capacity_bytes(cfg));
+    scfg.listen = std::net::SocketAddr::new(ip, 0);
+    scfg.rdma = Some(std::net::SocketAddr::new(ip, 0));
+    let server = Server::start(scfg)?;
+    let rdma = server.rdma_addr().ok_or(ServerError::NoRdmaSupport)?;
+    let rows = farvm_memclient::bench::run_transports(cfg, server.addr(), rdma, progress)?;
     server.shutdown();
     Ok(rows)
 }

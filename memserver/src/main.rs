@@ -25,6 +25,7 @@ use farvm_pool::{RackId, ServerId};
 ///   farvm-memserver --listen 0.0.0.0:7070 --capacity 64G --token-file /etc/farvm/tokens --metrics 127.0.0.1:9370
 ///   farvm-memserver --listen 0.0.0.0:7070 --advertise 10.77.1.11:7070 --capacity 64G \
 ///                   --pool http://10.77.0.2:2379 --rack r1 --pool-id ms-r1-a
+///   farvm-memserver --listen 0.0.0.0:7070 --rdma 10.0.0.5:7071 --capacity 64G
 ///   farvm-memserver bench --duration 2
 ///   farvm-memserver gen-token >> /etc/farvm/tokens
 #[derive(Parser, Debug)]
@@ -38,6 +39,15 @@ struct Cli {
     /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free port; the bound address is logged).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Also serve over RDMA: clients (`farvm run --memserver rdma://HOST:PORT`) open a TCP
+    /// control connection to this address (handshake, queue-pair exchange), then send their
+    /// requests over an RDMA reliable connection on the device that has a RoCE GID for it —
+    /// so ADDR must be a specific address of the RDMA interface, not 0.0.0.0. Needs a build
+    /// with the `rdma` feature and an RDMA device (Soft-RoCE: `modprobe rdma_rxe; rdma link
+    /// add rxe0 type rxe netdev IFACE`). A connection whose local address has no RDMA device
+    /// is refused and logged ("no RDMA device ...").
+    #[arg(long, value_name = "ADDR")]
+    rdma: Option<SocketAddr>,
     /// Arena size: bytes, or with a suffix K, M, G, T (powers of 1024), e.g. 64G.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     capacity: Option<u64>,
@@ -109,6 +119,12 @@ enum Cmd {
         /// more than the CPU caches, like a real server; 1 = always the same cache-hot page).
         #[arg(long, default_value_t = 8192)]
         pages: u64,
+        /// Compare transports instead: one server listening on this local IP over TCP and
+        /// over RDMA (`--rdma`), read through each in alternating slices; prints RDMA / TCP
+        /// ratios. The IP must have an RDMA device (a RoCE GID), e.g. 127.0.0.1 with
+        /// Soft-RoCE on `lo`. An RDMA link keeps at most 16 requests in flight.
+        #[arg(long, value_name = "IP")]
+        rdma: Option<std::net::IpAddr>,
     },
     /// Print a fresh random secret (hex) for a token file.
     GenToken,
@@ -164,6 +180,7 @@ fn run() -> Result<()> {
             rounds,
             depths,
             pages,
+            rdma,
         }) => {
             if !(duration > 0.0 && duration.is_finite()) {
                 bail!("--duration must be a positive number of seconds");
@@ -184,6 +201,12 @@ fn run() -> Result<()> {
                 "bench: {} rounds x {:.1} s per cell, depths {:?}, one TCP connection each",
                 cfg.rounds, duration, cfg.depths
             );
+            if let Some(ip) = rdma {
+                eprintln!("bench: the same memserver on {ip} over TCP and over RDMA");
+                let rows = bench::run_transports(&cfg, ip, |l| eprintln!("{l}"))?;
+                print!("{}", bench::transport_table(&rows));
+                return Ok(());
+            }
             let rows = bench::run(&cfg, |l| eprintln!("{l}"))?;
             print!("{}", bench::table(&rows));
             Ok(())
@@ -201,6 +224,7 @@ fn run() -> Result<()> {
             };
             let h = Server::start(ServerConfig {
                 listen,
+                rdma: cli.rdma,
                 capacity_bytes: capacity,
                 tokens,
                 metrics: cli.metrics,
@@ -208,6 +232,9 @@ fn run() -> Result<()> {
             })?;
             // Machine-readable line for tools that start the server on port 0.
             println!("listening {}", h.addr());
+            if let Some(a) = h.rdma_addr() {
+                println!("rdma {a}");
+            }
             if let Some(m) = h.metrics_addr() {
                 println!("metrics {m}");
             }

@@ -1,6 +1,7 @@
 //! Observing a memory-server *process* from outside: tests (and tools) that freeze one with
 //! SIGSTOP need to know when it has really stopped, because kill(2) only queues the signal and a
-//! server thread already running may still answer a request sent right after it.
+//! server thread already running may still answer a request sent right after it. Also where
+//! tests find the RDMA device to serve on ([`rdma_test_ip`]).
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,32 @@ pub fn wait_all_threads_stopped(pid: u32, timeout: Duration) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// For tests over RDMA: the address of a local RDMA device's interface to serve on
+/// (`FARVM_RDMA_IP`, which the KVM lab's Soft-RoCE set-up exports), or `None` with a note when
+/// there is none — then the caller does not test RDMA here, unless `FARVM_REQUIRE_RDMA=1`
+/// (the lab's test list sets it), which makes a missing device a failure.
+pub fn rdma_test_ip(test: &str) -> Option<std::net::IpAddr> {
+    match std::env::var("FARVM_RDMA_IP") {
+        Ok(v) => Some(
+            v.parse()
+                .unwrap_or_else(|_| panic!("FARVM_RDMA_IP={v:?} is not an IP address")),
+        ),
+        Err(_) => {
+            assert!(
+                std::env::var("FARVM_REQUIRE_RDMA").as_deref() != Ok("1"),
+                "{test}: FARVM_REQUIRE_RDMA=1 but FARVM_RDMA_IP is not set (no RDMA device \
+                 set up: scripts/kvm-lab --modules crc32_generic,rdma_rxe,ib_uverbs sets up \
+                 Soft-RoCE)"
+            );
+            eprintln!(
+                "{test}: FARVM_RDMA_IP is not set (no RDMA device here): RDMA is tested in the \
+                 KVM lab (scripts/kvm-lab test with Soft-RoCE)"
+            );
+            None
+        }
     }
 }
 

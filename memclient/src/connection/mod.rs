@@ -4,12 +4,15 @@
 //! The client sees each connection as a [`Link`]: it submits tickets (at a priority) and is
 //! told through a [`Sink`] when each finished, or when the link failed. A link reads a ticket's
 //! request from the ticket table and writes a read's pages straight into the ticket's buffer.
-//! [`tcp`] is the pipelined TCP link; a one-sided RDMA link plugs in at the same seam (its
-//! verbs layer is [`crate::rdma`]).
+//! [`tcp`] is the pipelined TCP link; `rdma` (feature `rdma`) carries the same frames as
+//! SEND/RECV messages over an RDMA queue pair (its verbs layer is [`crate::rdma`]).
 
 pub(crate) mod handshake;
+#[cfg(feature = "rdma")]
+pub(crate) mod rdma;
 pub(crate) mod recv;
 pub(crate) mod tcp;
+pub(crate) mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,6 +90,8 @@ pub(crate) struct LinkSpec<'a> {
     pub secret: Option<&'a Secret>,
     pub limits: ConnLimits,
     pub connect_timeout: Duration,
+    /// An RDMA link (`addr` is the server's RDMA bootstrap listener), else TCP.
+    pub rdma: bool,
 }
 
 thread_local! {
@@ -117,12 +122,24 @@ pub(crate) fn on_receive_side() -> bool {
     RECEIVING.with(|r| r.get())
 }
 
-/// Opens a link (TCP) and starts its threads.
+/// Opens a link (TCP, or RDMA for an RDMA server) and starts its threads.
 pub(crate) fn connect(
     spec: &LinkSpec<'_>,
     tickets: Arc<Tickets>,
     sink: Arc<dyn Sink>,
 ) -> Result<Arc<dyn Link>, ClientError> {
+    if spec.rdma {
+        #[cfg(feature = "rdma")]
+        {
+            let c: Arc<dyn Link> = rdma::RdmaLink::connect(spec, tickets, sink)?;
+            return Ok(c);
+        }
+        #[cfg(not(feature = "rdma"))]
+        return Err(ClientError::Rdma {
+            addr: spec.addr,
+            reason: "this build has no RDMA support (cargo feature `rdma`)",
+        });
+    }
     let c: Arc<dyn Link> = tcp::TcpLink::connect(spec, tickets, sink)?;
     Ok(c)
 }

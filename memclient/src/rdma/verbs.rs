@@ -1,46 +1,54 @@
-//! One-sided RDMA access on rdma-core via `sideway` (feature `rdma`).
+//! The verbs layer (feature `rdma`), on rdma-core: `sideway` for set-up (device, protection
+//! domain, memory registration, completion queue, reliable-connected queue pair and its state
+//! changes) and rdma-core's inline data-path calls (`ibv_post_send`, `ibv_post_recv`,
+//! `ibv_poll_cq`) directly, with work requests and completions on the stack, so the data path
+//! allocates nothing. rdma-core is loaded at run time (`rdma-mummy-sys` dlopens libibverbs):
+//! a binary built with RDMA starts on a host without it and reports "no RDMA device".
 //!
-//! **Not run on hardware**: the development host has no RDMA device (no CONFIG_INFINIBAND, so
-//! no Soft-RoCE either). This compiles and its device-independent logic (regions, planning,
-//! status mapping, endpoint encoding) is unit-tested; the verbs calls below follow
-//! rdma-core's documented sequence (open device → PD → MR → CQ → RC QP → INIT/RTR/RTS →
-//! `ibv_wr_rdma_read/write` → poll CQ) but have never executed.
-//!
-//! Server side: [`RdmaDevice::register`] registers the arena with remote read/write access.
-//! Client side: [`RdmaTransport`] owns one connected QP per server, a registered staging
-//! buffer, the region grants and, because a one-sided access bypasses the server's index,
-//! the presence and crc32c of every page it wrote (so reads still report absent pages and
-//! are verified end to end).
+//! Device choice follows the IP route, as rdma_cm does: the device is the one with a RoCE GID
+//! for the local address of the TCP control connection, so two devices on one host (two
+//! Soft-RoCE devices on a veth pair) each serve their own address.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::net::IpAddr;
+use std::ptr::NonNull;
+use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rdma_mummy_sys::{
+    ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr,
+    ibv_sge, ibv_wc, ibv_wr_opcode,
+};
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{ExtendedCompletionQueue, GenericCompletionQueue};
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue, GenericCompletionQueue};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{
-    ExtendedQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SetScatterGatherEntry, WorkRequestFlags,
-};
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
 use sideway::ibverbs::AccessFlags;
 
 use farvm_memproto::rdma::endpoint::QpEndpoint;
-use farvm_memproto::rdma::plan::{plan, split_wr_id, WorkRequest};
-use farvm_memproto::rdma::region::RegionMap;
-use farvm_memproto::{page_crc, MAX_PAGES_PER_FRAME, PAGE_SIZE};
-
-use super::wc::map_status;
-use crate::ClientError;
 
 /// RDMA set-up failures.
 #[derive(Debug, thiserror::Error)]
 pub enum RdmaError {
-    /// No device, or libibverbs missing (it is loaded at run time).
-    #[error("no RDMA device: {0}")]
-    NoDevice(String),
+    /// The device list is empty: no RDMA driver, or rdma-core's libibverbs is not installed.
+    #[error(
+        "no RDMA device (ibv_get_device_list is empty): load an RDMA driver (Soft-RoCE: \
+         `modprobe rdma_rxe` and `rdma link add rxe0 type rxe netdev IFACE`) and install \
+         rdma-core's libibverbs1 and ibverbs-providers"
+    )]
+    NoDevice,
+    /// No device has a RoCE GID for the local address the peer is reached from.
+    #[error(
+        "no RDMA device has a RoCE GID for {ip} (devices: {devices}): the RDMA device must sit \
+         on the interface the memory server is reached through"
+    )]
+    NoGid {
+        /// The local address.
+        ip: IpAddr,
+        /// The devices seen.
+        devices: String,
+    },
     /// A verbs call failed.
     #[error("{call} failed: {reason}")]
     Verbs {
@@ -58,33 +66,86 @@ fn verbs<E: std::fmt::Debug>(call: &'static str) -> impl Fn(E) -> RdmaError {
     }
 }
 
-/// An opened device with a protection domain.
+/// `IBV_GID_TYPE_ROCE_V2`: UDP-encapsulated RoCE, routable (Soft-RoCE speaks only this).
+const GID_TYPE_ROCE_V2: u32 = 2;
+
+/// The GID bytes of `ip` (IPv4-mapped for IPv4, as RoCE fills its GID table).
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// An opened device with a protection domain, on the port and GID of one local address.
 pub struct RdmaDevice {
     ctx: Arc<DeviceContext>,
     pd: Arc<ProtectionDomain>,
+    name: String,
     port: u8,
     gid_index: u32,
+    gid: [u8; 16],
+    mtu: Mtu,
 }
 
 impl RdmaDevice {
-    /// Opens `name` (or the first device) on port 1, GID index 0.
-    pub fn open(name: Option<&str>) -> Result<Self, RdmaError> {
-        let list = DeviceList::new().map_err(|e| RdmaError::NoDevice(format!("{e:?}")))?;
-        let dev = list
-            .iter()
-            .find(|d| name.is_none_or(|n| d.name() == n))
-            .ok_or_else(|| RdmaError::NoDevice("no matching device".into()))?;
-        let ctx = dev.open().map_err(verbs("ibv_open_device"))?;
-        let pd = ctx.alloc_pd().map_err(verbs("ibv_alloc_pd"))?;
-        Ok(Self {
-            ctx,
-            pd,
-            port: 1,
-            gid_index: 0,
+    /// Opens the device (port 1) that has a RoCE GID for `ip`, preferring RoCE v2.
+    pub fn for_local_ip(ip: IpAddr) -> Result<Self, RdmaError> {
+        let list = DeviceList::new().map_err(|_| RdmaError::NoDevice)?;
+        if list.is_empty() {
+            return Err(RdmaError::NoDevice);
+        }
+        let want = gid_of(ip);
+        let port = 1u8;
+        let mut names = Vec::new();
+        for dev in list.iter() {
+            names.push(dev.name());
+            let Ok(ctx) = dev.open() else { continue };
+            let Ok(attr) = ctx.query_port(port) else {
+                continue;
+            };
+            let mut found = None;
+            for i in 0..attr.gid_tbl_len().max(0) as u32 {
+                let Ok(g) = ctx.query_gid(port, i) else {
+                    continue;
+                };
+                if g.raw != want {
+                    continue;
+                }
+                let v2 = ctx.query_gid_type(port, i).ok() == Some(GID_TYPE_ROCE_V2);
+                if v2 || found.is_none() {
+                    found = Some(i);
+                }
+                if v2 {
+                    break;
+                }
+            }
+            let Some(gid_index) = found else { continue };
+            let pd = ctx.alloc_pd().map_err(verbs("ibv_alloc_pd"))?;
+            let name = dev.name();
+            tracing::debug!(device = %name, gid_index, %ip, "RDMA device chosen");
+            return Ok(Self {
+                ctx,
+                pd,
+                name,
+                port,
+                gid_index,
+                gid: want,
+                mtu: attr.active_mtu(),
+            });
+        }
+        Err(RdmaError::NoGid {
+            ip,
+            devices: names.join(", "),
         })
     }
 
-    /// Registers `len` bytes at `ptr` for local and remote read/write.
+    /// The device's name (e.g. `rxe0`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Registers `len` bytes at `ptr` for local writes (receives land there).
     ///
     /// # Safety
     /// `ptr..ptr+len` must stay mapped for the lifetime of the returned region.
@@ -94,78 +155,97 @@ impl RdmaDevice {
         len: usize,
     ) -> Result<Arc<MemoryRegion>, RdmaError> {
         // SAFETY: forwarded to the caller's contract.
-        unsafe {
-            self.pd.reg_mr(
-                ptr as usize,
-                len,
-                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead,
-            )
-        }
-        .map_err(verbs("ibv_reg_mr"))
+        unsafe { self.pd.reg_mr(ptr as usize, len, AccessFlags::LocalWrite) }
+            .map_err(verbs("ibv_reg_mr"))
     }
 }
 
-/// A reliable-connected queue pair with its completion queue.
-pub struct RdmaQueuePair {
-    qp: ExtendedQueuePair,
-    cq: Arc<ExtendedCompletionQueue>,
+/// One completion, as the data path needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// `ibv_wc_status` (0: success; see `rdma::wc`).
+    pub status: u32,
+    /// A receive (else a send).
+    pub recv: bool,
+    /// Bytes received.
+    pub byte_len: u32,
+}
+
+/// Completions polled at most per call.
+pub const POLL_BATCH: usize = 16;
+
+/// A reliable-connected queue pair with its completion queue (sends and receives share it).
+pub struct RcQueuePair {
+    // Field order is drop order: the QP before its CQ.
+    qp: BasicQueuePair,
+    _cq: Arc<BasicCompletionQueue>,
+    raw_qp: NonNull<ibv_qp>,
+    raw_cq: NonNull<rdma_mummy_sys::ibv_cq>,
     local: QpEndpoint,
     port: u8,
     gid_index: u32,
-    depth: u32,
+    mtu: Mtu,
 }
 
-impl RdmaQueuePair {
-    /// Creates a QP able to hold `depth` outstanding work requests and moves it to INIT.
-    pub fn new(dev: &RdmaDevice, depth: u32) -> Result<Self, RdmaError> {
+// SAFETY: the raw pointers are the QP and CQ this struct owns (through `qp` and `cq`, which are
+// Send + Sync); rdma-core's post and poll calls are thread safe (the provider locks per queue).
+unsafe impl Send for RcQueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for RcQueuePair {}
+
+impl RcQueuePair {
+    /// Creates a QP for `send_depth` outstanding sends and `recv_depth` posted receives, and
+    /// moves it to INIT.
+    pub fn new(dev: &RdmaDevice, send_depth: u32, recv_depth: u32) -> Result<Self, RdmaError> {
         let cq = dev
             .ctx
             .create_cq_builder()
-            .setup_cqe(depth)
-            .build_ex()
-            .map_err(verbs("ibv_create_cq_ex"))?;
+            .setup_cqe(send_depth + recv_depth)
+            .build()
+            .map_err(verbs("ibv_create_cq"))?;
         let cqh = GenericCompletionQueue::from(Arc::clone(&cq));
         let mut qp = dev
             .pd
             .create_qp_builder()
             .setup_send_cq(cqh.clone())
             .setup_recv_cq(cqh)
-            .setup_max_send_wr(depth)
-            .setup_max_recv_wr(1)
+            .setup_max_send_wr(send_depth)
+            .setup_max_recv_wr(recv_depth)
             .setup_max_send_sge(1)
-            .build_ex()
-            .map_err(verbs("ibv_create_qp_ex"))?;
+            .setup_max_recv_sge(1)
+            .build()
+            .map_err(verbs("ibv_create_qp"))?;
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
             .setup_port(dev.port)
-            .setup_access_flags(
-                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead,
-            );
+            .setup_access_flags(AccessFlags::LocalWrite);
         qp.modify(&attr).map_err(verbs("ibv_modify_qp(INIT)"))?;
-        let gid = dev
-            .ctx
-            .query_gid(dev.port, dev.gid_index)
-            .map_err(verbs("ibv_query_gid"))?;
         let lid = dev
             .ctx
             .query_port(dev.port)
             .map_err(verbs("ibv_query_port"))?
             .lid();
         let psn = u32::from_le_bytes(farvm_memproto::auth::random_bytes::<4>()) & 0xff_ffff;
+        // SAFETY: the handles of the QP and CQ just created; they live as long as `qp`/`cq`.
+        let (raw_qp, raw_cq) = unsafe { (qp.qp(), cq.cq()) };
         let local = QpEndpoint {
             qpn: qp.qp_number(),
             psn,
             lid,
-            gid: gid.raw,
+            gid: dev.gid,
         };
         Ok(Self {
             qp,
-            cq,
+            _cq: cq,
+            raw_qp,
+            raw_cq,
             local,
             port: dev.port,
             gid_index: dev.gid_index,
-            depth,
+            mtu: dev.mtu,
         })
     }
 
@@ -178,10 +258,10 @@ impl RdmaQueuePair {
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<(), RdmaError> {
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(Mtu::Mtu4096)
+            .setup_path_mtu(self.mtu)
             .setup_dest_qp_num(remote.qpn)
             .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(16)
+            .setup_max_dest_read_atomic(1)
             .setup_min_rnr_timer(12);
         let mut ah = AddressHandleAttribute::new();
         let gid = Gid { raw: remote.gid };
@@ -190,220 +270,105 @@ impl RdmaQueuePair {
             .setup_service_level(0)
             .setup_grh_src_gid_index(self.gid_index as u8)
             .setup_grh_dest_gid(&gid)
-            .setup_grh_hop_limit(1);
+            .setup_grh_hop_limit(64);
         attr.setup_address_vector(&ah);
         self.qp.modify(&attr).map_err(verbs("ibv_modify_qp(RTR)"))?;
         let mut attr = QueuePairAttribute::new();
+        // Timeout 14 (4.096 µs × 2^14 ≈ 67 ms) × 7 retries: a peer gone silent fails the QP
+        // within about half a second; receiver-not-ready retries forever (7), which is flow
+        // control, not failure (the receive queue is sized to the window).
         attr.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(self.local.psn)
             .setup_timeout(14)
             .setup_retry_cnt(7)
             .setup_rnr_retry(7)
-            .setup_max_read_atomic(16);
+            .setup_max_read_atomic(1);
         self.qp.modify(&attr).map_err(verbs("ibv_modify_qp(RTS)"))
     }
 
-    /// Posts `wrs` as one chain of RDMA READs (or WRITEs) against the local buffer at
-    /// `local_base` registered with `lkey`.
+    /// Posts a signaled SEND of `len` bytes at `addr` (registered with `lkey`).
     ///
     /// # Safety
-    /// `local_base + wr.local_offset .. + wr.len` must lie in the registered buffer and stay
-    /// valid until the completions are polled.
-    pub unsafe fn post(
-        &mut self,
-        wrs: &[WorkRequest],
-        lkey: u32,
-        local_base: *mut u8,
-        write: bool,
-    ) -> Result<(), ClientError> {
-        if wrs.len() > self.depth as usize {
-            return Err(ClientError::InvalidRequest(
-                "more work requests than the QP depth",
-            ));
+    /// `addr..addr+len` must lie in memory registered with `lkey` and stay untouched until the
+    /// send's completion is polled.
+    pub unsafe fn post_send(&self, wr_id: u64, lkey: u32, addr: *const u8, len: u32) -> i32 {
+        let mut sge = ibv_sge {
+            addr: addr as u64,
+            length: len,
+            lkey,
+        };
+        // SAFETY: an all-zero ibv_send_wr is a valid "no options" request (C callers memset it).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `wr` and `sge` live on the stack for the call; the QP is ours and alive; the
+        // buffer contract is the caller's.
+        unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut wr, &mut bad) }
+    }
+
+    /// Posts a receive of at most `len` bytes into `addr` (registered with `lkey`).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must lie in memory registered with `lkey`, stay mapped, and be left to
+    /// the device until the receive's completion is polled.
+    pub unsafe fn post_recv(&self, wr_id: u64, lkey: u32, addr: *mut u8, len: u32) -> i32 {
+        let mut sge = ibv_sge {
+            addr: addr as u64,
+            length: len,
+            lkey,
+        };
+        let mut wr = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as `post_send`.
+        unsafe { ibv_post_recv(self.raw_qp.as_ptr(), &mut wr, &mut bad) }
+    }
+
+    /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions; returns how many, or the
+    /// provider's error.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize, i32> {
+        // SAFETY: ibv_wc is plain data; zero is a valid bit pattern.
+        let mut wcs: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let n = out.len().min(POLL_BATCH) as i32;
+        // SAFETY: the CQ is ours and alive; `wcs` has room for `n` entries.
+        let got = unsafe { ibv_poll_cq(self.raw_cq.as_ptr(), n, wcs.as_mut_ptr()) };
+        if got < 0 {
+            return Err(got);
         }
-        let mut guard = self.qp.start_post_send();
-        for w in wrs {
-            let h = guard.construct_wr(w.wr_id, WorkRequestFlags::Signaled);
-            let h = if write {
-                h.setup_write(w.rkey, w.remote_addr)
-            } else {
-                h.setup_read(w.rkey, w.remote_addr)
+        for (o, wc) in out.iter_mut().zip(&wcs[..got as usize]) {
+            *o = Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                recv: wc.opcode & rdma_mummy_sys::ibv_wc_opcode::IBV_WC_RECV != 0,
+                byte_len: wc.byte_len,
             };
-            // SAFETY: the caller guarantees the local range is registered and stays valid.
-            unsafe {
-                h.setup_sge(lkey, local_base.add(w.local_offset) as u64, w.len);
-            }
         }
-        guard.post().map_err(|_| ClientError::Disconnected)
+        Ok(got as usize)
     }
 
-    /// Busy-polls until `n` completions arrived; returns the first error (all are drained).
-    pub fn wait(&self, n: usize) -> Result<(), ClientError> {
-        let mut seen = 0;
-        let mut first_err = Ok(());
-        while seen < n {
-            if let Ok(poller) = self.cq.start_poll() {
-                for wc in poller {
-                    seen += 1;
-                    let r = map_status(wc.status());
-                    if r.is_err() && first_err.is_ok() {
-                        tracing::warn!(wr = ?split_wr_id(wc.wr_id()), "RDMA completion error");
-                        first_err = r;
-                    }
-                }
-            }
-            std::hint::spin_loop();
+    /// Moves the QP to the error state: outstanding work requests complete as flushed.
+    pub fn fail(&mut self) {
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        if let Err(e) = self.qp.modify(&attr) {
+            tracing::debug!("ibv_modify_qp(ERR): {e:?}");
         }
-        first_err
-    }
-}
-
-/// A one-sided page transport over connected QPs (one per server).
-pub struct RdmaTransport {
-    qps: Vec<Mutex<RdmaQueuePair>>,
-    regions: RwLock<RegionMap>,
-    staging: Mutex<Staging>,
-    written: Mutex<FxHashMap<(u64, u64), u32>>,
-    max_wr_bytes: u32,
-}
-
-struct Staging {
-    buf: Box<[u8]>,
-    mr: Arc<MemoryRegion>,
-    plan: Vec<WorkRequest>,
-}
-
-impl RdmaTransport {
-    /// Builds a transport from connected QPs (index = server) and region grants.
-    pub fn new(
-        dev: &RdmaDevice,
-        qps: Vec<RdmaQueuePair>,
-        regions: RegionMap,
-    ) -> Result<Self, RdmaError> {
-        let mut buf = vec![0u8; MAX_PAGES_PER_FRAME * PAGE_SIZE].into_boxed_slice();
-        // SAFETY: `buf` is owned by the Staging next to the MR and outlives it (field order:
-        // the MR is deregistered before... both drop together; no transfer is outstanding
-        // when the transport is dropped because every call waits for its completions).
-        let mr = unsafe { dev.register(buf.as_mut_ptr(), buf.len())? };
-        Ok(Self {
-            qps: qps.into_iter().map(Mutex::new).collect(),
-            regions: RwLock::new(regions),
-            staging: Mutex::new(Staging {
-                buf,
-                mr,
-                plan: Vec::with_capacity(MAX_PAGES_PER_FRAME),
-            }),
-            written: Mutex::new(FxHashMap::default()),
-            max_wr_bytes: 1 << 20,
-        })
-    }
-
-    fn transfer(
-        &self,
-        st: &mut Staging,
-        ns: u64,
-        pages: &[u64],
-        write: bool,
-    ) -> Result<(), ClientError> {
-        {
-            let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
-            plan(&regions, ns, pages, 0, self.max_wr_bytes, &mut st.plan)
-                .map_err(|_| ClientError::InvalidRequest("page has no RDMA region grant"))?;
-        }
-        let lkey = st.mr.lkey();
-        let base = st.buf.as_mut_ptr();
-        for server in 0..self.qps.len() as u16 {
-            let n = st.plan.iter().filter(|w| w.server == server).count();
-            if n == 0 {
-                continue;
-            }
-            let wrs: Vec<WorkRequest> = st
-                .plan
-                .iter()
-                .filter(|w| w.server == server)
-                .copied()
-                .collect();
-            let mut qp = self.qps[server as usize]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            // SAFETY: the plan's offsets are < pages.len() × 4096 ≤ the staging buffer, which
-            // is registered and borrowed mutably until `wait` returns.
-            unsafe { qp.post(&wrs, lkey, base, write)? };
-            qp.wait(n)?;
-        }
-        Ok(())
-    }
-}
-
-impl RdmaTransport {
-    /// Reads `pages` of `ns` into `dst` (`pages.len()` × 4096 bytes); `present[i]` tells
-    /// whether page i was stored (absent pages are zero-filled in `dst`).
-    pub fn read_pages(
-        &self,
-        ns: u64,
-        pages: &[u64],
-        dst: &mut [u8],
-        present: &mut [bool],
-    ) -> Result<(), ClientError> {
-        if dst.len() != pages.len() * PAGE_SIZE || present.len() != pages.len() {
-            return Err(ClientError::InvalidRequest(
-                "buffer sizes do not match the page list",
-            ));
-        }
-        let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        for (c, chunk) in pages.chunks(MAX_PAGES_PER_FRAME).enumerate() {
-            self.transfer(&mut st, ns, chunk, false)?;
-            let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, &p) in chunk.iter().enumerate() {
-                let k = c * MAX_PAGES_PER_FRAME + i;
-                let d = &mut dst[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-                match written.get(&(ns, p)) {
-                    Some(&crc) => {
-                        let s = &st.buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-                        if page_crc(s) != crc {
-                            return Err(ClientError::ChecksumMismatch);
-                        }
-                        d.copy_from_slice(s);
-                        present[k] = true;
-                    }
-                    None => {
-                        d.fill(0);
-                        present[k] = false;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes `pages` of `ns` from `src` (`pages.len()` × 4096 bytes).
-    pub fn write_pages(&self, ns: u64, pages: &[u64], src: &[u8]) -> Result<(), ClientError> {
-        if src.len() != pages.len() * PAGE_SIZE {
-            return Err(ClientError::InvalidRequest(
-                "buffer size does not match the page list",
-            ));
-        }
-        let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        for (c, chunk) in pages.chunks(MAX_PAGES_PER_FRAME).enumerate() {
-            let from = c * MAX_PAGES_PER_FRAME * PAGE_SIZE;
-            st.buf[..chunk.len() * PAGE_SIZE]
-                .copy_from_slice(&src[from..from + chunk.len() * PAGE_SIZE]);
-            self.transfer(&mut st, ns, chunk, true)?;
-            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, &p) in chunk.iter().enumerate() {
-                written.insert(
-                    (ns, p),
-                    page_crc(&st.buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]),
-                );
-            }
-        }
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rdma::wc::map_status;
+    use crate::ClientError;
     use sideway::ibverbs::completion::WorkCompletionStatus;
 
     /// Our status constants must equal rdma-core's (the mapping is unit-tested in `wc`).
@@ -429,15 +394,27 @@ mod tests {
         );
     }
 
-    /// On this host there is no device: opening must fail cleanly, not crash (sideway
-    /// dlopens libibverbs, so this also holds where rdma-core is not installed).
     #[test]
-    fn open_without_device_is_a_clean_error() {
-        if let Err(e) = RdmaDevice::open(None) {
-            assert!(matches!(
-                e,
-                RdmaError::NoDevice(_) | RdmaError::Verbs { .. }
-            ));
+    fn gids_of_addresses() {
+        let g = gid_of("10.2.0.1".parse().unwrap());
+        assert_eq!(&g[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(&g[12..], &[10, 2, 0, 1]);
+        assert_eq!(gid_of("fe80::1".parse().unwrap())[0], 0xfe);
+    }
+
+    /// Without a device (this host), choosing one fails with the operator's message, never a
+    /// crash (libibverbs is loaded at run time, so this holds without rdma-core too).
+    #[test]
+    fn no_device_is_a_clear_error() {
+        match RdmaDevice::for_local_ip("127.0.0.1".parse().unwrap()) {
+            Ok(d) => eprintln!("an RDMA device is present here: {}", d.name()),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with("no RDMA device"),
+                    "unexpected error text: {msg}"
+                );
+            }
         }
     }
 }

@@ -1,9 +1,13 @@
-//! The transport-neutral half of one-sided RDMA: which registered server memory backs each
-//! slab ([`region`]), how a page batch becomes as few RDMA READ/WRITE work requests as possible
-//! ([`plan`]), and the queue-pair address both sides exchange over the TCP control connection
-//! ([`endpoint`]). The verbs calls themselves live with the client (`farvm-memclient`, feature
-//! `rdma`); this part is plain code, unit-tested on hosts without an RDMA device.
+//! The transport-neutral half of RDMA, plain code that client and server share and that is
+//! unit-tested on hosts without an RDMA device (the verbs calls live in `farvm-memclient`,
+//! feature `rdma`):
+//! - [`bootstrap`] and [`endpoint`]: what the two sides exchange on the TCP control connection
+//!   of an RDMA session (queue-pair addresses, receive slots). This is the transport farvm runs:
+//!   protocol frames as SEND/RECV messages over a reliable-connected queue pair.
+//! - [`region`] and [`plan`]: one-sided access (region grants, work-request planning), for a
+//!   transport that reads a server's registered arena directly; not on the wire yet.
 
+pub mod bootstrap;
 pub mod endpoint;
 pub mod plan;
 pub mod region;

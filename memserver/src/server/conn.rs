@@ -34,12 +34,40 @@ pub enum ConnEnd {
     /// A protocol-level violation that ends the session (failed auth, request before auth).
     #[error("{0}")]
     Protocol(&'static str),
+    /// The RDMA side of a session failed (set-up, or a failed completion).
+    #[error("RDMA: {0}")]
+    Rdma(String),
 }
 
-struct Session {
-    tenant: Option<TenantId>,
+/// One client session's state: its tenant once authenticated, the namespace it used last,
+/// and the responses not written yet.
+pub(super) struct Session {
+    pub tenant: Option<TenantId>,
     cached: Option<(u64, Arc<Namespace>)>,
-    out: Vec<u8>,
+    pub out: Vec<u8>,
+}
+
+impl Session {
+    /// A session before authentication, with its first frame (the CHALLENGE, with a fresh
+    /// nonce, returned) in `out`.
+    pub fn challenge() -> (Self, [u8; 32]) {
+        let server_nonce = random_bytes::<32>();
+        let mut sess = Session {
+            tenant: None,
+            cached: None,
+            out: Vec::with_capacity(FLUSH_AT + MAX_BODY + 2 * HEADER_LEN),
+        };
+        let challenge = Frame {
+            req_id: 0,
+            namespace: 0,
+            body: Body::Challenge {
+                server_nonce,
+                max_version: PROTOCOL_VERSION,
+            },
+        };
+        encode(&mut sess.out, &challenge, false);
+        (sess, server_nonce)
+    }
 }
 
 /// Serves one connection until it closes or fails.
@@ -47,21 +75,7 @@ pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
     stream.set_nodelay(true)?;
     let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
     let mut writer = stream;
-    let server_nonce = random_bytes::<32>();
-    let mut sess = Session {
-        tenant: None,
-        cached: None,
-        out: Vec::with_capacity(FLUSH_AT + MAX_BODY + 2 * HEADER_LEN),
-    };
-    let challenge = Frame {
-        req_id: 0,
-        namespace: 0,
-        body: Body::Challenge {
-            server_nonce,
-            max_version: PROTOCOL_VERSION,
-        },
-    };
-    encode(&mut sess.out, &challenge, false);
+    let (mut sess, server_nonce) = Session::challenge();
     writer.write_all(&sess.out)?;
     sess.out.clear();
     let mut body = vec![0u8; MAX_BODY];
@@ -109,7 +123,8 @@ fn namespace(
     Ok(ns)
 }
 
-fn handle(
+/// Handles one request frame: its response goes to `sess.out`.
+pub(super) fn handle(
     sh: &Shared,
     sess: &mut Session,
     server_nonce: &[u8; 32],

@@ -8,6 +8,8 @@ mod affinity;
 pub mod arena;
 pub mod conn;
 pub mod metrics;
+#[cfg(feature = "rdma")]
+mod rdma;
 pub mod store;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,6 +31,10 @@ use store::{Store, TenantId};
 pub struct ServerConfig {
     /// Address to listen on (port 0: ephemeral).
     pub listen: SocketAddr,
+    /// Address of the RDMA listener, if any (PROTOCOL.md, "RDMA transport"): the TCP control
+    /// connections of RDMA sessions; needs the `rdma` feature and an RDMA device with a RoCE
+    /// GID for the address clients reach.
+    pub rdma: Option<SocketAddr>,
     /// Capacity in bytes (rounded down to whole pages).
     pub capacity_bytes: u64,
     /// Tenant secrets; empty = open mode (every client is one anonymous tenant).
@@ -45,6 +51,7 @@ impl ServerConfig {
     pub fn loopback(capacity_bytes: u64) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            rdma: None,
             capacity_bytes,
             tokens: Vec::new(),
             metrics: None,
@@ -81,6 +88,9 @@ pub enum ServerError {
     /// The metrics endpoint could not be started.
     #[error("metrics endpoint: {0}")]
     Metrics(HttpError),
+    /// `rdma` was asked of a build without RDMA support.
+    #[error("this farvm-memserver was built without RDMA support (cargo feature `rdma`)")]
+    NoRdmaSupport,
     /// Other socket or thread error.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -90,7 +100,7 @@ pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub tenants: FxHashMap<TenantId, Secret>,
-    stop: Arc<AtomicBool>,
+    pub(crate) stop: Arc<AtomicBool>,
     conns: Mutex<FxHashMap<u64, LiveConn>>,
     next_conn: AtomicU64,
     connection_cpu: Option<usize>,
@@ -109,6 +119,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     /// The `--metrics` endpoint; stopped when dropped.
     metrics_server: Option<HttpServer>,
+    rdma_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -124,10 +135,23 @@ impl Server {
             affinity::check(cpu).map_err(|reason| ServerError::Cpu { cpu, reason })?;
         }
         let store = Arc::new(Store::new(Arena::new(pages)?));
+        if cfg.rdma.is_some() && !cfg!(feature = "rdma") {
+            return Err(ServerError::NoRdmaSupport);
+        }
         let listener = TcpListener::bind(cfg.listen).map_err(|source| ServerError::Bind {
             addr: cfg.listen,
             source,
         })?;
+        let rdma_listener = match cfg.rdma {
+            Some(a) => {
+                Some(TcpListener::bind(a).map_err(|source| ServerError::Bind { addr: a, source })?)
+            }
+            None => None,
+        };
+        let rdma_addr = match &rdma_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
@@ -147,12 +171,26 @@ impl Server {
             None => None,
         };
         let sh = shared.clone();
-        let threads = vec![std::thread::Builder::new()
+        #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
+        let mut threads = vec![std::thread::Builder::new()
             .name("memserver-accept".into())
-            .spawn(move || accept_loop(listener, sh))?];
+            .spawn(move || accept_loop(listener, sh, conn::serve))?];
+        #[cfg(feature = "rdma")]
+        if let Some(l) = rdma_listener {
+            let sh = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("memserver-rdma-accept".into())
+                    .spawn(move || accept_loop(l, sh, rdma::serve))?,
+            );
+            tracing::info!(addr = ?rdma_addr, "memserver RDMA listener");
+        }
+        #[cfg(not(feature = "rdma"))]
+        drop(rdma_listener);
         tracing::info!(%addr, pages, tenants = cfg.tokens.len(), "memserver listening");
         Ok(ServerHandle {
             addr,
+            rdma_addr,
             metrics_server,
             shared,
             threads,
@@ -160,7 +198,10 @@ impl Server {
     }
 }
 
-fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
+/// How a connection of one listener is served.
+type ServeFn = fn(TcpStream, Arc<Shared>) -> Result<(), conn::ConnEnd>;
+
+fn accept_loop(listener: TcpListener, sh: Arc<Shared>, serve: ServeFn) {
     for s in listener.incoming() {
         if sh.stop.load(Ordering::Acquire) {
             break;
@@ -192,7 +233,7 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
                     }
                 }
                 sh2.metrics.conn_open();
-                match conn::serve(stream, sh2.clone()) {
+                match serve(stream, sh2.clone()) {
                     Ok(()) => tracing::debug!(?peer, "connection closed"),
                     Err(conn::ConnEnd::Malformed(e)) => {
                         tracing::warn!(?peer, "closing connection: malformed frame: {e}")
@@ -219,6 +260,11 @@ impl ServerHandle {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound RDMA listener address, if enabled.
+    pub fn rdma_addr(&self) -> Option<SocketAddr> {
+        self.rdma_addr
     }
 
     /// The bound metrics address, if enabled.
@@ -262,8 +308,11 @@ impl ServerHandle {
             return;
         }
         self.metrics_server = None;
-        // Wake the blocking accept.
+        // Wake the blocking accepts.
         let _ = TcpStream::connect(self.addr);
+        if let Some(a) = self.rdma_addr {
+            let _ = TcpStream::connect(a);
+        }
         for (_, c) in self
             .shared
             .conns

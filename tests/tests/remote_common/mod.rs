@@ -137,6 +137,8 @@ pub fn memserver_binary() -> PathBuf {
 pub struct MemserverProcess {
     pub child: Child,
     pub addr: std::net::SocketAddr,
+    /// Its RDMA listener, if started with one ([`MemserverProcess::spawn_rdma`]).
+    pub rdma: Option<std::net::SocketAddr>,
 }
 
 impl MemserverProcess {
@@ -146,24 +148,56 @@ impl MemserverProcess {
 
     /// A server listening on `listen` (e.g. the address of one just killed: a restart).
     pub fn spawn_at(listen: &str, capacity: &str) -> Self {
+        Self::spawn_with(&["--listen", listen, "--capacity", capacity])
+    }
+
+    /// A server that also serves RDMA sessions on `ip` (an address with an RDMA device),
+    /// ephemeral ports; its log goes to this process's stderr.
+    pub fn spawn_rdma(ip: std::net::IpAddr, capacity: &str) -> Self {
+        let listen = std::net::SocketAddr::new(ip, 0).to_string();
+        Self::spawn_with(&[
+            "--listen",
+            &listen,
+            "--rdma",
+            &listen,
+            "--capacity",
+            capacity,
+        ])
+    }
+
+    fn spawn_with(args: &[&str]) -> Self {
         use std::io::BufRead;
+        let rdma = args.contains(&"--rdma");
         let mut child = Command::new(memserver_binary())
-            .args(["--listen", listen, "--capacity", capacity])
+            .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(if rdma {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .expect("spawn farvm-memserver");
         let out = child.stdout.take().expect("stdout");
+        let mut out = std::io::BufReader::new(out);
         let mut line = String::new();
-        std::io::BufReader::new(out)
-            .read_line(&mut line)
+        out.read_line(&mut line)
             .expect("read the memserver's first line");
         let addr = line
             .trim()
             .strip_prefix("listening ")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("unexpected memserver banner {line:?}"));
-        Self { child, addr }
+        let rdma = rdma.then(|| {
+            line.clear();
+            out.read_line(&mut line)
+                .expect("read the memserver's second line");
+            line.trim()
+                .strip_prefix("rdma ")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected memserver RDMA line {line:?}"))
+        });
+        Self { child, addr, rdma }
     }
 
     /// SIGKILL, no clean-up: the server's RAM (and every page on it) is gone.
@@ -196,6 +230,9 @@ impl Drop for MemserverProcess {
         let _ = self.child.wait();
     }
 }
+
+#[allow(unused_imports)] // used by the RDMA tests only
+pub use farvm_memserver::process::rdma_test_ip as rdma_ip;
 
 /// A remote spec with `budget` (e.g. "25%") and `prefetcher`.
 pub fn spec(name: &str, budget: &str, prefetcher: &str) -> RemoteSpec {

@@ -225,8 +225,11 @@ pub struct RunArgs {
 
     /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
     /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
-    #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
-    pub memservers: Vec<SocketAddr>,
+    /// `rdma://HOST:PORT` reaches the server over RDMA: HOST:PORT is its RDMA listener
+    /// (`farvm-memserver --rdma`), and this host needs an RDMA device on the route to it
+    /// (without one, farvm stops at start: "no RDMA device ...", exit status 71).
+    #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
+    pub memservers: Vec<MemserverUrl>,
 
     /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
     /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
@@ -546,7 +549,13 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         )));
     }
     let mut spec = RemoteSpec::new(&cfg.name);
-    spec.servers = a.memservers.clone();
+    spec.servers = a.memservers.iter().map(|m| m.addr).collect();
+    spec.rdma_servers = a
+        .memservers
+        .iter()
+        .filter(|m| m.rdma)
+        .map(|m| m.addr)
+        .collect();
     if !a.pool.is_empty() {
         let mut ps = farvm_vmm::remote::PoolSpec::new(a.pool.clone());
         ps.lease_ttl = std::time::Duration::from_secs(a.pool_lease_ttl.max(1));
@@ -822,8 +831,30 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
     v
 }
 
-/// `--memserver`: `ip:port` or `host:port`, resolved now so a typo fails at the command line.
-fn parse_memserver(s: &str) -> Result<SocketAddr, String> {
+/// A `--memserver` address, and whether it is reached over RDMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemserverUrl {
+    pub addr: SocketAddr,
+    pub rdma: bool,
+}
+
+/// `--memserver`: `[rdma://]ip:port` or `[rdma://]host:port`, resolved now so a typo fails at
+/// the command line.
+fn parse_memserver(s: &str) -> Result<MemserverUrl, String> {
+    let (rest, rdma) = match s.split_once("://") {
+        Some(("rdma", rest)) => (rest, true),
+        Some(("tcp", rest)) => (rest, false),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "`{s}`: unknown scheme `{scheme}://` (use HOST:PORT or rdma://HOST:PORT)"
+            ))
+        }
+        None => (s, false),
+    };
+    resolve_memserver(rest).map(|addr| MemserverUrl { addr, rdma })
+}
+
+fn resolve_memserver(s: &str) -> Result<SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
@@ -837,4 +868,22 @@ fn parse_memserver(s: &str) -> Result<SocketAddr, String> {
     addrs
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memserver_urls_name_the_transport() {
+        let tcp = parse_memserver("127.0.0.1:7070").unwrap();
+        assert_eq!((tcp.addr.port(), tcp.rdma), (7070, false));
+        let rdma = parse_memserver("rdma://10.2.0.2:7071").unwrap();
+        assert_eq!(rdma.addr, "10.2.0.2:7071".parse().unwrap());
+        assert!(rdma.rdma);
+        assert!(!parse_memserver("tcp://127.0.0.1:1").unwrap().rdma);
+        let e = parse_memserver("nvme://127.0.0.1:1").unwrap_err();
+        assert!(e.contains("unknown scheme"), "{e}");
+        assert!(parse_memserver("rdma://nohostport").is_err());
+    }
 }

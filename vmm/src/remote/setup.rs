@@ -72,6 +72,9 @@ pub struct RemoteSpec {
     pub servers: Vec<SocketAddr>,
     /// A memory pool to be admitted to instead of a server list (`farvm run --pool`).
     pub pool: Option<PoolSpec>,
+    /// The servers of `servers` reached over RDMA (their RDMA listeners, `rdma://` on the
+    /// command line).
+    pub rdma_servers: Vec<SocketAddr>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -105,6 +108,7 @@ impl RemoteSpec {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
             pool: None,
+            rdma_servers: Vec::new(),
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -374,6 +378,7 @@ impl RemoteMemory {
             (spec.servers.clone(), None)
         };
         let mut ccfg = ClientConfig::new(servers.clone());
+        ccfg.rdma_servers = spec.rdma_servers.clone();
         // Write-backs the evictor waits on get their own connection (measured: behind a
         // prefetch stream on a shared one, an eviction round took ~750 µs and bounded a
         // write-heavy scan at ~15 µs per page).

@@ -26,13 +26,14 @@ use std::time::{Duration, Instant};
 
 mod receive;
 
-use farvm_memproto::frame::{header_bytes, Opcode, FLAG_SCATTER, HEADER_LEN, MAX_BODY, WIRE_PAGE};
-use farvm_memproto::{PageSel, Status, MAX_PAGES_PER_FRAME};
+use farvm_memproto::frame::{HEADER_LEN, MAX_BODY};
+use farvm_memproto::MAX_PAGES_PER_FRAME;
 
 use super::handshake::{handshake, io_err};
 use super::recv::RecvBuf;
+use super::wire::encode_request;
 use super::{ConnLimits, Link, LinkSpec, SendMode, Sink};
-use crate::tickets::{Ticket, TicketOp, Tickets};
+use crate::tickets::Tickets;
 use crate::{ClientError, Priority};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -187,51 +188,6 @@ impl TcpLink {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn encode_request(buf: &mut Vec<u8>, req_id: u64, t: &Ticket) {
-        let ns = t.ns;
-        let Some(io) = t.io.as_ref() else {
-            // Stat carries no buffer.
-            let h = header_bytes(Opcode::Stat, 0, Status::Ok, req_id, ns, 0, 0);
-            buf.extend_from_slice(&h);
-            return;
-        };
-        let sel = io.sel();
-        let n = sel.len();
-        let (sel_len, flags) = match sel {
-            PageSel::Run { .. } => (8, 0),
-            PageSel::Scatter(b) => (b.len(), FLAG_SCATTER),
-        };
-        let (op, body_len) = match t.op {
-            TicketOp::Read => (Opcode::Read, sel_len),
-            TicketOp::Discard => (Opcode::Discard, sel_len),
-            TicketOp::Write => (Opcode::Write, sel_len + n * WIRE_PAGE),
-            TicketOp::Stat => {
-                let h = header_bytes(Opcode::Stat, 0, Status::Ok, req_id, ns, 0, 0);
-                buf.extend_from_slice(&h);
-                return;
-            }
-        };
-        buf.extend_from_slice(&header_bytes(
-            op,
-            flags,
-            Status::Ok,
-            req_id,
-            ns,
-            n as u32,
-            body_len,
-        ));
-        match sel {
-            PageSel::Run { start, .. } => buf.extend_from_slice(&start.to_le_bytes()),
-            PageSel::Scatter(b) => buf.extend_from_slice(b),
-        }
-        if t.op == TicketOp::Write {
-            for i in 0..n {
-                buf.extend_from_slice(&io.crc(i).to_le_bytes());
-                buf.extend_from_slice(io.page(i));
-            }
-        }
-    }
-
     /// Writes one request; on failure the connection is torn down.
     fn send(&self, req_id: u64, ticket: u32) {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
@@ -239,7 +195,7 @@ impl TcpLink {
         w.buf.clear();
         {
             let t = self.tickets.lock(ticket);
-            Self::encode_request(&mut w.buf, req_id, &t);
+            encode_request(&mut w.buf, req_id, &t);
         }
         if let Err(e) = w.stream.write_all(&w.buf) {
             tracing::warn!(server = self.server, "send failed: {e}");

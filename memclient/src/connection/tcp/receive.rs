@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use farvm_memproto::frame::{
-    decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Body, Frame, Header,
-    Opcode, HEADER_LEN, WIRE_PAGE,
+    decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Header, Opcode,
+    HEADER_LEN, WIRE_PAGE,
 };
 use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 
 use super::super::recv::{whole_frame_in, Wait};
+use super::super::wire::apply_response;
 use super::super::Link;
 use super::{Rx, SlotState, TcpLink};
-use crate::tickets::{Ticket, TicketOp};
+use crate::tickets::TicketOp;
 use crate::ClientError;
 
 /// How reading a frame ended for the connection.
@@ -401,19 +402,5 @@ impl TcpLink {
         if (handoff && self.inflight_hint.load(Ordering::SeqCst) > 0) || self.rx_buffered() {
             self.wake_rx();
         }
-    }
-}
-
-/// Applies a response without pages to the ticket (stat) and returns its outcome.
-fn apply_response(t: &mut Ticket, f: &Frame<'_>) -> Result<u32, ClientError> {
-    match (t.op, f.body) {
-        (_, Body::Error { status, .. }) => Err(ClientError::from_status(status)),
-        (TicketOp::Write, Body::WriteResp { written }) => Ok(written),
-        (TicketOp::Discard, Body::DiscardResp { freed }) => Ok(freed),
-        (TicketOp::Stat, Body::StatResp(info)) => {
-            t.stat = info;
-            Ok(0)
-        }
-        _ => Err(ClientError::Protocol("response does not match the request")),
     }
 }
