@@ -59,7 +59,7 @@ fn check(path: &Path) -> (String, Verdict) {
 }
 
 #[test]
-fn leap_stream_meets_the_rule_on_every_committed_trace() {
+fn leap_stream_meets_the_rule_or_holds_its_known_gap_on_every_committed_trace() {
     let files = committed_traces();
     for kind in EXPECTED {
         assert!(
