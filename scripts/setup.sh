@@ -5,12 +5,19 @@
 #   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
-#   iproute2                      network-namespace tests (`ip netns`)
+#   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh
+#   etcd-server, etcd-client      the pool directory's tests and scripts/cluster.sh run a real etcd
+#   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
+#   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
+#                                 libvirt's schema
+#   acpica-tools                  iasl: the generated ACPI tables are checked with ACPICA's
+#                                 disassembler
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev; do
+for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev \
+    libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -24,4 +31,4 @@ if [[ ! -w /dev/kvm ]]; then
     echo "setup: warning: /dev/kvm is missing or not writable; VMs cannot run here" >&2
 fi
 cargo build --release --workspace --bins
-echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-lab)"
+echo "setup: done; binaries in target/release/ (farvm, farvm-memserver, farvm-lab, farvm-pool, farvm-delay-proxy)"

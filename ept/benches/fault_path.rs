@@ -2,9 +2,10 @@
 //!
 //! Prints four tables, every number measured in this run:
 //! 1. the demand-fault steps (uffd read -> store request -> reply -> UFFDIO_CONTINUE -> vCPU
-//!    resumes), per-step medians, using the engine's own primitives on a memfd registered
-//!    MISSING|MINOR, against two baselines from the same run (kernel-only first touch of an
-//!    anonymous page; the same path installed with UFFDIO_COPY instead of CONTINUE);
+//!    resumes), per-step medians, using the engine's own primitives (the read lands in the
+//!    memfd through the alias, `Uffd::continue_range` maps it, as the engine installs) on a
+//!    memfd registered MISSING|MINOR, against the kernel-only first touch of an anonymous page
+//!    measured in the same run;
 //! 2. the whole engine: per-page cost of re-reading evicted memory, no prefetch vs prefetch;
 //! 3. how well sampled probes estimate the hit rate of injected prefetches (vs every prefetch
 //!    staged = exact), and what probing costs;
@@ -80,12 +81,6 @@ impl CompletionSink for StampSink {
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Install {
-    Continue,
-    Copy,
-}
-
 /// Per-page timestamps of one demand fault, ns since the epoch.
 #[derive(Default, Clone, Copy)]
 struct Stamps {
@@ -97,7 +92,7 @@ struct Stamps {
     resumed: u64,
 }
 
-fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
+fn run_steps(pages: u64) -> Vec<Stamps> {
     let epoch = Instant::now();
     let now = move || epoch.elapsed().as_nanos() as u64;
     let ram = Arc::new(GuestRam::new(pages as usize * PAGE_SIZE).expect("memfd"));
@@ -120,7 +115,6 @@ fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
         reply_ns: AtomicU64::new(0),
     });
     store.attach(sink.clone()).expect("attach");
-    let src = vec![0x5Au8; PAGE_SIZE];
     {
         // Seed the store through its write path from a private buffer.
         let mut buf = vec![0x5Au8; PAGE_SIZE];
@@ -150,7 +144,6 @@ fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
             ep.add(uffd.raw_fd(), 0).unwrap();
             let mut raw = [RawMsg::default(); MAX_EVENTS];
             let mut faults = [Fault::default(); MAX_EVENTS];
-            let mut copybuf = vec![0u8; PAGE_SIZE];
             while done.load(Ordering::SeqCst) < pages {
                 if ep.wait(50).unwrap() == 0 {
                     continue;
@@ -160,12 +153,8 @@ fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
                 for f in &faults[..n] {
                     let p = (f.address - base) / PAGE_SIZE as u64;
                     let t_req = now();
-                    let dst = match how {
-                        Install::Continue => ram.alias_page(p),
-                        Install::Copy => copybuf.as_mut_ptr(),
-                    };
-                    // SAFETY: 4 KiB owned by this thread until the (inline) completion.
-                    let dst = unsafe { PageBuf::new(dst) }.unwrap();
+                    // SAFETY: the alias page, owned by this thread until the (inline) completion.
+                    let dst = unsafe { PageBuf::new(ram.alias_page(p)) }.unwrap();
                     store
                         .read(&[ReadReq {
                             page: p,
@@ -175,15 +164,7 @@ fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
                         .unwrap();
                     let t_reply = sink.reply_ns.load(Ordering::SeqCst);
                     let addr = ram.guest_page_addr(p);
-                    match how {
-                        Install::Continue => {
-                            uffd.continue_range(addr, PAGE_SIZE as u64, true).unwrap();
-                        }
-                        Install::Copy => {
-                            uffd.copy(addr, copybuf.as_ptr(), PAGE_SIZE as u64, true)
-                                .unwrap();
-                        }
-                    }
+                    uffd.continue_range(addr, PAGE_SIZE as u64, true).unwrap();
                     let t_inst = now();
                     let mut s = stamps.lock().unwrap();
                     let e = &mut s[p as usize];
@@ -195,7 +176,6 @@ fn run_steps(pages: u64, how: Install) -> Vec<Stamps> {
             }
         })
     };
-    let _ = src;
     // The "vCPU": touches each page once, in order.
     for p in 0..pages {
         let t0 = now();
@@ -248,31 +228,26 @@ fn steps_table(pages: u64) {
         "| install | fault->uffd read | read->request | request->reply | reply->installed | installed->vCPU resumes | total (vCPU view) | p99 total | total / kernel first touch |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (name, how) in [
-        ("UFFDIO_CONTINUE (engine)", Install::Continue),
-        ("UFFDIO_COPY", Install::Copy),
-    ] {
-        let s = run_steps(pages, how);
-        let col = |f: &dyn Fn(&Stamps) -> u64| -> Vec<u64> { s.iter().map(f).collect() };
-        let mut a = col(&|x| x.read.saturating_sub(x.touch));
-        let mut b = col(&|x| x.request.saturating_sub(x.read));
-        let mut c = col(&|x| x.reply.saturating_sub(x.request));
-        let mut d = col(&|x| x.installed.saturating_sub(x.reply));
-        let mut e = col(&|x| x.resumed.saturating_sub(x.installed));
-        let mut t = col(&|x| x.resumed.saturating_sub(x.touch));
-        let tm = median(&mut t);
-        println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {:.1}x |",
-            median(&mut a),
-            median(&mut b),
-            median(&mut c),
-            median(&mut d),
-            median(&mut e),
-            tm,
-            pct(&mut t, 0.99),
-            tm as f64 / base_med.max(1) as f64
-        );
-    }
+    let s = run_steps(pages);
+    let col = |f: &dyn Fn(&Stamps) -> u64| -> Vec<u64> { s.iter().map(f).collect() };
+    let mut a = col(&|x| x.read.saturating_sub(x.touch));
+    let mut b = col(&|x| x.request.saturating_sub(x.read));
+    let mut c = col(&|x| x.reply.saturating_sub(x.request));
+    let mut d = col(&|x| x.installed.saturating_sub(x.reply));
+    let mut e = col(&|x| x.resumed.saturating_sub(x.installed));
+    let mut t = col(&|x| x.resumed.saturating_sub(x.touch));
+    let tm = median(&mut t);
+    println!(
+        "| UFFDIO_CONTINUE (engine) | {} | {} | {} | {} | {} | {} | {} | {:.1}x |",
+        median(&mut a),
+        median(&mut b),
+        median(&mut c),
+        median(&mut d),
+        median(&mut e),
+        tm,
+        pct(&mut t, 0.99),
+        tm as f64 / base_med.max(1) as f64
+    );
     println!(
         "\nBaseline in the same run: kernel first touch of an anonymous page, median {base_med} ns.\n"
     );

@@ -1,91 +1,119 @@
-//! The completion path: runs on whatever thread the store delivers on (no hop to another
-//! thread: on this host a thread wake-up costs 5–50 µs). A read that landed is fingerprinted,
-//! then either staged (markers / probes: left unmapped so the first touch reveals the hit) or
-//! installed with UFFDIO_CONTINUE — waking the vCPU for demand reads, without a wake for
-//! prefetches (that is the injection), followed by a stage-2 pre-fault where supported.
+//! The completion path: what the engine does when the store completes a request. It runs on
+//! whatever thread delivers the completion (the store's, or the fault handler's for reads the
+//! store serves synchronously; no hop to another thread: on this host a thread wake-up costs
+//! 5–50 µs) and owns no state: it acts on the parts.
+//!
+//! On a read completion (the page is `INFLIGHT`, owned by the read):
+//! - `Ok`: fingerprint the data (the clean copy, for the dirty check at eviction), then
+//!   - a marker or probe nobody waits for → `STAGED`, left unmapped so the first touch reveals
+//!     the hit;
+//!   - a prefetch nobody waits for → `LOCAL|PREFETCHED`, *injected*: mapped without a wake,
+//!     together with its neighbours of the same batch, then stage 2 pre-faulted;
+//!   - a demand read, or any read a fault or VMM access waits on → `LOCAL`, mapped, waiters
+//!     woken.
+//! - `Absent`: the servers lost the page (pages become `REMOTE` only when written back) →
+//!   `LOST` for good, frame released, an error logged; a waiting fault or access is reported to
+//!   the VMM.
+//! - `Failed`: with a waiter it stays `INFLIGHT` with its frame (waiters keep waiting, no
+//!   second read can start) and is queued for the fault handler to read again after a
+//!   back-off: one retry chain per page however long the store is down. Without one (a
+//!   prefetch) → back to `REMOTE`, frame released.
+//!
+//! In every case a read issued as a prefetch gives its in-flight slot back.
+//!
+//! A write-back completion goes to the evictor (its write-back queue), which is woken.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crate::engine::Inner;
+use crate::clock::Clock;
+use crate::errlog::ErrorLog;
 use crate::error::EngineError;
-use crate::state::{self as st, state_of};
-use crate::stats::Hist;
-use crate::store::{Completion, Op, Status};
+use crate::frames::Frames;
+use crate::installer::Installer;
+use crate::lost::LostPages;
+use crate::pagemeta::PageMeta;
+use crate::parts::Parts;
+use crate::prefetch_slots::PrefetchSlots;
+use crate::queues::Queues;
+use crate::state::{self as st, state_of, PageTable};
+use crate::stats::{Counter, Counters, Hist, Histograms};
+use crate::store::{Completion, CompletionSink, Op, Status};
 use crate::PAGE_SIZE;
 
 /// Injected pages mapped per batch of completions (a stack array, no allocation).
 const INJECT_BATCH: usize = 64;
 
-impl Inner {
-    pub(crate) fn on_completions(&self, batch: &[Completion]) {
+pub(crate) struct Completer {
+    table: Arc<PageTable>,
+    meta: Arc<PageMeta>,
+    frames: Arc<Frames>,
+    slots: Arc<PrefetchSlots>,
+    installer: Arc<Installer>,
+    queues: Arc<Queues>,
+    errors: Arc<ErrorLog>,
+    lost: Arc<LostPages>,
+    counters: Arc<Counters>,
+    hist: Arc<Histograms>,
+    clock: Clock,
+}
+
+impl CompletionSink for Completer {
+    fn complete(&self, batch: &[Completion]) {
         // Injected prefetches of this batch are mapped together at the end, one
-        // UFFDIO_CONTINUE per run of neighbours (0.3-0.5 us per page instead of ~1.2 us per
-        // call, research notes); demand pages are mapped and woken immediately.
+        // UFFDIO_CONTINUE per run of neighbours; demand pages are mapped and woken at once.
         let mut inject = [0u64; INJECT_BATCH];
         let mut n = 0;
         for c in batch {
             match c.op {
                 Op::Read => {
-                    if c.page >= self.pages() {
+                    if c.page >= self.table.len() {
                         tracing::error!("store completed a read of unknown page {:#x}", c.page);
                         continue;
                     }
-                    self.outstanding.fetch_sub(1, Ordering::AcqRel);
                     if let Some(p) = self.read_done(c.page, c.status) {
                         inject[n] = p;
                         n += 1;
                         if n == INJECT_BATCH {
-                            self.map_injected(&mut inject[..n]);
+                            self.installer.inject(&mut inject[..n]);
                             n = 0;
                         }
                     }
                 }
                 Op::Write => {
-                    self.outstanding.fetch_sub(1, Ordering::AcqRel);
-                    if self.wb_tx.try_send(*c).is_err() {
+                    if !self.queues.written(*c) {
                         tracing::error!("write-back completion queue overflow");
                     }
-                    self.wake_evictor();
+                    self.frames.wake_evictor();
                 }
             }
         }
         if n > 0 {
-            self.map_injected(&mut inject[..n]);
+            self.installer.inject(&mut inject[..n]);
+        }
+    }
+}
+
+impl Completer {
+    pub fn new(parts: &Parts) -> Self {
+        Self {
+            table: parts.table().clone(),
+            meta: parts.meta().clone(),
+            frames: parts.frames().clone(),
+            slots: parts.slots().clone(),
+            installer: parts.installer().clone(),
+            queues: parts.queues().clone(),
+            errors: parts.errors().clone(),
+            lost: parts.lost().clone(),
+            counters: parts.counters().clone(),
+            hist: parts.hist().clone(),
+            clock: parts.clock(),
         }
     }
 
-    /// Maps claimed injected pages (LOCAL, pinned) in runs, then pre-faults stage 2.
-    fn map_injected(&self, pages: &mut [u64]) {
-        pages.sort_unstable();
-        let c = &self.counters;
-        let _ = crate::sys::mem::for_runs(pages, |start, n| {
-            self.map_pinned(start, n, false);
-            c.prefetch_injected.fetch_add(n, Ordering::Relaxed);
-            if let Some(ok) = self
-                .stage2
-                .pre_fault(start * PAGE_SIZE as u64, n * PAGE_SIZE as u64)
-            {
-                c.prefault_calls.fetch_add(1, Ordering::Relaxed);
-                if !ok {
-                    c.prefault_unsupported.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(())
-        });
-    }
-
-    /// Handles one read completion from outside a batch (failed submissions, VMM reads).
-    pub(crate) fn on_read_done(&self, p: u64, status: Status) {
-        if let Some(p) = self.read_done(p, status) {
-            self.map_injected(&mut [p]);
-        }
-    }
-
-    /// Returns `Some(p)` for a page claimed for injection that the caller must map
-    /// ([`Inner::map_injected`]).
+    /// Applies one read completion. Returns `Some(p)` for a page claimed for injection (LOCAL,
+    /// pinned) that the caller must map ([`Installer::inject`]).
     fn read_done(&self, p: u64, status: Status) -> Option<u64> {
-        let now = self.now();
-        let c = &self.counters;
+        let now = self.clock.now();
         let w0 = self.table.load(p);
         if state_of(w0) != st::INFLIGHT {
             tracing::error!(
@@ -94,73 +122,67 @@ impl Inner {
             return None;
         }
         if w0 & st::F_PF_READ != 0 {
-            self.prefetch_inflight.fetch_sub(1, Ordering::Relaxed);
+            self.slots.give_back();
         }
         match status {
             Status::Ok => {
-                c.bytes_read.fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
-                let fp = self.fingerprint(p);
-                self.set_clean_fp(p, fp);
-                let submitted = self.t_io[p as usize].load(Ordering::Relaxed);
+                self.counters.add(Counter::BytesRead, PAGE_SIZE as u64);
+                self.meta.set_clean_fp(p, self.installer.fingerprint(p));
                 self.hist
-                    .record(Hist::StoreRead, now.saturating_sub(submitted));
+                    .record(Hist::StoreRead, now.saturating_sub(self.meta.io_at(p)));
                 return self.install_arrived(p, now);
             }
-            Status::Absent => {
-                c.remote_absent.fetch_add(1, Ordering::Relaxed);
-                // Pages become REMOTE only when the engine wrote them back: the servers lost
-                // it. LOST for good (another read would say the same); whoever waits on it is
-                // reported, a prefetch that found it is not (the guest may never need it).
-                self.push_error(EngineError::PageLost {
-                    gpa: p * PAGE_SIZE as u64,
-                });
-                let r = self.table.update(p, |w| {
-                    (state_of(w) == st::INFLIGHT).then_some(st::pins_only(w) | st::LOST)
-                });
-                if let Ok((old, _)) = r {
-                    self.release_frame();
-                    if old & (st::F_DEMAND | st::F_WAITERS) != 0 {
-                        self.lost_page_accessed(p);
-                    }
-                }
-            }
-            Status::Failed(error) => {
-                c.store_errors.fetch_add(1, Ordering::Relaxed);
-                self.push_error(EngineError::Store {
-                    op: "read",
-                    gpa: p * PAGE_SIZE as u64,
-                    error,
-                });
-                // Somebody waits on it (a vCPU, or a VMM access): it stays INFLIGHT with its
-                // frame, so the waiters keep waiting and no second read of it can start, and
-                // the fault thread reads it again after a back-off — one retry chain per page,
-                // however long the store is unavailable. Nobody waits: drop the read.
-                let r = self.table.update(p, |w| {
-                    if state_of(w) != st::INFLIGHT {
-                        None
-                    } else if w & (st::F_DEMAND | st::F_WAITERS) != 0 {
-                        Some(w & !st::F_PF_READ)
-                    } else {
-                        Some(st::pins_only(w) | st::REMOTE)
-                    }
-                });
-                match r {
-                    Ok((_, new)) if state_of(new) == st::INFLIGHT => {
-                        let _ = self.retry_tx.send(p);
-                        self.kick.kick();
-                    }
-                    Ok(_) => self.release_frame(),
-                    Err(_) => {}
-                }
-            }
+            Status::Absent => self.lose(p),
+            Status::Failed(error) => self.failed(p, error),
         }
         None
+    }
+
+    /// `Absent`: LOST for good (another read would say the same); whoever waits on it is
+    /// reported, a prefetch that found it is not (the guest may never need it).
+    fn lose(&self, p: u64) {
+        self.counters.inc(Counter::RemoteAbsent);
+        self.errors.push(EngineError::PageLost {
+            gpa: p * PAGE_SIZE as u64,
+        });
+        let r = self.table.update(p, |w| {
+            (state_of(w) == st::INFLIGHT).then_some(st::pins_only(w) | st::LOST)
+        });
+        if let Ok((old, _)) = r {
+            self.frames.release();
+            if old & (st::F_DEMAND | st::F_WAITERS) != 0 {
+                self.lost.accessed(p);
+            }
+        }
+    }
+
+    /// `Failed`: retried while somebody waits, dropped otherwise (module docs).
+    fn failed(&self, p: u64, error: crate::store::StoreError) {
+        self.counters.inc(Counter::StoreErrors);
+        self.errors.push(EngineError::Store {
+            op: "read",
+            gpa: p * PAGE_SIZE as u64,
+            error,
+        });
+        let r = self.table.update(p, |w| {
+            if state_of(w) != st::INFLIGHT {
+                None
+            } else if w & (st::F_DEMAND | st::F_WAITERS) != 0 {
+                Some(w & !st::F_PF_READ)
+            } else {
+                Some(st::pins_only(w) | st::REMOTE)
+            }
+        });
+        match r {
+            Ok((_, new)) if state_of(new) == st::INFLIGHT => self.queues.retry_later(p),
+            Ok(_) => self.frames.release(),
+            Err(_) => {}
+        }
     }
 
     /// Stages or installs a page whose data just landed in the memfd. Returns `Some(p)` when
     /// the page was claimed for injection (LOCAL, pinned) and still has to be mapped.
     fn install_arrived(&self, p: u64, now: u64) -> Option<u64> {
-        let c = &self.counters;
         loop {
             let w = self.table.load(p);
             let waiters = w & (st::F_WAITERS | st::F_DEMAND) != 0;
@@ -170,14 +192,14 @@ impl Inner {
                     | st::F_PREFETCHED
                     | st::F_REF
                     | (w & st::F_PROBE);
-                self.t_io[p as usize].store(now, Ordering::Relaxed);
+                self.meta.set_io_at(p, now);
                 if self.table.cas(p, w, staged).is_err() {
                     continue;
                 }
-                c.prefetch_staged.fetch_add(1, Ordering::Relaxed);
+                self.counters.inc(Counter::PrefetchStaged);
                 return None;
             }
-            let old = self.claim_local(p, |w| {
+            let old = self.installer.claim_local(p, |w| {
                 if w & (st::F_WAITERS | st::F_DEMAND) != 0 {
                     w & (st::F_CONSUMED | st::F_HOT)
                 } else {
@@ -191,22 +213,17 @@ impl Inner {
             // Map without waking, then wake, timing each apart: the woken vCPU often takes
             // this CPU before the wake call returns (2 cores), which is neither install cost
             // nor time the vCPU spent waiting.
-            self.map_pinned(p, 1, false);
-            let mapped = self.now();
+            self.installer.map_pinned(p, 1, false);
+            let mapped = self.clock.now();
             self.hist.record(Hist::Install, mapped.saturating_sub(now));
-            let t0 = self.t_fault[p as usize].load(Ordering::Relaxed);
+            let t0 = self.meta.fault_at(p);
             if old & st::F_DEMAND != 0 && t0 != 0 {
                 self.hist
                     .record(Hist::FaultService, mapped.saturating_sub(t0));
             }
-            if let Err(e) = self
-                .uffd
-                .wake(self.ram.guest_page_addr(p), PAGE_SIZE as u64)
-            {
-                tracing::error!("UFFDIO_WAKE of guest page {p:#x}: {e}");
-            }
+            self.installer.wake(p);
             self.hist
-                .record(Hist::Wake, self.now().saturating_sub(mapped));
+                .record(Hist::Wake, self.clock.now().saturating_sub(mapped));
             return None;
         }
     }

@@ -3,8 +3,27 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::EngineError;
 use crate::PAGE_SIZE;
+
+/// A configuration the engine cannot run with.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("bad local-memory {input:?}: {why}")]
+    LocalMemory { input: String, why: &'static str },
+    #[error("guest memory size {0} is not a positive multiple of 4 KiB")]
+    MemorySize(u64),
+    #[error("guest memory larger than 16 TiB")]
+    MemoryTooLarge,
+    #[error("guest memory size overflows usize")]
+    MemoryOverflowsUsize,
+    #[error("evict_batch must be in 1..=1024")]
+    EvictBatch,
+    #[error(
+        "local budget of {budget} pages is too small for a free reserve of {reserve} pages \
+         (need at least reserve + 16)"
+    )]
+    BudgetBelowReserve { budget: u64, reserve: u64 },
+}
 
 /// How much guest RAM may be resident locally.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -18,8 +37,11 @@ pub enum Budget {
 
 impl Budget {
     /// Parses `--local-memory`: `25%`, `512M`, `1G`, `4096K`, `123456` (bytes), `all`.
-    pub fn parse(s: &str) -> Result<Self, EngineError> {
-        let bad = |why: &str| EngineError::Config(format!("bad local-memory {s:?}: {why}"));
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let bad = |why: &'static str| ConfigError::LocalMemory {
+            input: s.to_string(),
+            why,
+        };
         let t = s.trim();
         if t.eq_ignore_ascii_case("all") || t.eq_ignore_ascii_case("unlimited") {
             return Ok(Self::Unlimited);
@@ -114,22 +136,18 @@ impl EngineConfig {
     }
 
     /// (budget pages, reserve pages) after validation.
-    pub fn resolve(&self) -> Result<(u64, u64), EngineError> {
+    pub fn resolve(&self) -> Result<(u64, u64), ConfigError> {
         if self.mem_bytes == 0 || !self.mem_bytes.is_multiple_of(PAGE_SIZE as u64) {
-            return Err(EngineError::Config(format!(
-                "guest memory size {} is not a positive multiple of 4 KiB",
-                self.mem_bytes
-            )));
+            return Err(ConfigError::MemorySize(self.mem_bytes));
         }
         if self.total_pages() > u32::MAX as u64 {
-            return Err(EngineError::Config(
-                "guest memory larger than 16 TiB".into(),
-            ));
+            return Err(ConfigError::MemoryTooLarge);
+        }
+        if usize::try_from(self.mem_bytes).is_err() {
+            return Err(ConfigError::MemoryOverflowsUsize);
         }
         if self.evict_batch == 0 || self.evict_batch > 1024 {
-            return Err(EngineError::Config(
-                "evict_batch must be in 1..=1024".into(),
-            ));
+            return Err(ConfigError::EvictBatch);
         }
         let budget = self.budget.pages(self.total_pages());
         let reserve = if self.free_reserve_pages == 0 {
@@ -138,10 +156,7 @@ impl EngineConfig {
             self.free_reserve_pages
         };
         if self.budget != Budget::Unlimited && budget < reserve + 16 {
-            return Err(EngineError::Config(format!(
-                "local budget of {budget} pages is too small for a free reserve of {reserve} pages \
-                 (need at least reserve + 16)"
-            )));
+            return Err(ConfigError::BudgetBelowReserve { budget, reserve });
         }
         Ok((budget, reserve.min(budget)))
     }

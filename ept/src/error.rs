@@ -1,11 +1,15 @@
-//! The engine's error type.
+//! The engine's public error type: what [`crate::Engine`] calls return and what
+//! [`crate::Engine::take_errors`] reports from its threads. Modules with failure modes of their
+//! own keep their own enums ([`crate::config::ConfigError`], [`crate::store::StoreError`],
+//! [`crate::stage2::PreFaultError`]) and are wrapped here.
 
+use crate::config::ConfigError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     #[error("{what}: {source}")]
     Os {
         what: &'static str,
@@ -14,6 +18,8 @@ pub enum EngineError {
     },
     #[error("guest range {gpa:#x}+{len:#x} is outside guest RAM ({mem:#x} bytes)")]
     OutOfRange { gpa: u64, len: u64, mem: u64 },
+    #[error("agent slot GPA {0:#x} is not 4 KiB aligned")]
+    MisalignedSlot(u64),
     #[error("memory store {op} of guest page {gpa:#x} failed: {error}")]
     Store {
         op: &'static str,

@@ -15,27 +15,51 @@
 //!
 //! The engine knows nothing of sockets or KVM: page I/O goes through [`store::RemoteStore`],
 //! stage-2 pre-faulting through [`stage2::StageTwo`], both implemented by the VMM.
+//!
+//! Layout: the engine's state is split into parts with one owner each (listed in `parts.rs`);
+//! the fault handler (`fault`), the completion path (`complete`), the evictor (`evict`) and
+//! VMM accesses (`access`) act on the parts and never on one another; [`Engine`]
+//! (`engine.rs`) assembles them and is the public handle.
 
+// The engine's state, one part per file.
+mod clock;
+mod errlog;
+mod frames;
+mod installer;
+mod lost;
+mod pagemeta;
+mod parts;
+mod port;
+mod prefetch_slots;
+mod queues;
+mod refault;
+mod state;
+pub mod stats;
+pub mod vcpu;
+
+// What acts on the parts.
 mod access;
 mod complete;
-pub mod config;
-mod engine;
-pub mod error;
 mod evict;
 mod fault;
+
+mod engine;
+
+pub mod config;
+pub mod error;
 pub mod hash;
 pub mod memstore;
 pub mod stage2;
-mod state;
-pub mod stats;
-pub mod store;
+/// The page-store seam (`farvm-pageio`), under the name the engine's modules use.
+pub use farvm_pageio as store;
 pub mod sys;
 pub mod translate;
-pub mod vcpu;
 
-pub use config::{Budget, EngineConfig, DEFAULT_PROBE_EVERY};
-pub use engine::{Engine, EngineParts, LostPage, PageState};
+pub use config::{Budget, ConfigError, EngineConfig, DEFAULT_PROBE_EVERY};
+pub use engine::{Engine, EngineParts};
 pub use error::EngineError;
+pub use lost::LostPage;
+pub use state::PageState;
 pub use stats::{CounterValues, PrefetchEstimate, Stats};
 
 /// Guest page size (4 KiB).

@@ -9,6 +9,10 @@
 //! `INFLIGHT`, local = `LOCAL`, local-prefetched-unused = `LOCAL|PREFETCHED` or `STAGED`;
 //! data gone from every memory server = `LOST`; "dirty" is not a state: it is decided
 //! race-free from content at eviction, see `evict.rs`).
+//!
+//! Who moves a page between states: the fault handler (`fault`, its transition table), the
+//! completion path (`complete`), the evictor (`evict`), VMM accesses (`access`), and the
+//! installer's publish (`installer`: any owned state → `LOCAL`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -78,6 +82,39 @@ fn with_state(w: u32, s: u32) -> u32 {
 #[inline]
 pub fn pins_only(w: u32) -> u32 {
     w & !(PIN_ONE - 1)
+}
+
+/// A page's paging state, as reported to the VMM and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PageState {
+    Never,
+    Remote,
+    InFlight,
+    Local {
+        pinned: bool,
+        prefetched: bool,
+    },
+    Staged,
+    Evicting,
+    /// Its data is gone from every memory server (the page-state table's `LOST`).
+    Lost,
+}
+
+impl PageState {
+    pub(crate) fn from_word(w: u32) -> Self {
+        match state_of(w) {
+            NEVER => Self::Never,
+            REMOTE => Self::Remote,
+            INFLIGHT => Self::InFlight,
+            LOCAL => Self::Local {
+                pinned: pins_of(w) > 0,
+                prefetched: w & F_PREFETCHED != 0,
+            },
+            STAGED => Self::Staged,
+            LOST => Self::Lost,
+            _ => Self::Evicting,
+        }
+    }
 }
 
 /// Lock-free table of page words.

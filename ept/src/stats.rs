@@ -1,6 +1,6 @@
 //! Per-VM metrics: counters (relaxed atomics), latency histograms (HDR, one set per recording
 //! thread so recording never contends; merged on snapshot), and the serialisable [`Stats`]
-//! snapshot with a Prometheus text rendering.
+//! snapshot (exporters such as the VMM's Prometheus endpoint render it).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -10,10 +10,12 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// Live counters, bumped with relaxed atomics.
-        #[derive(Default)]
-        pub struct Counters { $($(#[$doc])* pub $name: AtomicU64,)* }
+    ($($(#[$doc:meta])* $name:ident: $id:ident),* $(,)?) => {
+        /// Names one live counter of [`Counters`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter { $($(#[$doc])* $id,)* }
+
+        const NCOUNTERS: usize = [$(Counter::$id),*].len();
 
         /// A copy of [`Counters`] at one instant.
         #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +23,7 @@ macro_rules! counters {
 
         impl Counters {
             pub fn snapshot(&self) -> CounterValues {
-                CounterValues { $($name: self.$name.load(Ordering::Relaxed),)* }
+                CounterValues { $($name: self.get(Counter::$id),)* }
             }
         }
 
@@ -40,105 +42,142 @@ macro_rules! counters {
     };
 }
 
+/// Live counters, bumped with relaxed atomics from any engine thread.
+pub struct Counters([AtomicU64; NCOUNTERS]);
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Counters {
+    #[inline]
+    pub fn add(&self, c: Counter, n: u64) {
+        self.0[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn inc(&self, c: Counter) {
+        self.add(c, 1);
+    }
+
+    /// Sets a counter whose running total is kept elsewhere (the page space's walk counts).
+    #[inline]
+    pub fn set(&self, c: Counter, v: u64) {
+        self.0[c as usize].store(v, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn get(&self, c: Counter) -> u64 {
+        self.0[c as usize].load(Ordering::Relaxed)
+    }
+}
+
 counters! {
     /// Guest faults on pages whose data is remote (each became a demand read).
-    demand_faults,
+    demand_faults: DemandFaults,
     /// Guest faults on never-written pages, served locally with zeros.
-    zero_fills,
+    zero_fills: ZeroFills,
     /// Faults on a page whose read was already in flight (waited on the same fetch).
-    dedup_waits,
+    dedup_waits: DedupWaits,
     /// Faults on pages being evicted (rescued or refetched).
-    evicting_waits,
+    evicting_waits: EvictingWaits,
     /// Faults on pages already local (raced with an install; woken).
-    spurious_faults,
+    spurious_faults: SpuriousFaults,
     /// Demand faults that had to wait for the evictor to free a frame.
-    frame_waits,
+    frame_waits: FrameWaits,
     /// Demand faults on pages evicted less than one budget of evictions ago (working set).
-    hot_refaults,
+    hot_refaults: HotRefaults,
     /// Demand faults (remote or never-written pages) whose thread id is not a registered vCPU:
     /// KVM resolved them on another thread (its async page-fault worker), so they cannot be
     /// attributed to a guest process.
-    unattributed_faults,
+    unattributed_faults: UnattributedFaults,
     /// Reads issued to the store at demand priority.
-    remote_reads_demand,
+    remote_reads_demand: RemoteReadsDemand,
     /// Demand reads the fault handler served itself, synchronously (`RemoteStore::read_now`).
-    sync_demand_reads,
+    sync_demand_reads: SyncDemandReads,
     /// Reads issued to the store at prefetch priority.
-    remote_reads_prefetch,
+    remote_reads_prefetch: RemoteReadsPrefetch,
     /// Page write-backs completed successfully.
-    remote_writes,
+    remote_writes: RemoteWrites,
     /// Reads answered "absent on server": for a page the engine wrote back, its data is lost
     /// (the page becomes `LOST`).
-    remote_absent,
+    remote_absent: RemoteAbsent,
     /// Guest faults and VMM accesses on `LOST` pages (each is reported to the VMM).
-    lost_accesses,
+    lost_accesses: LostAccesses,
     /// Store requests that failed (read or write).
-    store_errors,
+    store_errors: StoreErrors,
     /// Demand reads re-submitted after a failure.
-    read_retries,
+    read_retries: ReadRetries,
     /// Bytes received from the store.
-    bytes_read,
+    bytes_read: BytesRead,
     /// Bytes sent to the store.
-    bytes_written,
+    bytes_written: BytesWritten,
     /// Prefetch reads issued.
-    prefetch_issued,
+    prefetch_issued: PrefetchIssued,
     /// Prefetched pages injected into the guest view before use.
-    prefetch_injected,
+    prefetch_injected: PrefetchInjected,
     /// Prefetched pages left staged (markers and probes) to observe hits.
-    prefetch_staged,
+    prefetch_staged: PrefetchStaged,
     /// Staged pages the guest then touched (exact hits).
-    prefetch_marker_hits,
+    prefetch_marker_hits: PrefetchMarkerHits,
     /// Guest faults on a page whose prefetch was still in flight (late hits).
-    prefetch_late_hits,
+    prefetch_late_hits: PrefetchLateHits,
     /// Injected pages found modified at eviction (a use seen after the fact).
-    prefetch_inferred_hits,
+    prefetch_inferred_hits: PrefetchInferredHits,
     /// Staged pages evicted without being touched (exact waste).
-    prefetch_wasted,
+    prefetch_wasted: PrefetchWasted,
     /// Prefetches the engine's sampler chose as probes (1 in `probe_every`, markers or not),
     /// left staged on arrival.
-    probe_staged,
+    probe_staged: ProbeStaged,
     /// Probes the guest touched (staged hit or late hit).
-    probe_hits,
+    probe_hits: ProbeHits,
     /// Probes evicted untouched.
-    probe_wasted,
+    probe_wasted: ProbeWasted,
     /// Injected pages evicted with no evidence of use (an upper bound on injected waste).
-    prefetch_unconfirmed,
+    prefetch_unconfirmed: PrefetchUnconfirmed,
     /// Candidates skipped: not remote (already local, in flight, or never written).
-    prefetch_skipped,
+    prefetch_skipped: PrefetchSkipped,
     /// Candidates deferred for lack of a frame below the low-water mark or an in-flight slot.
-    prefetch_deferred,
+    prefetch_deferred: PrefetchDeferred,
     /// Deferred candidates dropped: the deferral queue was full or they went stale.
-    prefetch_dropped,
+    prefetch_dropped: PrefetchDropped,
     /// Pages evicted.
-    evictions,
+    evictions: Evictions,
     /// Evicted pages that were clean and had a valid remote copy (no I/O).
-    evict_clean,
+    evict_clean: EvictClean,
     /// Evicted pages still all-zero and never stored: returned to "never written".
-    evict_zero,
+    evict_zero: EvictZero,
     /// Evicted pages written back first.
-    evict_dirty,
+    evict_dirty: EvictDirty,
     /// Eviction cancelled because the guest faulted on the page meanwhile.
-    evict_rescued,
+    evict_rescued: EvictRescued,
     /// Write-backs that failed (the page stays resident).
-    evict_write_failed,
+    evict_write_failed: EvictWriteFailed,
     /// Eviction rounds.
-    evict_rounds,
+    evict_rounds: EvictRounds,
     /// Stage-2 pre-fault calls attempted.
-    prefault_calls,
+    prefault_calls: PrefaultCalls,
     /// Stage-2 pre-fault unsupported (detected once, then disabled).
-    prefault_unsupported,
+    prefault_unsupported: PrefaultUnsupported,
+    /// Pages whose stage-2 entries a pre-fault call built (the injected pages the guest can
+    /// touch without a stage-2 fault).
+    prefault_pages: PrefaultPages,
+    /// Pre-fault calls that failed otherwise (those pages fall back to the host-PTE install).
+    prefault_failed: PrefaultFailed,
     /// VMM reads/writes resolved through the engine.
-    vmm_accesses,
+    vmm_accesses: VmmAccesses,
     /// Walks of a guest process's page tables (virtual page space, `translate::VirtualPages`).
-    page_table_walks,
+    page_table_walks: PageTableWalks,
     /// Faults the prefetcher saw as guest-virtual pages of their process.
-    faults_seen_virtual,
+    faults_seen_virtual: FaultsSeenVirtual,
     /// Faults the virtual page space left guest-physical (unattributed, not mapped by the
     /// process, or no walk allowed yet). Zero with the physical page space, which translates
     /// nothing.
-    faults_seen_physical,
+    faults_seen_physical: FaultsSeenPhysical,
     /// Prefetch candidates (virtual pages) that mapped to no resident-table guest page.
-    candidates_unmapped,
+    candidates_unmapped: CandidatesUnmapped,
 }
 
 /// Which latency a sample belongs to.
@@ -162,15 +201,6 @@ pub enum Hist {
     Wake,
 }
 const NHIST: usize = 7;
-const HIST_NAMES: [&str; NHIST] = [
-    "fault_service",
-    "zero_fill",
-    "store_read",
-    "install",
-    "prefetch_timeliness",
-    "evict_round",
-    "wake",
-];
 
 /// Histogram slots: each recording thread sticks to one, so locks are uncontended.
 const SLOTS: usize = 8;
@@ -340,70 +370,6 @@ impl Stats {
         self.evict_round = LatencySummary::of(&m[Hist::EvictRound as usize]);
         self.wake = LatencySummary::of(&m[Hist::Wake as usize]);
     }
-
-    /// Prometheus text exposition (version 0.0.4), every series labelled `vm="<vm>"`.
-    pub fn to_prometheus(&self, vm: &str) -> String {
-        use std::fmt::Write;
-        let vm: String = vm
-            .chars()
-            .map(|c| {
-                if c == '"' || c == '\\' || c == '\n' {
-                    '_'
-                } else {
-                    c
-                }
-            })
-            .collect();
-        let mut s = String::new();
-        for (name, v) in self.counters.pairs() {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name}_total counter");
-            let _ = writeln!(s, "farvm_ept_{name}_total{{vm=\"{vm}\"}} {v}");
-        }
-        let gauges = [
-            ("total_pages", self.total_pages as f64),
-            ("budget_pages", self.budget_pages as f64),
-            ("reserve_pages", self.reserve_pages as f64),
-            ("resident_pages", self.resident_pages as f64),
-            ("prefetch_inflight", self.prefetch_inflight as f64),
-            ("prefetch_accuracy", self.accuracy),
-            ("prefetch_accuracy_markers", self.accuracy_markers),
-            ("prefetch_coverage", self.coverage),
-        ];
-        for (name, v) in gauges {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name} gauge");
-            let _ = writeln!(s, "farvm_ept_{name}{{vm=\"{vm}\"}} {v}");
-        }
-        let lat = [
-            (HIST_NAMES[0], &self.fault_service),
-            (HIST_NAMES[1], &self.zero_fill),
-            (HIST_NAMES[2], &self.store_read),
-            (HIST_NAMES[3], &self.install),
-            (HIST_NAMES[4], &self.prefetch_timeliness),
-            (HIST_NAMES[5], &self.evict_round),
-            (HIST_NAMES[6], &self.wake),
-        ];
-        for (name, l) in lat {
-            let _ = writeln!(s, "# TYPE farvm_ept_{name}_seconds summary");
-            for (q, v) in [("0.5", l.p50), ("0.99", l.p99), ("0.999", l.p999)] {
-                let _ = writeln!(
-                    s,
-                    "farvm_ept_{name}_seconds{{vm=\"{vm}\",quantile=\"{q}\"}} {}",
-                    v as f64 / 1e9
-                );
-            }
-            let _ = writeln!(
-                s,
-                "farvm_ept_{name}_seconds_sum{{vm=\"{vm}\"}} {}",
-                l.mean * l.count as f64 / 1e9
-            );
-            let _ = writeln!(
-                s,
-                "farvm_ept_{name}_seconds_count{{vm=\"{vm}\"}} {}",
-                l.count
-            );
-        }
-        s
-    }
 }
 
 #[cfg(test)]
@@ -433,9 +399,6 @@ mod tests {
         assert!((st.fault_service.p50 as i64 - 500_000).abs() < 2_000);
         assert!((st.accuracy_markers - 0.75).abs() < 1e-9);
         assert!((st.accuracy - 0.5).abs() < 1e-9, "probes win over markers");
-        let text = st.to_prometheus("vm\"1");
-        assert!(text.contains("farvm_ept_demand_faults_total{vm=\"vm_1\"} 0"));
-        assert!(text.contains("farvm_ept_fault_service_seconds_count{vm=\"vm_1\"} 4000"));
         let json = serde_json::to_string(&st).unwrap();
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, st);
@@ -444,13 +407,13 @@ mod tests {
     #[test]
     fn a_phase_estimate_is_taken_from_the_difference_of_two_snapshots() {
         let c = Counters::default();
-        c.demand_faults.store(100, Ordering::Relaxed);
-        c.prefetch_injected.store(50, Ordering::Relaxed);
+        c.set(Counter::DemandFaults, 100);
+        c.set(Counter::PrefetchInjected, 50);
         let start = c.snapshot();
-        c.demand_faults.fetch_add(10, Ordering::Relaxed);
-        c.prefetch_injected.fetch_add(40, Ordering::Relaxed);
-        c.probe_hits.fetch_add(3, Ordering::Relaxed);
-        c.probe_wasted.fetch_add(1, Ordering::Relaxed);
+        c.add(Counter::DemandFaults, 10);
+        c.add(Counter::PrefetchInjected, 40);
+        c.add(Counter::ProbeHits, 3);
+        c.inc(Counter::ProbeWasted);
         let d = c.snapshot().since(&start);
         assert_eq!((d.demand_faults, d.prefetch_injected), (10, 40));
         let e = PrefetchEstimate::of(&d);

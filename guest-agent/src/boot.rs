@@ -26,6 +26,44 @@ pub const MAX_PROCS: usize = 64;
 /// Maximum vCPUs the test-guest kernel runs on (`BootInfo::ncpus`; added 01:25, CHANGES.md).
 pub const MAX_CPUS: usize = 16;
 
+/// The ELF note that marks a kernel file as the farvm test guest, so a VMM handed the file by
+/// path (`--kernel`, a libvirt `<kernel>`) boots it with [`BootInfo`] rather than as Linux. The
+/// kernel carries it in a `PT_NOTE` segment; its descriptor is the [`crate::ABI_VERSION`] the
+/// kernel was built against.
+pub mod note {
+    /// Note name (with its NUL), as in the ELF `n_name` field.
+    pub const NAME: &[u8; 6] = b"farvm\0";
+    /// Note type of the test-guest marker.
+    pub const TYPE_TEST_GUEST: u32 = 1;
+
+    /// The whole note as laid out in the file: header, name padded to 4 bytes, descriptor.
+    #[repr(C, align(4))]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct TestGuestNote {
+        pub namesz: u32,
+        pub descsz: u32,
+        pub n_type: u32,
+        pub name: [u8; 8],
+        /// The guest/VMM ABI version the kernel was built against.
+        pub abi_version: u32,
+    }
+
+    impl TestGuestNote {
+        /// The note of a kernel built against this crate.
+        pub const fn current() -> Self {
+            TestGuestNote {
+                namesz: NAME.len() as u32,
+                descsz: 4,
+                n_type: TYPE_TEST_GUEST,
+                name: *b"farvm\0\0\0",
+                abi_version: crate::ABI_VERSION,
+            }
+        }
+    }
+
+    const _: () = assert!(core::mem::size_of::<TestGuestNote>() == 24);
+}
+
 /// `BootInfo::flags`
 pub mod flags {
     /// Guest RAM is fresh VMM memory (all zero): the kernel need not zero new frames.

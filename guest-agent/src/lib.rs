@@ -2,7 +2,9 @@
 //!
 //! `#![no_std]` and dependency-free so that the freestanding test-guest kernel, the ring-3 test
 //! program, a Linux agent and the VMM all compile the same definitions. Every shared structure is
-//! `#[repr(C)]` with explicit sizes; layouts are pinned by `const` assertions below.
+//! `#[repr(C)]` with explicit sizes; layouts are pinned by `const` assertions below. The optional
+//! `vm-memory` feature (host side only) marks the records as vm-memory `ByteValued`, so a
+//! rust-vmm VMM reads and writes them in guest memory with `Bytes::read_obj` / `write_obj`.
 //!
 //! Contract notes:
 //! - Existing items are an ABI: do not change their layout or meaning; add new items or bump
@@ -12,6 +14,8 @@
 #![no_std]
 
 pub mod boot;
+#[cfg(feature = "vm-memory")]
+mod byte_valued;
 pub mod frames;
 pub mod pv;
 pub mod slot;

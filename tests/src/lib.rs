@@ -1,15 +1,13 @@
 //! Shared helpers for farvm integration tests: the /dev/kvm gate, booting the built-in test
 //! guest with a list of `--workload` specs, and native baselines of the same workloads.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use farvm_guest_agent::boot::flags;
 use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::builder::{build, VmConfig};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
-use farvm_vmm::vm::{BootSpec, RunningVm, Vm, VmConfig, VmReport};
+use farvm_vmm::vm::{RunningVm, VmReport};
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use farvm_workloads::Outcome;
 
@@ -32,10 +30,20 @@ pub fn kvm_available() -> bool {
         eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
         return false;
     }
-    if let Err(e) = farvm_vmm::kvm::check_available() {
+    if let Err(e) = farvm_vmm::vstate::vm::check_available() {
         panic!("this test needs a usable /dev/kvm ({e}); set FARVM_SKIP_KVM=1 to skip it");
     }
     true
+}
+
+/// How long a test VM may run: `default`, or `FARVM_TEST_VM_TIMEOUT_SECS` where the host is
+/// known to be slow (the KVM lab emulates every instruction). Only the bound changes: a VM that
+/// hits it still fails its test.
+pub fn vm_timeout(default: Duration) -> Duration {
+    std::env::var("FARVM_TEST_VM_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(default, Duration::from_secs)
 }
 
 /// How to boot the test guest.
@@ -64,7 +72,7 @@ impl GuestSetup {
             flags: flags::RAM_IS_ZERO,
             frame_shuffle_seed: 1,
             frame_run_shift: 0,
-            timeout: Duration::from_secs(300),
+            timeout: vm_timeout(Duration::from_secs(300)),
         }
     }
 
@@ -73,34 +81,32 @@ impl GuestSetup {
         place(&self.workloads, self.vcpus).expect("valid workload specs")
     }
 
-    /// The VMM configuration for this setup.
+    /// The VM configuration for this setup (local RAM; set `remote` for remote memory).
     pub fn config(&self) -> VmConfig {
-        VmConfig {
-            name: self.name.clone(),
-            mem_bytes: self.mem_bytes,
-            vcpus: self.vcpus,
-            backing: Backing::Anonymous,
-            serial: SerialOut::None,
-            boot: BootSpec::TestGuest {
-                kernel: Arc::from(farvm_vmm::builtin::test_guest_elf()),
-                plan: TestPlan {
-                    procs: self.placed().iter().map(|p| p.process_spec()).collect(),
-                    timer_hz: self.timer_hz,
-                    flags: self.flags,
-                    frame_shuffle_seed: self.frame_shuffle_seed,
-                    frame_run_shift: self.frame_run_shift,
-                },
-            },
-            echo_guest_logs: std::env::var_os("FARVM_TEST_GUEST_LOG").is_some(),
-            // As `farvm run` with remote memory: faults on the vCPU threads.
-            kvm_async_pf: false,
-        }
+        let plan = TestPlan {
+            procs: self.placed().iter().map(|p| p.process_spec()).collect(),
+            timer_hz: self.timer_hz,
+            flags: self.flags,
+            frame_shuffle_seed: self.frame_shuffle_seed,
+            frame_run_shift: self.frame_run_shift,
+        };
+        let mut cfg = VmConfig::test_guest(&self.name, self.mem_bytes, self.vcpus, plan);
+        cfg.echo_guest_logs = std::env::var_os("FARVM_TEST_GUEST_LOG").is_some();
+        // As `farvm run` with remote memory: faults on the vCPU threads.
+        cfg.kvm_async_pf = false;
+        cfg
     }
 
-    /// Creates and starts the VM.
-    pub fn start(&self) -> RunningVm {
-        let vm = Vm::create(self.config()).expect("create the test-guest VM");
+    /// Builds and starts the VM of `cfg` (this setup's [`GuestSetup::config`], possibly
+    /// changed).
+    pub fn start_with(&self, cfg: &VmConfig) -> RunningVm {
+        let vm = build(cfg).expect("build the test-guest VM");
         vm.start().expect("start the test-guest VM")
+    }
+
+    /// Builds and starts the VM.
+    pub fn start(&self) -> RunningVm {
+        self.start_with(&self.config())
     }
 
     /// Boots, waits for the guest to stop (or the timeout), returns the report.

@@ -191,7 +191,8 @@ pub fn status(vm: &VmShared) -> Value {
         .collect();
     json!({
         "name": vm.name,
-        "state": match vm.outcome() { None => "running".to_string(), Some(o) => format!("stopping: {o}") },
+        "uuid": vm.uuid,
+        "state": match vm.outcome() { None => vm.state().to_string(), Some(o) => format!("stopping: {o}") },
         "uptime_secs": vm.started.elapsed().as_secs_f64(),
         "vcpus": vm.ncpus,
         "memory_bytes": vm.ram.total_bytes(),
@@ -203,9 +204,7 @@ pub fn status(vm: &VmShared) -> Value {
 
 /// The `stats` reply.
 pub fn stats(vm: &VmShared) -> Value {
-    let c = &vm.pv.counters;
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let exits = vm.exits.snapshot();
+    let counters = vm.counters();
     let procs: Vec<Value> = vm
         .pv
         .processes()
@@ -231,21 +230,14 @@ pub fn stats(vm: &VmShared) -> Value {
         .collect();
     json!({
         "name": vm.name,
-        "uptime_secs": vm.started.elapsed().as_secs_f64(),
+        "uptime_secs": counters.uptime_secs,
         "vcpu": vcpus,
-        "exits": exits,
-        "exits_total": exits.total(),
-        "pv": {
-            "logs": l(&c.logs),
-            "doorbells": l(&c.doorbells),
-            "bad_doorbells": l(&c.bad_doorbells),
-            "bulk_ops": l(&c.bulk_ops),
-            "bulk_refused": l(&c.bulk_refused),
-            "bulk_bytes": l(&c.bulk_bytes),
-        },
+        "exits": counters.exits,
+        "exits_total": counters.exits_total,
+        "pv": counters.pv,
         "processes": procs,
         "kvm": vm.kvm_stats().into_iter().map(|s| s.map(|v| v.into_iter().map(|(k, n)| (k, Value::from(n))).collect::<serde_json::Map<String, Value>>())).collect::<Vec<_>>(),
-        "paging": vm.paging_stats.get().map(|f| f().0),
+        "paging": counters.paging,
     })
 }
 

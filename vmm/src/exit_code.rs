@@ -26,7 +26,16 @@ pub const SIGTERM: i32 = 143;
 /// Parses the command line as `C`. `--help` and `--version` print and exit 0; bad arguments
 /// print clap's message and exit [`USAGE`] (shared by the `farvm` and `farvm-lab` binaries).
 pub fn parse_args<C: clap::Parser>() -> C {
-    C::try_parse().unwrap_or_else(|e| {
+    parse_args_from(std::env::args_os())
+}
+
+/// [`parse_args`] over the given arguments (the first is the program name).
+pub fn parse_args_from<C: clap::Parser, I, T>(args: I) -> C
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    C::try_parse_from(args).unwrap_or_else(|e| {
         let code = match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => OK,
             _ => USAGE,
@@ -50,15 +59,19 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
     }
 }
 
-/// The exit status for an error creating the VM.
-pub fn for_vm_error(e: &crate::vm::VmError) -> i32 {
+/// The exit status for an error building the VM.
+pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
     use crate::boot::BootError;
-    use crate::vm::VmError;
+    use crate::builder::BuildError;
+    use crate::remote::RemoteError;
     match e {
-        VmError::Config(_) => USAGE,
-        VmError::Boot(BootError::Mem(_)) | VmError::Mem(_) | VmError::Kvm(_) | VmError::Io(_) => {
-            HOST_ERROR
-        }
-        VmError::Boot(_) => BAD_KERNEL,
+        BuildError::Config(_)
+        | BuildError::Remote(RemoteError::Config(_) | RemoteError::Token { .. }) => USAGE,
+        BuildError::Boot(BootError::Mem(_))
+        | BuildError::Memory(_)
+        | BuildError::Kvm(_)
+        | BuildError::Io(_)
+        | BuildError::Remote(_) => HOST_ERROR,
+        BuildError::Boot(_) => BAD_KERNEL,
     }
 }

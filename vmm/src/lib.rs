@@ -1,24 +1,34 @@
-//! farvm-vmm: the farvm KVM virtual machine monitor as a library (the `farvm` binary and the
-//! integration tests use it).
+//! farvm-vmm: the farvm KVM virtual machine monitor as a library (the `farvm` binary, the
+//! integration tests, the lab's benchmarks and an API server use it).
 //!
-//! Module map: [`memory`] (guest RAM and the single access layer), [`layout`] (where RAM goes),
-//! [`kvm`] (VM/vCPU setup), [`boot`] (test-guest ELF and Linux boot), [`devices`] (serial and
-//! the PV control device), [`vm`] (vCPU threads, exits, stop), [`control`] (the per-VM Unix
-//! socket), [`workload_spec`] (the `--workload` syntax), [`signals`], [`stats`], [`size`].
+//! Module map, laid out like Firecracker's:
+//! - [`builder`]: one [`builder::VmConfig`] → a [`vm::Vm`] (RAM, KVM, boot, devices, remote
+//!   memory) — the only way a VM is made.
+//! - [`vm`]: the built VM's control surface (start, pause, resume, shutdown, state, counters,
+//!   report) and the state its threads share.
+//! - [`vstate`]: KVM-facing state — [`vstate::vm`] (VM fd, memslots), [`vstate::vcpu`] (vCPU
+//!   setup, threads `vcpu0`… and exit handling), [`vstate::memory`] (guest RAM through
+//!   vm-memory, local or paged by the engine).
+//! - [`boot`] (test-guest ELF and Linux boot), [`devices`] (serial console, PV control
+//!   device), [`layout`] (where RAM goes).
+//! - [`remote`]: remote memory — the paging engine, its memory-server store, stage-2 injection.
+//! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd).
+//! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`], [`size`],
+//!   [`stats`], [`workload_spec`].
 
 pub mod affinity;
 pub mod boot;
+pub mod builder;
 pub mod builtin;
 pub mod control;
 pub mod devices;
 pub mod exit_code;
-pub mod kvm;
 pub mod layout;
-pub mod memory;
 pub mod metrics;
 pub mod remote;
 pub mod signals;
 pub mod size;
 pub mod stats;
 pub mod vm;
+pub mod vstate;
 pub mod workload_spec;

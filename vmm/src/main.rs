@@ -36,11 +36,18 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
+    /// Guest images built into farvm (`farvm image export DIR`: the test-guest kernel).
+    #[command(long_about = cli::image::IMAGE_ABOUT)]
+    Image(cli::image::ImageArgs),
 }
 
 fn main() {
     farvm_vmm::signals::default_sigpipe();
-    let cli: Cli = exit_code::parse_args();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = cli::cloud_hypervisor::answer(&args) {
+        std::process::exit(code);
+    }
+    let cli: Cli = exit_code::parse_args_from(args);
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
@@ -50,6 +57,7 @@ fn main() {
         Command::Stats(args) => cli::control::stats(args).map(|()| 0),
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
+        Command::Image(args) => cli::image::run(args).map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -1,153 +1,278 @@
-//! The Prometheus endpoint of `farvm run --metrics ADDR`: a minimal HTTP/1.0 server on one
-//! thread (`metrics`) that answers `GET /metrics` (and `GET /`) with the text exposition
-//! format produced by a caller-supplied function; anything else gets 404. One request per
-//! connection, a short read timeout, so a slow client cannot wedge it.
+//! The VM's Prometheus metrics (`farvm run --metrics ADDR`), served by farvm-httpd: a
+//! collector that takes a snapshot of the VM on every scrape — exits and uptime, and with
+//! remote memory the paging engine's counters, gauges and latency quantiles and the memory
+//! servers' health — every series labelled `vm="<name>"`.
+//!
+//! Series: `farvm_vm_exits_total`, `farvm_vm_uptime_seconds`; `farvm_ept_<counter>_total` for
+//! each engine counter; the gauges `farvm_ept_{total,budget,reserve,resident}_pages`,
+//! `farvm_ept_prefetch_{inflight,accuracy,accuracy_markers,coverage}`; the latency quantiles
+//! `farvm_ept_<what>_seconds{quantile="0.5"|"0.99"|"0.999"}` with `_sum` and `_count`; and
+//! `farvm_memservers`, `farvm_replication`, `farvm_memserver_*`.
 
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::fmt;
+use std::sync::{Arc, Weak};
 
-/// Renders the metrics text on each scrape.
-pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+use farvm_ept::stats::LatencySummary;
+use farvm_ept::Stats;
+use farvm_httpd::metrics::{router, Families};
+use farvm_httpd::prometheus_client::collector::Collector;
+use farvm_httpd::prometheus_client::encoding::DescriptorEncoder;
+use farvm_httpd::{Exposition, HttpError, HttpServer, Listen};
 
-/// A running endpoint; stops on drop.
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+use crate::remote::{RemoteHealth, RemoteStats};
+use crate::vm::VmShared;
+
+/// Serves `vm`'s metrics on `listen` from a thread named `metrics` (until dropped).
+pub fn serve(listen: &Listen, vm: &Arc<VmShared>) -> Result<HttpServer, HttpError> {
+    let mut exposition = Exposition::new();
+    exposition.register_collector(VmCollector(Arc::downgrade(vm)));
+    HttpServer::start(listen, "metrics", router(Arc::new(exposition)))
 }
 
-impl std::fmt::Debug for MetricsServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricsServer")
-            .field("addr", &self.addr)
-            .finish()
-    }
-}
+/// The VM's metrics, taken on each scrape; nothing once the VM is gone.
+#[derive(Debug)]
+struct VmCollector(Weak<VmShared>);
 
-impl MetricsServer {
-    /// Binds `addr` (port 0: ephemeral) and serves `render()` from a thread.
-    pub fn start(addr: SocketAddr, render: Render) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr)?;
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((s, _)) => {
-                            if let Err(e) = serve_one(s, &render) {
-                                tracing::debug!("metrics client: {e}");
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            tracing::warn!("metrics endpoint accept: {e}");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                }
-            })?;
-        Ok(Self {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+impl Collector for VmCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let Some(vm) = self.0.upgrade() else {
+            return Ok(());
+        };
+        let name = label_value(&vm.name);
+        let mut f = Families::new(encoder, &[("vm", &name)]);
+        if let Some(paging) = vm.paging_stats() {
+            encode_paging(&mut f, &paging)?;
         }
-    }
-}
-
-fn serve_one(s: TcpStream, render: &Render) -> io::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut r = BufReader::new(s.try_clone()?);
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    // Drain the headers (up to the blank line) so the client sees a clean close.
-    let mut h = String::new();
-    for _ in 0..100 {
-        h.clear();
-        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-    }
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let mut w = s;
-    if method == "GET" && (path == "/metrics" || path == "/") {
-        let body = render();
-        write!(
-            w,
-            "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
+        f.counter(
+            "farvm_vm_exits",
+            "vCPU exits to the VMM (all kinds).",
+            vm.exits.snapshot().total(),
         )?;
-    } else {
-        let body = "not found: try GET /metrics\n";
-        write!(
-            w,
-            "HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
+        f.gauge(
+            "farvm_vm_uptime_seconds",
+            "Time since the VM was built.",
+            vm.started.elapsed().as_secs_f64(),
+        )
+    }
+}
+
+/// A VM name as a label value: quotes, backslashes and newlines become `_` (as they always
+/// have in farvm's series, so dashboards keep matching).
+fn label_value(name: &str) -> String {
+    name.replace(['"', '\\', '\n'], "_")
+}
+
+/// The paging engine's and the memory servers' series.
+pub fn encode_paging(f: &mut Families<'_>, s: &RemoteStats) -> fmt::Result {
+    encode_engine(f, &s.engine)?;
+    encode_health(f, &s.remote)
+}
+
+fn encode_engine(f: &mut Families<'_>, s: &Stats) -> fmt::Result {
+    for (name, v) in s.counters.pairs() {
+        f.counter(
+            &format!("farvm_ept_{name}"),
+            &format!("Paging engine counter `{name}` (see `farvm stats`)."),
+            v,
         )?;
     }
-    w.flush()
+    let pages = [
+        ("total_pages", "Guest RAM pages.", s.total_pages),
+        (
+            "budget_pages",
+            "Local-memory budget in pages.",
+            s.budget_pages,
+        ),
+        (
+            "reserve_pages",
+            "Free frames the evictor keeps in reserve.",
+            s.reserve_pages,
+        ),
+        ("resident_pages", "Pages resident now.", s.resident_pages),
+        (
+            "prefetch_inflight",
+            "Prefetch reads in flight.",
+            s.prefetch_inflight,
+        ),
+    ];
+    for (name, help, v) in pages {
+        f.gauge(&format!("farvm_ept_{name}"), help, v)?;
+    }
+    let ratios = [
+        (
+            "prefetch_accuracy",
+            "Estimated hit rate of all prefetches (sampled probes).",
+            s.accuracy,
+        ),
+        (
+            "prefetch_accuracy_markers",
+            "Hit rate of staged prefetches (markers and probes).",
+            s.accuracy_markers,
+        ),
+        (
+            "prefetch_coverage",
+            "Estimated prefetch hits / (hits + demand faults).",
+            s.coverage,
+        ),
+    ];
+    for (name, help, v) in ratios {
+        f.gauge(&format!("farvm_ept_{name}"), help, v)?;
+    }
+    let latencies: [(&str, &str, &LatencySummary); 7] = [
+        ("fault_service", "Guest fault to wake-up", &s.fault_service),
+        (
+            "zero_fill",
+            "Zero-fill of a never-written page",
+            &s.zero_fill,
+        ),
+        (
+            "store_read",
+            "Page read from the memory store",
+            &s.store_read,
+        ),
+        ("install", "Page install into the guest view", &s.install),
+        (
+            "prefetch_timeliness",
+            "Prefetch arrival ahead of the guest's touch",
+            &s.prefetch_timeliness,
+        ),
+        ("evict_round", "Evictor round", &s.evict_round),
+        ("wake", "Wake-up of a faulting vCPU", &s.wake),
+    ];
+    for (name, help, l) in latencies {
+        f.quantiles(
+            &format!("farvm_ept_{name}_seconds"),
+            &format!("{help}, seconds."),
+            &[
+                ("0.5", l.p50 as f64 / 1e9),
+                ("0.99", l.p99 as f64 / 1e9),
+                ("0.999", l.p999 as f64 / 1e9),
+            ],
+            l.mean * l.count as f64 / 1e9,
+            l.count,
+        )?;
+    }
+    Ok(())
 }
 
-/// Fetches `http://addr/path` (for tests and `farvm` itself; no external client needed).
-pub fn scrape(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut text = String::new();
-    io::Read::read_to_string(&mut s, &mut text)?;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
+    f.gauge(
+        "farvm_memservers",
+        "Memory servers.",
+        r.servers.len() as u64,
+    )?;
+    f.gauge(
+        "farvm_replication",
+        "Copies of each remote page.",
+        r.replication as u64,
+    )?;
+    f.gauge(
+        "farvm_memserver_dead",
+        "Memory servers out of service now.",
+        r.dead_servers.saturating_sub(r.rejoined_servers),
+    )?;
+    let counters = [
+        (
+            "memserver_taken_out_of_service",
+            "Times a memory server was taken out of service.",
+            r.dead_servers,
+        ),
+        (
+            "memserver_rejoined",
+            "Times a memory server was put back in service.",
+            r.rejoined_servers,
+        ),
+        (
+            "memserver_read_failovers",
+            "Reads served by another replica.",
+            r.read_failovers,
+        ),
+        (
+            "memserver_slabs_rereplicated",
+            "Slabs copied to a new replica.",
+            r.slabs_rereplicated,
+        ),
+        (
+            "memserver_requests",
+            "Requests sent to the memory servers.",
+            r.wire_requests,
+        ),
+        (
+            "memserver_failed_requests",
+            "Requests that failed.",
+            r.failed_requests,
+        ),
+    ];
+    for (name, help, v) in counters {
+        f.counter(&format!("farvm_{name}"), help, v)?;
+    }
+    f.gauge(
+        "farvm_memserver_suspended_slabs",
+        "Slabs with no replica in service (their pages wait).",
+        r.suspended_slabs,
+    )?;
+    f.gauge(
+        "farvm_memserver_degraded_slabs",
+        "Slabs with fewer replicas than asked for.",
+        r.degraded_slabs,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::Stage2Prefault;
+
+    #[derive(Debug)]
+    struct Paging(RemoteStats, String);
+
+    impl Collector for Paging {
+        fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+            let mut f = Families::new(encoder, &[("vm", &label_value(&self.1))]);
+            encode_paging(&mut f, &self.0)
+        }
+    }
 
     #[test]
-    fn serves_metrics_and_404s_the_rest() {
-        let m = MetricsServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(|| "farvm_test_total 3\n".to_string()),
-        )
-        .unwrap();
-        let (code, body) = scrape(m.addr(), "/metrics").unwrap();
-        assert_eq!(code, 200);
-        assert_eq!(body, "farvm_test_total 3\n");
-        let (code, _) = scrape(m.addr(), "/nope").unwrap();
-        assert_eq!(code, 404);
+    fn paging_series_keep_their_names() {
+        let mut engine = Stats::default();
+        engine.fault_service.count = 4000;
+        engine.fault_service.p99 = 2_000_000;
+        engine.coverage = 0.5;
+        let stats = RemoteStats {
+            engine,
+            remote: RemoteHealth {
+                servers: vec!["127.0.0.1:1".into()],
+                embedded: true,
+                replication: 1,
+                dead_servers: 2,
+                rejoined_servers: 1,
+                read_failovers: 0,
+                slabs_rereplicated: 0,
+                degraded_slabs: 0,
+                suspended_slabs: 0,
+                wire_requests: 9,
+                slot_waits: 0,
+                busy: 0,
+                failed_requests: 0,
+            },
+            stage2_prefault: Stage2Prefault::On,
+        };
+        let mut e = Exposition::new();
+        e.register_collector(Paging(stats, "vm\"1".into()));
+        let text = e.render();
+        for line in [
+            "farvm_ept_demand_faults_total{vm=\"vm_1\"} 0",
+            "farvm_ept_fault_service_seconds_count{vm=\"vm_1\"} 4000",
+            "farvm_ept_fault_service_seconds{vm=\"vm_1\",quantile=\"0.99\"} 0.002",
+            "farvm_ept_prefetch_coverage{vm=\"vm_1\"} 0.5",
+            "farvm_ept_total_pages{vm=\"vm_1\"} 0",
+            "farvm_memservers{vm=\"vm_1\"} 1",
+            "farvm_memserver_dead{vm=\"vm_1\"} 1",
+            "farvm_memserver_taken_out_of_service_total{vm=\"vm_1\"} 2",
+            "farvm_memserver_requests_total{vm=\"vm_1\"} 9",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
     }
 }

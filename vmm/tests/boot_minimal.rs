@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 use common::*;
 use farvm_guest_agent::pv::{self, LogRecord, LOG_MAX};
 use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
-use farvm_vmm::vm::{Vm, VmOutcome};
+use farvm_vmm::builder::{build, VmConfig};
+use farvm_vmm::remote::{Budget, RemoteSpec};
+use farvm_vmm::vm::{VmOutcome, VmReport, VmState};
+use farvm_vmm::vstate::memory::Backing;
+use vm_memory::{Bytes, GuestAddress};
 
-fn run(cfg: farvm_vmm::vm::VmConfig) -> farvm_vmm::vm::VmReport {
-    let vm = Vm::create(cfg).expect("create VM");
+fn run(cfg: VmConfig) -> VmReport {
+    let vm = build(&cfg).expect("build VM");
     let running = vm.start().expect("start VM");
     let outcome = running.wait(Some(Duration::from_secs(60)), false);
     running.finish(outcome)
@@ -63,7 +67,7 @@ fn guest_log_lines_are_kept() {
     a.out_port(pv::PORT_LOG, data_gpa(0))
         .out_port(pv::PORT_SHUTDOWN, 0)
         .spin();
-    let vm = Vm::create(config("t-log2", kernel_with(&a.code, &bytes_of(&rec)), 1)).unwrap();
+    let vm = build(&config("t-log2", kernel_with(&a.code, &bytes_of(&rec)), 1)).unwrap();
     let shared = vm.shared().clone();
     let running = vm.start().unwrap();
     let o = running.wait(Some(Duration::from_secs(60)), false);
@@ -141,7 +145,7 @@ fn vcpu_threads_agent_slot_and_clean_stop() {
         .out32()
         .out_port(pv::PORT_CPU_DONE, 0)
         .spin();
-    let vm = Vm::create(config("t-smp", kernel_with(&a.code, &data), 2)).unwrap();
+    let vm = build(&config("t-smp", kernel_with(&a.code, &data), 2)).unwrap();
     let shared = vm.shared().clone();
     let running = vm.start().unwrap();
     // Thread ids are published before any guest instruction runs.
@@ -215,20 +219,12 @@ fn kvm_stats_count_exits() {
     assert!(exits.is_some_and(|v| v >= 6), "exits in {s:?}");
 }
 
-/// Counts every VMM access to guest memory, as the remote-memory engine's hook would see them.
-struct CountingHook {
-    ranges: std::sync::Mutex<Vec<(u64, u64, bool)>>,
-}
-
-impl farvm_vmm::memory::AccessHook for CountingHook {
-    fn make_resident(&self, gpa: u64, len: u64, write: bool) -> Result<(), String> {
-        self.ranges.lock().unwrap().push((gpa, len, write));
-        Ok(())
-    }
-}
-
+/// Guest RAM paged by the engine (remote memory, an embedded memory server): KVM's memslot is
+/// the engine's guest view, the guest runs on it, and the VMM's own accesses (the boot data it
+/// writes, the PV log record it reads) are copies made by the engine, never loads through the
+/// guest view.
 #[test]
-fn access_hook_sees_vmm_accesses_and_memfd_backing_works() {
+fn a_vm_on_paged_ram_runs_and_vmm_accesses_go_through_the_engine() {
     if !kvm_available() {
         return;
     }
@@ -240,73 +236,88 @@ fn access_hook_sees_vmm_accesses_and_memfd_backing_works() {
     rec.bytes[..2].copy_from_slice(b"hi");
     let mut a = Asm::default();
     a.out_port(pv::PORT_LOG, data_gpa(0))
-        .out_port(pv::PORT_SHUTDOWN, 0)
+        .out_port(pv::PORT_SHUTDOWN, 9)
         .spin();
-    let mut cfg = config("t-hook", kernel_with(&a.code, &bytes_of(&rec)), 1);
-    cfg.backing = farvm_vmm::memory::Backing::Memfd;
-    let vm = Vm::create(cfg).unwrap();
+    let mut cfg = config("t-paged", kernel_with(&a.code, &bytes_of(&rec)), 1);
+    let mut spec = RemoteSpec::new("t-paged");
+    spec.budget = Budget::Percent(50.0);
+    spec.prefetcher = "none".into();
+    cfg.remote = Some(spec);
+    cfg.kvm_async_pf = false;
+    let vm = build(&cfg).expect("build a VM on remote memory");
+    let engine = vm.remote().expect("remote memory").engine();
+    assert_eq!(vm.ram().backing(), Backing::External);
     let regions = vm.ram().regions();
     assert_eq!(regions.len(), 1);
-    assert!(regions[0].memfd().is_some());
-    assert_ne!(regions[0].host_addr(), 0);
+    assert_eq!(
+        (regions[0].host_addr(), regions[0].len()),
+        engine.guest_ram(),
+        "the memslot is the engine's guest view"
+    );
+    assert!(vm.ram().direct().is_err(), "no direct view of paged RAM");
     assert_eq!(vm.vcpu_fds().len(), 1);
-    let hook = std::sync::Arc::new(CountingHook {
-        ranges: std::sync::Mutex::new(Vec::new()),
-    });
-    vm.ram().set_access_hook(hook.clone()).unwrap();
+    let boot_accesses = engine.counters().vmm_accesses;
+    assert!(
+        boot_accesses > 0,
+        "the kernel and boot data were written through the engine"
+    );
+    let shared = vm.shared().clone();
     let running = vm.start().unwrap();
     let o = running.wait(Some(Duration::from_secs(60)), false);
     let r = running.finish(o);
-    assert_eq!(r.outcome, VmOutcome::GuestShutdown { status: 0 });
-    let seen = hook.ranges.lock().unwrap().clone();
-    let log_gpa = u64::from(data_gpa(0));
+    assert_eq!(r.outcome, VmOutcome::GuestShutdown { status: 9 });
+    assert_eq!(shared.pv.log_lines(), vec!["hi".to_string()]);
+    let paging = r.paging.expect("paging stats of a VM on remote memory");
     assert!(
-        seen.iter()
-            .any(|&(g, l, w)| g == log_gpa && l == std::mem::size_of::<LogRecord>() as u64 && !w),
-        "the PV log read went through the hook: {seen:?}"
+        paging.engine.counters.vmm_accesses > boot_accesses,
+        "the PV log read went through the engine: {:?}",
+        paging.engine.counters
     );
+    assert!(r.paging_errors.is_empty(), "{:?}", r.paging_errors);
+    // The engine is shut down with the VM: an access now is an error, not a touch of the
+    // unmapped guest view.
+    assert!(shared.ram.read_obj::<u64>(GuestAddress(0)).is_err());
 }
 
 #[test]
-fn vm_on_externally_owned_ram() {
+fn pause_parks_every_vcpu_and_resume_lets_them_run() {
     if !kvm_available() {
         return;
     }
-    // The remote-memory engine owns its mapping; the VM runs on it through the same layer.
+    // mov dx, 0x80; L: out dx, al; jmp L — an exit per iteration, forever, on both vCPUs.
     let mut a = Asm::default();
-    a.out_port(pv::PORT_SHUTDOWN, 9).spin();
-    let cfg = config("t-ext", kernel_with(&a.code, &[]), 1);
-    let len = cfg.mem_bytes as usize;
-    struct Mapping(usize, usize);
-    impl Drop for Mapping {
-        fn drop(&mut self) {
-            // SAFETY: unmapping the mapping created below, once, when its last user is gone.
-            unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1) };
-        }
-    }
-    // SAFETY: a fresh anonymous mapping, checked below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(base, libc::MAP_FAILED);
-    let owner = std::sync::Arc::new(Mapping(base as usize, len));
-    let ranges = farvm_vmm::layout::ram_ranges(cfg.mem_bytes);
-    // SAFETY: `base` maps `len` bytes, the sum of the ranges; `owner` keeps it mapped.
-    let ram =
-        unsafe { farvm_vmm::memory::GuestRam::from_external(&ranges, base.cast(), owner) }.unwrap();
-    let vm = Vm::create_with_ram(cfg, std::sync::Arc::new(ram)).unwrap();
-    assert_eq!(vm.ram().regions()[0].host_addr(), base as u64);
+    a.mov_dx(0x80).raw(&[0xee, 0xeb, 0xfd]);
+    let vm = build(&config("t-pause", kernel_with(&a.code, &[]), 2)).unwrap();
+    assert_eq!(vm.state(), VmState::Created);
     let running = vm.start().unwrap();
+    let io = || running.counters().exits.io_other;
+    let wait_past = |n: u64| {
+        let t0 = Instant::now();
+        while io() <= n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the vCPUs do not run"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_past(100);
+    assert_eq!(running.state(), VmState::Running);
+    assert!(running.resume().is_err(), "a running VM cannot be resumed");
+    running.pause().unwrap();
+    assert_eq!(running.state(), VmState::Paused);
+    running.pause().unwrap();
+    let parked_at = io();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(io(), parked_at, "no guest instruction runs while paused");
+    running.resume().unwrap();
+    wait_past(parked_at + 100);
+    assert_eq!(running.state(), VmState::Running);
+    running.pause().unwrap();
+    running.request_shutdown();
+    assert_eq!(running.state(), VmState::Stopping);
+    assert!(running.pause().is_err(), "a stopping VM cannot be paused");
     let o = running.wait(Some(Duration::from_secs(60)), false);
-    assert_eq!(
-        running.finish(o).outcome,
-        VmOutcome::GuestShutdown { status: 9 }
-    );
+    assert_eq!(o, VmOutcome::ControlShutdown);
+    assert_eq!(running.finish(o).outcome, VmOutcome::ControlShutdown);
 }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use common::kvm_available;
 use farvm_vmm::boot::linux::{CMDLINE_GPA, ZERO_PAGE_GPA};
 use farvm_vmm::boot::testguest::translate;
-use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::{Backing, GuestRam};
-use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmError};
+use farvm_vmm::builder::{build, BootConfig, BuildError, VmConfig};
+use farvm_vmm::vstate::memory::GuestRam;
+use vm_memory::{Bytes, GuestAddress};
 
 const PREF: u64 = 0x100_0000;
 
@@ -37,35 +37,27 @@ fn bzimage(version: u16, payload: &[u8]) -> Vec<u8> {
 }
 
 fn config(mem: u64, kernel: Vec<u8>, initrd: Option<Vec<u8>>, cmdline: &str) -> VmConfig {
-    VmConfig {
-        name: "linux-test".into(),
-        mem_bytes: mem,
-        vcpus: 1,
-        backing: Backing::Anonymous,
-        serial: SerialOut::None,
-        boot: BootSpec::Linux {
-            kernel: Arc::from(kernel),
-            initrd: initrd.map(Arc::from),
-            cmdline: cmdline.into(),
-        },
-        echo_guest_logs: false,
-        kvm_async_pf: true,
-    }
+    let boot = BootConfig::Linux {
+        kernel: Arc::from(kernel),
+        initrd: initrd.map(Arc::from),
+        cmdline: cmdline.into(),
+    };
+    VmConfig::new("linux-test", mem, 1, boot)
 }
 
 fn u32_at(ram: &GuestRam, gpa: u64) -> u32 {
-    ram.read_obj(gpa).unwrap()
+    ram.read_obj(GuestAddress(gpa)).unwrap()
 }
 
 fn e820(ram: &GuestRam) -> Vec<(u64, u64, u32)> {
-    let n: u8 = ram.read_obj(ZERO_PAGE_GPA + 0x1e8).unwrap();
+    let n: u8 = ram.read_obj(GuestAddress(ZERO_PAGE_GPA + 0x1e8)).unwrap();
     (0..n as u64)
         .map(|i| {
             let e = ZERO_PAGE_GPA + 0x2d0 + 20 * i;
             (
-                ram.read_obj(e).unwrap(),
-                ram.read_obj(e + 8).unwrap(),
-                ram.read_obj(e + 16).unwrap(),
+                ram.read_obj(GuestAddress(e)).unwrap(),
+                ram.read_obj(GuestAddress(e + 8)).unwrap(),
+                ram.read_obj(GuestAddress(e + 16)).unwrap(),
             )
         })
         .collect()
@@ -80,7 +72,7 @@ fn bzimage_entry_state_and_boot_params() {
     let initrd: Vec<u8> = (0..300_000u32).map(|i| (i % 13) as u8).collect();
     let cmdline = "console=ttyS0 root=/dev/ram0 farvm.test=1";
     let mem = 512u64 << 20;
-    let vm = Vm::create(config(
+    let vm = build(&config(
         mem,
         bzimage(0x020f, &payload),
         Some(initrd.clone()),
@@ -104,23 +96,26 @@ fn bzimage_entry_state_and_boot_params() {
 
     // The protected-mode kernel is at its preferred address.
     let mut got = vec![0u8; payload.len()];
-    ram.read(PREF, &mut got).unwrap();
+    ram.read_slice(&mut got, GuestAddress(PREF)).unwrap();
     assert_eq!(got, payload);
 
     // Setup header in the zero page.
     let zp = ZERO_PAGE_GPA;
     assert_eq!(&u32_at(&ram, zp + 0x202).to_le_bytes(), b"HdrS");
     assert_eq!(
-        ram.read_obj::<u8>(zp + 0x210).unwrap(),
+        ram.read_obj::<u8>(GuestAddress(zp + 0x210)).unwrap(),
         0xff,
         "type_of_loader"
     );
-    assert_eq!(ram.read_obj::<u16>(zp + 0x206).unwrap(), 0x020f);
+    assert_eq!(
+        ram.read_obj::<u16>(GuestAddress(zp + 0x206)).unwrap(),
+        0x020f
+    );
 
     // Command line: pointer, NUL-terminated text.
     assert_eq!(u64::from(u32_at(&ram, zp + 0x228)), CMDLINE_GPA);
     let mut c = vec![0u8; cmdline.len() + 1];
-    ram.read(CMDLINE_GPA, &mut c).unwrap();
+    ram.read_slice(&mut c, GuestAddress(CMDLINE_GPA)).unwrap();
     assert_eq!(&c[..cmdline.len()], cmdline.as_bytes());
     assert_eq!(c[cmdline.len()], 0);
 
@@ -133,7 +128,7 @@ fn bzimage_entry_state_and_boot_params() {
     assert!(rd + rd_len <= mem);
     assert!(mem - (rd + rd_len) < 4096, "placed as high as possible");
     let mut got = vec![0u8; initrd.len()];
-    ram.read(rd, &mut got).unwrap();
+    ram.read_slice(&mut got, GuestAddress(rd)).unwrap();
     assert_eq!(got, initrd);
 
     // e820: low RAM, the EBDA/BIOS hole, RAM from 1 MiB.
@@ -155,14 +150,15 @@ fn large_memory_e820_has_high_ram() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::create(config(5 << 30, bzimage(0x020f, &[0xf4; 4096]), None, "x")).unwrap();
+    let vm = build(&config(5 << 30, bzimage(0x020f, &[0xf4; 4096]), None, "x")).unwrap();
     let ram = vm.ram();
     let map = e820(ram);
     assert_eq!(map.len(), 4);
     assert_eq!(map[2], (0x100000, (3 << 30) - 0x100000, 1));
     assert_eq!(map[3], (4 << 30, 2 << 30, 1));
     assert_eq!(
-        ram.read_obj::<u32>(ZERO_PAGE_GPA + 0x218).unwrap(),
+        ram.read_obj::<u32>(GuestAddress(ZERO_PAGE_GPA + 0x218))
+            .unwrap(),
         0,
         "no initrd"
     );
@@ -174,7 +170,7 @@ fn vmlinux_elf_entry() {
         return;
     }
     let elf = farvm_vmm::boot::elf::build_test_elf(&[0xf4; 64], PREF, PREF);
-    let vm = Vm::create(config(256 << 20, elf, None, "console=ttyS0")).unwrap();
+    let vm = build(&config(256 << 20, elf, None, "console=ttyS0")).unwrap();
     let (regs, _) = vm.vcpu_regs(0).unwrap();
     assert_eq!(regs.rip, PREF);
     assert_eq!(regs.rsi, ZERO_PAGE_GPA);
@@ -186,8 +182,8 @@ fn bad_linux_inputs_are_refused() {
     if !kvm_available() {
         return;
     }
-    let err = |cfg| match Vm::create(cfg) {
-        Err(VmError::Boot(e)) => e.to_string(),
+    let err = |cfg| match build(&cfg) {
+        Err(BuildError::Boot(e)) => e.to_string(),
         Err(e) => panic!("unexpected error kind: {e}"),
         Ok(_) => panic!("accepted a bad Linux setup"),
     };

@@ -16,7 +16,8 @@ use crate::PAGE_SIZE;
 /// The two mappings of guest RAM.
 #[derive(Debug)]
 pub struct GuestRam {
-    memfd: OwnedFd,
+    /// Held for as long as the mappings (they alone would keep the file alive).
+    _memfd: OwnedFd,
     pidfd: Option<OwnedFd>,
     guest: *mut u8,
     alias: *mut u8,
@@ -91,7 +92,7 @@ impl GuestRam {
             unsafe { OwnedFd::from_raw_fd(pfd as i32) }
         });
         Ok(Self {
-            memfd,
+            _memfd: memfd,
             vectored: AtomicBool::new(pidfd.is_some()),
             pidfd,
             guest,
@@ -237,10 +238,6 @@ impl GuestRam {
             return Err(io::Error::last_os_error());
         }
         Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
-    }
-
-    pub fn memfd(&self) -> i32 {
-        self.memfd.as_raw_fd()
     }
 }
 

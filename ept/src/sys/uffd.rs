@@ -1,5 +1,6 @@
-//! Raw userfaultfd: open, API handshake, register, and the resolving ioctls (COPY, CONTINUE,
-//! WAKE), plus non-blocking event reads into a caller-owned buffer.
+//! Raw userfaultfd: open, API handshake, register, and the ioctls that resolve faults on a
+//! shmem range registered MISSING|MINOR (CONTINUE maps page-cache pages the engine filled
+//! through its alias; WAKE), plus non-blocking event reads into a caller-owned buffer.
 //!
 //! Hand-written instead of the `userfaultfd` crate: that crate runs bindgen (libclang) at build
 //! time, does not name MINOR_SHMEM, and its event reader is per-message; here one `read(2)` drains
@@ -11,9 +12,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
 const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
-const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_AA01;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_AA02;
-const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
 const UFFDIO_CONTINUE: libc::c_ulong = 0xC020_AA07;
 /// `_IO(0xAA, 0)` on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
@@ -36,10 +35,6 @@ const IOCTL_CONTINUE_BIT: u64 = 1 << 7;
 const MODE_DONTWAKE: u64 = 1;
 
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
-/// `UFFD_PAGEFAULT_FLAG_WRITE`
-pub const FLAG_WRITE: u64 = 1 << 0;
-/// `UFFD_PAGEFAULT_FLAG_MINOR`
-pub const FLAG_MINOR: u64 = 1 << 2;
 
 const PAGE: u64 = 4096;
 
@@ -68,15 +63,6 @@ struct UffdioRegister {
 }
 
 #[repr(C)]
-struct UffdioCopy {
-    dst: u64,
-    src: u64,
-    len: u64,
-    mode: u64,
-    copy: i64,
-}
-
-#[repr(C)]
 struct UffdioContinue {
     range: UffdioRange,
     mode: u64,
@@ -91,7 +77,7 @@ pub struct RawMsg {
     _r1: u8,
     _r2: u16,
     _r3: u32,
-    flags: u64,
+    _flags: u64,
     address: u64,
     ptid: u32,
     _pad: u32,
@@ -102,7 +88,6 @@ const _: () = assert!(core::mem::size_of::<RawMsg>() == 32);
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Fault {
     pub address: u64,
-    pub flags: u64,
     /// Faulting thread (UFFD_FEATURE_THREAD_ID).
     pub tid: u32,
 }
@@ -189,23 +174,23 @@ impl Uffd {
         Ok(())
     }
 
-    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
-        let range = UffdioRange { start, len };
-        // SAFETY: pointer to a live `uffdio_range`.
-        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &range) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode).
+    /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode),
+    /// waking the threads that fault on them if `wake`.
+    ///
+    /// The kernel stops at the first page that is mapped already: with nothing installed
+    /// before it that is EEXIST, else EAGAIN with `mapped` = the bytes it did install (EAGAIN
+    /// with a negative `mapped`: the mm changed under it, nothing done). Either way this
+    /// resumes right after, as a range: a guest fault that mapped one page of an injected run
+    /// (a race the fault handler wins often on a sequential scan) costs one extra call, not
+    /// one call per remaining page.
     pub fn continue_range(&self, start: u64, len: u64, wake: bool) -> io::Result<Installed> {
-        self.install_range(start, len, wake, |done, rest| {
+        let mut done = 0;
+        let mut outcome = Installed::Done;
+        while done < len {
             let mut c = UffdioContinue {
                 range: UffdioRange {
                     start: start + done,
-                    len: rest,
+                    len: len - done,
                 },
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 mapped: 0,
@@ -213,56 +198,13 @@ impl Uffd {
             // SAFETY: pointer to a live `uffdio_continue`; the range lies in a registered VMA
             // (checked by the kernel, which returns an error otherwise).
             let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE, &mut c) };
-            (r, c.mapped)
-        })
-    }
-
-    /// Copies `len` bytes from `src` into the missing range at `dst` (MISSING mode).
-    pub fn copy(&self, dst: u64, src: *const u8, len: u64, wake: bool) -> io::Result<Installed> {
-        self.install_range(dst, len, wake, |done, rest| {
-            let mut c = UffdioCopy {
-                dst: dst + done,
-                // `src` + `done` stays inside the caller's `len` bytes.
-                src: src as u64 + done,
-                len: rest,
-                mode: if wake { 0 } else { MODE_DONTWAKE },
-                copy: 0,
-            };
-            // SAFETY: pointer to a live `uffdio_copy`; the kernel reads `rest` bytes at `src`
-            // with copy_from_user (faults become EFAULT, not UB) and validates `dst`.
-            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) };
-            (r, c.copy)
-        })
-    }
-
-    /// Drives an install ioctl over `[start, start+len)`: `call(done, rest)` issues it for the
-    /// `rest` bytes after the first `done` and returns its result and progress field
-    /// (`mapped` / `copy`).
-    ///
-    /// The kernel stops at the first page that is mapped already: with nothing installed
-    /// before it that is EEXIST, else EAGAIN with the progress field = the bytes it did
-    /// install (EAGAIN with a negative field: the mm changed under it, nothing done). Either
-    /// way this resumes right after, as a range: a guest fault that mapped one page of an
-    /// injected run (a race the fault handler wins often on a sequential scan) costs one extra
-    /// call, not one call per remaining page.
-    fn install_range(
-        &self,
-        start: u64,
-        len: u64,
-        wake: bool,
-        mut call: impl FnMut(u64, u64) -> (libc::c_int, i64),
-    ) -> io::Result<Installed> {
-        let mut done = 0;
-        let mut outcome = Installed::Done;
-        while done < len {
-            let (r, progress) = call(done, len - done);
             if r == 0 {
                 break;
             }
-            // Read right after the ioctl (`call` makes no other call).
+            // Read right after the ioctl.
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) => done += u64::try_from(progress).unwrap_or(0),
+                Some(libc::EAGAIN) => done += u64::try_from(c.mapped).unwrap_or(0),
                 Some(libc::EEXIST) => {
                     if wake {
                         self.wake(start + done, PAGE)?;
@@ -315,7 +257,6 @@ impl Uffd {
             if m.event == UFFD_EVENT_PAGEFAULT {
                 out[k] = Fault {
                     address: m.address,
-                    flags: m.flags,
                     tid: m.ptid,
                 };
                 k += 1;

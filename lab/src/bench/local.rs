@@ -5,7 +5,6 @@
 //! phase; "host_ms" is the same phase measured by the VMM's host clock at the mailbox
 //! doorbells (a cross-check that includes the doorbell exits).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -13,11 +12,10 @@ use clap::Args;
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::{phase, state};
 use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::builder::{build, VmConfig};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
 use farvm_vmm::size::{format_size, parse_size};
-use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome};
+use farvm_vmm::vm::VmOutcome;
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -125,26 +123,15 @@ fn guest_run(w: &PlacedWorkload, a: &LocalArgs) -> Result<(f64, f64, u64)> {
     if a.premap {
         f |= flags::PREMAP_HEAP;
     }
-    let cfg = VmConfig {
-        name: format!("bench-{}", std::process::id()),
-        mem_bytes: mem,
-        vcpus: 1,
-        backing: Backing::Anonymous,
-        serial: SerialOut::None,
-        boot: BootSpec::TestGuest {
-            kernel: Arc::from(farvm_vmm::builtin::test_guest_elf()),
-            plan: TestPlan {
-                procs: vec![w.process_spec()],
-                timer_hz: a.timer_hz,
-                flags: f,
-                frame_shuffle_seed: 1,
-                frame_run_shift: 0,
-            },
-        },
-        echo_guest_logs: false,
-        kvm_async_pf: true,
+    let plan = TestPlan {
+        procs: vec![w.process_spec()],
+        timer_hz: a.timer_hz,
+        flags: f,
+        frame_shuffle_seed: 1,
+        frame_run_shift: 0,
     };
-    let vm = Vm::create(cfg).context("creating the guest VM")?;
+    let cfg = VmConfig::test_guest(&format!("bench-{}", std::process::id()), mem, 1, plan);
+    let vm = build(&cfg).context("building the guest VM")?;
     let running = vm.start().context("starting the guest VM")?;
     let outcome = running.wait(Some(Duration::from_secs(1800)), true);
     let report = running.finish(outcome);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use farvm_guest_agent::pv::state;
 use farvm_tests::{compare_with_native, record_for, GuestSetup};
 use farvm_vmm::remote::{RemoteMemory, RemoteSpec, RemoteStats};
-use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
+use farvm_vmm::vm::{VmOutcome, VmReport};
 
 /// Boots `setup` with its RAM on remote memory per `spec`; returns the report and the final
 /// paging statistics, asserting the engine reported no error. `during` runs on the test
@@ -38,23 +38,17 @@ pub fn run_remote_errors(
     spec: &RemoteSpec,
     during: impl FnOnce(&RemoteMemory),
 ) -> (VmReport, RemoteStats, Vec<String>) {
-    let mut remote = RemoteMemory::start(spec, setup.mem_bytes).expect("start remote memory");
-    let cfg = setup.config();
-    let vm = Vm::create_with_ram(cfg, remote.guest_ram().expect("engine guest RAM"))
-        .expect("create the test-guest VM on remote memory");
-    remote.attach_vm(&vm);
-    let running = vm.start().expect("start the VM");
-    during(&remote);
+    let mut cfg = setup.config();
+    cfg.remote = Some(spec.clone());
+    let running = setup.start_with(&cfg);
+    during(running.remote().expect("the VM's remote memory"));
     let outcome = running.wait(Some(setup.timeout), false);
-    let report = running.finish(outcome);
-    let stats = remote.stats();
-    let errors = remote
-        .engine()
-        .take_errors()
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
-    remote.shutdown();
+    let mut report = running.finish(outcome);
+    let stats = report
+        .paging
+        .clone()
+        .expect("paging stats of a VM on remote memory");
+    let errors = std::mem::take(&mut report.paging_errors);
     (report, stats, errors)
 }
 
@@ -67,7 +61,7 @@ pub fn run_remote(setup: &GuestSetup, spec: &RemoteSpec) -> (VmReport, RemoteSta
 pub fn setup(name: &str, mem: u64, workloads: &[&str]) -> GuestSetup {
     let mut s = GuestSetup::new(name, mem, 1, workloads);
     s.frame_run_shift = 9;
-    s.timeout = Duration::from_secs(240);
+    s.timeout = farvm_tests::vm_timeout(Duration::from_secs(240));
     s
 }
 

@@ -5,7 +5,9 @@
 //! through the guest-memory access layer.
 
 use super::BootError;
-use crate::memory::GuestRam;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::vstate::memory::GuestRam;
 
 const PT_LOAD: u32 = 1;
 const EM_X86_64: u16 = 62;
@@ -152,9 +154,9 @@ pub fn load(ram: &GuestRam, image: &[u8], min_paddr: u64) -> Result<LoadedElf, B
     }
     for s in &segs {
         let bytes = &image[s.offset as usize..(s.offset + s.filesz) as usize];
-        ram.write(s.paddr, bytes)?;
+        ram.write_slice(bytes, GuestAddress(s.paddr))?;
         if s.memsz > s.filesz {
-            ram.fill(s.paddr + s.filesz, s.memsz - s.filesz, 0)?;
+            ram.fill(GuestAddress(s.paddr + s.filesz), s.memsz - s.filesz, 0)?;
         }
     }
     Ok(LoadedElf {
@@ -194,23 +196,26 @@ pub fn build_test_elf(code: &[u8], vaddr: u64, paddr: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::Backing;
 
     #[test]
     fn loads_segment_and_zeroes_bss() {
-        let ram = GuestRam::new(&[(0, 4 << 20)], Backing::Anonymous).unwrap();
-        ram.fill(0x100000, 0x1000, 0xff).unwrap();
+        let ram = GuestRam::local(&[(0, 4 << 20)]).unwrap();
+        ram.fill(GuestAddress(0x100000), 0x1000, 0xff).unwrap();
         let elf = build_test_elf(&[0x90, 0xf4], 0xffff_ffff_8010_0000, 0x100000);
         let l = load(&ram, &elf, 0x100000).unwrap();
         assert_eq!(l.entry, 0xffff_ffff_8010_0000);
         assert_eq!((l.phys_start, l.phys_end), (0x100000, 0x101000));
-        assert_eq!(ram.read_obj::<u16>(0x100000).unwrap(), 0xf490);
-        assert_eq!(ram.read_obj::<u8>(0x100002).unwrap(), 0, ".bss zeroed");
+        assert_eq!(ram.read_obj::<u16>(GuestAddress(0x100000)).unwrap(), 0xf490);
+        assert_eq!(
+            ram.read_obj::<u8>(GuestAddress(0x100002)).unwrap(),
+            0,
+            ".bss zeroed"
+        );
     }
 
     #[test]
     fn rejects_malformed_images() {
-        let ram = GuestRam::new(&[(0, 4 << 20)], Backing::Anonymous).unwrap();
+        let ram = GuestRam::local(&[(0, 4 << 20)]).unwrap();
         let good = build_test_elf(&[0xf4], 0x200000, 0x200000);
         let err = |img: &[u8]| load(&ram, img, 0x100000).unwrap_err().to_string();
         assert!(err(b"hello").contains("too short"));

@@ -12,11 +12,11 @@ use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader};
-use vm_memory::{Address, GuestAddress};
+use vm_memory::{Address, Bytes, GuestAddress};
 
 use super::{sniff_kernel, BootError, EntryState, KernelKind};
 use crate::layout::LOW_RAM_MAX;
-use crate::memory::GuestRam;
+use crate::vstate::memory::GuestRam;
 
 /// Guest-physical layout of the Linux boot data.
 pub const GDT_GPA: u64 = 0x500;
@@ -73,7 +73,8 @@ pub fn setup(
     initrd: Option<&[u8]>,
     cmdline: &str,
 ) -> Result<(EntryState, LinuxBootInfo), BootError> {
-    let mem = ram.vm_memory_view()?;
+    // The loader writes through vm-memory directly: Linux guests run on local RAM only.
+    let mem = ram.direct()?;
     let low_end = ram.regions()[0].len().min(LOW_RAM_MAX);
     let kind = sniff_kernel(kernel).ok_or_else(|| {
         BootError::Malformed(
@@ -97,7 +98,7 @@ pub fn setup(
                 None
             };
             let res = BzImage::load(
-                &mem,
+                mem,
                 load,
                 &mut Cursor::new(kernel),
                 Some(GuestAddress(HIMEM_START)),
@@ -109,7 +110,7 @@ pub fn setup(
         }
         KernelKind::Elf => {
             let res = Elf::load(
-                &mem,
+                mem,
                 None,
                 &mut Cursor::new(kernel),
                 Some(GuestAddress(HIMEM_START)),
@@ -144,8 +145,8 @@ pub fn setup(
     if cmdline.bytes().any(|b| b == 0) {
         return Err(setup_err("command line contains a NUL byte"));
     }
-    ram.write(CMDLINE_GPA, cmdline.as_bytes())?;
-    ram.write(CMDLINE_GPA + cmdline.len() as u64, &[0])?;
+    ram.write_slice(cmdline.as_bytes(), GuestAddress(CMDLINE_GPA))?;
+    ram.write_slice(&[0], GuestAddress(CMDLINE_GPA + cmdline.len() as u64))?;
     params.hdr.cmd_line_ptr = CMDLINE_GPA as u32;
     params.hdr.cmdline_size = cmdline.len() as u32 + 1;
 
@@ -169,7 +170,7 @@ pub fn setup(
                      and {top:#x}"
                 ))
             })?;
-        ram.write(start, rd)?;
+        ram.write_slice(rd, GuestAddress(start))?;
         params.hdr.ramdisk_image = start as u32;
         params.hdr.ramdisk_size = len as u32;
         initrd_gpa = Some(start);
@@ -196,23 +197,23 @@ pub fn setup(
 
     LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
         &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_GPA)),
-        &mem,
+        mem,
     )
     .map_err(|e| setup_err(format!("writing boot_params: {e}")))?;
 
     // GDT and identity page tables (0..4 GiB, 2 MiB pages).
     for (i, d) in GDT.iter().enumerate() {
-        ram.write_obj(GDT_GPA + 8 * i as u64, d)?;
+        ram.write_obj(*d, GuestAddress(GDT_GPA + 8 * i as u64))?;
     }
-    ram.write_obj(PML4_GPA, &(PDPT_GPA | 0x3))?;
+    ram.write_obj(PDPT_GPA | 0x3, GuestAddress(PML4_GPA))?;
     for g in 0..4u64 {
-        ram.write_obj(PDPT_GPA + 8 * g, &((PD_GPA + g * 0x1000) | 0x3))?;
+        ram.write_obj((PD_GPA + g * 0x1000) | 0x3, GuestAddress(PDPT_GPA + 8 * g))?;
         let mut pd = [0u8; 4096];
         for j in 0..512u64 {
             let e = ((g << 30) | (j << 21)) | 0x83;
             pd[(j * 8) as usize..(j * 8 + 8) as usize].copy_from_slice(&e.to_le_bytes());
         }
-        ram.write(PD_GPA + g * 0x1000, &pd)?;
+        ram.write_slice(&pd, GuestAddress(PD_GPA + g * 0x1000))?;
     }
 
     let entry_state = EntryState {

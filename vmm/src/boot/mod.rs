@@ -1,11 +1,13 @@
 //! Loading a guest kernel and building its entry state: the test-guest ELF (direct 64-bit entry,
-//! VMM-built page tables) and Linux (bzImage / vmlinux through linux-loader).
+//! VMM-built page tables), recognising a kernel file as the test guest, and Linux (bzImage /
+//! vmlinux through linux-loader).
 
 pub mod elf;
 pub mod linux;
 pub mod testguest;
+pub mod testguest_file;
 
-use crate::memory::MemError;
+use crate::vstate::memory::MemError;
 
 /// Errors while loading a kernel or building its boot data.
 #[derive(Debug, thiserror::Error)]

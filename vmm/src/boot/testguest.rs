@@ -8,7 +8,9 @@ use farvm_guest_agent::boot::{
 use farvm_guest_agent::ABI_VERSION;
 
 use super::{elf, BootError, EntryState};
-use crate::memory::{zeroed, GuestRam};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+use crate::vstate::memory::GuestRam;
 
 const PTE_P: u64 = 1 << 0;
 const PTE_RW: u64 = 1 << 1;
@@ -68,7 +70,7 @@ pub fn setup(
     write_gdt(ram)?;
     let first_free = (loaded.phys_end + 0xfff) & !0xfff;
     // Filled field by field from zero so fields the ABI appends later start out 0.
-    let mut info: BootInfo = zeroed();
+    let mut info = BootInfo::zeroed();
     info.magic = BOOT_MAGIC;
     info.abi_version = ABI_VERSION;
     info.ncpus = ncpus;
@@ -88,7 +90,7 @@ pub fn setup(
             len: r.len(),
         };
     }
-    ram.write_obj(BOOT_INFO_GPA, &info)?;
+    ram.write_obj(info, GuestAddress(BOOT_INFO_GPA))?;
     Ok(EntryState {
         rip: loaded.entry,
         rsi: 0,
@@ -104,7 +106,7 @@ pub fn setup(
 
 fn write_gdt(ram: &GuestRam) -> Result<(), BootError> {
     for (i, d) in GDT.iter().enumerate() {
-        ram.write_obj(BOOT_GDT_GPA + 8 * i as u64, d)?;
+        ram.write_obj(*d, GuestAddress(BOOT_GDT_GPA + 8 * i as u64))?;
     }
     Ok(())
 }
@@ -164,7 +166,7 @@ fn write_table(ram: &GuestRam, gpa: u64, entries: &[u64; 512]) -> Result<(), Boo
     for (i, e) in entries.iter().enumerate() {
         bytes[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
     }
-    ram.write(gpa, &bytes)?;
+    ram.write_slice(&bytes, GuestAddress(gpa))?;
     Ok(())
 }
 
@@ -174,7 +176,7 @@ pub fn translate(ram: &GuestRam, cr3: u64, va: u64) -> Option<u64> {
     let mut table = cr3 & 0x000f_ffff_ffff_f000;
     for level in (0..4).rev() {
         let idx = (va >> (12 + 9 * level)) & 511;
-        let e: u64 = ram.read_obj(table + idx * 8).ok()?;
+        let e: u64 = ram.read_obj(GuestAddress(table + idx * 8)).ok()?;
         if e & PTE_P == 0 {
             return None;
         }
@@ -191,13 +193,12 @@ pub fn translate(ram: &GuestRam, cr3: u64, va: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::Backing;
     use farvm_guest_agent::boot::{DIRECT_MAP_BASE, KERNEL_WINDOW_BASE};
 
     #[test]
     fn page_tables_map_direct_and_window() {
         let mem = 1536u64 << 20;
-        let ram = GuestRam::new(&[(0, mem)], Backing::Anonymous).unwrap();
+        let ram = GuestRam::local(&[(0, mem)]).unwrap();
         let kernel = elf::build_test_elf(&[0xf4], KERNEL_WINDOW_BASE + 0x100000, 0x100000);
         let plan = TestPlan {
             procs: vec![ProcessSpec {
@@ -222,7 +223,7 @@ mod tests {
         assert_eq!(t(KERNEL_WINDOW_BASE + 0x123456), Some(0x123456));
         assert_eq!(t(KERNEL_WINDOW_BASE + (1 << 30) - 1), Some((1 << 30) - 1));
         assert_eq!(t(0x500), None, "no identity map");
-        let info: BootInfo = ram.read_obj(BOOT_INFO_GPA).unwrap();
+        let info: BootInfo = ram.read_obj(GuestAddress(BOOT_INFO_GPA)).unwrap();
         assert_eq!(info.magic, BOOT_MAGIC);
         assert_eq!((info.ncpus, info.nprocs, info.timer_hz), (2, 1, 100));
         assert_eq!(info.mem_bytes, mem);
@@ -231,16 +232,16 @@ mod tests {
         assert_eq!(info.frame_shuffle_seed, 42);
         assert_eq!(info.nram, 1);
         assert_eq!((info.ram[0].gpa, info.ram[0].len), (0, mem));
-        let code: u64 = ram.read_obj(BOOT_GDT_GPA + 8).unwrap();
+        let code: u64 = ram.read_obj(GuestAddress(BOOT_GDT_GPA + 8)).unwrap();
         assert_eq!(code, GDT[1]);
     }
 
     #[test]
     fn split_ram_is_described_and_mapped() {
-        let ram = GuestRam::new(&[(0, 64 << 20), (4 << 30, 64 << 20)], Backing::Anonymous).unwrap();
+        let ram = GuestRam::local(&[(0, 64 << 20), (4 << 30, 64 << 20)]).unwrap();
         let kernel = elf::build_test_elf(&[0xf4], 0x100000, 0x100000);
         let e = setup(&ram, &kernel, 1, 1, &TestPlan::default()).unwrap();
-        let info: BootInfo = ram.read_obj(BOOT_INFO_GPA).unwrap();
+        let info: BootInfo = ram.read_obj(GuestAddress(BOOT_INFO_GPA)).unwrap();
         assert_eq!(info.nram, 2);
         assert_eq!((info.ram[1].gpa, info.ram[1].len), (4 << 30, 64 << 20));
         assert_eq!(info.mem_bytes, 128 << 20);

@@ -1,6 +1,8 @@
 //! One module per `farvm` subcommand.
 
+pub mod cloud_hypervisor;
 pub mod control;
+pub mod image;
 pub mod paging;
 pub mod run;
 

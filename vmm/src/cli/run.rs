@@ -10,16 +10,17 @@ use anyhow::Result;
 use clap::Args;
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
+use farvm_httpd::{HttpError, HttpServer, Listen};
 use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use farvm_vmm::boot::{sniff_kernel, KernelKind};
+use farvm_vmm::builder::{self, BootConfig, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
-use farvm_vmm::metrics::MetricsServer;
-use farvm_vmm::remote::{RemoteMemory, RemoteSpec};
+use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
-use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
+use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
 use farvm_vmm::workload_spec::{place, workload_name};
 use farvm_vmm::{exit_code, signals};
 
@@ -32,8 +33,11 @@ Without --kernel, farvm boots its built-in test guest: a tiny ring-0 kernel whos
 processes run the workloads given with --workload (one process each) and report their time and
 checksum to the VMM. With --kernel PATH, the file is sniffed: an ELF is booted as a test-guest
 kernel (direct 64-bit entry), a bzImage (or an ELF given with --initrd/--cmdline/--linux) as
-Linux through the x86 64-bit boot protocol. Linux does not run at a usable speed on a host
-whose KVM emulates guest ring 0 (PVM); use --stop-at-entry to check its boot setup.
+Linux through the x86 64-bit boot protocol. The test guest itself (an ELF carrying farvm's
+test-guest note, as written by `farvm image export`) stays the test guest with --cmdline: each
+`farvm.workload=SPEC` word of the command line adds a workload, after those of --workload.
+Linux does not run at a usable speed on a host whose KVM emulates guest ring 0 (PVM); use
+--stop-at-entry to check its boot setup.
 
 The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the guest shuts
 down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
@@ -42,15 +46,15 @@ checksum (or JSON with --json) and exits with the guest's status.
 REMOTE MEMORY
 By default guest RAM is remote memory: only --local-memory of it (50% unless told) may be
 resident on this host; the rest lives on memory servers (--memserver ADDR, repeatable;
---replicas R copies per page). With no --memserver, farvm starts one embedded memory server
-on loopback. Guest faults on non-resident pages are served by the paging engine (userfaultfd),
+--replicas R copies per page). With no --memserver, farvm starts a farvm-memserver process
+on loopback (the binary next to farvm, or $FARVM_MEMSERVER_BIN), which ends with the VM. Guest faults on non-resident pages are served by the paging engine (userfaultfd),
 never-written pages are zero-filled locally, and --prefetcher (leap+stream unless told;
 none, next-n, stride, read-ahead, leap, stream, leap+stream) fetches and installs pages before
 the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` shows it live
 and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
 Linux guests always use local RAM (their loader writes RAM directly).
 
-A memory server that stops answering (2 s request timeout; 60 s for the embedded one) is
+A memory server that stops answering (2 s request timeout; 60 s for the local one) is
 taken out of service; with --replicas 2 or more the VM goes on from the other copies and
 re-replicates. When it held the only copy of some pages, the guest waits on those pages
 (reads and write-backs are retried, the log says why once a second) and resumes when the
@@ -70,13 +74,15 @@ WORKLOAD SPEC
   quicksort, isolation, crash, intops. Processes without cpu= go round-robin over the vCPUs.
 
 EXAMPLES
-  farvm run                                   # test guest, 50% local, embedded memserver
+  farvm run                                   # test guest, 50% local, local memserver
   farvm run --local-memory 25% --prefetcher none --workload stride:ws=128M
   farvm run --memserver 10.0.0.5:7070 --memserver 10.0.0.6:7070 --replicas 2 \\
             --memserver-token-file tokens --metrics 127.0.0.1:9300
   farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
+  farvm image export /var/lib/farvm && farvm run --kernel /var/lib/farvm/farvm-testguest.elf \\
+            --cmdline 'farvm.workload=seq:ws=32M farvm.workload=kv:ws=32M'
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
 
 EXIT STATUS
@@ -140,9 +146,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
     pub serial: SerialOut,
 
-    /// Host backing of guest RAM: anon (private anonymous) or memfd (shared).
-    #[arg(long, value_name = "anon|memfd", default_value = "anon")]
-    pub memory_backing: Backing,
+    /// Host backing of local guest RAM: anon (private anonymous memory, the only kind; remote
+    /// memory is always the paging engine's).
+    #[arg(long, value_name = "anon", default_value = "anon", value_parser = ["anon", "anonymous"])]
+    pub memory_backing: String,
 
     /// VM name (control socket name) [default: farvm-<pid>].
     #[arg(long, value_name = "NAME")]
@@ -160,8 +167,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE|PCT%", default_value = "50%")]
     pub local_memory: String,
 
-    /// A memory server (host:port or ip:port; repeatable) [default: an embedded one on
-    /// loopback]. A host name is resolved once, at start (its first address).
+    /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
+    /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
     #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<SocketAddr>,
 
@@ -192,10 +199,21 @@ pub struct RunArgs {
     /// disabling HLT exits) so that a guest fault on a remote page is handled on the vCPU's
     /// own thread: the paging engine then knows which vCPU, hence which guest process, faulted
     /// (per-process prefetching and accuracy), and the fault costs two thread hand-offs less.
-    /// On VMX/SVM hosts a halted vCPU then keeps its physical CPU; give this flag there if
-    /// vCPUs are overcommitted.
+    /// With this flag KVM takes such faults on its own worker thread instead, which nobody can
+    /// attribute (96% of a stride run's faults under SVM). Without HLT exits a guest HLT halts
+    /// in guest mode and holds its host CPU; farvm parks a test-guest vCPU that has nothing
+    /// left to run in KVM, where it blocks, so only a guest that idles with HLT pays that.
     #[arg(long)]
     pub kvm_async_pf: bool,
+
+    /// Stage-2 pre-fault of injected pages: on builds each prefetched page's stage-2
+    /// (EPT/NPT) entry with KVM_PRE_FAULT_MEMORY as it is installed, so the guest's first
+    /// touch takes no exit at all (where KVM supports it: two-dimensional paging, Linux 6.11
+    /// or later; the paging summary says "on", or "unsupported" where KVM refuses it); off
+    /// leaves the entry to the guest's first touch (a stage-2 fault KVM resolves from the
+    /// host mapping), for A/B comparisons (`farvm-lab bench stage2`).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub stage2_prefault: bool,
 
     /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
     /// found by walking its page tables from the CR3 the guest agent publishes; pages it
@@ -206,7 +224,7 @@ pub struct RunArgs {
     pub page_space: farvm_vmm::remote::PageSpaceKind,
 
     /// Pin the fault path to host CPU N: vCPU 0, the paging engine's fault handler and the
-    /// embedded memserver's connection threads (evictor and prefetch receiver stay free). A
+    /// local memserver's connection threads (evictor and prefetch receiver stay free). A
     /// demand fault hands off between these threads several times; on a host whose idle CPUs
     /// halt without polling (e.g. a VM guest with haltpoll off) each hand-off across CPUs
     /// wakes an idle CPU, which costs far more than a context switch on the same CPU
@@ -234,11 +252,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
 
-    /// Linux: the kernel command line.
+    /// The kernel command line (Linux; for the test guest, `farvm.workload=SPEC` words add
+    /// workloads).
     #[arg(long, value_name = "STRING")]
     pub cmdline: Option<String>,
 
-    /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline).
+    /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline unless the ELF is
+    /// the test guest).
     #[arg(long)]
     pub linux: bool,
 
@@ -246,6 +266,14 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -296,7 +324,11 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             ),
         )
     })?;
-    let linux = kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some();
+    // A kernel file carrying the test guest's ELF note is the test guest even with a command
+    // line: its workloads may come from `farvm.workload=` words (how libvirt names them).
+    let test_guest_file = kind == KernelKind::Elf && !a.linux && is_test_guest(&kernel);
+    let linux = !test_guest_file
+        && (kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some());
     let boot = if linux {
         if !a.workloads.is_empty() {
             return Err(Failure::new(
@@ -309,7 +341,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             .as_ref()
             .map(|p| read_input(p, "initrd"))
             .transpose()?;
-        BootSpec::Linux {
+        BootConfig::Linux {
             kernel,
             initrd,
             cmdline: a
@@ -328,13 +360,22 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 ),
             ));
         }
-        let defaults = default_workloads(a);
-        let specs = if a.workloads.is_empty() {
-            &defaults
-        } else {
-            &a.workloads
-        };
-        let placed = place(specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        if a.initrd.is_some() {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                "--initrd: the test guest takes no initial ramdisk",
+            ));
+        }
+        let mut specs = a.workloads.clone();
+        if let Some(cmdline) = &a.cmdline {
+            specs.extend(
+                workloads_from_cmdline(cmdline).map_err(|e| Failure::new(exit_code::USAGE, e))?,
+            );
+        }
+        if specs.is_empty() {
+            specs = default_workloads(a);
+        }
+        let placed = place(&specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
         let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
         if total_ws >= a.memory {
             return Err(Failure::new(
@@ -354,7 +395,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
         if a.demand_4k {
             f |= flags::DEMAND_4K;
         }
-        BootSpec::TestGuest {
+        BootConfig::TestGuest {
             kernel,
             plan: TestPlan {
                 procs: placed.iter().map(|p| p.process_spec()).collect(),
@@ -367,17 +408,14 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             },
         }
     };
-    Ok(VmConfig {
-        name,
-        mem_bytes: a.memory,
-        vcpus: a.vcpus,
-        backing: a.memory_backing,
-        serial: a.serial.clone(),
-        boot,
-        echo_guest_logs: a.guest_log,
-        // Local RAM has no userfaultfd pages: KVM's default is harmless there.
-        kvm_async_pf: a.kvm_async_pf || a.local_only || a.kernel.is_some(),
-    })
+    let mut cfg = VmConfig::new(&name, a.memory, a.vcpus, boot);
+    cfg.serial = a.serial.clone();
+    cfg.echo_guest_logs = a.guest_log;
+    // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
+    // from a file pages like the built-in one.
+    cfg.kvm_async_pf = a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file);
+    cfg.remote = remote_spec(a, &cfg)?;
+    Ok(cfg)
 }
 
 /// The workloads of a bare `farvm run` (test guest, no --workload, no --kernel): a sequential
@@ -389,25 +427,20 @@ fn default_workloads(a: &RunArgs) -> Vec<String> {
     vec!["seq:ws=192M".into(), "random:ws=64M".into()]
 }
 
-/// Creates the VM, mapping errors to exit statuses.
-pub fn create_vm(cfg: VmConfig) -> Result<Vm, Failure> {
-    Vm::create(cfg).map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))
-}
-
 /// The remote-memory settings of `a`, or `None` when guest RAM stays local.
 pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
     if a.local_only {
         return Ok(None);
     }
-    // Sizes the VM refuses anyway: let `Vm::create` report them with its own message.
+    // Sizes the VM refuses anyway: let the builder report them with its own message.
     if cfg.vcpus == 0
         || cfg.mem_bytes < farvm_vmm::layout::MIN_RAM
         || cfg.mem_bytes > farvm_vmm::layout::MAX_RAM
     {
         return Ok(None);
     }
-    if matches!(cfg.boot, BootSpec::Linux { .. }) {
+    if matches!(cfg.boot, BootConfig::Linux { .. }) {
         if a.fault_path_cpu.is_some() {
             return Err(usage(
                 "--fault-path-cpu needs remote memory, which needs the test guest".into(),
@@ -444,64 +477,25 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
+    spec.stage2_prefault = a.stage2_prefault;
     Ok(Some(spec))
 }
 
-/// Starts remote memory and creates the VM on it; binds stage-2, vCPU attribution, lost-page
-/// handling and stats.
-pub fn create_remote_vm(spec: &RemoteSpec, cfg: VmConfig) -> Result<(Vm, RemoteMemory), Failure> {
-    let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
-    let mut remote = RemoteMemory::start(spec, cfg.mem_bytes).map_err(|e| match e {
-        farvm_vmm::remote::RemoteError::Config(_)
-        | farvm_vmm::remote::RemoteError::Token { .. } => {
-            Failure::new(exit_code::USAGE, e.to_string())
-        }
-        other => host(other.to_string()),
-    })?;
-    let ram = remote.guest_ram().map_err(|e| host(e.to_string()))?;
-    let vm = Vm::create_with_ram(cfg, ram)
-        .map_err(|e| Failure::new(exit_code::for_vm_error(&e), e.to_string()))?;
-    remote.attach_vm(&vm);
-    let src = remote.stats_source();
-    let name = vm.shared().name.clone();
-    let _ = vm
-        .shared()
-        .paging_stats
-        .set(Arc::new(move || match src.stats() {
-            Some(s) => (
-                serde_json::to_value(&s).unwrap_or(serde_json::Value::Null),
-                s.to_prometheus(&name),
-            ),
-            None => (serde_json::Value::Null, String::new()),
-        }));
-    Ok((vm, remote))
+/// Builds the VM (remote memory first, when asked for), mapping errors to exit statuses.
+pub fn build_vm(cfg: &VmConfig) -> Result<Vm, Failure> {
+    builder::build(cfg).map_err(|e| Failure::new(exit_code::for_build_error(&e), e.to_string()))
 }
 
 /// Starts the Prometheus endpoint for `vm`.
-fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<MetricsServer, Failure> {
-    let shared = Arc::downgrade(vm.shared());
-    MetricsServer::start(
-        addr,
-        Arc::new(move || {
-            let Some(s) = shared.upgrade() else {
-                return String::new();
-            };
-            let mut text = s.paging_stats.get().map(|f| f().1).unwrap_or_default();
-            let exits = s.exits.snapshot();
-            let vm = s.name.replace(['"', '\\', '\n'], "_");
-            text.push_str(&format!(
-                "# TYPE farvm_vm_exits_total counter\nfarvm_vm_exits_total{{vm=\"{vm}\"}} {}\n\
-                 # TYPE farvm_vm_uptime_seconds gauge\nfarvm_vm_uptime_seconds{{vm=\"{vm}\"}} {}\n",
-                exits.total(),
-                s.started.elapsed().as_secs_f64()
-            ));
-            text
-        }),
-    )
-    .map_err(|e| {
+fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<HttpServer, Failure> {
+    farvm_vmm::metrics::serve(&Listen::Tcp(addr), vm.shared()).map_err(|e| {
+        let why = match e {
+            HttpError::Bind { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
         Failure::new(
             exit_code::HOST_ERROR,
-            format!("cannot serve --metrics on {addr}: {e}"),
+            format!("cannot serve --metrics on {addr}: {why}"),
         )
     })
 }
@@ -529,24 +523,15 @@ pub fn run_vm(
 
 pub fn run(a: RunArgs) -> Result<i32> {
     let cfg = build_config(&a)?;
-    let name = cfg.name.clone();
-    let (vm, remote) = match remote_spec(&a, &cfg)? {
-        Some(spec) => {
-            let (vm, r) = create_remote_vm(&spec, cfg)?;
-            (vm, Some(r))
-        }
-        None => (create_vm(cfg)?, None),
-    };
+    let vm = build_vm(&cfg)?;
     let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
     if let Some(m) = &metrics {
         eprintln!("farvm: metrics on http://{}/metrics", m.addr());
     }
     if a.stop_at_entry {
         print_entry(&vm, a.json)?;
+        drop(metrics);
         drop(vm);
-        if let Some(r) = remote {
-            r.shutdown();
-        }
         return Ok(exit_code::OK);
     }
     let control = if a.no_control_socket {
@@ -555,16 +540,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
         Some(
             a.control_socket
                 .clone()
-                .unwrap_or_else(|| default_socket_path(&name)),
+                .unwrap_or_else(|| default_socket_path(&cfg.name)),
         )
     };
     let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
     drop(metrics);
-    let paging = remote.as_ref().map(|r| r.stats());
-    print_report(&report, a.json, paging.as_ref());
-    if let Some(r) = remote {
-        r.shutdown();
-    }
+    print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
     if code != exit_code::OK {
         eprintln!("farvm: {}", report.outcome);

@@ -18,7 +18,9 @@ use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 use farvm_guest_agent::PAGE_SIZE;
 use serde::Serialize;
 
-use crate::memory::GuestRam;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::vstate::memory::GuestRam;
 
 /// `BulkOp::status` values written by the VMM (`farvm_guest_agent::pv::status`).
 pub mod bulk_status {
@@ -121,6 +123,31 @@ pub struct PvCounters {
     pub bulk_ops: AtomicU64,
     pub bulk_refused: AtomicU64,
     pub bulk_bytes: AtomicU64,
+}
+
+/// A snapshot of [`PvCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PvCounterValues {
+    pub logs: u64,
+    pub doorbells: u64,
+    pub bad_doorbells: u64,
+    pub bulk_ops: u64,
+    pub bulk_refused: u64,
+    pub bulk_bytes: u64,
+}
+
+impl PvCounters {
+    pub fn snapshot(&self) -> PvCounterValues {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PvCounterValues {
+            logs: l(&self.logs),
+            doorbells: l(&self.doorbells),
+            bad_doorbells: l(&self.bad_doorbells),
+            bulk_ops: l(&self.bulk_ops),
+            bulk_refused: l(&self.bulk_refused),
+            bulk_bytes: l(&self.bulk_bytes),
+        }
+    }
 }
 
 /// The PV control device of one VM.
@@ -251,7 +278,7 @@ impl PvCtl {
     }
 
     fn read_log(&self, gpa: u64) -> Option<(u32, String)> {
-        let rec: LogRecord = self.ram.read_obj(gpa).ok()?;
+        let rec: LogRecord = self.ram.read_obj(GuestAddress(gpa)).ok()?;
         let len = (rec.len as usize).min(LOG_MAX);
         let text = String::from_utf8_lossy(&rec.bytes[..len])
             .trim_end()
@@ -263,7 +290,7 @@ impl PvCtl {
         let host_ns = self.now_ns();
         let paging = self.paging_counters.get().and_then(|f| f());
         self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
-        let m: Mailbox = match self.ram.read_obj::<Mailbox>(gpa) {
+        let m: Mailbox = match self.ram.read_obj::<Mailbox>(GuestAddress(gpa)) {
             Ok(m) if m.magic == MAILBOX_MAGIC => m,
             _ => {
                 self.counters.bad_doorbells.fetch_add(1, Ordering::Relaxed);
@@ -305,7 +332,7 @@ impl PvCtl {
 
     fn bulk(&self, gpa: u64) {
         self.counters.bulk_ops.fetch_add(1, Ordering::Relaxed);
-        let op: BulkOp = match self.ram.read_obj(gpa) {
+        let op: BulkOp = match self.ram.read_obj(GuestAddress(gpa)) {
             Ok(op) => op,
             Err(_) => {
                 // Nowhere to write a status: the record itself is out of RAM.
@@ -324,20 +351,25 @@ impl PvCtl {
                 .fetch_add(op.len, Ordering::Relaxed);
         }
         // `status` is the u32 right after `op`.
-        let _ = self.ram.write_obj(gpa + 4, &status);
+        let _ = self.ram.write_obj(status, GuestAddress(gpa + 4));
     }
 
     /// Performs one bulk operation; returns its status.
     pub fn do_bulk(&self, op: &BulkOp) -> u32 {
         match op.op {
-            pv::bulk::ZERO => match self.ram.fill(op.dst, op.len, 0) {
+            pv::bulk::ZERO => match self.ram.fill(GuestAddress(op.dst), op.len, 0) {
                 Ok(()) => bulk_status::OK,
                 Err(_) => bulk_status::BAD_RANGE,
             },
-            pv::bulk::COPY => match self.ram.copy_within(op.dst, op.src, op.len) {
-                Ok(()) => bulk_status::OK,
-                Err(_) => bulk_status::BAD_RANGE,
-            },
+            pv::bulk::COPY => {
+                match self
+                    .ram
+                    .copy_within(GuestAddress(op.dst), GuestAddress(op.src), op.len)
+                {
+                    Ok(()) => bulk_status::OK,
+                    Err(_) => bulk_status::BAD_RANGE,
+                }
+            }
             pv::bulk::FILL_PTES => self.fill_ptes(op),
             pv::bulk::FRAME_BATCH => self.frame_batch(op),
             _ => bulk_status::UNKNOWN_OP,
@@ -362,7 +394,11 @@ impl PvCtl {
             return bulk_status::BAD_RANGE;
         }
         let mut frames = [0u8; 4096];
-        if self.ram.read(op.src, &mut frames[..n * 8]).is_err() {
+        if self
+            .ram
+            .read_slice(&mut frames[..n * 8], GuestAddress(op.src))
+            .is_err()
+        {
             return bulk_status::BAD_RANGE;
         }
         let mut table = [0u8; 4096];
@@ -373,7 +409,7 @@ impl PvCtl {
             }
             table[i * 8..i * 8 + 8].copy_from_slice(&(f | op.pte_flags).to_le_bytes());
         }
-        match self.ram.write(op.dst, &table[..n * 8]) {
+        match self.ram.write_slice(&table[..n * 8], GuestAddress(op.dst)) {
             Ok(()) => bulk_status::OK,
             Err(_) => bulk_status::BAD_RANGE,
         }
@@ -398,7 +434,7 @@ impl PvCtl {
             };
             out[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
         }
-        match self.ram.write(op.dst, &out[..n * 8]) {
+        match self.ram.write_slice(&out[..n * 8], GuestAddress(op.dst)) {
             Ok(()) => bulk_status::OK,
             Err(_) => bulk_status::BAD_RANGE,
         }
@@ -417,15 +453,21 @@ impl PvCtl {
     pub fn read_agent_slot(&self, cpu: u32) -> Option<AgentSlot> {
         let gpa = self.agent_slot_gpa(cpu)?;
         for _ in 0..1000 {
-            let g1 = self.ram.read_u64_volatile(gpa + 8).ok()?;
+            let g1 = self
+                .ram
+                .load::<u64>(GuestAddress(gpa + 8), Ordering::Acquire)
+                .ok()?;
             if g1 % 2 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
             std::sync::atomic::fence(Ordering::Acquire);
-            let slot: AgentSlot = self.ram.read_obj(gpa).ok()?;
+            let slot: AgentSlot = self.ram.read_obj(GuestAddress(gpa)).ok()?;
             std::sync::atomic::fence(Ordering::Acquire);
-            let g2 = self.ram.read_u64_volatile(gpa + 8).ok()?;
+            let g2 = self
+                .ram
+                .load::<u64>(GuestAddress(gpa + 8), Ordering::Acquire)
+                .ok()?;
             if g1 == g2 {
                 return (slot.magic == SLOT_MAGIC).then_some(slot);
             }
@@ -463,24 +505,26 @@ impl PvCtl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::Backing;
     use farvm_guest_agent::pv::bulk;
 
     fn dev() -> PvCtl {
-        let ram = Arc::new(GuestRam::new(&[(0, 4 << 20)], Backing::Anonymous).unwrap());
+        let ram = Arc::new(GuestRam::local(&[(0, 4 << 20)]).unwrap());
         PvCtl::new(ram, 2, false)
     }
 
     fn run_bulk(d: &PvCtl, op: BulkOp) -> u32 {
-        d.ram.write_obj(0x8000, &op).unwrap();
+        d.ram.write_obj(op, GuestAddress(0x8000)).unwrap();
         assert_eq!(d.write(0, pv::PORT_BULK, 0x8000), PvAction::Continue);
-        d.ram.read_obj::<BulkOp>(0x8000).unwrap().status
+        d.ram
+            .read_obj::<BulkOp>(GuestAddress(0x8000))
+            .unwrap()
+            .status
     }
 
     #[test]
     fn bulk_zero_copy_fill() {
         let d = dev();
-        d.ram.fill(0x10000, 0x2000, 0x5a).unwrap();
+        d.ram.fill(GuestAddress(0x10000), 0x2000, 0x5a).unwrap();
         let z = BulkOp {
             op: bulk::ZERO,
             dst: 0x10000,
@@ -488,8 +532,8 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(run_bulk(&d, z), 0);
-        assert_eq!(d.ram.read_obj::<u64>(0x10ff8).unwrap(), 0);
-        assert_eq!(d.ram.read_obj::<u8>(0x11000).unwrap(), 0x5a);
+        assert_eq!(d.ram.read_obj::<u64>(GuestAddress(0x10ff8)).unwrap(), 0);
+        assert_eq!(d.ram.read_obj::<u8>(GuestAddress(0x11000)).unwrap(), 0x5a);
         let c = BulkOp {
             op: bulk::COPY,
             dst: 0x20000,
@@ -498,9 +542,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(run_bulk(&d, c), 0);
-        assert_eq!(d.ram.read_obj::<u8>(0x20fff).unwrap(), 0x5a);
+        assert_eq!(d.ram.read_obj::<u8>(GuestAddress(0x20fff)).unwrap(), 0x5a);
         for (i, f) in [0x30_0000u64, 0x1000, 0x3f_f000].iter().enumerate() {
-            d.ram.write_obj(0x9000 + 8 * i as u64, f).unwrap();
+            d.ram
+                .write_obj(*f, GuestAddress(0x9000 + 8 * i as u64))
+                .unwrap();
         }
         let f = BulkOp {
             op: bulk::FILL_PTES,
@@ -512,11 +558,11 @@ mod tests {
         };
         assert_eq!(run_bulk(&d, f), 0);
         assert_eq!(
-            d.ram.read_obj::<u64>(0x40008).unwrap(),
+            d.ram.read_obj::<u64>(GuestAddress(0x40008)).unwrap(),
             0x8000_0000_0000_1007
         );
         assert_eq!(
-            d.ram.read_obj::<u64>(0x40010).unwrap(),
+            d.ram.read_obj::<u64>(GuestAddress(0x40010)).unwrap(),
             0x8000_0000_003f_f007
         );
         // Into the middle of a table: entries 510 and 511.
@@ -529,7 +575,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(run_bulk(&d, f), 0);
-        assert_eq!(d.ram.read_obj::<u64>(0x40ff8).unwrap(), 0x1001);
+        assert_eq!(
+            d.ram.read_obj::<u64>(GuestAddress(0x40ff8)).unwrap(),
+            0x1001
+        );
     }
 
     #[test]
@@ -619,7 +668,7 @@ mod tests {
         for (op, want) in cases {
             assert_eq!(run_bulk(&d, op), want, "{op:?}");
         }
-        d.ram.write_obj(0x9000, &(64u64 << 20)).unwrap();
+        d.ram.write_obj(64u64 << 20, GuestAddress(0x9000)).unwrap();
         let f = BulkOp {
             op: bulk::FILL_PTES,
             dst: 0x40000,
@@ -651,7 +700,7 @@ mod tests {
         }];
         let order = FrameOrder::new(0x1234, 0, 0x20_0000, &ranges);
         for i in 0..16u64 {
-            let got: u64 = d.ram.read_obj(0x9000 + 8 * i).unwrap();
+            let got: u64 = d.ram.read_obj(GuestAddress(0x9000 + 8 * i)).unwrap();
             assert_eq!(Some(got), order.frame_gpa(5 + i));
             assert!((0x20_0000..4 << 20).contains(&got));
         }
@@ -679,7 +728,7 @@ mod tests {
             checksum: 99,
             ..Default::default()
         };
-        d.ram.write_obj(0x50000, &m).unwrap();
+        d.ram.write_obj(m, GuestAddress(0x50000)).unwrap();
         d.write(1, pv::PORT_MAILBOX, 0x50000);
         d.write(1, pv::PORT_MAILBOX, 0x60000); // no mailbox there
         let p = d.processes();
@@ -697,12 +746,12 @@ mod tests {
             cr3: 0x5000,
             switches: 2,
         };
-        d.ram.write_obj(0x70000, &s).unwrap();
+        d.ram.write_obj(s, GuestAddress(0x70000)).unwrap();
         d.write(1, pv::PORT_AGENT_SLOT, 0x70001); // misaligned: ignored
         assert_eq!(d.agent_slot_gpa(1), None);
         d.write(1, pv::PORT_AGENT_SLOT, 0x70000);
         assert_eq!(d.current_pid(1), Some(7));
-        d.ram.write_obj(0x70008, &5u64).unwrap(); // writer in progress
+        d.ram.write_obj(5u64, GuestAddress(0x70008)).unwrap(); // writer in progress
         assert_eq!(d.current_pid(1), None);
     }
 
@@ -715,7 +764,7 @@ mod tests {
             phase: 2,
             ..Default::default()
         };
-        d.ram.write_obj(0x50000, &m).unwrap();
+        d.ram.write_obj(m, GuestAddress(0x50000)).unwrap();
         d.write(0, pv::PORT_MAILBOX, 0x50000);
         let faults = Arc::new(AtomicU64::new(10));
         let f = faults.clone();
@@ -729,7 +778,7 @@ mod tests {
         d.write(0, pv::PORT_MAILBOX, 0x50000);
         faults.store(25, Ordering::Relaxed);
         d.ram
-            .write_obj(0x50000, &Mailbox { phase: 3, ..m })
+            .write_obj(Mailbox { phase: 3, ..m }, GuestAddress(0x50000))
             .unwrap();
         d.write(0, pv::PORT_MAILBOX, 0x50000);
         let ev = &d.processes()[0].events;
@@ -752,7 +801,7 @@ mod tests {
             bytes: [0; LOG_MAX],
         };
         rec.bytes[..9].copy_from_slice(b"main.rs:4");
-        d.ram.write_obj(0x3000, &rec).unwrap();
+        d.ram.write_obj(rec, GuestAddress(0x3000)).unwrap();
         assert_eq!(
             d.write(1, pv::PORT_PANIC, 0x3000),
             PvAction::Panic("cpu 1: main.rs:4".into())

@@ -6,9 +6,7 @@ use std::sync::Arc;
 use farvm_guest_agent::boot::{KERNEL_PHYS_BASE, KERNEL_WINDOW_BASE};
 use farvm_vmm::boot::elf::build_test_elf;
 use farvm_vmm::boot::testguest::TestPlan;
-use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
-use farvm_vmm::vm::{BootSpec, VmConfig};
+use farvm_vmm::builder::{BootConfig, VmConfig};
 
 /// True if KVM tests should run; false only when FARVM_SKIP_KVM=1. Panics with a clear message
 /// when /dev/kvm is unusable otherwise.
@@ -17,7 +15,7 @@ pub fn kvm_available() -> bool {
         eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
         return false;
     }
-    if let Err(e) = farvm_vmm::kvm::check_available() {
+    if let Err(e) = farvm_vmm::vstate::vm::check_available() {
         panic!("this test needs a usable /dev/kvm ({e}); set FARVM_SKIP_KVM=1 to skip it");
     }
     true
@@ -95,19 +93,11 @@ pub fn data_gpa(off: usize) -> u32 {
 
 /// A VM config booting `kernel` as a test guest.
 pub fn config(name: &str, kernel: Vec<u8>, vcpus: u32) -> VmConfig {
-    VmConfig {
-        name: name.into(),
-        mem_bytes: 64 << 20,
-        vcpus,
-        backing: Backing::Anonymous,
-        serial: SerialOut::None,
-        boot: BootSpec::TestGuest {
-            kernel: Arc::from(kernel),
-            plan: TestPlan::default(),
-        },
-        echo_guest_logs: false,
-        kvm_async_pf: true,
-    }
+    let boot = BootConfig::TestGuest {
+        kernel: Arc::from(kernel),
+        plan: TestPlan::default(),
+    };
+    VmConfig::new(name, 64 << 20, vcpus, boot)
 }
 
 /// Raw bytes of a repr(C) value.

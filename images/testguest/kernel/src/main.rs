@@ -27,6 +27,12 @@ mod trap;
 // Keep the runtime's memcpy & co. linked.
 use farvm_testguest_rt as _;
 
+/// Marks this ELF as the farvm test guest (see `farvm_guest_agent::boot::note`).
+#[used]
+#[link_section = ".note.farvm"]
+static TEST_GUEST_NOTE: farvm_guest_agent::boot::note::TestGuestNote =
+    farvm_guest_agent::boot::note::TestGuestNote::current();
+
 pub const MAX_CPUS: usize = farvm_guest_agent::boot::MAX_CPUS;
 pub const MAX_PROCS: usize = farvm_guest_agent::boot::MAX_PROCS;
 const BOOT_STACK: usize = 16 << 10;

@@ -3,18 +3,16 @@
 //! an embedded memserver on loopback, a fresh one per run), and the times of a finished run.
 //! The A/B benches (`bench/ab.rs`) run their cells through this too.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
 use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::builder::{build, VmConfig};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::devices::serial::SerialOut;
-use farvm_vmm::memory::Backing;
-use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteMemory, RemoteSpec, RemoteStats};
-use farvm_vmm::vm::{BootSpec, Vm, VmConfig, VmOutcome, VmReport};
+use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteSpec, RemoteStats};
+use farvm_vmm::vm::{VmOutcome, VmReport};
 use farvm_vmm::workload_spec::PlacedWorkload;
 
 fn ws_of(w: &PlacedWorkload) -> u64 {
@@ -30,26 +28,17 @@ fn guest_mem(w: &PlacedWorkload) -> u64 {
 }
 
 fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
-    VmConfig {
-        name: name.to_string(),
-        mem_bytes: guest_mem(w),
-        vcpus: 1,
-        backing: Backing::Anonymous,
-        serial: SerialOut::None,
-        boot: BootSpec::TestGuest {
-            kernel: Arc::from(farvm_vmm::builtin::test_guest_elf()),
-            plan: TestPlan {
-                procs: vec![w.process_spec()],
-                timer_hz: 100,
-                flags: flags::RAM_IS_ZERO,
-                frame_shuffle_seed: 1,
-                frame_run_shift: run_shift,
-            },
-        },
-        echo_guest_logs: false,
-        // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
-        kvm_async_pf: false,
-    }
+    let plan = TestPlan {
+        procs: vec![w.process_spec()],
+        timer_hz: 100,
+        flags: flags::RAM_IS_ZERO,
+        frame_shuffle_seed: 1,
+        frame_run_shift: run_shift,
+    };
+    let mut cfg = VmConfig::test_guest(name, guest_mem(w), 1, plan);
+    // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
+    cfg.kvm_async_pf = false;
+    cfg
 }
 
 /// (measured ms, whole-process ms by the host clock).
@@ -79,8 +68,12 @@ fn finished(report: &VmReport, what: &str) -> Result<ProcessRecord> {
 }
 
 pub(super) fn run_local(w: &PlacedWorkload) -> Result<ProcessRecord> {
-    let vm = Vm::create(config(w, &format!("bench-local-{}", std::process::id()), 9))
-        .context("creating the all-local VM")?;
+    let vm = build(&config(
+        w,
+        &format!("bench-local-{}", std::process::id()),
+        9,
+    ))
+    .context("building the all-local VM")?;
     let running = vm.start()?;
     let outcome = running.wait(Some(Duration::from_secs(1800)), true);
     finished(&running.finish(outcome), &format!("all-local {}", w.name()))
@@ -104,6 +97,8 @@ pub(crate) struct CellSetup {
     pub page_space: PageSpaceKind,
     /// The test guest hands out frames in runs of 2^shift (`--frame-run-shift`).
     pub frame_run_shift: u32,
+    /// `--stage2-prefault on|off`.
+    pub stage2_prefault: bool,
 }
 
 impl Default for CellSetup {
@@ -113,6 +108,7 @@ impl Default for CellSetup {
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
             frame_run_shift: 9,
+            stage2_prefault: true,
         }
     }
 }
@@ -125,27 +121,52 @@ pub(crate) fn run_remote(
     timeout: Duration,
     setup: CellSetup,
 ) -> Result<(Option<ProcessRecord>, RemoteStats)> {
-    let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
-    let cfg = config(w, &name, setup.frame_run_shift);
+    let (report, stats) = run_remote_vm(w, budget, pf, timeout, setup)?;
+    Ok((finished_in_time(&report, &vm_name(w, pf))?, stats))
+}
+
+fn vm_name(w: &PlacedWorkload, pf: &str) -> String {
+    format!("bench-{}-{}-{pf}", std::process::id(), w.name())
+}
+
+/// [`run_remote`]'s VM run, returning the VM's whole report (KVM's per-vCPU statistics too)
+/// whatever its outcome.
+pub(crate) fn run_remote_vm(
+    w: &PlacedWorkload,
+    budget: Budget,
+    pf: &str,
+    timeout: Duration,
+    setup: CellSetup,
+) -> Result<(VmReport, RemoteStats)> {
+    let name = vm_name(w, pf);
+    let mut cfg = config(w, &name, setup.frame_run_shift);
     let mut spec = RemoteSpec::new(&name);
     spec.budget = budget;
     spec.prefetcher = pf.to_string();
     spec.fault_path_cpu = setup.fault_path_cpu;
     spec.page_space = setup.page_space;
-    let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
-    let vm = Vm::create_with_ram(cfg, remote.guest_ram()?).context("creating the VM")?;
-    remote.attach_vm(&vm);
+    spec.stage2_prefault = setup.stage2_prefault;
+    cfg.remote = Some(spec);
+    let vm = build(&cfg).context("building the VM on remote memory")?;
     let running = vm.start()?;
     let outcome = running.wait(Some(timeout), true);
     let report = running.finish(outcome);
-    let stats = remote.stats();
-    let errors = remote.engine().take_errors();
-    remote.shutdown();
+    let stats = report
+        .paging
+        .clone()
+        .context("no paging stats from a VM on remote memory")?;
+    let errors = &report.paging_errors;
     if !errors.is_empty() {
         bail!("paging engine errors in {name}: {errors:?}");
     }
+    Ok((report, stats))
+}
+
+/// The finished process of a remote-memory run (`what` names it in errors), or `None` if the
+/// VM hit its timeout; any other outcome is an error.
+pub(crate) fn finished_in_time(report: &VmReport, what: &str) -> Result<Option<ProcessRecord>> {
     if let VmOutcome::Timeout { .. } = report.outcome {
-        return Ok((None, stats));
+        return Ok(None);
     }
-    Ok((Some(finished(&report, &name)?), stats))
+    finished(report, what).map(Some)
 }

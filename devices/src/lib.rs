@@ -1,0 +1,12 @@
+//! farvm's emulated devices, independent of the VMM: the I/O bus the exit handler dispatches
+//! through ([`bus`]), the interrupt seam ([`interrupt`]), the COM1 console ([`serial`]),
+//! virtio-blk on virtio-mmio ([`virtio`]), the ACPI tables a stock kernel needs ([`acpi`]) and
+//! the power registers they point at ([`power`]). Default addresses are in [`layout`].
+
+pub mod acpi;
+pub mod bus;
+pub mod interrupt;
+pub mod layout;
+pub mod power;
+pub mod serial;
+pub mod virtio;

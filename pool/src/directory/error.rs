@@ -1,0 +1,101 @@
+//! Errors of the etcd directory, and which etcd failures mean "etcd is unreachable".
+
+use std::time::Duration;
+
+use crate::ids::VmId;
+use crate::placement::PlacementError;
+
+/// A directory operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// etcd does not answer (down, restarting, partitioned). The directory keeps retrying in
+    /// the background; registrations stay in place on the servers' side until their lease TTL.
+    #[error(
+        "etcd unreachable at {endpoints} (for {:.1}s): waiting for it to come back; last error: {detail}",
+        down_for.as_secs_f64()
+    )]
+    Unreachable {
+        /// The configured endpoints.
+        endpoints: String,
+        /// How long calls have been failing.
+        down_for: Duration,
+        /// The last transport error.
+        detail: String,
+    },
+    /// etcd answered with an error.
+    #[error("etcd refused the request: {0}")]
+    Etcd(String),
+    /// Placement refused the request.
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    /// A VM with this id is registered already.
+    #[error("VM {0} is already registered in the pool")]
+    AlreadyRegistered(VmId),
+    /// Other admissions changed the placement every time this one tried to commit.
+    #[error("admission of VM {vm} raced with other admissions {attempts} times; try again")]
+    Contended {
+        /// The VM.
+        vm: VmId,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A record changed between reading it and committing a change to it.
+    #[error("{key} changed while committing; re-read the pool and plan again")]
+    Conflict {
+        /// The key.
+        key: String,
+    },
+    /// A change needs more operations in one etcd transaction than etcd allows.
+    #[error(
+        "{what} needs {ops} operations in one etcd transaction, above the limit of {limit} \
+         (etcd --max-txn-ops); use larger slabs or raise the limit on etcd and in the directory config"
+    )]
+    TooManyOps {
+        /// What was being committed.
+        what: String,
+        /// Operations needed.
+        ops: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A VM's namespace could not be discarded on some servers.
+    #[error(
+        "could not discard namespace {namespace:#018x} of VM {vm} on {failures}; the garbage collector retries"
+    )]
+    Discard {
+        /// The VM.
+        vm: VmId,
+        /// Its namespace.
+        namespace: u64,
+        /// `server: error` for each failure.
+        failures: String,
+    },
+    /// The configuration is unusable.
+    #[error("invalid directory configuration: {0}")]
+    Config(String),
+    /// The directory's runtime thread could not start.
+    #[error("cannot start the etcd client runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl PoolError {
+    /// Whether this is [`PoolError::Unreachable`] (retrying later may succeed).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Self::Unreachable { .. })
+    }
+}
+
+/// Whether an etcd client error means the cluster could not be reached (as opposed to a
+/// request it refused).
+pub(crate) fn is_transport(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+        ),
+        etcd_client::Error::LeaseKeepAliveError(_) | etcd_client::Error::WatchError(_) => true,
+        _ => false,
+    }
+}

@@ -1,0 +1,82 @@
+//! A snapshot of the pool: every live server, every live VM, every slab placement and every
+//! garbage-collection mark, read at one etcd revision. Placement, garbage collection and the
+//! status model are pure functions of a view.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gc::GcMark;
+use crate::ids::{ServerId, VmId};
+use crate::record::{ServerRecord, SlabRecord, VmRecord};
+
+/// One slab of one VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SlabRef {
+    /// The VM.
+    pub vm: VmId,
+    /// Slab index within the VM's remote share (slab `i` covers its remote pages
+    /// `i * slab_bytes ..`).
+    pub index: u32,
+}
+
+impl std::fmt::Display for SlabRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.vm, self.index)
+    }
+}
+
+/// The pool at one revision.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolView {
+    /// The etcd revision read (0 for a view built in memory).
+    pub revision: i64,
+    /// Registered (live) servers.
+    pub servers: BTreeMap<ServerId, ServerRecord>,
+    /// Registered (live) VMs.
+    pub vms: BTreeMap<VmId, VmRecord>,
+    /// Slab placements, of live VMs and of VMs whose lease expired.
+    pub slabs: BTreeMap<SlabRef, SlabRecord>,
+    /// VMs the garbage collector marked as gone.
+    pub gc_marks: BTreeMap<VmId, GcMark>,
+    /// Keys under the prefix whose value could not be read (skipped).
+    pub unreadable: Vec<String>,
+}
+
+impl PoolView {
+    /// Bytes reserved on `server` by placed slab replicas.
+    pub fn committed_bytes(&self, server: &ServerId) -> u64 {
+        self.slabs
+            .values()
+            .filter(|s| s.replicas.contains(server))
+            .map(|s| s.bytes)
+            .sum()
+    }
+
+    /// Bytes reserved per server by placed slab replicas (servers with none are absent).
+    pub fn committed_by_server(&self) -> BTreeMap<&ServerId, u64> {
+        let mut out = BTreeMap::new();
+        for s in self.slabs.values() {
+            for r in &s.replicas {
+                *out.entry(r).or_insert(0) += s.bytes;
+            }
+        }
+        out
+    }
+
+    /// A server's load for placement: the larger of its stored pages and its reservations
+    /// (slabs fill lazily, and a server may also hold pages of clients outside the pool).
+    pub fn load_bytes(&self, server: &ServerRecord) -> u64 {
+        server.used_bytes.max(self.committed_bytes(&server.id))
+    }
+
+    /// The slabs of one VM, in index order.
+    pub fn vm_slabs(&self, vm: VmId) -> impl Iterator<Item = (&SlabRef, &SlabRecord)> {
+        let lo = SlabRef { vm, index: 0 };
+        let hi = SlabRef {
+            vm,
+            index: u32::MAX,
+        };
+        self.slabs.range(lo..=hi)
+    }
+}

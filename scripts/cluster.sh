@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# A rack of farvm hosts on one machine, for tests and demos: network namespaces as hosts on a
+# private bridge, grouped into racks, with etcd, memory servers and VM hosts each in their own
+# namespace.
+#
+#   scripts/cluster.sh up [--racks 3] [--servers-per-rack 2] [--hosts 4] [--delay-us 250]
+#                         [--capacity 2G] [--name fvc]
+#   scripts/cluster.sh status [--name fvc]
+#   scripts/cluster.sh exec host1 -- target/release/farvm run --memserver ADDR ...
+#   scripts/cluster.sh down [--name fvc]
+#
+# Layout (NAME = --name, default fvc; addresses exist only inside the namespaces):
+#   bridge NAME-br (root namespace, no address); each namespace has eth0 on it, 10.77.0.0/16
+#   NAME-etcd          10.77.0.2     etcd, client URL http://10.77.0.2:2379
+#   NAME-rK-msI        10.77.K.1I    memory server I of rack K: farvm-memserver on :7070 (in-rack
+#                                    address), its cross-rack address :17070 through the delay proxy
+#   NAME-hostN         10.77.K.10N   VM host N, in rack K = ((N-1) mod racks) + 1
+#
+# Latency between racks: this machine's kernel has no netem, so each memory server's cross-rack
+# address is farvm-delay-proxy (userspace, --delay-us each way). The pool registers the
+# cross-rack address, since a slab's replicas are on distinct racks. In the KVM lab, whose
+# kernel has sch_netem, per-rack delay can be put on the links instead, e.g. in each namespace:
+#   tc qdisc add dev eth0 root handle 1: prio bands 4
+#   tc qdisc add dev eth0 parent 1:4 handle 40: netem delay 250us
+#   tc filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.77.J.0/24 flowid 1:4  # per other rack J
+#
+# Memory-server registration: until farvm-memserver registers itself in the pool, each one gets
+# a `farvm-pool announce-server` beside it (registers the server, keeps its lease alive while it
+# accepts connections). When `farvm-memserver --help` lists `--pool`, the script starts
+# `farvm-memserver --pool URL --rack rK --pool-id ID` instead (see start_memserver).
+#
+# Everything started is recorded under $FARVM_CLUSTER_RUN/NAME (default /run/farvm-cluster):
+# `down` kills exactly those PIDs and deletes exactly those namespaces and links.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BIN=${FARVM_BIN:-$ROOT/target/release}
+
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "cluster: $*" >&2; exit 1; }
+
+cmd=${1:-}; [[ -n $cmd ]] || usage 64
+shift
+NAME=fvc RACKS=3 SPR=2 HOSTS=4 DELAY_US=250 CAPACITY=2G
+EXEC_NS="" EXEC_ARGS=()
+if [[ $cmd == exec ]]; then
+    [[ $# -ge 1 ]] || die "exec needs a namespace (e.g. host1) and a command"
+    EXEC_NS=$1; shift
+fi
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --name) NAME=$2; shift 2 ;;
+        --racks) RACKS=$2; shift 2 ;;
+        --servers-per-rack) SPR=$2; shift 2 ;;
+        --hosts) HOSTS=$2; shift 2 ;;
+        --delay-us) DELAY_US=$2; shift 2 ;;
+        --capacity) CAPACITY=$2; shift 2 ;;
+        --) shift; EXEC_ARGS=("$@"); break ;;
+        -h|--help) usage 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+[[ $NAME =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "--name must be 1-6 lower-case letters/digits (it prefixes interface names)"
+for n in "$RACKS" "$SPR" "$HOSTS" "$DELAY_US"; do [[ $n =~ ^[0-9]+$ ]] || die "'$n' is not a number"; done
+((RACKS >= 1 && RACKS <= 9 && SPR >= 1 && SPR <= 9 && HOSTS >= 1 && HOSTS <= 99)) ||
+    die "supported: 1-9 racks, 1-9 servers per rack, 1-99 hosts"
+
+RUN=${FARVM_CLUSTER_RUN:-/run/farvm-cluster}/$NAME
+ETCD_ADDR=10.77.0.2
+ETCD_URL=http://$ETCD_ADDR:2379
+
+need_root() {
+    [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, veth, bridge); run with sudo"
+    command -v ip >/dev/null || die "needs iproute2 (the ip command): apt-get install iproute2"
+    ip netns list >/dev/null 2>&1 || die "'ip netns' does not work here (no network-namespace support?)"
+}
+
+# State: one record per line, in creation order; down undoes them in reverse.
+record() { echo "$*" >>"$RUN/state"; }
+
+ns_of_host() { echo "$NAME-host$1"; }
+rack_of_host() { echo $(( ($1 - 1) % RACKS + 1 )); }
+
+add_ns() { # add_ns NS ADDR: a namespace with eth0 (ADDR/16) on the bridge
+    local ns=$1 addr=$2 veth
+    veth="$NAME-v$(( $(grep -c '^netns ' "$RUN/state" 2>/dev/null || true) ))"
+    ip netns add "$ns"
+    record netns "$ns"
+    ip link add "$veth" type veth peer name eth0 netns "$ns"
+    record link "$veth"
+    ip link set "$veth" master "$NAME-br" up
+    ip -n "$ns" addr add "$addr/16" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+}
+
+spawn() { # spawn NS LABEL CMD...: runs CMD in NS in the background, records its PID
+    local ns=$1 label=$2; shift 2
+    # `ip netns exec` execs the command: the PID is the command's.
+    ip netns exec "$ns" "$@" >"$RUN/$label.log" 2>&1 &
+    local pid=$!
+    record pid "$pid" "$label"
+    echo "$pid"
+}
+
+wait_tcp() { # wait_tcp NS HOST PORT SECONDS
+    local i
+    for ((i = 0; i < $4 * 10; i++)); do
+        ip netns exec "$1" bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+start_memserver() { # start_memserver NS RACK ID ADDR
+    local ns=$1 rack=$2 id=$3 addr=$4
+    if "$BIN/farvm-memserver" --help 2>&1 | grep -q -- '--pool'; then
+        # The memory server registers itself (integration hook).
+        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
+            --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" --pool-address "$addr:17070" >/dev/null
+    else
+        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" >/dev/null
+        wait_tcp "$ns" "$addr" 7070 10 || die "memory server $id did not start; see $RUN/$id.log"
+        spawn "$ns" "$id-announce" "$BIN/farvm-pool" --etcd "$ETCD_URL" announce-server \
+            --id "$id" --address "$addr:17070" --probe "$addr:7070" --rack "$rack" \
+            --capacity "$CAPACITY" >/dev/null
+    fi
+    spawn "$ns" "$id-delay" "$BIN/farvm-delay-proxy" --listen "$addr:17070" \
+        --connect "$addr:7070" --delay-us "$DELAY_US" >/dev/null
+}
+
+up() {
+    need_root
+    [[ ! -e $RUN/state ]] || die "cluster '$NAME' is up already ($RUN/state); run: $0 down --name $NAME"
+    command -v etcd >/dev/null || die "needs etcd (Debian package etcd-server; scripts/setup.sh installs it)"
+    for b in farvm farvm-memserver farvm-pool farvm-delay-proxy; do
+        [[ -x $BIN/$b ]] || die "missing $BIN/$b: build with cargo build --release --workspace --bins"
+    done
+    for ns in $(ip netns list | awk '{print $1}'); do
+        [[ $ns != "$NAME"-* ]] || die "namespace $ns exists but no cluster state does; remove it or pick another --name"
+    done
+    mkdir -p "$RUN"
+    : >"$RUN/state"
+    trap 'rc=$?; if ((rc)); then echo "cluster: up failed; tearing down what was created" >&2; down_quiet; fi' EXIT
+
+    ip link add "$NAME-br" type bridge
+    record link "$NAME-br"
+    ip link set "$NAME-br" up
+
+    add_ns "$NAME-etcd" "$ETCD_ADDR"
+    mkdir -p "$RUN/etcd"
+    spawn "$NAME-etcd" etcd etcd --name "$NAME" --data-dir "$RUN/etcd" \
+        --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+        --listen-peer-urls "http://$ETCD_ADDR:2380" --initial-advertise-peer-urls "http://$ETCD_ADDR:2380" \
+        --initial-cluster "$NAME=http://$ETCD_ADDR:2380" --logger zap --log-level warn >/dev/null
+    wait_tcp "$NAME-etcd" "$ETCD_ADDR" 2379 30 || die "etcd did not start; see $RUN/etcd.log"
+
+    local k i n
+    for ((k = 1; k <= RACKS; k++)); do
+        for ((i = 1; i <= SPR; i++)); do
+            add_ns "$NAME-r$k-ms$i" "10.77.$k.1$i"
+            start_memserver "$NAME-r$k-ms$i" "r$k" "r$k-ms$i" "10.77.$k.1$i"
+        done
+    done
+    for ((n = 1; n <= HOSTS; n++)); do
+        add_ns "$(ns_of_host "$n")" "10.77.$(rack_of_host "$n").$((100 + n))"
+    done
+    trap - EXIT
+
+    # Wait until every memory server is in the pool.
+    local want=$((RACKS * SPR)) got=0
+    for ((i = 0; i < 100; i++)); do
+        got=$(ip netns exec "$(ns_of_host 1)" "$BIN/farvm-pool" --etcd "$ETCD_URL" status --json 2>/dev/null |
+            grep -c '"wire_version"' || true)
+        ((got >= want)) && break
+        sleep 0.2
+    done
+    ((got >= want)) || echo "cluster: warning: only $got of $want memory servers registered" >&2
+    echo "cluster '$NAME' up: $RACKS rack(s) x $SPR memory server(s), $HOSTS host(s), ${DELAY_US}us each way across racks"
+    summary
+}
+
+summary() {
+    echo "etcd:    $ETCD_URL (namespace $NAME-etcd)"
+    local k i n
+    for ((k = 1; k <= RACKS; k++)); do
+        for ((i = 1; i <= SPR; i++)); do
+            echo "rack r$k: r$k-ms$i  in-rack 10.77.$k.1$i:7070  cross-rack 10.77.$k.1$i:17070  (namespace $NAME-r$k-ms$i)"
+        done
+    done
+    for ((n = 1; n <= HOSTS; n++)); do
+        echo "host$n:   rack r$(rack_of_host "$n"), 10.77.$(rack_of_host "$n").$((100 + n))  (run: $0 exec host$n --name $NAME -- CMD)"
+    done
+}
+
+load_shape() { # recover --racks/--servers-per-rack/--hosts from the state of a running cluster
+    [[ -e $RUN/state ]] || die "cluster '$NAME' is not up (no $RUN/state)"
+    RACKS=$(grep -o "^netns $NAME-r[0-9]*-ms1\$" "$RUN/state" | wc -l)
+    SPR=$(grep -o "^netns $NAME-r1-ms[0-9]*\$" "$RUN/state" | wc -l)
+    HOSTS=$(grep -o "^netns $NAME-host[0-9]*\$" "$RUN/state" | wc -l)
+}
+
+status() {
+    need_root
+    load_shape
+    echo "cluster '$NAME' ($RUN):"
+    local kind a b
+    while read -r kind a b; do
+        case $kind in
+            pid) if kill -0 "$a" 2>/dev/null; then echo "  process $b: pid $a running"; else echo "  process $b: pid $a NOT RUNNING (see $RUN/$b.log)"; fi ;;
+            netns) ip netns list | grep -qw "^$a" && echo "  namespace $a" || echo "  namespace $a MISSING" ;;
+        esac
+    done <"$RUN/state"
+    summary
+    echo
+    ip netns exec "$(ns_of_host 1)" "$BIN/farvm-pool" --etcd "$ETCD_URL" status || true
+}
+
+down_quiet() {
+    [[ -e $RUN/state ]] || return 0
+    local kind a b pids=()
+    while read -r kind a b; do [[ $kind == pid ]] && pids+=("$a"); done <"$RUN/state"
+    # Only the PIDs this cluster started; TERM first (announcers deregister, VMs shut down).
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for ((i = 0; i < 30; i++)); do
+        local alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    # Namespaces and links, newest first. Deleting a namespace removes its eth0 and the peer.
+    tac "$RUN/state" | while read -r kind a b; do
+        case $kind in
+            netns) ip netns pids "$a" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+                   ip netns del "$a" 2>/dev/null || true ;;
+            link) ! ip link show "$a" >/dev/null 2>&1 || ip link del "$a" ;;
+        esac
+    done
+    rm -rf "$RUN"
+}
+
+down() {
+    need_root
+    [[ -e $RUN/state ]] || die "cluster '$NAME' is not up (no $RUN/state)"
+    down_quiet
+    echo "cluster '$NAME' down"
+}
+
+case $cmd in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    exec)
+        need_root
+        load_shape
+        ((${#EXEC_ARGS[@]})) || die "exec needs a command after --"
+        case $EXEC_NS in
+            etcd|host[0-9]*|r[0-9]-ms[0-9]) ns="$NAME-$EXEC_NS" ;;
+            *) die "unknown namespace '$EXEC_NS' (etcd, hostN, rK-msI)" ;;
+        esac
+        exec ip netns exec "$ns" "${EXEC_ARGS[@]}" ;;
+    -h|--help|help) usage 0 ;;
+    *) die "unknown command '$cmd' (up, down, status, exec)" ;;
+esac

@@ -1,0 +1,258 @@
+//! The domain XML fixtures: each is valid libvirt XML (checked with libvirt's own
+//! `virt-xml-validate`) and reads as expected.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use farvm_vmconfig::domain::{CharBackend, LifecycleAction};
+use farvm_vmconfig::{Domain, LocalShare, PageSpace, ParsedDomain, Servers};
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("tests/fixtures exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "xml"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 5, "fixtures missing: {v:?}");
+    v
+}
+
+fn parse(name: &str) -> ParsedDomain {
+    let text = std::fs::read_to_string(fixtures_dir().join(name)).unwrap();
+    Domain::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn every_fixture_is_valid_libvirt_xml() {
+    let probe = Command::new("virt-xml-validate").arg("--help").output();
+    if probe.is_err() {
+        panic!(
+            "virt-xml-validate is not installed: this test checks the fixtures against libvirt's \
+             schema. Install Debian's libvirt-clients (scripts/setup.sh does)."
+        );
+    }
+    for f in fixtures() {
+        let o = Command::new("virt-xml-validate")
+            .arg(&f)
+            .arg("domain")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{} is not valid libvirt domain XML:\n{}{}",
+            f.display(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_fixture_parses_and_round_trips() {
+    for f in fixtures() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let p = Domain::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let again = Domain::parse(&p.domain.to_xml()).unwrap();
+        assert_eq!(again.domain, p.domain, "{}", f.display());
+        // Nothing unsupported is written back; what is still warned about was warned about
+        // before (e.g. a currentMemory below memory).
+        for w in &again.warnings {
+            assert!(
+                p.warnings.iter().any(|o| o.element == w.element),
+                "{}: new warning {w}",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn written_xml_is_valid_libvirt_xml() {
+    let dir = std::env::temp_dir().join(format!("farvm-vmconfig-written-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in fixtures() {
+        let p = parse(f.file_name().unwrap().to_str().unwrap());
+        let out = dir.join(f.file_name().unwrap());
+        std::fs::write(&out, p.domain.to_xml()).unwrap();
+        let o = Command::new("virt-xml-validate")
+            .arg(&out)
+            .arg("domain")
+            .output()
+            .expect("virt-xml-validate (Debian libvirt-clients) is needed");
+        assert!(
+            o.status.success(),
+            "XML written for {} is not valid:\n{}\n{}",
+            f.display(),
+            p.domain.to_xml(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn minimal() {
+    let p = parse("minimal.xml");
+    let d = &p.domain;
+    assert_eq!(d.name, "minimal");
+    assert_eq!(d.memory, 512 << 20);
+    assert_eq!(d.vcpus, 1);
+    assert_eq!(d.os.os_type, "hvm");
+    assert_eq!(d.os.kernel, None);
+    assert_eq!((d.serial.as_ref(), d.console.as_ref()), (None, None));
+    assert_eq!(d.farvm, None);
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+}
+
+#[test]
+fn testguest() {
+    let p = parse("testguest.xml");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let d = &p.domain;
+    assert_eq!(d.name, "web-1");
+    assert_eq!(
+        d.uuid.unwrap().to_string(),
+        "4dea22b3-1d52-d8f3-2516-782e98ab3fa0"
+    );
+    assert_eq!((d.memory, d.current_memory), (512 << 20, Some(512 << 20)));
+    assert_eq!(d.vcpus, 2);
+    assert_eq!(d.os.arch.as_deref(), Some("x86_64"));
+    assert_eq!(
+        d.os.kernel.as_deref(),
+        Some(Path::new("/var/lib/farvm/farvm-testguest.elf"))
+    );
+    assert_eq!(
+        d.os.cmdline.as_deref(),
+        Some("farvm.workload=seq:ws=32M farvm.workload=random:ws=16M,cpu=1")
+    );
+    assert_eq!(d.on_poweroff, Some(LifecycleAction::Destroy));
+    assert_eq!(d.on_reboot, Some(LifecycleAction::Restart));
+    assert_eq!(
+        d.emulator.as_deref(),
+        Some(Path::new("/usr/local/bin/cloud-hypervisor"))
+    );
+    assert_eq!(d.serial, None);
+    let console = d.console.as_ref().unwrap();
+    assert_eq!(console.backend, CharBackend::Pty);
+    assert_eq!(console.target_type.as_deref(), Some("virtio"));
+    let f = d.farvm.as_ref().unwrap();
+    assert_eq!(
+        f.servers,
+        Some(Servers::Memservers(vec![
+            "10.0.0.5:7070".into(),
+            "memsrv2.example:7070".into()
+        ]))
+    );
+    assert_eq!(f.local_memory, Some(LocalShare::Percent(25.0)));
+    assert_eq!(f.prefetcher.as_deref(), Some("stride"));
+    assert_eq!(f.replicas, Some(2));
+    assert_eq!(
+        f.token_file.as_deref(),
+        Some(Path::new("/etc/farvm/tokens/web-1"))
+    );
+    assert_eq!(f.page_space, Some(PageSpace::Physical));
+    assert_eq!(f.probe_every, Some(32));
+    assert_eq!(f.metrics.as_deref(), Some("127.0.0.1:9300"));
+    assert_eq!(f.local_only, None);
+}
+
+#[test]
+fn units() {
+    let p = parse("units.xml");
+    let d = &p.domain;
+    assert_eq!(d.memory, 1 << 30);
+    // 1000 MB = 10^9 bytes = 976562.5 KiB, rounded up as libvirt does.
+    assert_eq!(d.current_memory, Some(976_563 * 1024));
+    assert_eq!(d.vcpus, 2);
+    assert_eq!(d.os.machine.as_deref(), Some("pc"));
+    assert_eq!(d.os.initrd.as_deref(), Some(Path::new("/boot/initrd.img")));
+    assert_eq!(d.on_crash, Some(LifecycleAction::CoredumpDestroy));
+    let serial = d.serial.as_ref().unwrap();
+    assert_eq!(
+        serial.backend,
+        CharBackend::File("/var/log/farvm/units.console".into())
+    );
+    assert_eq!(serial.target_port, Some(0));
+    let w: Vec<&str> = p.warnings.iter().map(|w| w.element.as_str()).collect();
+    assert_eq!(w, ["currentMemory", "vcpu@current"], "{:?}", p.warnings);
+    assert!(p.warnings[0].message.contains("balloon"));
+    assert!(p.warnings[1].message.contains("hotplug"));
+}
+
+#[test]
+fn unsupported_elements_are_each_named() {
+    let p = parse("unsupported.xml");
+    let got: Vec<(String, u32)> = p
+        .warnings
+        .iter()
+        .map(|w| (w.element.clone(), w.line))
+        .collect();
+    let want = [
+        ("vcpu@cpuset", 5),
+        ("os/boot", 8),
+        ("features", 10),
+        ("cpu", 14),
+        ("clock", 15),
+        ("devices/disk", 17),
+        ("devices/interface", 22),
+        ("devices/serial", 27),
+        ("devices/memballoon", 28),
+    ];
+    let want: Vec<(String, u32)> = want.iter().map(|(e, l)| (e.to_string(), *l)).collect();
+    assert_eq!(got, want);
+    for w in &p.warnings {
+        let s = w.to_string();
+        assert!(
+            s.starts_with(&format!("domain XML line {}: <", w.line)),
+            "{s}"
+        );
+    }
+    // The first serial is used, the second reported.
+    assert_eq!(p.domain.serial.as_ref().unwrap().backend, CharBackend::Pty);
+    assert!(p.warnings[7].message.contains("one serial"));
+}
+
+#[test]
+fn libvirt_boilerplate_is_not_warned_about() {
+    let stored = parse("libvirt-ch-dumpxml.xml");
+    assert!(stored.warnings.is_empty(), "{:?}", stored.warnings);
+    let mut original = parse("testguest.xml").domain;
+    original.os.kernel = stored.domain.os.kernel.clone();
+    original.emulator = stored.domain.emulator.clone();
+    assert_eq!(stored.domain, original);
+}
+
+#[test]
+fn pool_default_namespace_and_other_metadata() {
+    let p = parse("pool.xml");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let d = &p.domain;
+    assert_eq!(
+        d.uuid.unwrap().to_string(),
+        "0f6a1c2e-9b8d-47e3-a5c4-d3b2a1908f7e"
+    );
+    assert_eq!(d.memory, 2 << 30);
+    assert_eq!(d.vcpus, 4);
+    assert_eq!(d.on_poweroff, Some(LifecycleAction::Preserve));
+    assert_eq!(d.on_reboot, Some(LifecycleAction::Destroy));
+    assert_eq!(d.on_crash, Some(LifecycleAction::CoredumpRestart));
+    assert_eq!(d.serial.as_ref().unwrap().backend, CharBackend::Stdio);
+    let f = d.farvm.as_ref().unwrap();
+    match &f.servers {
+        Some(Servers::Pool(pool)) => {
+            assert_eq!(pool.name.as_deref(), Some("rack-1"));
+            assert_eq!(
+                pool.endpoints,
+                ["http://10.0.0.2:2379", "http://10.0.0.3:2379"]
+            );
+        }
+        other => panic!("expected a pool, got {other:?}"),
+    }
+    assert_eq!(f.local_only, Some(false));
+    assert_eq!(f.local_memory, Some(LocalShare::Bytes(256 << 20)));
+}

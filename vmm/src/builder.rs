@@ -1,0 +1,319 @@
+//! Building a VM from one [`VmConfig`] — the only way a VM is made, whether by `farvm run`,
+//! the tests, the lab's benchmarks or an API server (`vm.create` carries a config, `vm.boot`
+//! builds and starts it).
+//!
+//! [`build`] checks the configuration, then assembles, in order: guest RAM (local, or remote:
+//! the paging engine and its memory servers start first because the engine owns the mapping
+//! KVM is given), the KVM VM with one memslot per RAM region, the vCPUs, the kernel and its
+//! boot data, the devices, and — with remote memory — the wiring of the engine to the VM
+//! (stage-2 injection, vCPU thread and agent-slot attribution, lost pages stop the VM). The
+//! result is a [`Vm`] ready to [`Vm::start`].
+
+use std::sync::Arc;
+
+use crate::boot::linux::{self, LinuxBootInfo};
+use crate::boot::testguest::{self, TestPlan};
+use crate::boot::{BootError, EntryState};
+use crate::devices::pvctl::PvCtl;
+use crate::devices::serial::{SerialConsole, SerialOut};
+use crate::layout;
+use crate::remote::{RemoteError, RemoteMemory, RemoteSpec};
+use crate::vm::{Vm, VmShared};
+use crate::vstate::kvm_stats::VcpuStats;
+use crate::vstate::memory::{GuestRam, MemError};
+use crate::vstate::vcpu;
+use crate::vstate::vm::{KvmError, KvmVm};
+
+/// Errors building a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("invalid VM configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the VM boots.
+#[derive(Clone, Debug)]
+pub enum BootConfig {
+    /// A farvm test-guest kernel (ELF, direct 64-bit entry) with its test plan: the processes
+    /// (workloads) it runs, its timer, its frame allocator settings.
+    TestGuest { kernel: Arc<[u8]>, plan: TestPlan },
+    /// A Linux bzImage or vmlinux, per the x86 64-bit boot protocol (local RAM only: the
+    /// loader writes guest memory directly).
+    Linux {
+        kernel: Arc<[u8]>,
+        initrd: Option<Arc<[u8]>>,
+        cmdline: String,
+    },
+}
+
+/// Everything a VM is built from.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// Name: the control socket's, the logs', the memory servers' namespace.
+    pub name: String,
+    /// A UUID to report back (libvirt assigns one); farvm itself does not use it.
+    pub uuid: Option<String>,
+    /// vCPUs (threads `vcpu0`, `vcpu1`, …).
+    pub vcpus: u32,
+    /// Guest RAM in bytes (4 KiB multiple; above 3 GiB it continues at 4 GiB).
+    pub mem_bytes: u64,
+    pub boot: BootConfig,
+    /// Remote memory: guest RAM behind the paging engine and memory servers, with this local
+    /// budget, prefetcher and servers. `None`: all RAM local. (Its `vm_name` is taken from
+    /// [`VmConfig::name`].)
+    pub remote: Option<RemoteSpec>,
+    /// Where the serial console goes.
+    pub serial: SerialOut,
+    /// Echo guest PV log lines on stderr.
+    pub echo_guest_logs: bool,
+    /// Keep KVM's async page faults (KVM's default). Off, a guest fault on remote memory is
+    /// resolved on the vCPU thread, which is what lets the paging engine attribute it to a
+    /// vCPU and guest process; it costs disabling HLT exits (see `vstate::vm`).
+    pub kvm_async_pf: bool,
+}
+
+impl VmConfig {
+    /// A VM named `name` with `mem_bytes` of local RAM and `vcpus` vCPUs booting `boot`; no
+    /// serial output, KVM's async page faults on. Set the other fields as needed.
+    pub fn new(name: &str, mem_bytes: u64, vcpus: u32, boot: BootConfig) -> Self {
+        VmConfig {
+            name: name.to_string(),
+            uuid: None,
+            vcpus,
+            mem_bytes,
+            boot,
+            remote: None,
+            serial: SerialOut::None,
+            echo_guest_logs: false,
+            kvm_async_pf: true,
+        }
+    }
+
+    /// [`VmConfig::new`] booting the built-in test guest with `plan`.
+    pub fn test_guest(name: &str, mem_bytes: u64, vcpus: u32, plan: TestPlan) -> Self {
+        let kernel = Arc::from(crate::builtin::test_guest_elf());
+        Self::new(
+            name,
+            mem_bytes,
+            vcpus,
+            BootConfig::TestGuest { kernel, plan },
+        )
+    }
+
+    /// Checks what can be checked without touching the host.
+    pub fn validate(&self) -> Result<(), BuildError> {
+        let bad = |m: String| Err(BuildError::Config(m));
+        if self.name.is_empty() || self.name.contains('/') {
+            return bad(format!(
+                "invalid name `{}`: must be non-empty and contain no `/`",
+                self.name
+            ));
+        }
+        if let Some(u) = &self.uuid {
+            if !is_uuid(u) {
+                return bad(format!(
+                    "invalid uuid `{u}` (expected 8-4-4-4-12 hex digits)"
+                ));
+            }
+        }
+        if self.vcpus == 0 {
+            return bad("--vcpus must be at least 1".into());
+        }
+        if self.mem_bytes < layout::MIN_RAM {
+            return bad(format!(
+                "--memory must be at least {} MiB",
+                layout::MIN_RAM >> 20
+            ));
+        }
+        if self.mem_bytes > layout::MAX_RAM {
+            return bad(format!(
+                "--memory must be at most {} GiB",
+                layout::MAX_RAM >> 30
+            ));
+        }
+        match &self.boot {
+            BootConfig::TestGuest { plan, .. } => {
+                if let Some(p) = plan.procs.iter().find(|p| p.cpu >= self.vcpus) {
+                    return bad(format!(
+                        "a workload is placed on cpu {} but the VM has {} vCPUs",
+                        p.cpu, self.vcpus
+                    ));
+                }
+            }
+            BootConfig::Linux { .. } if self.remote.is_some() => {
+                return bad(
+                    "remote memory needs the test guest: Linux guests run on local RAM".into(),
+                );
+            }
+            BootConfig::Linux { .. } => {}
+        }
+        if self.remote.is_some() && self.mem_bytes > layout::LOW_RAM_MAX {
+            return bad(format!(
+                "remote memory supports at most {} GiB of guest RAM",
+                layout::LOW_RAM_MAX >> 30
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Builds the VM `cfg` describes (see the module doc). On error everything started so far
+/// (remote memory included) is stopped again.
+pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
+    cfg.validate()?;
+    let Some(spec) = &cfg.remote else {
+        let ram = GuestRam::local(&layout::ram_ranges(cfg.mem_bytes))?;
+        return assemble(cfg, Arc::new(ram));
+    };
+    let mut spec = spec.clone();
+    spec.vm_name = cfg.name.clone();
+    let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
+    let vm = remote
+        .guest_ram()
+        .map_err(BuildError::from)
+        .and_then(|ram| {
+            let want = layout::ram_ranges(cfg.mem_bytes);
+            let have: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
+            if want != have {
+                return Err(BuildError::Config(format!(
+                    "the paging engine's guest RAM {have:x?} does not match the layout for \
+                     {} bytes: {want:x?}",
+                    cfg.mem_bytes
+                )));
+            }
+            assemble(cfg, ram)
+        });
+    match vm {
+        Ok(mut vm) => {
+            remote.attach_vm(&vm);
+            vm.own_remote(remote);
+            Ok(vm)
+        }
+        Err(e) => {
+            remote.shutdown();
+            Err(e)
+        }
+    }
+}
+
+/// The KVM VM, vCPUs, boot data and devices on `ram`.
+fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
+    let kvm = KvmVm::new(&ram, cfg.kvm_async_pf)?;
+    let vcpus = vcpu::create(&kvm, cfg.vcpus)?;
+    let (entry, per_cpu_rsi, linux) = load_kernel(cfg, &ram, vcpu::tsc_khz(&vcpus[0])?)?;
+    vcpu::set_entry(&vcpus, &entry, per_cpu_rsi)?;
+    let kvm_stats = vcpus
+        .iter()
+        .map(|v| {
+            VcpuStats::open(v)
+                .map_err(|e| tracing::debug!("KVM stats unavailable: {e}"))
+                .ok()
+        })
+        .collect();
+    let shared = VmShared::new(
+        cfg.name.clone(),
+        cfg.uuid.clone(),
+        ram.clone(),
+        PvCtl::new(ram, cfg.vcpus, cfg.echo_guest_logs),
+        SerialConsole::new(&cfg.serial)?,
+        cfg.vcpus,
+        kvm_stats,
+    );
+    Ok(Vm::new(Arc::new(shared), kvm, vcpus, entry, linux))
+}
+
+/// Loads the kernel and writes its boot data; returns vCPU 0's entry state, whether each vCPU
+/// gets its index in `rsi` (the test-guest convention), and Linux boot details.
+fn load_kernel(
+    cfg: &VmConfig,
+    ram: &GuestRam,
+    tsc_khz: u64,
+) -> Result<(EntryState, bool, Option<LinuxBootInfo>), BuildError> {
+    Ok(match &cfg.boot {
+        BootConfig::TestGuest { kernel, plan } => {
+            let e = testguest::setup(ram, kernel, cfg.vcpus, tsc_khz, plan)?;
+            (e, true, None)
+        }
+        BootConfig::Linux {
+            kernel,
+            initrd,
+            cmdline,
+        } => {
+            let (e, info) = linux::setup(ram, kernel, initrd.as_deref(), cmdline)?;
+            (e, false, Some(info))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_checked_before_anything_is_built() {
+        let ok = VmConfig::test_guest("t", 64 << 20, 1, TestPlan::default());
+        ok.validate().unwrap();
+        let err = |f: &dyn Fn(&mut VmConfig)| {
+            let mut c = ok.clone();
+            f(&mut c);
+            match build(&c) {
+                Err(BuildError::Config(m)) => m,
+                Err(e) => panic!("not a config error: {e}"),
+                Ok(_) => panic!("accepted"),
+            }
+        };
+        assert!(err(&|c| c.vcpus = 0).contains("at least 1"));
+        assert!(err(&|c| c.mem_bytes = 1 << 20).contains("at least 16 MiB"));
+        assert!(err(&|c| c.mem_bytes = 1 << 50).contains("at most 240 GiB"));
+        assert!(err(&|c| c.name = "a/b".into()).contains("no `/`"));
+        assert!(err(&|c| c.uuid = Some("xyz".into())).contains("invalid uuid"));
+        let mut c = ok.clone();
+        c.uuid = Some("4dea22b3-1d52-d8f3-2516-782e98ab3fa0".into());
+        c.validate().unwrap();
+        assert!(err(&|c| {
+            c.remote = Some(RemoteSpec::new("t"));
+            c.mem_bytes = 4 << 30;
+        })
+        .contains("at most 3 GiB"));
+        assert!(err(&|c| {
+            c.remote = Some(RemoteSpec::new("t"));
+            c.boot = BootConfig::Linux {
+                kernel: Arc::from(vec![0u8; 16]),
+                initrd: None,
+                cmdline: String::new(),
+            };
+        })
+        .contains("Linux guests run on local RAM"));
+        let mut plan = TestPlan::default();
+        plan.procs.push(farvm_guest_agent::boot::ProcessSpec {
+            cpu: 1,
+            ..Default::default()
+        });
+        assert!(err(&|c| {
+            c.boot = BootConfig::TestGuest {
+                kernel: Arc::from(vec![0u8; 16]),
+                plan: plan.clone(),
+            }
+        })
+        .contains("placed on cpu 1"));
+    }
+}

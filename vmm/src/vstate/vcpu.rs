@@ -1,0 +1,338 @@
+//! vCPUs: creation with per-vCPU CPUID, the 64-bit entry registers, and the vCPU threads — one
+//! per vCPU, named `vcpu0`, `vcpu1`, … (libvirt and the paging engine rely on the names) — that
+//! run KVM_RUN and handle exits: port I/O to the serial console and the PV device; anything
+//! else stops the VM with a clear message. A thread leaves KVM_RUN when kicked (a signal whose
+//! handler sets `kvm_run.immediate_exit`, so no kick is lost), then stops, or parks while the
+//! VM is paused. With HLT exits disabled, a test-guest vCPU that has nothing left to run is
+//! put in KVM's halted state, so its thread blocks in the host kernel.
+
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::vm::{ioctl, KvmError, KvmVm};
+use super::{cpuid, regs};
+use crate::boot::testguest;
+use crate::boot::EntryState;
+use crate::devices::pvctl::{PvAction, PvCtl};
+use crate::devices::serial::SerialConsole;
+use crate::signals;
+use crate::stats::ExitStats;
+use crate::vm::{VmOutcome, VmShared};
+
+/// Creates `ncpus` vCPUs with CPUID set (KVM's supported set, this vCPU's APIC id patched in).
+pub fn create(vm: &KvmVm, ncpus: u32) -> Result<Vec<VcpuFd>, KvmError> {
+    let max = vm.kvm.get_max_vcpus();
+    if ncpus == 0 || ncpus as usize > max {
+        return Err(KvmError::Unsupported(format!(
+            "{ncpus} vCPUs requested; KVM supports 1..={max}"
+        )));
+    }
+    let supported = vm
+        .kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut vcpus = Vec::with_capacity(ncpus as usize);
+    for i in 0..ncpus {
+        let vcpu = vm
+            .fd
+            .create_vcpu(u64::from(i))
+            .map_err(ioctl("KVM_CREATE_VCPU"))?;
+        let mut c = supported.clone();
+        cpuid::patch(&mut c, i, ncpus);
+        vcpu.set_cpuid2(&c).map_err(ioctl("KVM_SET_CPUID2"))?;
+        vcpus.push(vcpu);
+    }
+    Ok(vcpus)
+}
+
+/// KVM_GET_TSC_KHZ of a vCPU.
+pub fn tsc_khz(vcpu: &VcpuFd) -> Result<u64, KvmError> {
+    Ok(u64::from(
+        vcpu.get_tsc_khz().map_err(ioctl("KVM_GET_TSC_KHZ"))?,
+    ))
+}
+
+/// Sets every vCPU's registers for `entry` (vCPU `i` gets `rsi = i` when `per_cpu_rsi`, the
+/// test-guest convention) and makes the APs runnable.
+pub fn set_entry(vcpus: &[VcpuFd], entry: &EntryState, per_cpu_rsi: bool) -> Result<(), KvmError> {
+    for (i, vcpu) in vcpus.iter().enumerate() {
+        let mut e = *entry;
+        if per_cpu_rsi {
+            e.rsi = i as u64;
+        }
+        regs::set_entry(vcpu, &e)?;
+        if i > 0 {
+            // With an in-kernel irqchip APs start in "wait for SIPI"; the test guest has no
+            // INIT/SIPI code, so the VMM starts them directly.
+            vcpu.set_mp_state(kvm_bindings::kvm_mp_state {
+                mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            })
+            .map_err(ioctl("KVM_SET_MP_STATE"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The registers of a vCPU as KVM holds them.
+pub fn registers(vcpu: &VcpuFd) -> Result<(kvm_regs, kvm_sregs), KvmError> {
+    let r = vcpu.get_regs().map_err(ioctl("KVM_GET_REGS"))?;
+    let s = vcpu.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
+    Ok((r, s))
+}
+
+/// Starts the thread `vcpu{index}` running vCPU `fd` of the VM whose state is `shared`.
+/// `hlt_in_guest`: the VM's HLT exits are disabled ([`KvmVm::hlt_in_guest`]), so a finished
+/// test-guest vCPU is halted in KVM ([`halt_finished_vcpu`]).
+pub(crate) fn spawn(
+    index: u32,
+    fd: VcpuFd,
+    shared: Arc<VmShared>,
+    hlt_in_guest: bool,
+) -> std::io::Result<(JoinHandle<()>, libc::pthread_t)> {
+    let h = std::thread::Builder::new()
+        .name(format!("vcpu{index}"))
+        .spawn(move || run(index, fd, shared, hlt_in_guest))?;
+    let pthread = h.as_pthread_t();
+    Ok((h, pthread))
+}
+
+enum ExitAction {
+    Continue,
+    Interrupted,
+    Stop(VmOutcome),
+    InternalError,
+    TripleFault,
+    FailEntry(u64),
+}
+
+fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    shared.publish_tid(index, tid);
+    shared.wait_gate();
+    signals::set_thread_kvm_run(fd.get_kvm_run() as *mut _);
+    let mut halted = false;
+    loop {
+        if shared.stopping() {
+            break;
+        }
+        if shared.pause_requested() {
+            shared.park_while_paused();
+            continue;
+        }
+        if hlt_in_guest && !halted && shared.pv.cpu_done(index) {
+            halt_finished_vcpu(index, &fd);
+            halted = true;
+        }
+        let action = match fd.run() {
+            Ok(exit) => handle_exit(index, exit, &shared),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                ExitAction::Interrupted
+            }
+            Err(e) => ExitAction::Stop(VmOutcome::HostError {
+                message: format!("vCPU {index}: KVM_RUN failed: {e}"),
+            }),
+        };
+        let exits = &shared.exits;
+        let crash = |message| VmOutcome::Crash {
+            cpu: index,
+            message,
+        };
+        match action {
+            ExitAction::Continue => {}
+            ExitAction::Interrupted => {
+                ExitStats::bump(&exits.interrupted);
+                fd.set_kvm_immediate_exit(0);
+            }
+            ExitAction::Stop(o) => {
+                shared.request_stop(o);
+                break;
+            }
+            ExitAction::InternalError => {
+                ExitStats::bump(&exits.internal_error);
+                let message = describe_internal_error(&mut fd, &shared);
+                shared.request_stop(crash(message));
+                break;
+            }
+            ExitAction::TripleFault => {
+                ExitStats::bump(&exits.shutdown);
+                let message = format!(
+                    "the guest triple-faulted (KVM_EXIT_SHUTDOWN){}",
+                    describe_position(&fd, &shared)
+                );
+                shared.request_stop(crash(message));
+                break;
+            }
+            ExitAction::FailEntry(reason) => {
+                ExitStats::bump(&exits.fail_entry);
+                let message = format!(
+                    "KVM_EXIT_FAIL_ENTRY, hardware entry failure reason {reason:#x}{}",
+                    describe_position(&fd, &shared)
+                );
+                shared.request_stop(crash(message));
+                break;
+            }
+        }
+    }
+    signals::set_thread_kvm_run(std::ptr::null_mut());
+}
+
+/// Puts a vCPU whose guest has nothing left to run on it (it reported PORT_CPU_DONE and halts
+/// with interrupts off for good) in KVM's halted state, so that KVM_RUN blocks its thread in
+/// the host kernel until the VM stops (a kick's signal ends the block). Called only with HLT
+/// exits disabled (`vm::disable_async_page_faults`), where the guest's own HLT would halt in
+/// guest mode and keep the thread on a host CPU for the rest of the run.
+fn halt_finished_vcpu(index: u32, fd: &VcpuFd) {
+    let halted = kvm_bindings::kvm_mp_state {
+        mp_state: kvm_bindings::KVM_MP_STATE_HALTED,
+    };
+    if let Err(e) = fd.set_mp_state(halted) {
+        tracing::warn!(
+            vcpu = index,
+            "cannot halt the finished vCPU in KVM (KVM_SET_MP_STATE): {e}"
+        );
+    }
+}
+
+fn le_value(data: &[u8]) -> u32 {
+    let mut b = [0u8; 4];
+    let n = data.len().min(4);
+    b[..n].copy_from_slice(&data[..n]);
+    u32::from_le_bytes(b)
+}
+
+fn handle_exit(cpu: u32, exit: VcpuExit<'_>, shared: &VmShared) -> ExitAction {
+    let exits = &shared.exits;
+    match exit {
+        VcpuExit::IoOut(port, data) => {
+            if SerialConsole::owns(port) {
+                ExitStats::bump(&exits.io_serial);
+                for b in data {
+                    shared.serial.write(port, *b);
+                }
+            } else if PvCtl::owns(port) {
+                ExitStats::bump(&exits.io_pv);
+                match shared.pv.write(cpu, port, le_value(data)) {
+                    PvAction::Continue => {}
+                    PvAction::Shutdown(status) => {
+                        return ExitAction::Stop(VmOutcome::GuestShutdown { status })
+                    }
+                    PvAction::Panic(message) => {
+                        return ExitAction::Stop(VmOutcome::GuestPanic { message })
+                    }
+                }
+            } else {
+                ExitStats::bump(&exits.io_other);
+            }
+            ExitAction::Continue
+        }
+        VcpuExit::IoIn(port, data) => {
+            if SerialConsole::owns(port) {
+                ExitStats::bump(&exits.io_serial);
+                let v = shared.serial.read(port);
+                data.fill(v);
+            } else if PvCtl::owns(port) {
+                ExitStats::bump(&exits.io_pv);
+                let v = shared.pv.read(port).to_le_bytes();
+                for (i, d) in data.iter_mut().enumerate() {
+                    *d = v.get(i).copied().unwrap_or(0);
+                }
+            } else {
+                ExitStats::bump(&exits.io_other);
+                data.fill(0xff);
+            }
+            ExitAction::Continue
+        }
+        VcpuExit::MmioRead(addr, _) | VcpuExit::MmioWrite(addr, _) => {
+            ExitStats::bump(&exits.mmio);
+            ExitAction::Stop(VmOutcome::Crash {
+                cpu,
+                message: format!(
+                    "access to unmapped guest-physical address {addr:#x} (MMIO; no device there)"
+                ),
+            })
+        }
+        VcpuExit::Hlt => {
+            // Only without an in-kernel irqchip; nothing will wake this vCPU but a stop.
+            ExitStats::bump(&exits.hlt);
+            std::thread::sleep(Duration::from_millis(1));
+            ExitAction::Continue
+        }
+        VcpuExit::Intr => ExitAction::Interrupted,
+        VcpuExit::Shutdown => ExitAction::TripleFault,
+        VcpuExit::InternalError => ExitAction::InternalError,
+        VcpuExit::FailEntry(reason, _) => ExitAction::FailEntry(reason),
+        other => {
+            ExitStats::bump(&exits.other);
+            ExitAction::Stop(VmOutcome::Crash {
+                cpu,
+                message: format!("unexpected KVM exit {other:?}"),
+            })
+        }
+    }
+}
+
+fn describe_position(fd: &VcpuFd, shared: &VmShared) -> String {
+    let Ok((regs, sregs)) = registers(fd) else {
+        return String::new();
+    };
+    let mut s = format!(
+        " at RIP {:#x} (CPL {}, CR3 {:#x}, CR2 {:#x}, RSP {:#x})",
+        regs.rip,
+        sregs.cs.selector & 3,
+        sregs.cr3,
+        sregs.cr2,
+        regs.rsp
+    );
+    if let Some(bytes) = instruction_bytes(shared, sregs.cr3, regs.rip) {
+        s.push_str(&format!("; instruction bytes: {bytes}"));
+    }
+    s
+}
+
+fn instruction_bytes(shared: &VmShared, cr3: u64, rip: u64) -> Option<String> {
+    let gpa = testguest::translate(&shared.ram, cr3, rip)?;
+    let n = (0x1000 - (gpa & 0xfff)).min(15) as usize;
+    let mut b = [0u8; 15];
+    shared.ram.read_slice(&mut b[..n], GuestAddress(gpa)).ok()?;
+    Some(
+        b[..n]
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+fn describe_internal_error(fd: &mut VcpuFd, shared: &VmShared) -> String {
+    // SAFETY: exit_reason was KVM_EXIT_INTERNAL_ERROR, so `internal` is the active union field.
+    let internal = unsafe { fd.get_kvm_run().__bindgen_anon_1.internal };
+    let kind = match internal.suberror {
+        1 => "emulation failure (an instruction KVM's emulator cannot execute)",
+        2 => "exception while delivering an exception",
+        3 => "event delivery failed",
+        4 => "unexpected exit reason",
+        _ => "unknown suberror",
+    };
+    let nd = (internal.ndata as usize).min(internal.data.len());
+    let data: Vec<String> = internal.data[..nd]
+        .iter()
+        .map(|d| format!("{d:#x}"))
+        .collect();
+    format!(
+        "KVM_EXIT_INTERNAL_ERROR suberror {} ({kind}){}{}",
+        internal.suberror,
+        describe_position(fd, shared),
+        if data.is_empty() {
+            String::new()
+        } else {
+            format!("; data [{}]", data.join(", "))
+        }
+    )
+}
