@@ -217,7 +217,10 @@ impl SwapDevice {
         };
         let sys = PathBuf::from(format!("/sys/block/zram{id}"));
         let algs = std::fs::read_to_string(sys.join("comp_algorithm")).unwrap_or_default();
-        if algs.split_whitespace().any(|a| a.trim_matches(['[', ']']) == "lz4") {
+        if algs
+            .split_whitespace()
+            .any(|a| a.trim_matches(['[', ']']) == "lz4")
+        {
             write(&sys.join("comp_algorithm"), "lz4")?;
         }
         write(&sys.join("disksize"), &bytes.to_string())?;
@@ -274,7 +277,10 @@ impl Drop for SwapDevice {
     fn drop(&mut self) {
         let report = |r: Result<String>| {
             if let Err(e) = r {
-                eprintln!("farvm-lab: tearing down swap on {}: {e:#}", self.dev.display());
+                eprintln!(
+                    "farvm-lab: tearing down swap on {}: {e:#}",
+                    self.dev.display()
+                );
             }
         };
         if self.swapped_on {

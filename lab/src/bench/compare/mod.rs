@@ -432,13 +432,12 @@ pub fn run(a: CompareArgs) -> Result<()> {
         );
         Ok(r)
     };
-    for ci in 0..cells.len() {
+    for (ci, cell_runs) in results.iter_mut().enumerate() {
         for round in 0..a.repeat as usize {
             for k in 0..farvm_setups {
                 interrupted()?;
                 let si = (round + k) % farvm_setups;
-                let r = run_cell(ci, si, None)?;
-                results[ci][si].push(r);
+                cell_runs[si].push(run_cell(ci, si, None)?);
             }
         }
     }
@@ -451,11 +450,10 @@ pub fn run(a: CompareArgs) -> Result<()> {
             .max()
             .unwrap_or(0);
         let _dev = SwapDevice::start(kind, 2 * largest, &tag)?;
-        for ci in 0..cells.len() {
+        for (ci, cell_runs) in results.iter_mut().enumerate() {
             for _ in 0..a.repeat {
                 interrupted()?;
-                let r = run_cell(ci, si, cgroup.as_ref())?;
-                results[ci][si].push(r);
+                cell_runs[si].push(run_cell(ci, si, cgroup.as_ref())?);
             }
         }
     }
@@ -491,4 +489,17 @@ pub fn run(a: CompareArgs) -> Result<()> {
         cells,
     };
     report::write(&report, &a.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_counts_a_timeout_as_the_slowest_run() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![f64::NAN, 1.0, 2.0]), 2.0);
+        assert!(median(vec![f64::NAN, 1.0]).is_nan());
+        assert!(median(Vec::new()).is_nan());
+    }
 }

@@ -129,21 +129,22 @@ pub fn write(r: &Report, dir: &Path) -> Result<()> {
     let cats: Vec<String> = r
         .cells
         .iter()
-        .map(|c| format!("{} {}%", c.workload.split(':').next().unwrap_or(""), c.local_pct))
+        .map(|c| {
+            format!(
+                "{} {}%",
+                c.workload.split(':').next().unwrap_or(""),
+                c.local_pct
+            )
+        })
         .collect();
-    let names: Vec<String> = r
-        .cells
-        .first()
-        .map_or(Vec::new(), |c| c.setups.iter().map(|s| s.setup.clone()).collect());
+    let names: Vec<String> = r.cells.first().map_or(Vec::new(), |c| {
+        c.setups.iter().map(|s| s.setup.clone()).collect()
+    });
     let series: Vec<Series> = names
         .iter()
         .map(|n| Series {
             name: n.clone(),
-            values: r
-                .cells
-                .iter()
-                .map(|c| ms(c, n) / c.all_local_ms)
-                .collect(),
+            values: r.cells.iter().map(|c| ms(c, n) / c.all_local_ms).collect(),
         })
         .collect();
     let charts = grouped_bars(
@@ -189,4 +190,50 @@ pub fn write(r: &Report, dir: &Path) -> Result<()> {
         eprintln!("farvm-lab: charts skipped: {e:#}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cell, SetupResult};
+    use super::*;
+
+    fn setup(name: &str, ms: f64) -> SetupResult {
+        SetupResult {
+            setup: name.into(),
+            median_ms: ms,
+            runs_ms: vec![ms],
+            vs_all_local: ms / 10.0,
+            faults: 7,
+        }
+    }
+
+    #[test]
+    fn table_has_farvm_over_each_swap_device_and_marks_timeouts() {
+        let r = Report {
+            command: "farvm-lab bench compare".into(),
+            cell_timeout_secs: 90,
+            page_cluster: "3".into(),
+            load_average: "1 1 1".into(),
+            wall_secs: 1.0,
+            cells: vec![Cell {
+                workload: "seq:ws=32M".into(),
+                local_pct: 25.0,
+                footprint_pages: 8412,
+                budget_bytes: 2103 * 4096,
+                cgroup_limit_bytes: 2103 * 4096 + (2 << 20),
+                all_local_ms: 10.0,
+                checksum: 1,
+                setups: vec![
+                    setup("farvm leap+stream", 50.0),
+                    setup("farvm none", f64::NAN),
+                    setup("kernel swap, zram", 100.0),
+                    setup("kernel swap, loop on tmpfs", 25.0),
+                ],
+            }],
+        };
+        let md = markdown(&r);
+        assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs |"), "{md}");
+        assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | **0.50** | **2.00** |"), "{md}");
+        assert!(md.contains("vm.page-cluster 3"), "{md}");
+    }
 }
