@@ -45,8 +45,8 @@ its loop device itself (also on errors and Ctrl-C), and refuses to start when it
 the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
 the kernel-swap setups (no root needed).
 
-Every run must reproduce the all-local checksum; a run that hits --cell-timeout is reported as
-a timeout. Each cell runs --repeat times, setups taking
+Every run must reproduce the all-local checksum; a run that hits --cell-timeout or is killed
+(e.g. by the kernel's OOM killer) is reported as such. Each cell runs --repeat times, setups taking
 turns; the median is reported. Writes compare.md, compare.json and two charts (time over
 all-local; farvm over kernel swap) into --out.
 
@@ -109,10 +109,12 @@ const TIMED_OUT: i32 = 124;
 /// One finished `farvm run`.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
-    /// NaN if the run hit --cell-timeout.
+    /// NaN if the run did not finish.
     pub measured_ms: f64,
-    /// None if the run hit --cell-timeout.
+    /// None if the run did not finish.
     pub checksum: Option<u64>,
+    /// How a run that did not finish ended (timeout, killed by a signal).
+    pub ended: Option<String>,
     /// farvm: demand faults of the measured phase; kernel swap: pages swapped in host-wide
     /// during the run.
     pub faults: u64,
@@ -128,6 +130,8 @@ pub struct SetupResult {
     pub vs_all_local: f64,
     /// Of the median run (see [`RunResult::faults`]).
     pub faults: u64,
+    /// How the median run ended if it did not finish.
+    pub ended: Option<String>,
 }
 
 /// One workload at one local share.
@@ -224,13 +228,27 @@ impl Runner<'_> {
         let swaps_after = host::swap_counters();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let what = format!("farvm run --workload {spec} {}", extra.join(" "));
-        if out.status.code() == Some(TIMED_OUT) {
-            eprintln!("{what}: timed out after {} s", self.timeout.as_secs());
+        // A run that timed out or was killed by a signal (the kernel's OOM killer, or a fault
+        // the VMM took when the cgroup could not charge a page) is a result, not a bench error.
+        let ended = match (
+            out.status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&out.status),
+        ) {
+            (Some(TIMED_OUT), _) => Some(format!("timeout (> {} s)", self.timeout.as_secs())),
+            (_, Some(sig)) => Some(format!("killed by signal {sig}")),
+            _ => None,
+        };
+        if let Some(ended) = ended {
+            eprintln!(
+                "{what}: {ended}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
             return Ok((
                 RunResult {
                     measured_ms: f64::NAN,
                     checksum: None,
                     faults: 0,
+                    ended: Some(ended),
                 },
                 serde_json::Value::Null,
             ));
@@ -264,6 +282,7 @@ impl Runner<'_> {
                 measured_ms: p["time_ms"].as_f64().unwrap_or(f64::NAN),
                 checksum: p["checksum"].as_u64(),
                 faults,
+                ended: None,
             },
             v,
         ))
@@ -464,14 +483,14 @@ pub fn run(a: CompareArgs) -> Result<()> {
             let med = median(runs_ms.clone());
             let mid = runs
                 .iter()
-                .find(|r| r.measured_ms == med || (med.is_nan() && r.measured_ms.is_nan()))
-                .map_or(0, |r| r.faults);
+                .find(|r| r.measured_ms == med || (med.is_nan() && r.measured_ms.is_nan()));
             c.setups.push(SetupResult {
                 setup: setups[si].label(),
                 median_ms: med,
                 runs_ms,
                 vs_all_local: med / c.all_local_ms,
-                faults: mid,
+                faults: mid.map_or(0, |r| r.faults),
+                ended: mid.and_then(|r| r.ended.clone()),
             });
         }
     }

@@ -64,8 +64,8 @@ pub fn markdown(r: &Report) -> String {
             c.workload, c.local_pct, c.all_local_ms
         );
         for x in &c.setups {
-            if x.median_ms.is_nan() {
-                let _ = write!(s, " timeout (> {} s) |", r.cell_timeout_secs);
+            if let Some(ended) = &x.ended {
+                let _ = write!(s, " {ended} |");
             } else {
                 let _ = write!(s, " {:.1} ({:.1}×) |", x.median_ms, x.vs_all_local);
             }
@@ -204,6 +204,7 @@ mod tests {
             runs_ms: vec![ms],
             vs_all_local: ms / 10.0,
             faults: 7,
+            ended: ms.is_nan().then(|| "timeout (> 90 s)".to_string()),
         }
     }
 
