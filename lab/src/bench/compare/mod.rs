@@ -18,6 +18,7 @@ use clap::Args;
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use serde::Serialize;
 
+use super::remote::runner::guest_mem;
 use host::{MemCgroup, SwapDevice, SwapKind};
 
 pub const COMPARE_ABOUT: &str = "\
@@ -173,13 +174,6 @@ fn farvm_binary(given: &Option<PathBuf>) -> Result<PathBuf> {
         );
     }
     Ok(path)
-}
-
-/// Guest RAM for one workload, as `farvm-lab bench remote` sizes it: heap + page tables +
-/// 40 MiB for the kernel and boot data, rounded up to 16 MiB.
-fn guest_mem(w: &PlacedWorkload) -> u64 {
-    let ws = w.spec.ws_bytes;
-    (ws + ws / 256 + (40 << 20) + (16 << 20) - 1) & !((16 << 20) - 1)
 }
 
 /// How to run one VM.
