@@ -104,6 +104,36 @@ impl Setup {
     }
 }
 
+/// How long past its own --timeout a `farvm run` may take before the bench kills it: a VMM
+/// whose memory cgroup is out of memory with the OOM killer off waits in the kernel, where its
+/// own timer cannot end it.
+const KILL_GRACE: Duration = Duration::from_secs(30);
+
+/// Runs `cmd` to completion, or SIGKILLs it once `limit` has passed; its output either way.
+fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
+    let child = cmd.spawn().context("starting farvm")?;
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(_) => {
+            eprintln!(
+                "farvm (pid {pid}) still running after {} s: killing it",
+                limit.as_secs()
+            );
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            rx.recv().context("waiting for the killed farvm")?
+        }
+    };
+    let _ = waiter.join();
+    out.context("waiting for farvm")
+}
+
 /// `farvm run`'s exit status when --timeout expired.
 const TIMED_OUT: i32 = 124;
 
@@ -218,7 +248,7 @@ impl Runner<'_> {
         .stderr(Stdio::piped())
         .stdout(Stdio::piped());
         let swaps_before = host::swap_counters();
-        let out = cmd.output().context("starting farvm")?;
+        let out = output_within(cmd, self.timeout + KILL_GRACE)?;
         let swaps_after = host::swap_counters();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let what = format!("farvm run --workload {spec} {}", extra.join(" "));
