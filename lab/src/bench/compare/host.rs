@@ -32,7 +32,15 @@ pub fn check_preconditions() -> Result<()> {
              the VMM with memory.limit_in_bytes); pass --swap none"
         );
     }
-    for tool in ["mkswap", "swapon", "swapoff", "losetup", "mount", "umount"] {
+    for tool in [
+        "mkswap",
+        "swapon",
+        "swapoff",
+        "losetup",
+        "mount",
+        "umount",
+        "fallocate",
+    ] {
         if which(tool).is_none() {
             bail!("`{tool}` not found on PATH (Debian: util-linux, mount); pass --swap none");
         }
@@ -230,7 +238,10 @@ impl SwapDevice {
     fn loop_on_tmpfs(bytes: u64, tag: &str) -> Result<Self> {
         let mnt = std::env::temp_dir().join(format!("farvm-compare-{tag}"));
         std::fs::create_dir_all(&mnt).with_context(|| format!("creating {}", mnt.display()))?;
-        let size = format!("size={}", bytes + (4 << 20));
+        // noswap: the tmpfs pages holding the swapfile must never be swapped themselves, or a
+        // swap-out to the loop device can wait for a swap-in from it (a kernel deadlock: the
+        // loop worker blocks on a tmpfs page whose read is queued behind it).
+        let size = format!("size={},noswap", bytes + (4 << 20));
         if let Err(e) = run(
             "mount",
             &[
@@ -247,10 +258,17 @@ impl SwapDevice {
         }
         let file = mnt.join("swapfile");
         let attach = || -> Result<PathBuf> {
-            let f = std::fs::File::create(&file)
-                .with_context(|| format!("creating {}", file.display()))?;
-            f.set_len(bytes)
-                .with_context(|| format!("sizing {}", file.display()))?;
+            // Allocated up front (charged to farvm-lab, not to the VM's cgroup): a sparse file
+            // would allocate tmpfs pages as the kernel swaps out, charged to the cgroup that is
+            // out of memory, so swapping would free nothing there.
+            run(
+                "fallocate",
+                &[
+                    OsStr::new("-l"),
+                    OsStr::new(&bytes.to_string()),
+                    file.as_os_str(),
+                ],
+            )?;
             let dev = run(
                 "losetup",
                 &[OsStr::new("--find"), OsStr::new("--show"), file.as_os_str()],
