@@ -117,7 +117,7 @@ start_memserver() { # start_memserver NS RACK ID ADDR
     if "$BIN/farvm-memserver" --help 2>&1 | grep -q -- '--pool'; then
         # The memory server registers itself (integration hook).
         spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
-            --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" --pool-address "$addr:17070" >/dev/null
+            --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" --advertise "$addr:17070" >/dev/null
     else
         spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" >/dev/null
         wait_tcp "$ns" "$addr" 7070 10 || die "memory server $id did not start; see $RUN/$id.log"

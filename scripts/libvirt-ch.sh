@@ -25,18 +25,24 @@
 #   FARVM_LIBVIRT_USER   user to run the daemon as when invoked as root (default: nobody); when
 #                        invoked as another user the daemon runs as that user
 #   FARVM_LIBVIRT_JOBS   parallel build jobs (default: number of CPUs)
+#   FARVM_LIBVIRT_STATE  file recording the running daemon's runtime directory (default:
+#                        <cache>/session); give each concurrent daemon its own
 #
 # When run as root the daemon drops to FARVM_LIBVIRT_USER; files it must read (libvirt's installed
 # tree, farvm itself, kernels named in domain XML) must then be readable by that user. If the cache
 # is not reachable by it (a cache under /root usually is not), `start` copies the installed tree
-# into its runtime directory and points libvirt's module and library lookups at the copy.
+# into its runtime directory and points libvirt's module and library lookups at the copy. The
+# daemon (and so every VMM it starts) gets /dev/kvm's group as its one supplementary group. farvm
+# pages guest memory with userfaultfd, which an unprivileged process may use through
+# /dev/userfaultfd: when the daemon's user cannot open it, `start` (as root) gives the device to
+# /dev/kvm's group with mode 0660, as a udev rule on a farvm host would; that stays until reboot.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${FARVM_LIBVIRT_CACHE:-$HOME/.cache/farvm/libvirt-ch}
 prefix=$cache/prefix
 stamp=$cache/built.stamp
-state=$cache/session # path of the running session's runtime directory
+state=${FARVM_LIBVIRT_STATE:-$cache/session} # path of the running session's runtime directory
 
 die() {
     echo "libvirt-ch: $*" >&2
@@ -236,7 +242,7 @@ cmd_start() {
         note "removing the runtime directory of a daemon that is no longer running: $dir"
         rm -rf "$dir" "$state"
     fi
-    local uid user farvm dir run_prefix libdir
+    local uid user farvm dir run_prefix libdir kvm_groups=--clear-groups
     if [[ $(id -u) -eq 0 ]]; then
         user=${FARVM_LIBVIRT_USER:-nobody}
         uid=$(id -u "$user") || die "no such user: $user"
@@ -244,6 +250,15 @@ cmd_start() {
     else
         uid=$(id -u)
         user=$(id -un)
+    fi
+    # farvm opens /dev/kvm and /dev/userfaultfd as the daemon's user: give it their group.
+    if [[ -e /dev/kvm ]]; then kvm_groups="--groups $(stat -c %g /dev/kvm)"; fi
+    if [[ $uid -ne $(id -u) && -e /dev/kvm && -e /dev/userfaultfd ]] &&
+        ! setpriv --reuid="$uid" --regid="$(id -g "$uid")" $kvm_groups -- \
+            sh -c 'exec 3<>/dev/userfaultfd' 2>/dev/null; then
+        note "giving /dev/userfaultfd to /dev/kvm's group (mode 0660) so farvm can page guest memory as $user"
+        chgrp "$(stat -c %g /dev/kvm)" /dev/userfaultfd
+        chmod 0660 /dev/userfaultfd
     fi
     farvm=$(find_farvm)
     dir=$(mktemp -d "${TMPDIR:-/tmp}/farvm-libvirt-ch.XXXXXX")
@@ -258,6 +273,8 @@ cmd_start() {
     if ! readable_by "$uid" "$farvm"; then
         note "$farvm is not reachable by $user; using a copy in $dir/farvm"
         cp "$farvm" "$dir/farvm"
+        # farvm's embedded memory server is the farvm-memserver binary beside it.
+        if [[ -x $(dirname "$farvm")/farvm-memserver ]]; then cp "$(dirname "$farvm")/farvm-memserver" "$dir/"; fi
         farvm=$dir/farvm
     fi
     # The ch driver looks up `cloud-hypervisor` on PATH and asks it for its version.
@@ -289,7 +306,7 @@ EOF
         if [[ $uid -eq $(id -u) ]]; then
             exec setsid "$run_prefix/sbin/virtchd"
         else
-            exec setpriv --reuid="$uid" --regid="$(id -g "$uid")" --clear-groups -- \
+            exec setpriv --reuid="$uid" --regid="$(id -g "$uid")" $kvm_groups -- \
                 setsid "$run_prefix/sbin/virtchd"
         fi
     ) </dev/null >"$dir/virtchd.log" 2>&1 &

@@ -1,5 +1,6 @@
-//! A minimal blocking HTTP/1.0 client: one `GET`, the status and the body. For tests and
-//! command-line clients of farvm's own endpoints (TCP or Unix socket), not a general client.
+//! A minimal blocking HTTP/1.0 client: one request (`GET`, or any method with a JSON body),
+//! the status and the body. For tests and command-line clients of farvm's own endpoints (TCP
+//! or Unix socket), not a general client.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -8,39 +9,63 @@ use std::time::Duration;
 
 use crate::listen::BoundAddr;
 
-/// How long a request may take (connect, send, read).
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request may take (connect, send, read); generous, because a VMM's API may
+/// build or pause a VM before it answers.
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
+    /// HTTP status code.
     pub status: u16,
     /// The `Content-Type` header, if any.
     pub content_type: Option<String>,
+    /// The body, as text.
     pub body: String,
 }
 
 /// `GET path` from the server at `addr`.
 pub fn get(addr: &BoundAddr, path: &str) -> io::Result<Response> {
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    let mut raw = Vec::new();
+    request(addr, "GET", path, None)
+}
+
+/// `METHOD path` to the server at `addr`, with `body` (sent as JSON) if given.
+pub fn request(
+    addr: &BoundAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> io::Result<Response> {
+    let mut request =
+        format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n");
+    match body {
+        Some(b) => request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            b.len()
+        )),
+        None if method == "GET" => request.push_str("\r\n"),
+        None => request.push_str("Content-Length: 0\r\n\r\n"),
+    }
+    let mut raw = request.into_bytes();
+    raw.extend_from_slice(body.unwrap_or_default());
+    let mut response = Vec::new();
     match addr {
         BoundAddr::Tcp(a) => {
             let mut s = TcpStream::connect_timeout(a, TIMEOUT)?;
             s.set_read_timeout(Some(TIMEOUT))?;
             s.set_write_timeout(Some(TIMEOUT))?;
-            s.write_all(request.as_bytes())?;
-            s.read_to_end(&mut raw)?;
+            s.write_all(&raw)?;
+            s.read_to_end(&mut response)?;
         }
         BoundAddr::Unix(p) => {
             let mut s = UnixStream::connect(p)?;
             s.set_read_timeout(Some(TIMEOUT))?;
             s.set_write_timeout(Some(TIMEOUT))?;
-            s.write_all(request.as_bytes())?;
-            s.read_to_end(&mut raw)?;
+            s.write_all(&raw)?;
+            s.read_to_end(&mut response)?;
         }
     }
-    parse(&String::from_utf8_lossy(&raw))
+    parse(&String::from_utf8_lossy(&response))
 }
 
 fn parse(text: &str) -> io::Result<Response> {

@@ -7,9 +7,9 @@
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use crate::HttpError;
@@ -65,7 +65,9 @@ impl fmt::Display for Listen {
 /// The address a server actually listens on (an ephemeral TCP port resolved).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BoundAddr {
+    /// A TCP address (the port chosen if 0 was asked for).
     Tcp(SocketAddr),
+    /// A Unix socket path.
     Unix(PathBuf),
 }
 
@@ -103,6 +105,28 @@ impl Bound {
 }
 
 impl Listen {
+    /// The filesystem path of a Unix socket endpoint: the path itself, or for an inherited fd
+    /// the address it is bound to (`getsockname`); `None` for TCP, an unbound or abstract Unix
+    /// socket, or an fd that is not a socket. Leaves the fd open.
+    pub fn unix_path(&self) -> Option<PathBuf> {
+        match self {
+            Listen::Tcp(_) => None,
+            Listen::Unix(p) => Some(p.clone()),
+            Listen::Fd(fd) => {
+                if sockopt(*fd, libc::SO_DOMAIN).ok()? != libc::AF_UNIX {
+                    return None;
+                }
+                // SAFETY: `fd` is an open socket (SO_DOMAIN answered); it is only borrowed to
+                // duplicate it, and the duplicate is closed on return.
+                let dup = unsafe { BorrowedFd::borrow_raw(*fd) }
+                    .try_clone_to_owned()
+                    .ok()?;
+                let addr = UnixListener::from(dup).local_addr().ok()?;
+                addr.as_pathname().map(Path::to_path_buf)
+            }
+        }
+    }
+
     /// Binds (or takes over) the socket.
     pub(crate) fn bind(&self) -> Result<Bound, HttpError> {
         let bind_err = |source| HttpError::Bind {
@@ -200,6 +224,24 @@ mod tests {
             assert!(e.contains("HOST:PORT, unix:PATH or fd:N"), "{bad}: {e}");
         }
         assert_eq!(Listen::Unix("/a".into()).to_string(), "unix:/a");
+    }
+
+    #[test]
+    fn an_inherited_unix_socket_names_its_path() {
+        let dir = std::env::temp_dir().join(format!("farvm-listen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("web-1-socket");
+        let l = UnixListener::bind(&path).unwrap();
+        let fd = l.into_raw_fd();
+        assert_eq!(Listen::Fd(fd).unix_path(), Some(path.clone()));
+        assert!(
+            matches!(Listen::Fd(fd).bind().unwrap(), Bound::Unix(..)),
+            "fd still open"
+        );
+        let t = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(Listen::Fd(t.into_raw_fd()).unix_path(), None);
+        assert_eq!(Listen::Unix(path.clone()).unix_path(), Some(path));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! result goes where [`ReplyTo`] says, the inline demand path ([`Client::submit_wait`]), and
 //! blocking conveniences (`read`, `write`, `discard`, `stat`).
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,16 +13,18 @@ use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 use farvm_pageio::PageBuf;
 
 use crate::core::{Core, Job, Receive};
-use crate::health::{self, ClientStats, Health};
+use crate::health::{self, ClientStats, Health, RelocateError};
 use crate::tickets::{Reply, TicketOp};
 use crate::{ClientConfig, ClientError, IoBuf, Op, Priority};
 
 /// A request: read or write the pages selected in `io`, all within one slab.
 #[derive(Debug)]
 pub struct Request {
+    /// Read or write.
     pub op: Op,
     /// Namespace (VM id).
     pub ns: u64,
+    /// Demand requests overtake prefetches (and take the demand lane).
     pub priority: Priority,
     /// The pages, and where their bytes live; handed back in [`Finished`].
     pub io: IoBuf,
@@ -44,6 +47,7 @@ pub struct Finished {
 /// connection's receiver, sometimes the submitting thread itself (a request answered without
 /// asking a server, or one that failed at once) — so it must not block for long.
 pub trait FinishedSink: Send + Sync {
+    /// Takes one finished request.
     fn finished(&self, done: Finished);
 }
 
@@ -260,6 +264,54 @@ impl Client {
             done += n;
         }
         Ok(freed)
+    }
+
+    /// Marks the server at `addr` as draining (it takes no new slab) or takes the mark off.
+    pub fn set_draining(&self, addr: SocketAddr, draining: bool) -> Result<(), RelocateError> {
+        let s = self
+            .core
+            .servers
+            .index_of(addr)
+            .ok_or(RelocateError::UnknownServer(addr))?;
+        if let Some(st) = self.core.servers.get(s) {
+            st.draining.store(draining, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Moves the replica on `from` of every slab of namespace `ns` for which `which(slab)`
+    /// holds to `to`, while the slabs stay in use (no request waits on the copy; see
+    /// `health::relocate`). Runs on the calling thread; returns the slabs moved.
+    pub fn move_replicas(
+        &self,
+        ns: u64,
+        from: SocketAddr,
+        to: SocketAddr,
+        which: &dyn Fn(u64) -> bool,
+    ) -> Result<u64, RelocateError> {
+        let idx = |a| {
+            self.core
+                .servers
+                .index_of(a)
+                .ok_or(RelocateError::UnknownServer(a))
+        };
+        let (f, t) = (idx(from)?, idx(to)?);
+        let mut moved = 0;
+        for slab in self.core.slabs_on(ns, f) {
+            if which(slab) {
+                self.core.move_replica((ns, slab), f, t)?;
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Slabs of namespace `ns` with a replica on the server at `addr`.
+    pub fn slabs_on(&self, ns: u64, addr: SocketAddr) -> Vec<u64> {
+        match self.core.servers.index_of(addr) {
+            Some(s) => self.core.slabs_on(ns, s),
+            None => Vec::new(),
+        }
     }
 
     /// STAT of `ns` on every live server, in server order (None for a dead server).

@@ -40,6 +40,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Outstanding user requests at most (default 1024).
     pub max_requests: usize,
+    /// Replica servers chosen for the VM by a memory pool (indices into `servers`, one list
+    /// per pool slab): slab `k` is first placed on `slab_homes[k % len]`, skipping servers out
+    /// of service, full or draining. Empty (the default): power of two choices on free space.
+    pub slab_homes: Vec<Vec<u16>>,
 }
 
 impl ClientConfig {
@@ -59,6 +63,7 @@ impl ClientConfig {
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             max_requests: 1024,
+            slab_homes: Vec::new(),
         }
     }
 

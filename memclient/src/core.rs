@@ -88,9 +88,10 @@ impl Core {
             r,
             servers: Servers::new(&cfg.servers, cfg.write_lane, cfg.demand_lane),
             tickets: Arc::new(Tickets::new(cfg.max_requests)),
-            placements: Placements::new(u64::from_le_bytes(
-                farvm_memproto::auth::random_bytes::<8>(),
-            )),
+            placements: Placements::new(
+                u64::from_le_bytes(farvm_memproto::auth::random_bytes::<8>()),
+                cfg.slab_homes.clone(),
+            ),
             health,
             cfg,
         })
@@ -406,6 +407,10 @@ impl Core {
                     }
                     Some(Err(e)) if e.is_server_failure() => {}
                     Some(Err(e)) => {
+                        if e == ClientError::CapacityExhausted {
+                            // Re-placed off the full server; the caller's retry lands there.
+                            self.report_full((t.ns, t.slab), server);
+                        }
                         t.err.get_or_insert(e);
                     }
                     None => {}

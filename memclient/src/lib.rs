@@ -60,7 +60,7 @@ pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
 pub use config::ClientConfig;
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
-pub use health::ClientStats;
+pub use health::{ClientStats, RelocateError};
 pub use iobuf::IoBuf;
 pub use store::{PageStore, StoreConfig, StoreCounters};
 pub use tickets::MAX_REPLICAS;

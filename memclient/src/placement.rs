@@ -76,16 +76,19 @@ pub(crate) struct Placements {
     /// Only for slabs being re-replicated (recovery path, not the steady-state hot path).
     pub fills: Mutex<FxHashMap<SlabKey, FillState>>,
     rng: AtomicU64,
+    /// A pool's choice of servers per pool slab ([`crate::ClientConfig::slab_homes`]).
+    homes: Vec<Vec<u16>>,
 }
 
 impl Placements {
-    pub fn new(seed: u64) -> Self {
+    pub fn new(seed: u64, homes: Vec<Vec<u16>>) -> Self {
         Self {
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(FxHashMap::default()))
                 .collect(),
             fills: Mutex::new(FxHashMap::default()),
             rng: AtomicU64::new(0x9e3779b97f4a7c15 ^ seed),
+            homes,
         }
     }
 
@@ -165,11 +168,24 @@ impl Placements {
         let mut k = 0;
         let mut cands: [u16; 64] = [0; 64];
         while k < n {
+            // Servers with room for the whole slab first, then any with room for a page, then
+            // any in service (its free count may be stale): a full or draining server gets a
+            // new slab only when nothing else can take it.
             let mut m = 0;
-            for s in 0..servers.len().min(64) as u16 {
-                if !servers.is_dead(s) && !exclude.contains(&s) && !out[..k].contains(&s) {
-                    cands[m] = s;
-                    m += 1;
+            for need in [slab_pages, 1, 0] {
+                for s in 0..servers.len().min(64) as u16 {
+                    let ok = if need == 0 {
+                        !servers.is_dead(s)
+                    } else {
+                        servers.takes_new(s, need)
+                    };
+                    if ok && !exclude.contains(&s) && !out[..k].contains(&s) {
+                        cands[m] = s;
+                        m += 1;
+                    }
+                }
+                if m > 0 {
+                    break;
                 }
             }
             if m == 0 {
@@ -179,6 +195,35 @@ impl Placements {
             servers.charge(s, slab_pages);
             out[k] = s;
             k += 1;
+        }
+        (out, k)
+    }
+
+    /// Up to `r` servers for slab `slab`: its pool home servers that take new slabs, then
+    /// others by [`Placements::choose`].
+    fn choose_home(
+        &self,
+        servers: &Servers,
+        slab: u64,
+        r: usize,
+        slab_pages: u64,
+    ) -> ([u16; MAX_REPLICAS], usize) {
+        let mut out = [0u16; MAX_REPLICAS];
+        let mut k = 0;
+        if !self.homes.is_empty() {
+            let home = &self.homes[(slab % self.homes.len() as u64) as usize];
+            for &s in home {
+                if k < r && (s as usize) < servers.len() && servers.takes_new(s, 1) {
+                    servers.charge(s, slab_pages);
+                    out[k] = s;
+                    k += 1;
+                }
+            }
+        }
+        if k < r {
+            let (more, m) = self.choose(servers, &out[..k], r - k, slab_pages);
+            out[k..k + m].copy_from_slice(&more[..m]);
+            k += m;
         }
         (out, k)
     }
@@ -198,7 +243,7 @@ impl Placements {
         if let Some(p) = prev.filter(|p| p.n > 0) {
             return Some(p);
         }
-        let (replicas, n) = self.choose(servers, &[], r, slab_pages);
+        let (replicas, n) = self.choose_home(servers, key.1, r, slab_pages);
         if n == 0 {
             return None;
         }

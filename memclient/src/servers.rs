@@ -20,6 +20,8 @@ pub(crate) struct ServerState {
     /// The server's instance id from its last STAT answer (0: not known yet).
     pub instance: AtomicU64,
     pub dead: AtomicBool,
+    /// Draining (a pool moves its slabs off): it takes no new slab.
+    pub draining: AtomicBool,
     pub free_pages: AtomicU64,
     rr: AtomicUsize,
 }
@@ -42,6 +44,7 @@ impl Servers {
                     generation: AtomicU32::new(0),
                     instance: AtomicU64::new(0),
                     dead: AtomicBool::new(false),
+                    draining: AtomicBool::new(false),
                     free_pages: AtomicU64::new(0),
                     rr: AtomicUsize::new(0),
                 })
@@ -65,6 +68,23 @@ impl Servers {
 
     pub fn is_dead(&self, s: u16) -> bool {
         self.list[s as usize].dead.load(Ordering::Acquire)
+    }
+
+    /// Whether server `s` may take a new slab of `slab_pages`: in service, not draining and
+    /// with room for the whole slab (`slab_pages` 0: room for one page).
+    pub fn takes_new(&self, s: u16, slab_pages: u64) -> bool {
+        let st = &self.list[s as usize];
+        !st.dead.load(Ordering::Acquire)
+            && !st.draining.load(Ordering::Acquire)
+            && st.free_pages.load(Ordering::Relaxed) >= slab_pages.max(1)
+    }
+
+    /// The index of the server at `addr`.
+    pub fn index_of(&self, addr: std::net::SocketAddr) -> Option<u16> {
+        self.list
+            .iter()
+            .position(|s| s.addr == addr)
+            .map(|i| i as u16)
     }
 
     pub fn free_pages(&self, s: u16) -> u64 {

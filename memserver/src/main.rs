@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -9,7 +10,9 @@ use clap::{Parser, Subcommand};
 
 use farvm_memproto::auth::{load_token_file, Secret};
 use farvm_memserver::bench::{self, BenchConfig};
+use farvm_memserver::pool_member::{PoolMember, PoolMemberConfig};
 use farvm_memserver::server::{Server, ServerConfig};
+use farvm_pool::{RackId, ServerId};
 
 /// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
 /// (VM id), served over a pipelined binary protocol (see memproto/PROTOCOL.md).
@@ -20,6 +23,8 @@ use farvm_memserver::server::{Server, ServerConfig};
 ///
 /// Examples:
 ///   farvm-memserver --listen 0.0.0.0:7070 --capacity 64G --token-file /etc/farvm/tokens --metrics 127.0.0.1:9370
+///   farvm-memserver --listen 0.0.0.0:7070 --advertise 10.77.1.11:7070 --capacity 64G \
+///                   --pool http://10.77.0.2:2379 --rack r1 --pool-id ms-r1-a
 ///   farvm-memserver bench --duration 2
 ///   farvm-memserver gen-token >> /etc/farvm/tokens
 #[derive(Parser, Debug)]
@@ -41,7 +46,7 @@ struct Cli {
     /// the server runs in open mode: no authentication, one anonymous tenant.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Serve Prometheus metrics (text format, any HTTP path) on this address.
+    /// Serve Prometheus metrics (OpenMetrics text) at `GET /metrics` on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Pin every thread that serves a client connection to this host CPU (the server's half
@@ -49,6 +54,39 @@ struct Cli {
     /// starts). Other threads stay unpinned.
     #[arg(long, value_name = "CPU")]
     connection_cpu: Option<usize>,
+    /// Join a memory pool: register this server in the etcd directory at these client URLs
+    /// (comma-separated or repeated, e.g. http://10.77.0.2:2379) under a lease kept alive,
+    /// keep its used bytes current there, and drop the namespaces of VMs that left the pool
+    /// (lease expired, or released at exit). Needs --rack. Serving never waits on etcd.
+    #[arg(
+        long,
+        value_name = "URLS",
+        value_delimiter = ',',
+        env = "FARVM_POOL",
+        requires = "rack"
+    )]
+    pool: Vec<String>,
+    /// The rack (failure domain) of this server in the pool: a slab's replicas go to distinct racks.
+    #[arg(long, value_name = "RACK")]
+    rack: Option<RackId>,
+    /// The server's id in the pool, stable across restarts [default: HOSTNAME-PORT].
+    #[arg(long, value_name = "ID")]
+    pool_id: Option<ServerId>,
+    /// The address clients reach this server at, as registered in the pool [default: the
+    /// --listen address; required when listening on 0.0.0.0 or ::].
+    #[arg(long, value_name = "ADDR")]
+    advertise: Option<SocketAddr>,
+    /// Lease TTL in seconds: the pool forgets this server this long after it stops renewing.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pool_ttl: u64,
+    /// Seconds a VM must have been gone before its namespace is dropped (a VMM that lost etcd
+    /// for a while registers again meanwhile and keeps its pages). A VM that exits cleanly is
+    /// collected at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pool_gc_grace: f64,
+    /// Key prefix of the pool in etcd.
+    #[arg(long, value_name = "PREFIX", default_value = farvm_pool::keys::DEFAULT_PREFIX)]
+    pool_prefix: String,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -173,11 +211,61 @@ fn run() -> Result<()> {
             if let Some(m) = h.metrics_addr() {
                 println!("metrics {m}");
             }
+            let h = Arc::new(h);
+            let _member = match pool_config(&cli, h.addr())? {
+                Some(cfg) => Some(PoolMember::start(h.clone(), cfg)?),
+                None => None,
+            };
             loop {
                 std::thread::park();
             }
         }
     }
+}
+
+/// The pool membership asked for with --pool, checked before anything is registered.
+fn pool_config(cli: &Cli, bound: SocketAddr) -> Result<Option<PoolMemberConfig>> {
+    if cli.pool.is_empty() {
+        return Ok(None);
+    }
+    let Some(rack) = cli.rack.clone() else {
+        bail!("--pool needs --rack RACK (the failure domain of this server)");
+    };
+    let advertise = match cli.advertise {
+        Some(a) => a,
+        None if bound.ip().is_unspecified() => bail!(
+            "--pool with --listen {bound}: give --advertise ADDR, the address clients reach \
+             this server at"
+        ),
+        None => bound,
+    };
+    if advertise.port() == 0 {
+        bail!("--advertise {advertise}: the port must not be 0");
+    }
+    let id = match &cli.pool_id {
+        Some(id) => id.clone(),
+        None => ServerId::new(format!("{}-{}", hostname(), advertise.port()))
+            .map_err(|e| anyhow::anyhow!("{e}; give --pool-id ID"))?,
+    };
+    if !(cli.pool_gc_grace >= 0.0 && cli.pool_gc_grace.is_finite()) {
+        bail!("--pool-gc-grace must be a number of seconds ≥ 0");
+    }
+    Ok(Some(PoolMemberConfig {
+        endpoints: cli.pool.clone(),
+        prefix: cli.pool_prefix.clone(),
+        id,
+        rack,
+        advertise,
+        ttl: Duration::from_secs(cli.pool_ttl.max(1)),
+        update_every: Duration::from_secs(1),
+        gc_grace: Duration::from_secs_f64(cli.pool_gc_grace),
+    }))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "memserver".to_owned())
 }
 
 #[cfg(test)]

@@ -29,6 +29,13 @@ pub trait NamespaceReclaimer {
         address: SocketAddr,
         namespace: u64,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    /// Whether this reclaimer discards on `server` (default: every server). A memory server
+    /// collecting garbage for itself handles only its own id; the pairs of other servers stay
+    /// in the VM's mark for their own collectors, without counting as failures.
+    fn handles(&self, _server: &ServerId) -> bool {
+        true
+    }
 }
 
 /// The collector's note that a VM was seen gone (stored under `gc/<uuid>`).
@@ -112,6 +119,10 @@ pub struct GcReport {
     pub waiting: Vec<Orphan>,
     /// Pairs whose discard failed, with the error; their VM's placement is kept.
     pub failed: Vec<(Orphan, String)>,
+    /// Pairs left in the VM's mark for another collector (the reclaimer does not handle
+    /// their server).
+    #[serde(default)]
+    pub deferred: Vec<Orphan>,
     /// VMs whose placement was deleted.
     pub vms_reclaimed: Vec<VmId>,
     /// Marks removed because their VM is registered again.

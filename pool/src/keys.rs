@@ -8,17 +8,22 @@
 //! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]   | none             |
 //! | `<prefix>/gc/<vm-uuid>`               | [`GcMark`]       | none             |
 //! | `<prefix>/drain/<server-id>`          | `{}`             | none             |
+//! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]         | none             |
 //!
 //! Values are JSON. A placement outlives its VM's lease on purpose: once the VM record is gone
 //! the placement tells the garbage collector which namespaces to discard where; the collector
 //! first marks the VM under `gc/` and discards after a grace period, and a VMM that renews its
 //! registration in that period removes the mark. A `drain/` mark is the operator's: the server
-//! reads as draining (no new slabs) whatever its own record says, across its restarts.
+//! reads as draining (no new slabs) whatever its own record says, across its restarts. A
+//! `moves/` entry asks the VM's VMM to move one replica of one slab (a drain or a rebalance
+//! planned by the operator's command): the VMM copies the slab while the VM runs, commits the
+//! new placement and deletes the request.
 //!
 //! [`ServerRecord`]: crate::record::ServerRecord
 //! [`VmRecord`]: crate::record::VmRecord
 //! [`SlabRecord`]: crate::record::SlabRecord
 //! [`GcMark`]: crate::gc::GcMark
+//! [`Move`]: crate::placement::Move
 
 use crate::ids::{ServerId, VmId};
 
@@ -44,6 +49,8 @@ pub enum PoolKey {
     GcMark(VmId),
     /// `drain/<id>`
     Drain(ServerId),
+    /// `moves/<uuid>/<slab>`
+    MoveRequest(VmId, u32),
 }
 
 impl KeyLayout {
@@ -99,6 +106,16 @@ impl KeyLayout {
         format!("{}/drain/{id}", self.prefix)
     }
 
+    /// `<prefix>/moves/<uuid>/` (one VM's move requests).
+    pub fn vm_moves(&self, vm: &VmId) -> String {
+        format!("{}/moves/{vm}/", self.prefix)
+    }
+
+    /// `<prefix>/moves/<uuid>/<slab>`
+    pub fn move_request(&self, vm: &VmId, slab: u32) -> String {
+        format!("{}/moves/{vm}/{slab}", self.prefix)
+    }
+
     /// Parses a key under this prefix; `None` for anything else.
     pub fn parse(&self, key: &str) -> Option<PoolKey> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
@@ -111,6 +128,10 @@ impl KeyLayout {
             "placement" => {
                 let (vm, slab) = name.split_once('/')?;
                 Some(PoolKey::Slab(vm.parse().ok()?, slab.parse().ok()?))
+            }
+            "moves" => {
+                let (vm, slab) = name.split_once('/')?;
+                Some(PoolKey::MoveRequest(vm.parse().ok()?, slab.parse().ok()?))
             }
             _ => None,
         }
@@ -140,6 +161,10 @@ mod tests {
         let d = ServerId::new("ms-2").unwrap();
         assert_eq!(k.parse(&k.drain_mark(&d)), Some(PoolKey::Drain(d)));
         assert!(k.slab(&vm, 3).starts_with(&k.vm_placement(&vm)));
+        assert_eq!(
+            k.parse(&k.move_request(&vm, 4)),
+            Some(PoolKey::MoveRequest(vm, 4))
+        );
         assert_eq!(k.parse("/farvm/pool/v2/servers/ms-1"), None);
         assert_eq!(k.parse("/farvm/pool/v1/vms/not-a-uuid"), None);
         assert_eq!(k.parse("/farvm/pool/v1/placement/x"), None);

@@ -11,15 +11,19 @@
 //!   seam that discards them on a memory server.
 //! * [`status`] — racks → servers, hosts → VMs and the fleet's oversubscription ratio, as
 //!   JSON or a table.
+//! * [`cli`] — the operator's commands (`farvm pool …` and `farvm-pool …`).
+//! * [`metrics`] — the status as Prometheus metrics (`farvm pool metrics`).
 //! * [`local_etcd`] — starts a private etcd for tests and demos.
 //! * [`delay`] — a TCP proxy adding latency between network namespaces.
 
+pub mod cli;
 pub mod delay;
 pub mod directory;
 pub mod gc;
 pub mod ids;
 pub mod keys;
 pub mod local_etcd;
+pub mod metrics;
 pub mod placement;
 pub mod record;
 pub mod status;

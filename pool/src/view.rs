@@ -39,6 +39,9 @@ pub struct PoolView {
     pub slabs: BTreeMap<SlabRef, SlabRecord>,
     /// VMs the garbage collector marked as gone.
     pub gc_marks: BTreeMap<VmId, GcMark>,
+    /// Replica moves the operator asked VMMs to make (drain, rebalance), by slab.
+    #[serde(default)]
+    pub move_requests: BTreeMap<SlabRef, crate::placement::Move>,
     /// Keys under the prefix whose value could not be read (skipped).
     pub unreadable: Vec<String>,
 }

@@ -12,11 +12,13 @@
 //! - [`boot`] (test-guest ELF and Linux boot), [`devices`] (serial console, PV control
 //!   device), [`layout`] (where RAM goes).
 //! - [`remote`]: remote memory — the paging engine, its memory-server store, stage-2 injection.
-//! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd).
+//! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd),
+//!   [`api`] (the Cloud-Hypervisor-compatible API server libvirt drives).
 //! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`], [`size`],
 //!   [`stats`], [`workload_spec`].
 
 pub mod affinity;
+pub mod api;
 pub mod boot;
 pub mod builder;
 pub mod builtin;

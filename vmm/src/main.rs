@@ -1,6 +1,7 @@
-//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`). Each
-//! subcommand lives in `cli/<name>.rs`; this file only parses arguments, sets up logging and
-//! maps errors to exit codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `pool`, `api`,
+//! and, started as `cloud-hypervisor`, libvirt's VMM). Each subcommand lives in
+//! `cli/<name>.rs`; this file only parses arguments, sets up logging and maps errors to exit
+//! codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
 
 mod cli;
 
@@ -36,9 +37,15 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
+    /// The memory pool: status, gc, drain, rebalance (etcd at --etcd URL or $FARVM_POOL).
+    #[command(long_about = farvm_pool::cli::POOL_ABOUT)]
+    Pool(farvm_pool::cli::PoolArgs),
     /// Guest images built into farvm (`farvm image export DIR`: the test-guest kernel).
     #[command(long_about = cli::image::IMAGE_ABOUT)]
     Image(cli::image::ImageArgs),
+    /// Serve Cloud Hypervisor's REST API for one VM (what libvirt's ch driver drives).
+    #[command(long_about = cli::api::API_ABOUT)]
+    Api(cli::api::ApiArgs),
 }
 
 fn main() {
@@ -58,6 +65,8 @@ fn main() {
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
+        Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0),
+        Command::Api(args) => cli::api::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -244,6 +244,8 @@ mod tests {
             remote: RemoteHealth {
                 servers: vec!["127.0.0.1:1".into()],
                 embedded: true,
+                pool_vm: None,
+                replicas_moved: 0,
                 replication: 1,
                 dead_servers: 2,
                 rejoined_servers: 1,

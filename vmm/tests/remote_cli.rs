@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kvm_available;
+use common::{alive, kvm_available, memserver_children};
 
 fn farvm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_farvm"))
@@ -82,31 +82,6 @@ fn a_missing_memserver_binary_is_a_clear_host_error() {
 }
 
 /// The memserver children of process `pid` (their pids).
-fn memserver_children(pid: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
-                s.contains("(farvm-memserver)")
-                    && s.rsplit(')')
-                        .next()
-                        .and_then(|r| r.split_whitespace().nth(1))
-                        == Some(&pid.to_string())
-            })
-        })
-        .collect()
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .is_some_and(|r| !r.trim_start().starts_with('Z'))
-    })
-}
-
 #[test]
 fn the_local_memserver_dies_with_farvm() {
     if !kvm_available() {

@@ -5,6 +5,9 @@
 
 mod recovery;
 mod rejoin;
+mod relocate;
+
+pub use relocate::RelocateError;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
@@ -30,15 +33,20 @@ pub struct ClientStats {
     pub suspended_slabs: u64,
     /// Servers put back in service after answering again.
     pub rejoined_servers: u64,
+    /// Slab replicas moved to another server (off a full or draining server).
+    pub replicas_moved: u64,
     /// Bytes of read pages (with their crc32c) the open connections copied through their
-    /// receive buffer, and received straight into their destination.
+    /// receive buffer (bytes that had already arrived there with what came before them).
     pub read_bytes_copied: u64,
+    /// Bytes of read pages received straight into their destination (no copy).
     pub read_bytes_in_place: u64,
 }
 
 /// What the maintenance thread is told.
 pub(crate) enum Event {
     Dead(u16),
+    /// A write to this slab found this server full.
+    Full(crate::placement::SlabKey, u16),
     Stop,
 }
 
@@ -51,6 +59,8 @@ pub(crate) struct Health {
     pub read_failovers: AtomicU64,
     pub slabs_rereplicated: AtomicU64,
     pub rejoined_servers: AtomicU64,
+    /// Replicas moved to another server (off a full or draining server).
+    pub replicas_moved: AtomicU64,
 }
 
 impl Health {
@@ -65,6 +75,7 @@ impl Health {
                 read_failovers: AtomicU64::new(0),
                 slabs_rereplicated: AtomicU64::new(0),
                 rejoined_servers: AtomicU64::new(0),
+                replicas_moved: AtomicU64::new(0),
             },
             rx,
         )
@@ -98,6 +109,15 @@ impl Core {
         self.health.dead_servers.fetch_add(1, Ordering::Relaxed);
         self.servers.close_conns(s);
         let _ = self.health.events.send(Event::Dead(s));
+    }
+
+    /// A write to slab `key` found server `s` full: the maintenance thread moves that replica
+    /// to a server with room (called from a completion path: only queues the event).
+    pub fn report_full(&self, key: crate::placement::SlabKey, s: u16) {
+        if let Some(st) = self.servers.get(s) {
+            st.free_pages.store(0, Ordering::Relaxed);
+        }
+        let _ = self.health.events.send(Event::Full(key, s));
     }
 
     /// Closes every connection; their failures are not taken as server failures.
@@ -180,6 +200,7 @@ impl Core {
             degraded_slabs: degraded,
             suspended_slabs: suspended,
             rejoined_servers: h.rejoined_servers.load(Ordering::Relaxed),
+            replicas_moved: h.replicas_moved.load(Ordering::Relaxed),
             read_bytes_copied: copied,
             read_bytes_in_place: in_place,
         }
@@ -195,6 +216,10 @@ pub(crate) fn maintenance(core: Weak<Core>, rx: Receiver<Event>) {
             Ok(Event::Dead(s)) => {
                 let Some(c) = core.upgrade() else { return };
                 c.handle_dead(s);
+            }
+            Ok(Event::Full(key, s)) => {
+                let Some(c) = core.upgrade() else { return };
+                c.relocate_full(key, s);
             }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 let Some(c) = core.upgrade() else { return };

@@ -105,7 +105,7 @@ impl Core {
     }
 
     /// Removes a replica whose fill stopped (under the fill lock, as the flip to normal is).
-    fn drop_filling(&self, key: SlabKey, target: u16) {
+    pub(super) fn drop_filling(&self, key: SlabKey, target: u16) {
         let mut fills = self
             .placements
             .fills
@@ -127,14 +127,15 @@ impl Core {
         self.live_source(&p, Some(target))
     }
 
-    /// Waits until every write/discard to `key` that is in flight now has finished.
-    fn quiesce(&self, key: SlabKey) {
+    /// Waits until every write/discard to `key` that is in flight now has finished (every
+    /// request, reads too, with `all_ops`).
+    pub(super) fn quiesce(&self, key: SlabKey, all_ops: bool) {
         let deadline = Instant::now() + self.cfg.timeout * 2;
         let waits: Vec<(u32, u64)> = (0..self.tickets.slots.len() as u32)
             .filter_map(|tn| {
                 let t = self.tickets.lock(tn);
                 (t.active
-                    && matches!(t.op, TicketOp::Write | TicketOp::Discard)
+                    && (all_ops || matches!(t.op, TicketOp::Write | TicketOp::Discard))
                     && (t.ns, t.slab) == key)
                     .then_some((tn, t.seq))
             })
@@ -199,8 +200,8 @@ impl Core {
         Ok(())
     }
 
-    fn fill_slab(&self, key: SlabKey, target: u16) -> Result<(), &'static str> {
-        self.quiesce(key);
+    pub(super) fn fill_slab(&self, key: SlabKey, target: u16) -> Result<(), &'static str> {
+        self.quiesce(key, false);
         let base = key.1 * self.cfg.slab_pages;
         let mut pages: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
         let mut at = 0;
@@ -256,7 +257,7 @@ impl Core {
 
 impl Core {
     /// `direct_io`, waiting out `QueueFull` (the VMM may hold every ticket for a moment).
-    fn direct_io_patient(
+    pub(super) fn direct_io_patient(
         &self,
         s: u16,
         op: TicketOp,

@@ -193,6 +193,26 @@ impl Store {
         freed
     }
 
+    /// Drops a whole namespace, whoever owns it, and frees its pages; returns how many it
+    /// held. The pool's garbage collector does this for a VM whose lease expired (this server
+    /// acts on the pool's word, not on a client's, so no tenant check applies).
+    pub fn drop_namespace(&self, id: u64) -> u64 {
+        let Some(ns) = self
+            .namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+        else {
+            return 0;
+        };
+        let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
+        let freed = index.len() as u64;
+        for (_, e) in index.drain() {
+            self.arena.free(e.slot);
+        }
+        freed
+    }
+
     /// Pages in a namespace.
     pub fn namespace_pages(&self, ns: Option<&Namespace>) -> u64 {
         ns.map_or(0, |ns| {

@@ -36,6 +36,11 @@ pub(crate) fn build_view<'a>(
                 .ok()
                 .map(|m| view.gc_marks.insert(vm, m))
                 .is_some(),
+            Some(PoolKey::MoveRequest(vm, index)) => serde_json::from_slice(value)
+                .ok()
+                .filter(|m: &crate::placement::Move| m.slab == SlabRef { vm, index })
+                .map(|m| view.move_requests.insert(m.slab, m))
+                .is_some(),
             Some(PoolKey::Drain(id)) => {
                 drained.push(id);
                 true

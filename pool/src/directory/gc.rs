@@ -106,6 +106,10 @@ impl Directory {
                             sh.keys.vm_placement(&vm),
                             Some(DeleteOptions::new().with_prefix()),
                         ),
+                        TxnOp::delete(
+                            sh.keys.vm_moves(&vm),
+                            Some(DeleteOptions::new().with_prefix()),
+                        ),
                         TxnOp::put(mark_key.clone(), to_json(&claim)?, None::<PutOptions>),
                     ]);
                 if !sh.call(kv.txn(txn))?.succeeded() {
@@ -117,6 +121,14 @@ impl Directory {
             for o in orphans {
                 let result = match o.address {
                     None => Ok(()), // the server is gone, and its pages with it
+                    Some(_) if !reclaimer.handles(&o.server) => {
+                        left.push(PendingDiscard {
+                            server: o.server.clone(),
+                            slabs: o.slabs.clone(),
+                        });
+                        report.deferred.push(o);
+                        continue;
+                    }
                     Some(addr) => reclaimer.discard(&o.server, addr, o.namespace),
                 };
                 match result {
@@ -135,6 +147,8 @@ impl Directory {
                 sh.call(kv.delete(mark_key, None))?;
                 tracing::info!(%vm, "garbage collector: VM's namespaces discarded");
                 report.vms_reclaimed.push(vm);
+            } else if claimed && mark.is_some_and(|m| same_pending(&m.pending, &left)) {
+                // Nothing this collector could do: leave the mark to the others untouched.
             } else {
                 let m = GcMark {
                     first_seen_unix_ms: mark.map_or_else(now_ms, |m| m.first_seen_unix_ms),
@@ -154,6 +168,23 @@ impl Directory {
         }
         Ok(report)
     }
+}
+
+/// Whether two pending lists name the same (server, slabs) pairs, in any order.
+fn same_pending(a: &[PendingDiscard], b: &[PendingDiscard]) -> bool {
+    let key = |v: &[PendingDiscard]| {
+        let mut k: Vec<(String, Vec<u32>)> = v
+            .iter()
+            .map(|p| {
+                let mut s = p.slabs.clone();
+                s.sort_unstable();
+                (p.server.to_string(), s)
+            })
+            .collect();
+        k.sort();
+        k
+    };
+    key(a) == key(b)
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, PoolError> {

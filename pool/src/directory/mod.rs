@@ -294,6 +294,39 @@ impl Directory {
         Ok(())
     }
 
+    /// Asks the VMMs of the moves' VMs to make them (see [`crate::keys`]): each is written
+    /// under `moves/<vm>/<slab>`, replacing an older request for the same slab. The VMM
+    /// copies the slab while the VM runs, then [`Directory::complete_move`]s it.
+    pub fn request_moves(&self, moves: &[Move]) -> Result<(), PoolError> {
+        let mut kv = self.shared.client.kv_client();
+        for m in moves {
+            let key = self.shared.keys.move_request(&m.slab.vm, m.slab.index);
+            let v = serde_json::to_vec(m).map_err(|e| PoolError::Etcd(e.to_string()))?;
+            self.shared.call(kv.put(key, v, None))?;
+        }
+        Ok(())
+    }
+
+    /// A requested move is done: commits it ([`Directory::commit_move`]) and deletes the
+    /// request. A request whose placement changed meanwhile is deleted too (the operator's
+    /// command plans again).
+    pub fn complete_move(&self, m: &Move) -> Result<(), PoolError> {
+        let r = self.commit_move(m);
+        let key = self.shared.keys.move_request(&m.slab.vm, m.slab.index);
+        let mut kv = self.shared.client.kv_client();
+        self.shared.call(kv.delete(key, None))?;
+        r
+    }
+
+    /// Withdraws the request for slab `slab` (it could not be made; the reason is logged by
+    /// the VMM and the operator's command plans again).
+    pub fn drop_move_request(&self, slab: &crate::view::SlabRef) -> Result<(), PoolError> {
+        let key = self.shared.keys.move_request(&slab.vm, slab.index);
+        let mut kv = self.shared.client.kv_client();
+        self.shared.call(kv.delete(key, None))?;
+        Ok(())
+    }
+
     /// Commits one move of a plan: slab `m.slab`'s replica on `m.from` is now on `m.to`. The
     /// VM's client copies the slab to `m.to` before committing. Fails with
     /// [`PoolError::Conflict`] if the placement changed since it was read.

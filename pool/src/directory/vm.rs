@@ -117,6 +117,28 @@ impl Directory {
     }
 }
 
+impl Directory {
+    /// Waits up to `timeout` until VM `vm` has nothing left to collect: no placement and no
+    /// collector mark. Returns whether it got there.
+    pub fn wait_reclaimed(
+        &self,
+        vm: crate::ids::VmId,
+        timeout: Duration,
+    ) -> Result<bool, PoolError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let view = self.view()?;
+            if !view.gc_marks.contains_key(&vm) && view.vm_slabs(vm).next().is_none() {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl std::fmt::Debug for VmRegistration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VmRegistration")
@@ -191,6 +213,53 @@ impl VmRegistration {
         sh.call(kv.txn(txn))?;
         self.task.stop(Stop::Revoke);
         tracing::info!(%vm, "VM retired from the pool");
+        Ok(())
+    }
+
+    /// The clean exit when the memory servers collect their own garbage (`farvm-memserver
+    /// --pool`): in one transaction, deletes the VM record and its placement and hands every
+    /// server of the placement to the collectors as a claimed mark, then revokes the lease.
+    /// The servers, which watch the pool, drop the namespace at once; nothing here waits on a
+    /// memory server ([`Directory::wait_reclaimed`] does).
+    pub fn release(mut self) -> Result<(), PoolError> {
+        let vm = self.record.uuid;
+        let sh = &self.dir.shared;
+        let view = self.dir.view()?;
+        let mut by_server: std::collections::BTreeMap<crate::ids::ServerId, Vec<u32>> =
+            Default::default();
+        for (slab, rec) in view.vm_slabs(vm) {
+            for s in &rec.replicas {
+                by_server.entry(s.clone()).or_default().push(slab.index);
+            }
+        }
+        let mark = crate::gc::GcMark {
+            first_seen_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            pending: by_server
+                .into_iter()
+                .map(|(server, slabs)| crate::gc::PendingDiscard { server, slabs })
+                .collect(),
+        };
+        let mut ops = vec![
+            TxnOp::delete(
+                sh.keys.vm_placement(&vm),
+                Some(DeleteOptions::new().with_prefix()),
+            ),
+            TxnOp::delete(sh.keys.vm(&vm), None::<DeleteOptions>),
+            TxnOp::delete(
+                sh.keys.vm_moves(&vm),
+                Some(DeleteOptions::new().with_prefix()),
+            ),
+        ];
+        if !mark.pending.is_empty() {
+            let v = serde_json::to_vec(&mark).map_err(|e| PoolError::Etcd(e.to_string()))?;
+            ops.push(TxnOp::put(sh.keys.gc_mark(&vm), v, None::<PutOptions>));
+        }
+        let mut kv = sh.client.kv_client();
+        sh.call(kv.txn(Txn::new().and_then(ops)))?;
+        self.task.stop(Stop::Revoke);
+        tracing::info!(%vm, "VM released from the pool; its servers drop its namespace");
         Ok(())
     }
 

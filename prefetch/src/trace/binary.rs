@@ -112,6 +112,7 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// Flushes and returns the underlying writer.
     pub fn finish(mut self) -> std::io::Result<W> {
         self.w.flush()?;
         Ok(self.w)

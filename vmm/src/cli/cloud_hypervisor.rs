@@ -1,7 +1,8 @@
 //! farvm started under the name `cloud-hypervisor`: libvirt's Cloud Hypervisor ("ch") driver
 //! looks its VMM up as `cloud-hypervisor` on PATH and first asks it `--version`, expecting
 //! `cloud-hypervisor vMAJOR.MINOR.MICRO` (anything may follow; MAJOR at least 15) at the very
-//! start of stdout. farvm answers with the Cloud Hypervisor API level it speaks.
+//! start of stdout. farvm answers with the Cloud Hypervisor API level it speaks. Then it runs
+//! each domain as `cloud-hypervisor --api-socket fd=N`: farvm's API server ([`super::api`]).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -11,10 +12,8 @@ use farvm_vmm::exit_code;
 /// The name libvirt's ch driver looks for on PATH.
 pub const PROGRAM_NAME: &str = "cloud-hypervisor";
 
-/// The Cloud Hypervisor release whose REST API dialect farvm speaks. v27 is the last release
-/// before the `payload` object replaced `kernel`/`cmdline` in `vm.create` (v28), and it is the
-/// format libvirt 9.0's ch driver sends whatever the version.
-pub const API_VERSION: &str = "27.0.0";
+/// The Cloud Hypervisor release whose REST API dialect farvm speaks.
+pub const API_VERSION: &str = farvm_chapi::API_LEVEL;
 
 /// The `--version` line, e.g. `cloud-hypervisor v27.0.0 (farvm 0.1.0)`.
 pub fn version_line() -> String {
@@ -40,11 +39,7 @@ pub fn answer(args: &[OsString]) -> Option<i32> {
         println!("{}", version_line());
         return Some(exit_code::OK);
     }
-    eprintln!(
-        "{PROGRAM_NAME} (farvm): only --version is answered under this name; run `farvm` for \
-         everything else"
-    );
-    Some(exit_code::USAGE)
+    Some(super::api::run_as_cloud_hypervisor(args))
 }
 
 #[cfg(test)]
@@ -83,10 +78,6 @@ mod tests {
             Some(0)
         );
         assert_eq!(answer(&args(&["cloud-hypervisor", "-V"])), Some(0));
-        assert_eq!(
-            answer(&args(&["cloud-hypervisor", "--api-socket", "fd=3"])),
-            Some(exit_code::USAGE)
-        );
         assert_eq!(answer(&[]), None);
     }
 }

@@ -1,7 +1,9 @@
 //! One module per `farvm` subcommand.
 
+pub mod api;
 pub mod cloud_hypervisor;
 pub mod control;
+pub mod domain;
 pub mod image;
 pub mod paging;
 pub mod run;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use farvm_devices::serial::{SerialIn, SerialOut};
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
 use farvm_httpd::{HttpError, HttpServer, Listen};
@@ -16,8 +17,9 @@ use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use farvm_vmm::boot::{sniff_kernel, KernelKind};
 use farvm_vmm::builder::{self, BootConfig, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
+use farvm_vmm::devices::board::DiskConfig;
+use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::devices::serial::SerialOut;
 use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
@@ -36,12 +38,24 @@ kernel (direct 64-bit entry), a bzImage (or an ELF given with --initrd/--cmdline
 Linux through the x86 64-bit boot protocol. The test guest itself (an ELF carrying farvm's
 test-guest note, as written by `farvm image export`) stays the test guest with --cmdline: each
 `farvm.workload=SPEC` word of the command line adds a workload, after those of --workload.
-Linux does not run at a usable speed on a host whose KVM emulates guest ring 0 (PVM); use
---stop-at-entry to check its boot setup.
 
-The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the guest shuts
-down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
-checksum (or JSON with --json) and exits with the guest's status.
+The console (16550 at 0x3F8, IRQ 4) streams to stdout (or --serial FILE|none). When the test
+guest shuts down, farvm prints one line per process: pid, workload, cpu, state, measured time,
+ops and checksum (or JSON with --json) and exits with the guest's status.
+
+LINUX GUESTS
+A stock distribution kernel boots to userspace: farvm gives it ACPI tables (MADT with one
+local APIC per vCPU, a hardware-reduced FADT, a DSDT describing COM1 and the disks), an e820
+map, kvmclock, the in-kernel PIC/IOAPIC/LAPICs and PIT; the kernel starts the other vCPUs
+itself with INIT/SIPI. Each --disk PATH[,ro] is a virtio-blk disk on virtio-mmio, announced
+in the DSDT (device LNRO0005; /dev/vda, /dev/vdb, ... in order): a kernel that builds
+virtio_mmio, virtio_blk and its file system as modules needs them loaded from the initrd.
+Console input comes from --serial-in (stdin by default for Linux). On a terminal, stdin is put
+in raw mode while the VM runs, so every key (Ctrl-C too) goes to the guest; Ctrl-A x stops
+the VM (exit status 130), Ctrl-A Ctrl-A sends Ctrl-A. `poweroff` in the guest (ACPI S5) ends
+the run with status 0; a reboot (the ACPI reset register) stops the VM with status 75 — farvm
+does not restart guests. Linux does not run at a usable speed on a host whose KVM emulates
+guest ring 0 (PVM); --stop-at-entry checks the boot setup there.
 
 REMOTE MEMORY
 By default guest RAM is remote memory: only --local-memory of it (50% unless told) may be
@@ -51,8 +65,9 @@ on loopback (the binary next to farvm, or $FARVM_MEMSERVER_BIN), which ends with
 never-written pages are zero-filled locally, and --prefetcher (leap+stream unless told;
 none, next-n, stride, read-ahead, leap, stream, leap+stream) fetches and installs pages before
 the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` shows it live
-and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
-Linux guests always use local RAM (their loader writes RAM directly).
+and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine).
+The prefetcher learns per guest process from the CR3 the guest agent publishes; a guest
+without an agent (a stock Linux guest) has one global history of guest-physical pages.
 
 A memory server that stops answering (2 s request timeout; 60 s for the local one) is
 taken out of service; with --replicas 2 or more the VM goes on from the other copies and
@@ -62,11 +77,29 @@ server answers again. A server that restarted has lost its pages: they are never
 as zeros. When the guest needs one of them the VM is stopped with exit status 74, naming the
 page; pages the guest never needs again cost nothing.
 
+With --pool URLS (etcd) the VM joins a memory pool instead: memory servers registered there
+(`farvm-memserver --pool URLS --rack R`) hold its pages, placed by the pool on --replicas
+distinct racks (2 unless told); a VM that cannot be placed is refused naming the racks and
+bytes missing. The VM's pages are dropped on every server when it exits, or when its lease
+runs out after farvm was killed. See `farvm pool --help`.
+
 Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
 random:ws=64M in 512M of RAM at 50% local.
 
 A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM runs. Ctrl-C
 (SIGINT) or SIGTERM shuts the VM down cleanly.
+
+LIBVIRT DOMAIN XML
+--domain FILE.xml runs a libvirt domain without libvirt. farvm reads the part of the domain
+format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and console, its
+own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or the file
+$FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Elements farvm
+ignores are printed as warnings; a domain it cannot run is an error naming the element and
+line (exit status 64). The domain decides --name, --memory, --vcpus, --kernel, --initrd,
+--cmdline, --serial (a pty console goes to stdout) and the remote-memory options (--memserver,
+--local-memory, --prefetcher, --replicas, --memserver-token-file, --page-space, --probe-every,
+--metrics, --local-only): giving one of them as well is an error. The other options
+(--timeout, --json, --workload, ...) apply as usual.
 
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
@@ -78,12 +111,18 @@ EXAMPLES
   farvm run --local-memory 25% --prefetcher none --workload stride:ws=128M
   farvm run --memserver 10.0.0.5:7070 --memserver 10.0.0.6:7070 --replicas 2 \\
             --memserver-token-file tokens --metrics 127.0.0.1:9300
+  farvm run --pool http://10.77.0.2:2379 --memory 64G --local-memory 2G --replicas 2
   farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
   farvm image export /var/lib/farvm && farvm run --kernel /var/lib/farvm/farvm-testguest.elf \\
             --cmdline 'farvm.workload=seq:ws=32M farvm.workload=kv:ws=32M'
+  farvm run --kernel vmlinuz --initrd initrd.img --vcpus 2 --memory 1G --local-only \\
+            --disk rootfs.img --cmdline 'console=ttyS0 root=/dev/vda rw'
+  farvm run --kernel vmlinuz --initrd initrd.img --disk data.img,ro --local-memory 25% \\
+            --serial-in none --cmdline 'console=ttyS0'
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
+  FARVM_CONFIG=./farvm.toml farvm run --domain web-1.xml --timeout 600
 
 EXIT STATUS
   0        the guest shut down with status 0 (every process ended as expected), or the VM was
@@ -92,17 +131,23 @@ EXIT STATUS
            2 = bad boot info, 3 = out of memory, 4 = bad user image)
   64       bad command-line arguments
   65       the kernel or initrd is malformed or does not fit in guest memory
-  66       the kernel or initrd file cannot be read
+  66       the kernel, initrd or a disk image cannot be read (or a disk is in use)
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
   74       guest memory was lost: the guest needed a page that every memory server holding it
            lost (they restarted empty)
+  75       the guest rebooted (farvm stopped it instead of restarting it)
   124      --timeout expired
-  130/143  stopped by SIGINT/SIGTERM (the VM was shut down cleanly)";
+  130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
+    /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
+    /// name, memory, vCPUs, kernel, console and remote-memory options.
+    #[arg(long, value_name = "FILE.xml", conflicts_with_all = super::domain::DOMAIN_DECIDES)]
+    pub domain: Option<PathBuf>,
+
     /// Kernel to boot: a test-guest ELF, a Linux bzImage or vmlinux [default: the built-in
     /// test guest].
     #[arg(long, value_name = "PATH")]
@@ -146,6 +191,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
     pub serial: SerialOut,
 
+    /// Console input: stdin, none, or a file, FIFO or pty to read until its end [default:
+    /// stdin for a Linux guest, none for the test guest]. Stdin on a terminal is put in raw
+    /// mode while the VM runs; Ctrl-A x stops the VM.
+    #[arg(long, value_name = "stdin|FILE|none")]
+    pub serial_in: Option<SerialIn>,
+
+    /// A disk for a Linux guest: a raw image file or block device, read-only with `,ro`
+    /// (repeatable: /dev/vda, /dev/vdb, ... in order; virtio-blk on virtio-mmio).
+    #[arg(long = "disk", value_name = "PATH[,ro]")]
+    pub disks: Vec<DiskConfig>,
+
     /// Host backing of local guest RAM: anon (private anonymous memory, the only kind; remote
     /// memory is always the paging engine's).
     #[arg(long, value_name = "anon", default_value = "anon", value_parser = ["anon", "anonymous"])]
@@ -171,6 +227,35 @@ pub struct RunArgs {
     /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
     #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<SocketAddr>,
+
+    /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
+    /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
+    /// and is admitted by the pool's placement: every slab of its remote share gets --replicas
+    /// copies (default 2) on as many distinct racks, or the VM is refused with the shortfall
+    /// (rack, bytes). Its record lives under its own lease; at exit the servers drop its pages
+    /// at once, and if farvm dies they do so when the lease expires. While etcd does not
+    /// answer, the start waits (--pool-wait) and says so; a running VM never waits on etcd.
+    #[arg(long, value_name = "URLS", value_delimiter = ',', env = "FARVM_POOL",
+          conflicts_with_all = ["memservers", "local_only"])]
+    pub pool: Vec<String>,
+
+    /// With --pool: the VM's lease TTL in seconds (how soon after farvm dies its pages are
+    /// reclaimed).
+    #[arg(long, value_name = "SECS", default_value_t = 10, requires = "pool")]
+    pub pool_lease_ttl: u64,
+
+    /// With --pool: the slab size, the unit of placement (each slab of the remote share is
+    /// reserved whole on --replicas servers), e.g. 1G or 64M.
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool")]
+    pub pool_slab: String,
+
+    /// With --pool: seconds to wait for etcd at start before giving up.
+    #[arg(long, value_name = "SECS", default_value_t = 300, requires = "pool")]
+    pub pool_wait: u64,
+
+    /// With --pool: this host's name in the pool [default: the kernel's host name].
+    #[arg(long, value_name = "NAME", requires = "pool")]
+    pub pool_host: Option<String>,
 
     /// Copies of each remote page [default: 2 with two or more memservers, else 1].
     #[arg(long, value_name = "R")]
@@ -347,7 +432,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             cmdline: a
                 .cmdline
                 .clone()
-                .unwrap_or_else(|| "console=ttyS0 reboot=k panic=1".into()),
+                .unwrap_or_else(|| "console=ttyS0 panic=1".into()),
         }
     } else {
         let max_cpus = farvm_guest_agent::boot::MAX_CPUS as u32;
@@ -364,6 +449,12 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             return Err(Failure::new(
                 exit_code::USAGE,
                 "--initrd: the test guest takes no initial ramdisk",
+            ));
+        }
+        if !a.disks.is_empty() {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                "--disk needs a Linux guest: the test guest has no disk driver",
             ));
         }
         let mut specs = a.workloads.clone();
@@ -410,6 +501,12 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
     };
     let mut cfg = VmConfig::new(&name, a.memory, a.vcpus, boot);
     cfg.serial = a.serial.clone();
+    cfg.serial_in = a.serial_in.clone().unwrap_or(if linux {
+        SerialIn::Stdin
+    } else {
+        SerialIn::None
+    });
+    cfg.disks = a.disks.clone();
     cfg.echo_guest_logs = a.guest_log;
     // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
     // from a file pages like the built-in one.
@@ -440,25 +537,6 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     {
         return Ok(None);
     }
-    if matches!(cfg.boot, BootConfig::Linux { .. }) {
-        if a.fault_path_cpu.is_some() {
-            return Err(usage(
-                "--fault-path-cpu needs remote memory, which needs the test guest".into(),
-            ));
-        }
-        if !a.memservers.is_empty() {
-            return Err(usage(
-                "--memserver needs the test guest: Linux guests run on local RAM here".into(),
-            ));
-        }
-        return Ok(None);
-    }
-    if cfg.mem_bytes > farvm_vmm::layout::LOW_RAM_MAX {
-        return Err(usage(format!(
-            "remote memory supports at most {} of guest RAM; use --local-only for more",
-            format_size(farvm_vmm::layout::LOW_RAM_MAX)
-        )));
-    }
     let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
     if !farvm_prefetch::registry::names().contains(&a.prefetcher.as_str()) {
         return Err(usage(format!(
@@ -469,6 +547,24 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     }
     let mut spec = RemoteSpec::new(&cfg.name);
     spec.servers = a.memservers.clone();
+    if !a.pool.is_empty() {
+        let mut ps = farvm_vmm::remote::PoolSpec::new(a.pool.clone());
+        ps.lease_ttl = std::time::Duration::from_secs(a.pool_lease_ttl.max(1));
+        ps.wait = std::time::Duration::from_secs(a.pool_wait);
+        ps.slab_bytes = match farvm_ept::Budget::parse(&a.pool_slab) {
+            Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => b,
+            _ => {
+                return Err(usage(format!(
+                    "--pool-slab {}: a size of whole 4 KiB pages, e.g. 1G or 64M",
+                    a.pool_slab
+                )))
+            }
+        };
+        if let Some(h) = &a.pool_host {
+            ps.host = h.clone();
+        }
+        spec.pool = Some(ps);
+    }
     spec.replicas = a.replicas;
     spec.token_file = a.memserver_token_file.clone();
     spec.budget = budget;
@@ -522,7 +618,12 @@ pub fn run_vm(
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
-    let cfg = build_config(&a)?;
+    let (a, uuid) = match a.domain.clone() {
+        Some(path) => super::domain::resolve(a, &path)?,
+        None => (a, None),
+    };
+    let mut cfg = build_config(&a)?;
+    cfg.uuid = uuid.or(cfg.uuid);
     let vm = build_vm(&cfg)?;
     let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
     if let Some(m) = &metrics {
@@ -543,7 +644,23 @@ pub fn run(a: RunArgs) -> Result<i32> {
                 .unwrap_or_else(|| default_socket_path(&cfg.name)),
         )
     };
-    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
+    // Interactive console: raw mode until the run ends (restored on every return path).
+    let raw = if cfg.serial_in == SerialIn::Stdin {
+        RawMode::stdin().map_err(|e| {
+            Failure::new(
+                exit_code::HOST_ERROR,
+                format!("cannot put the terminal in raw mode: {e}"),
+            )
+        })?
+    } else {
+        None
+    };
+    if raw.is_some() {
+        eprintln!("farvm: {}", console::ESCAPE_HELP);
+    }
+    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs));
+    drop(raw);
+    let report = report?;
     drop(metrics);
     print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
@@ -592,6 +709,9 @@ fn print_entry(vm: &Vm, json: bool) -> Result<()> {
             match l.initrd_gpa {
                 Some(g) => println!("  initrd at {g:#x} ({} bytes)", l.initrd_len),
                 None => println!("  no initrd"),
+            }
+            if let Some(r) = l.acpi_rsdp_addr {
+                println!("  ACPI RSDP at {r:#x}");
             }
             for (a, s, t) in &l.e820 {
                 println!("  e820 {a:#014x} +{:<8} type {t}", format_size(*s));

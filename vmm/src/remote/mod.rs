@@ -5,13 +5,16 @@
 //! - [`setup`]: building it all for `farvm run` — the memserver client and its page store
 //!   (`farvm_memclient::PageStore`), the engine — plus vCPU/agent-slot registration and stats.
 //! - [`local_server`]: the `farvm-memserver` child process started when no server is given.
+//! - [`pool`]: the VM's membership in a memory pool (`--pool`): admission, lease, moves, release.
 //! - [`stage2`]: KVM_PRE_FAULT_MEMORY injection with feature detection (`StageTwo`).
 
 pub mod local_server;
+pub mod pool;
 pub mod setup;
 pub mod stage2;
 
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
+pub use pool::{PoolAdmission, PoolSpec, PoolVm};
 pub use setup::{
     PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats,
     Stage2Prefault, StatsSource,

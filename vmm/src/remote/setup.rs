@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::translate::{GuestPaging, VirtualPages};
 use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
@@ -21,6 +22,7 @@ use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
 
 use super::local_server::LocalServer;
+use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
 use crate::vm::{Vm, VmOutcome};
 use crate::vstate::memory::{GuestRam, MemError};
@@ -28,16 +30,35 @@ use crate::vstate::memory::{GuestRam, MemError};
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
+    /// A remote-memory setting out of range or inconsistent.
     #[error("invalid remote-memory setting: {0}")]
     Config(String),
+    /// The `farvm-memserver` child could not be started.
     #[error("cannot start the local memory server: {0}")]
     LocalServer(#[from] super::local_server::LocalServerError),
+    /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
+    /// The token file cannot be read or holds no valid secret.
     #[error("cannot read --memserver-token-file {path}: {msg}")]
-    Token { path: PathBuf, msg: String },
+    Token {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The memory pool refused or failed (`--pool`).
+    #[error("memory pool: {0}")]
+    Pool(String),
+    /// `--fault-path-cpu` names a CPU this process may not run on.
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
-    Placement { cpu: usize, source: std::io::Error },
+    Placement {
+        /// The CPU.
+        cpu: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The paging engine refused its configuration or could not start.
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -47,8 +68,10 @@ pub enum RemoteError {
 pub struct RemoteSpec {
     /// VM name (the memserver namespace is derived from it).
     pub vm_name: String,
-    /// Memory servers; empty = start a local `farvm-memserver` child on loopback.
+    /// Memory servers; empty (and no pool) = start a local `farvm-memserver` child on loopback.
     pub servers: Vec<SocketAddr>,
+    /// A memory pool to be admitted to instead of a server list (`farvm run --pool`).
+    pub pool: Option<PoolSpec>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -66,6 +89,9 @@ pub struct RemoteSpec {
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// The guest is Linux: the CR3 values its agent publishes follow Linux's conventions
+    /// (`farvm_ept::translate::GuestPaging::root_of`).
+    pub linux_guest: bool,
     /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
     /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
     pub stage2_prefault: bool,
@@ -78,6 +104,7 @@ impl RemoteSpec {
         Self {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
+            pool: None,
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -86,6 +113,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            linux_guest: false,
             stage2_prefault: true,
         }
     }
@@ -157,30 +185,46 @@ pub enum Stage2Prefault {
 /// Health of the memserver side, for stats.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteHealth {
+    /// The memory servers in use.
     pub servers: Vec<String>,
     /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
+    /// The VM instance's id in the memory pool (`--pool`), if admitted to one.
+    pub pool_vm: Option<String>,
+    /// Slab replicas moved to another server (a drain, a rebalance, a full server).
+    pub replicas_moved: u64,
+    /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
     pub dead_servers: u64,
     /// Times a memserver answered again and was put back in service.
     pub rejoined_servers: u64,
+    /// Reads served by another replica after one failed.
     pub read_failovers: u64,
+    /// Slabs copied to a new replica after one was lost.
     pub slabs_rereplicated: u64,
+    /// Slabs with fewer live replicas than asked for.
     pub degraded_slabs: u64,
     /// Slabs with no replica in service: the guest waits on their pages until one returns.
     pub suspended_slabs: u64,
+    /// Wire requests sent.
     pub wire_requests: u64,
+    /// Submissions that waited for a free request buffer.
     pub slot_waits: u64,
+    /// Submissions refused as busy.
     pub busy: u64,
+    /// Requests that failed.
     pub failed_requests: u64,
 }
 
 /// Everything `farvm stats` shows about paging.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteStats {
+    /// The paging engine's counters, latencies and page states.
     pub engine: Stats,
+    /// The memory servers' side.
     pub remote: RemoteHealth,
+    /// Whether stage-2 pre-fault is on, off or unsupported.
     pub stage2_prefault: Stage2Prefault,
 }
 
@@ -192,6 +236,7 @@ pub struct StatsSource {
     store: Weak<PageStore>,
     servers: Vec<SocketAddr>,
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 }
 
@@ -205,6 +250,7 @@ impl StatsSource {
             &store,
             &self.servers,
             self.embedded,
+            self.pool_vm.clone(),
             self.stage2_prefault,
         ))
     }
@@ -215,6 +261,7 @@ fn collect(
     store: &PageStore,
     servers: &[SocketAddr],
     embedded: bool,
+    pool_vm: Option<String>,
     stage2_prefault: bool,
 ) -> RemoteStats {
     let client = store.client();
@@ -225,6 +272,7 @@ fn collect(
         degraded_slabs,
         suspended_slabs,
         rejoined_servers,
+        replicas_moved,
         ..
     } = client.stats();
     let c = store.counters();
@@ -239,6 +287,8 @@ fn collect(
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
+            pool_vm,
+            replicas_moved,
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -261,7 +311,9 @@ pub struct RemoteMemory {
     stage2: Arc<LateStageTwo>,
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
+    pool: Option<PoolVm>,
     fault_path_cpu: Option<usize>,
+    guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -287,14 +339,32 @@ impl StageTwo for SharedStageTwo {
 
 impl RemoteMemory {
     /// Connects (or starts a local memserver), builds the prefetcher and starts the engine
-    /// with `mem_bytes` of guest RAM (guest-physical `0..mem_bytes`).
+    /// with `mem_bytes` of guest RAM, laid out as [`crate::layout::ram_ranges`] says: above
+    /// 3 GiB the engine's range also spans the 3..4 GiB MMIO hole, whose pages the guest never
+    /// touches (they are in no KVM memslot) and so cost nothing.
     pub fn start(spec: &RemoteSpec, mem_bytes: u64) -> Result<Self, RemoteError> {
         let prefetcher = farvm_prefetch::registry::build(
             &spec.prefetcher,
             &farvm_prefetch::registry::Config::default(),
         )
         .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let (servers, local) = if spec.servers.is_empty() {
+        if spec.pool.is_some() && !spec.servers.is_empty() {
+            return Err(RemoteError::Config(
+                "give memory servers either as --memserver or as --pool, not both".into(),
+            ));
+        }
+        let mut pool = None;
+        let (servers, local) = if let Some(ps) = &spec.pool {
+            let local_budget = match spec.budget {
+                Budget::Unlimited => mem_bytes,
+                Budget::Bytes(b) => b,
+                Budget::Percent(p) => (mem_bytes as f64 * p / 100.0) as u64 & !4095,
+            };
+            let (member, admission) =
+                PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?;
+            pool = Some((member, admission.clone()));
+            (admission.servers, None)
+        } else if spec.servers.is_empty() {
             // Room for every guest page plus slack; the arena is MAP_NORESERVE, so only pages
             // actually written back cost host memory. Its connection threads are the server's
             // half of the fault path: pinned with it.
@@ -334,7 +404,13 @@ impl RemoteMemory {
                 })?;
             ccfg.secret = Some(first);
         }
-        if let Some(r) = spec.replicas {
+        if let Some((_, admission)) = &pool {
+            ccfg.slab_homes = admission.homes.clone();
+            ccfg.replication = Some(admission.replication);
+            if let Some(ps) = &spec.pool {
+                ccfg.slab_pages = (ps.slab_bytes / 4096).max(1);
+            }
+        } else if let Some(r) = spec.replicas {
             if r == 0 || r > servers.len() {
                 return Err(RemoteError::Config(format!(
                     "--replicas {r} needs between 1 and {} (the number of --memserver)",
@@ -342,33 +418,68 @@ impl RemoteMemory {
                 )));
             }
         }
-        let client =
-            Arc::new(Client::connect(ccfg).map_err(|e| RemoteError::Connect(e.to_string()))?);
+        let client = match Client::connect(ccfg) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                if let Some((member, _)) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(RemoteError::Connect(e.to_string()));
+            }
+        };
+        let (pool, namespace) = match pool {
+            Some((mut member, admission)) => {
+                member.follow(Arc::downgrade(&client));
+                (Some(member), admission.namespace)
+            }
+            None => (None, namespace_for_name(&spec.vm_name)),
+        };
         let store = PageStore::new(
             client,
             StoreConfig {
-                namespace: namespace_for_name(&spec.vm_name),
+                namespace,
                 slots: 256,
             },
         );
-        let mut cfg = EngineConfig::new(mem_bytes);
-        cfg.budget = spec.budget;
+        let span = crate::layout::ram_ranges(mem_bytes)
+            .last()
+            .map_or(mem_bytes, |&(gpa, len)| gpa + len);
+        let mut cfg = EngineConfig::new(span);
+        // A share is of guest RAM, not of the span with the hole in it.
+        cfg.budget = match spec.budget {
+            Budget::Percent(p) if span != mem_bytes => {
+                Budget::Bytes(((mem_bytes as f64 * p / 100.0) as u64 & !4095).max(4096))
+            }
+            b => b,
+        };
         cfg.probe_every = spec.probe_every;
         cfg.prefetch = spec.prefetcher != "none";
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
         if spec.page_space == PageSpaceKind::Virtual {
-            parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
+            parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
-        let engine = Arc::new(Engine::start(cfg, parts)?);
+        let engine = match Engine::start(cfg, parts) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                store.stop();
+                if let Some(member) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(e.into());
+            }
+        };
         let remote = Self {
             engine,
             store,
             stage2,
             servers,
             local,
+            pool,
             fault_path_cpu: spec.fault_path_cpu,
+            guest_paging,
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
@@ -387,6 +498,12 @@ impl RemoteMemory {
     /// The engine (guest RAM, stats).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// How the guest's page tables look, as the engine's page space reads them (the VMM
+    /// sets the paging depth once it learns it).
+    pub fn guest_paging(&self) -> &Arc<GuestPaging> {
+        &self.guest_paging
     }
 
     /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the local
@@ -508,6 +625,7 @@ impl RemoteMemory {
             &self.store,
             &self.servers,
             self.local.is_some(),
+            self.pool.as_ref().map(|p| p.vm().to_string()),
             self.stage2_prefault,
         )
     }
@@ -519,6 +637,7 @@ impl RemoteMemory {
             store: Arc::downgrade(&self.store),
             servers: self.servers.clone(),
             embedded: self.local.is_some(),
+            pool_vm: self.pool.as_ref().map(|p| p.vm().to_string()),
             stage2_prefault: self.stage2_prefault,
         }
     }
@@ -542,6 +661,7 @@ impl RemoteMemory {
             engine,
             local,
             store,
+            pool,
             ..
         } = self;
         match Arc::into_inner(engine) {
@@ -549,6 +669,7 @@ impl RemoteMemory {
             None => {
                 tracing::warn!("paging engine still referenced at shutdown; leaving it running");
                 std::mem::forget(local);
+                std::mem::forget(pool);
                 return;
             }
         }
@@ -557,6 +678,10 @@ impl RemoteMemory {
         drop(store);
         if let Some(h) = local {
             h.shutdown();
+        }
+        // The VM is gone and its client closed: the servers may drop its pages now.
+        if let Some(member) = pool {
+            member.release(Duration::from_secs(10));
         }
     }
 }

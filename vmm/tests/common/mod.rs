@@ -106,3 +106,30 @@ pub fn bytes_of<T: Copy>(v: &T) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
         .to_vec()
 }
+
+/// The `farvm-memserver` processes whose parent is `pid` (farvm's embedded memory server).
+pub fn memserver_children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.contains("(farvm-memserver)")
+                    && s.rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().nth(1))
+                        == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie waiting to be reaped has).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
+}

@@ -28,6 +28,24 @@ pub fn outl(port: u16, val: u32) {
 }
 
 #[inline(always)]
+pub fn outb(port: u16, val: u8) {
+    // SAFETY: port I/O to an emulated device (the serial console); no memory effects.
+    unsafe {
+        core::arch::asm!("out dx, al", in("dx") port, in("al") val, options(nostack, preserves_flags))
+    };
+}
+
+#[inline(always)]
+pub fn inb(port: u16) -> u8 {
+    let v: u8;
+    // SAFETY: port I/O from an emulated device (the serial console's status register).
+    unsafe {
+        core::arch::asm!("in al, dx", in("dx") port, out("al") v, options(nostack, preserves_flags))
+    };
+    v
+}
+
+#[inline(always)]
 pub fn rdmsr(msr: u32) -> u64 {
     let (lo, hi): (u32, u32);
     // SAFETY: reading an architectural MSR the kernel knows exists (APIC base, x2APIC regs).

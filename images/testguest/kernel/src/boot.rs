@@ -160,6 +160,12 @@ fn bsp_boot(boot_gpa: u64) {
         .dec(mm::frames_left())
         .s(b" free frames")
         .log();
+    crate::console::Line::start()
+        .s(b"booted: ")
+        .dec(ncpus as u64)
+        .s(b" cpus, ")
+        .dec(nprocs as u64)
+        .s(b" processes");
     if nprocs == 0 {
         shutdown(exit::OK);
     }

@@ -14,11 +14,13 @@
 
 mod arch;
 mod boot;
+mod console;
 mod cpu;
 mod elf;
 mod global;
 mod lapic;
 mod mm;
+mod num;
 mod proc;
 mod pv;
 mod sched;

@@ -64,35 +64,14 @@ impl Msg {
         self
     }
 
-    pub fn dec(self, mut v: u64) -> Msg {
+    pub fn dec(self, v: u64) -> Msg {
         let mut buf = [0u8; 20];
-        let mut i = buf.len();
-        loop {
-            i -= 1;
-            buf[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.s(&buf[i..])
+        self.s(crate::num::dec(v, &mut buf))
     }
 
     pub fn hex(self, v: u64) -> Msg {
         let mut buf = [0u8; 18];
-        buf[0] = b'0';
-        buf[1] = b'x';
-        let mut n = 2;
-        let mut started = false;
-        for shift in (0..16).rev() {
-            let d = ((v >> (shift * 4)) & 0xF) as u8;
-            if d != 0 || started || shift == 0 {
-                started = true;
-                buf[n] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
-                n += 1;
-            }
-        }
-        self.s(&buf[..n])
+        self.s(crate::num::hex(v, &mut buf))
     }
 
     fn finish(&self) -> u32 {

@@ -1,6 +1,7 @@
 //! Scheduling: per-vCPU run queues (processes are pinned, no migration), round robin on yield
 //! and on the LAPIC timer (armed only while more than one process is runnable), eager FPU
-//! switching, the agent slot written on every switch, process exit/kill, and the VM's end.
+//! switching, the agent slot written on every switch, process exit/kill (each ended process's
+//! result goes to the serial console), and the VM's end.
 
 use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::{compiler_fence, AtomicU32, Ordering};
@@ -11,6 +12,7 @@ use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 use farvm_guest_agent::{ABI_VERSION, PAGE_SIZE};
 
 use crate::arch::{self, image_gpa, outl, rdmsr, MSR_GS_BASE};
+use crate::console::Line;
 use crate::global::Global;
 use crate::mm::{self, PTE_NX, PTE_U, PTE_W};
 use crate::proc::{self, Process, EXITED, RUNNABLE};
@@ -322,12 +324,22 @@ fn finish(pc: &mut PerCpu, killed: bool) -> *mut TrapFrame {
     if !ok {
         FAILED.fetch_add(1, Ordering::Relaxed);
     }
-    if FINISHED.fetch_add(1, Ordering::AcqRel) + 1 == NPROCS.load(Ordering::Relaxed) {
-        let status = if FAILED.load(Ordering::Relaxed) == 0 {
+    report(p);
+    let nprocs = NPROCS.load(Ordering::Relaxed);
+    if FINISHED.fetch_add(1, Ordering::AcqRel) + 1 == nprocs {
+        let failed = FAILED.load(Ordering::Relaxed);
+        let status = if failed == 0 {
             exit::OK
         } else {
             exit::PROCESS_FAILED
         };
+        Line::start()
+            .s(b"all ")
+            .dec(nprocs as u64)
+            .s(b" processes ended, ")
+            .dec(failed as u64)
+            .s(b" failed: powering off with status ")
+            .dec(status as u64);
         crate::pv::shutdown(status);
     }
     update_timer(pc);
@@ -335,6 +347,56 @@ fn finish(pc: &mut PerCpu, killed: bool) -> *mut TrapFrame {
         Some(pos) => switch_in(pc, pos),
         None => cpu_done(pc),
     }
+}
+
+/// Writes an ended process's result on the console: its spec, then `done ops N checksum 0xH
+/// elapsed_ns T`, `killed vector V cr2 0xA rip 0xA` or `failed error E`.
+fn report(p: &Process) {
+    let mb = proc::mailbox(p);
+    // SAFETY: the process's mailbox page (direct map); the process no longer runs.
+    let (st, ops, checksum, ns, error, ws, seed, vector, cr2, rip) = unsafe {
+        (
+            addr_of!((*mb).state).read_volatile(),
+            addr_of!((*mb).ops).read_volatile(),
+            addr_of!((*mb).checksum).read_volatile(),
+            addr_of!((*mb).elapsed_ns).read_volatile(),
+            addr_of!((*mb).error).read_volatile(),
+            addr_of!((*mb).spec.ws_bytes).read_volatile(),
+            addr_of!((*mb).spec.seed).read_volatile(),
+            addr_of!((*mb).fault_vector).read_volatile(),
+            addr_of!((*mb).fault_cr2).read_volatile(),
+            addr_of!((*mb).fault_rip).read_volatile(),
+        )
+    };
+    let line = Line::start()
+        .s(b"process ")
+        .dec(p.pid as u64)
+        .s(b" workload ")
+        .dec(p.workload as u64)
+        .s(b" cpu ")
+        .dec(p.cpu as u64)
+        .s(b" ws ")
+        .dec(ws)
+        .s(b" seed ")
+        .dec(seed);
+    match st {
+        state::DONE => line
+            .s(b" done ops ")
+            .dec(ops)
+            .s(b" checksum ")
+            .hex(checksum)
+            .s(b" elapsed_ns ")
+            .dec(ns),
+        state::KILLED => line
+            .s(b" killed vector ")
+            .dec(vector)
+            .s(b" cr2 ")
+            .hex(cr2)
+            .s(b" rip ")
+            .hex(rip),
+        state::FAILED => line.s(b" failed error ").dec(error),
+        other => line.s(b" ended in state ").dec(other as u64),
+    };
 }
 
 /// Nothing left to run on this vCPU.

@@ -1,0 +1,89 @@
+//! The HTTP face of the API: every request goes to one handler that routes it with
+//! `farvm_chapi::route`, runs it on [`ApiState`] and answers as Cloud Hypervisor does — 200
+//! with a JSON body, 204 without, or the error's status with a JSON array of messages. The
+//! handler runs the operation on the server's own thread: requests are handled one at a time,
+//! as by Cloud Hypervisor's API thread.
+
+use std::sync::Arc;
+
+use farvm_chapi::{route, ApiError, Endpoint};
+use farvm_httpd::axum::body::Bytes;
+use farvm_httpd::axum::extract::State;
+use farvm_httpd::axum::http::{header, Method, StatusCode, Uri};
+use farvm_httpd::axum::response::{IntoResponse, Response};
+use farvm_httpd::axum::Router;
+use serde_json::Value;
+
+use super::state::ApiState;
+
+/// The `Server` header of every answer.
+pub const SERVER: &str = concat!(
+    "farvm/",
+    env!("CARGO_PKG_VERSION"),
+    " (Cloud Hypervisor API v27.0.0)"
+);
+
+/// The router serving `state`.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+async fn handle(
+    State(state): State<Arc<ApiState>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let result = route(method.as_str(), uri.path()).and_then(|e| {
+        tracing::debug!(endpoint = e.name(), "API request");
+        dispatch(&state, e, &body)
+    });
+    match result {
+        Ok(Some(v)) => json(StatusCode::OK, v.to_string()),
+        Ok(None) => (StatusCode::NO_CONTENT, [(header::SERVER, SERVER)]).into_response(),
+        Err(e) => {
+            tracing::info!(status = e.status(), "{} {}: {e}", method, uri.path());
+            let status =
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            json(status, e.body())
+        }
+    }
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::SERVER, SERVER),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Runs `e` (already routed): a JSON body to answer with, or none (204).
+fn dispatch(state: &ApiState, e: Endpoint, body: &[u8]) -> Result<Option<Value>, ApiError> {
+    let none = |r: Result<(), ApiError>| r.map(|()| None);
+    match e {
+        Endpoint::VmmPing => Ok(Some(state.ping())),
+        Endpoint::VmmShutdown => {
+            state.request_exit();
+            Ok(None)
+        }
+        Endpoint::VmCreate => none(state.create(body)),
+        Endpoint::VmBoot => none(state.boot()),
+        Endpoint::VmInfo => state.info().map(Some),
+        Endpoint::VmCounters => state
+            .counters()
+            .map(|c| Some(serde_json::to_value(c).unwrap_or_default())),
+        Endpoint::VmPause => none(state.pause()),
+        Endpoint::VmResume => none(state.resume()),
+        Endpoint::VmShutdown => none(state.shutdown()),
+        Endpoint::VmReboot => none(state.reboot()),
+        Endpoint::VmDelete => {
+            state.delete();
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The API server's one VM and its life, as Cloud Hypervisor's API defines it:
+//!
+//! ```text
+//!   (none) --vm.create--> Created --vm.boot--> Running <--vm.pause/vm.resume--> Paused
+//!                            ^                    |  \--the guest stops by itself--> Shutdown
+//!                            +----vm.shutdown-----+                                    |
+//!                            +--------vm.boot (a fresh VM) / vm.shutdown--------------+
+//!   vm.reboot: Running/Paused -> a fresh VM, Running.  vm.delete: any -> (none).
+//! ```
+//!
+//! `vm.create` only checks and remembers the configuration (the factory reads the kernel and
+//! applies the host config); `vm.boot` builds the VM (guest RAM, remote memory, KVM, devices)
+//! and starts its vCPUs. Each boot is a new [`Vm`](crate::vm::Vm) from the same configuration;
+//! the pty, once opened, stays the same across boots until `vm.delete`. A watcher thread per
+//! boot notices the guest stopping by itself (powering off, crashing, losing memory), finishes
+//! the VM (its threads, KVM VM and remote memory are released) and keeps its report for
+//! `vm.counters`. Requests are handled one at a time.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use farvm_chapi::info::{self, Counters};
+use farvm_chapi::{ApiError, CreateSpec, SerialTarget, VmState};
+use farvm_devices::serial::SerialOut;
+use farvm_httpd::HttpServer;
+use serde_json::Value;
+
+use super::events::{EventMonitor, Source};
+use super::{Prepared, VmFactory};
+use crate::builder;
+use crate::devices::pty::Pty;
+use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
+
+/// How often the watcher checks that the API server is still there.
+const WATCH_TICK: Duration = Duration::from_millis(500);
+
+/// A created VM: its configuration, kept across boots.
+struct Created {
+    spec: CreateSpec,
+    prepared: Prepared,
+    pty: Option<Arc<Pty>>,
+}
+
+/// Where the created VM is.
+enum Run {
+    /// Not booted (or shut down through the API).
+    Idle,
+    Running {
+        vm: Box<RunningVm>,
+        generation: u64,
+        _metrics: Option<HttpServer>,
+    },
+    /// The guest stopped by itself; its final report.
+    Stopped(Box<VmReport>),
+}
+
+struct Slot {
+    created: Option<Created>,
+    run: Run,
+    /// Incremented on every boot, so a watcher never finishes a later boot's VM.
+    generation: u64,
+}
+
+impl Slot {
+    /// Ends the pty console's input to a VM that stopped (its input thread ends).
+    fn retire_console_input(&self) {
+        if let Some(pty) = self.created.as_ref().and_then(|c| c.pty.as_ref()) {
+            pty.retire_readers();
+        }
+    }
+}
+
+/// The API's VM and what serves it.
+pub struct ApiState {
+    name: String,
+    factory: Box<dyn VmFactory>,
+    events: Option<EventMonitor>,
+    slot: Mutex<Slot>,
+    exit: Mutex<bool>,
+    exit_cond: Condvar,
+    me: Weak<ApiState>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn state_of(run: &Run) -> VmState {
+    match run {
+        Run::Idle => VmState::Created,
+        Run::Stopped(_) => VmState::Shutdown,
+        Run::Running { vm, .. } => match vm.state() {
+            crate::vm::VmState::Paused => VmState::Paused,
+            crate::vm::VmState::Stopping => VmState::Shutdown,
+            crate::vm::VmState::Created | crate::vm::VmState::Running => VmState::Running,
+        },
+    }
+}
+
+fn vm_error(action: &'static str, e: VmError) -> ApiError {
+    match e {
+        VmError::InvalidState { state, .. } => ApiError::wrong_state(
+            action,
+            match state {
+                crate::vm::VmState::Paused => VmState::Paused,
+                crate::vm::VmState::Stopping => VmState::Shutdown,
+                _ => VmState::Running,
+            },
+        ),
+        other => ApiError::Failed {
+            action,
+            reason: other.to_string(),
+        },
+    }
+}
+
+impl ApiState {
+    /// The state of an API server for the VM called `name`.
+    pub fn new(
+        name: String,
+        factory: Box<dyn VmFactory>,
+        events: Option<EventMonitor>,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| ApiState {
+            name,
+            factory,
+            events,
+            slot: Mutex::new(Slot {
+                created: None,
+                run: Run::Idle,
+                generation: 0,
+            }),
+            exit: Mutex::new(false),
+            exit_cond: Condvar::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// The VM's name (every VM this server creates has it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn emit(&self, source: Source, event: &str) {
+        if let Some(m) = &self.events {
+            m.emit(source, event);
+        }
+    }
+
+    /// `vmm.ping`.
+    pub fn ping(&self) -> Value {
+        info::vmm_ping(env!("CARGO_PKG_VERSION"), std::process::id())
+    }
+
+    /// `vm.create`.
+    pub fn create(&self, body: &[u8]) -> Result<(), ApiError> {
+        let mut slot = lock(&self.slot);
+        if slot.created.is_some() {
+            return Err(ApiError::WrongState {
+                action: "create",
+                state: farvm_chapi::error::StateName::AlreadyCreated,
+            });
+        }
+        let spec = CreateSpec::parse(body)?;
+        let prepared = self.factory.prepare(&self.name, &spec)?;
+        prepared
+            .config
+            .validate()
+            .map_err(|e| ApiError::BadConfig(e.to_string()))?;
+        for note in &prepared.notes {
+            tracing::info!(vm = self.name, "{note}");
+        }
+        slot.created = Some(Created {
+            spec,
+            prepared,
+            pty: None,
+        });
+        slot.run = Run::Idle;
+        Ok(())
+    }
+
+    /// `vm.boot`.
+    pub fn boot(&self) -> Result<(), ApiError> {
+        let mut slot = lock(&self.slot);
+        match (&slot.created, &slot.run) {
+            (None, _) => Err(ApiError::NotCreated { action: "boot" }),
+            (Some(_), r @ Run::Running { .. }) => Err(ApiError::wrong_state("boot", state_of(r))),
+            _ => self.start_vm(&mut slot),
+        }
+    }
+
+    /// Builds and starts a VM from the created configuration.
+    fn start_vm(&self, slot: &mut Slot) -> Result<(), ApiError> {
+        let failed = |reason: String| ApiError::Failed {
+            action: "boot",
+            reason,
+        };
+        let created = slot
+            .created
+            .as_mut()
+            .ok_or(ApiError::NotCreated { action: "boot" })?;
+        let mut cfg = created.prepared.config.clone();
+        match created.spec.serial_target() {
+            SerialTarget::Null => cfg.serial = SerialOut::None,
+            SerialTarget::Tty => cfg.serial = SerialOut::Stdout,
+            SerialTarget::File(p) => cfg.serial = SerialOut::File(p),
+            SerialTarget::Pty => {
+                let pty = match &created.pty {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = Arc::new(
+                            Pty::open().map_err(|e| failed(format!("cannot open a pty: {e}")))?,
+                        );
+                        tracing::info!(vm = self.name, "console on {}", p.path().display());
+                        created.pty = Some(p.clone());
+                        p
+                    }
+                };
+                cfg.console_pty = Some(pty);
+            }
+        }
+        self.emit(Source::Vm, "booting");
+        let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
+        let metrics = match &created.prepared.metrics {
+            Some(listen) => Some(
+                crate::metrics::serve(listen, vm.shared())
+                    .map_err(|e| failed(format!("cannot serve metrics on {listen}: {e}")))?,
+            ),
+            None => None,
+        };
+        let vm = vm.start().map_err(|e| failed(e.to_string()))?;
+        slot.generation += 1;
+        let generation = slot.generation;
+        self.watch(vm.shared().clone(), generation);
+        slot.run = Run::Running {
+            vm: Box::new(vm),
+            generation,
+            _metrics: metrics,
+        };
+        self.emit(Source::Vm, "booted");
+        Ok(())
+    }
+
+    /// Starts the thread that notices the guest of boot `generation` stopping by itself.
+    fn watch(&self, shared: Arc<VmShared>, generation: u64) {
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vm-watch".into())
+            .spawn(move || loop {
+                if shared.wait_outcome(WATCH_TICK).is_some() {
+                    if let Some(state) = me.upgrade() {
+                        state.guest_stopped(generation);
+                    }
+                    return;
+                }
+                if me.strong_count() == 0 {
+                    return;
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the VM watcher (a guest power-off will show as running until vm.shutdown): {e}");
+        }
+    }
+
+    /// The guest of boot `generation` stopped by itself: finish its VM, keep the report.
+    fn guest_stopped(&self, generation: u64) {
+        let mut slot = lock(&self.slot);
+        let current = matches!(&slot.run, Run::Running { generation: g, .. } if *g == generation);
+        if !current {
+            return; // Stopped through the API meanwhile.
+        }
+        let Run::Running { vm, .. } = std::mem::replace(&mut slot.run, Run::Idle) else {
+            return;
+        };
+        let report = vm.finish(VmOutcome::ControlShutdown);
+        slot.retire_console_input();
+        tracing::info!(vm = self.name, "the guest stopped: {}", report.outcome);
+        slot.run = Run::Stopped(Box::new(report));
+        drop(slot);
+        self.emit(Source::Vm, "shutdown");
+    }
+
+    /// Stops a running VM (returns whether one was running).
+    fn stop_vm(&self, slot: &mut Slot) -> bool {
+        match std::mem::replace(&mut slot.run, Run::Idle) {
+            Run::Running { vm, .. } => {
+                let report = vm.finish(VmOutcome::ControlShutdown);
+                slot.retire_console_input();
+                tracing::info!(vm = self.name, "stopped: {}", report.outcome);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The running VM for `action`, or the error for the state it is in.
+    fn running<'a>(slot: &'a Slot, action: &'static str) -> Result<&'a RunningVm, ApiError> {
+        match (&slot.created, &slot.run) {
+            (None, _) => Err(ApiError::NotCreated { action }),
+            (_, Run::Running { vm, .. }) => Ok(vm),
+            (_, r) => Err(ApiError::wrong_state(action, state_of(r))),
+        }
+    }
+
+    /// `vm.pause`.
+    pub fn pause(&self) -> Result<(), ApiError> {
+        let slot = lock(&self.slot);
+        let vm = Self::running(&slot, "pause")?;
+        match state_of(&slot.run) {
+            VmState::Running => {}
+            s => return Err(ApiError::wrong_state("pause", s)),
+        }
+        self.emit(Source::Vm, "pausing");
+        vm.pause().map_err(|e| vm_error("pause", e))?;
+        self.emit(Source::Vm, "paused");
+        Ok(())
+    }
+
+    /// `vm.resume`.
+    pub fn resume(&self) -> Result<(), ApiError> {
+        let slot = lock(&self.slot);
+        let vm = Self::running(&slot, "resume")?;
+        match state_of(&slot.run) {
+            VmState::Paused => {}
+            s => return Err(ApiError::wrong_state("resume", s)),
+        }
+        self.emit(Source::Vm, "resuming");
+        vm.resume().map_err(|e| vm_error("resume", e))?;
+        self.emit(Source::Vm, "resumed");
+        Ok(())
+    }
+
+    /// `vm.shutdown`: the VM stops and can be booted again. A guest that already stopped by
+    /// itself is shut down already: that succeeds too.
+    pub fn shutdown(&self) -> Result<(), ApiError> {
+        let mut slot = lock(&self.slot);
+        match (&slot.created, &slot.run) {
+            (None, _) => Err(ApiError::NotCreated {
+                action: "shut down",
+            }),
+            (_, Run::Idle) => Err(ApiError::wrong_state("shut down", VmState::Created)),
+            (_, Run::Stopped(_)) => {
+                slot.run = Run::Idle;
+                Ok(())
+            }
+            (_, Run::Running { .. }) => {
+                self.stop_vm(&mut slot);
+                drop(slot);
+                self.emit(Source::Vm, "shutdown");
+                Ok(())
+            }
+        }
+    }
+
+    /// `vm.reboot`: a fresh VM from the same configuration.
+    pub fn reboot(&self) -> Result<(), ApiError> {
+        let mut slot = lock(&self.slot);
+        Self::running(&slot, "reboot")?;
+        self.emit(Source::Vm, "rebooting");
+        self.stop_vm(&mut slot);
+        self.start_vm(&mut slot).map_err(|e| match e {
+            ApiError::Failed { reason, .. } => ApiError::Failed {
+                action: "reboot",
+                reason,
+            },
+            other => other,
+        })?;
+        self.emit(Source::Vm, "rebooted");
+        Ok(())
+    }
+
+    /// `vm.delete`: stop the VM, if running, and forget it (also when none was created).
+    pub fn delete(&self) {
+        let mut slot = lock(&self.slot);
+        self.stop_vm(&mut slot);
+        let had = slot.created.take().is_some();
+        drop(slot);
+        if had {
+            self.emit(Source::Vm, "deleted");
+        }
+    }
+
+    /// `vm.info`.
+    pub fn info(&self) -> Result<Value, ApiError> {
+        let slot = lock(&self.slot);
+        let c = slot.created.as_ref().ok_or(ApiError::NotCreated {
+            action: "report the VM",
+        })?;
+        let pty = c.pty.as_ref().map(|p| p.path());
+        Ok(info::vm_info(&c.spec, pty, state_of(&slot.run)))
+    }
+
+    /// `vm.counters`.
+    pub fn counters(&self) -> Result<Counters, ApiError> {
+        let slot = lock(&self.slot);
+        if slot.created.is_none() {
+            return Err(ApiError::NotCreated {
+                action: "report counters",
+            });
+        }
+        Ok(match &slot.run {
+            Run::Idle => Counters::new(),
+            Run::Running { vm, .. } => {
+                super::counters::live(&vm.counters(), &vm.shared().pv.processes())
+            }
+            Run::Stopped(report) => super::counters::finished(report),
+        })
+    }
+
+    /// `vmm.shutdown`: stop the VM and let [`ApiState::wait_exit`] return.
+    pub fn request_exit(&self) {
+        {
+            let mut slot = lock(&self.slot);
+            self.stop_vm(&mut slot);
+        }
+        *lock(&self.exit) = true;
+        self.exit_cond.notify_all();
+    }
+
+    /// Blocks until `vmm.shutdown` (true) or `timeout` (false).
+    pub fn wait_exit(&self, timeout: Duration) -> bool {
+        let g = lock(&self.exit);
+        let (g, _) = self
+            .exit_cond
+            .wait_timeout_while(g, timeout, |e| !*e)
+            .unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+
+    /// Stops the VM, if any (the VMM is exiting).
+    pub fn stop(&self) {
+        let mut slot = lock(&self.slot);
+        if self.stop_vm(&mut slot) {
+            drop(slot);
+            self.emit(Source::Vm, "shutdown");
+        }
+    }
+
+    pub(super) fn emit_vmm(&self, event: &str) {
+        self.emit(Source::Vmm, event);
+    }
+}

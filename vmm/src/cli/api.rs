@@ -1,0 +1,306 @@
+//! `farvm api` (and farvm started as `cloud-hypervisor --api-socket ...`, as libvirt's ch driver
+//! starts it): serve the Cloud-Hypervisor-compatible API for one VM until `vmm.shutdown` or
+//! SIGTERM.
+//!
+//! The VM's name comes from the socket: libvirt binds `<stateDir>/<name>-socket` and passes the
+//! listening fd, so the name is read back from the fd's address. Each `vm.create` loads the host
+//! config (`/etc/farvm/farvm.toml` or `$FARVM_CONFIG`) and applies the domain's
+//! `[domain."NAME"]` section or `[defaults]`: that is how VMs started by libvirt get their
+//! remote-memory settings, since libvirt's ch driver passes no `<metadata>`.
+
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::{ArgAction, Args, Parser};
+use farvm_chapi::{ApiError, CreateSpec};
+use farvm_httpd::{HttpError, Listen};
+use farvm_vmconfig::{merge, HostConfig};
+use farvm_vmm::api::{ApiServer, EventMonitor, Prepared, VmFactory};
+use farvm_vmm::{exit_code, signals};
+
+use super::Failure;
+
+pub const API_ABOUT: &str = "\
+Serve Cloud Hypervisor's REST API (the part libvirt uses) for one VM.
+
+libvirt's Cloud Hypervisor driver (virtchd) starts its VMM as `cloud-hypervisor --api-socket
+fd=N`: put farvm on its PATH under that name (or name it in the domain's <emulator>) and
+libvirt runs farvm VMs. `farvm api` is the same server under farvm's own name.
+
+The API (HTTP/1.1, base /api/v1/): PUT vm.create (Cloud Hypervisor's VmConfig JSON: cpus,
+memory, kernel, cmdline, initramfs, console, serial; devices farvm does not have are refused
+with 400), PUT vm.boot, GET vm.info, GET vm.counters (exits, paging, guest processes), PUT
+vm.pause, vm.resume, vm.shutdown, vm.reboot, vm.delete, GET vmm.ping, PUT vmm.shutdown (stops
+the VM and exits). Errors are Cloud Hypervisor's: 400 bad request or configuration, 404 no VM
+created, 405 wrong state, 500 host failure, with a JSON array of messages.
+
+A console or serial port in mode Pty is a pseudo-terminal connected to the VM's 16550 UART;
+vm.info reports its path as `file`.
+
+REMOTE MEMORY
+The VM's name is taken from the socket (libvirt binds <stateDir>/<name>-socket; a path ending
+in .sock works too) unless --name is given. Each vm.create reads the host config
+(/etc/farvm/farvm.toml, or the file $FARVM_CONFIG names) and applies its [domain.\"NAME\"]
+section, else its [defaults], else farvm's defaults (embedded memory server, 50% local).
+
+EXAMPLES
+  farvm api --api-socket path=/run/farvm/web-1.sock
+  curl --unix-socket /run/farvm/web-1.sock -X PUT http://localhost/api/v1/vm.create \\
+       -d '{\"cpus\":{\"boot_vcpus\":1,\"max_vcpus\":1},\"memory\":{\"size\":268435456},
+            \"kernel\":{\"path\":\"/var/lib/farvm/farvm-testguest.elf\"},
+            \"cmdline\":{\"args\":\"farvm.workload=seq:ws=64M\"}}'
+  curl --unix-socket /run/farvm/web-1.sock -X PUT http://localhost/api/v1/vm.boot
+
+EXIT STATUS
+  0        vmm.shutdown
+  64       bad arguments
+  71       the socket cannot be served
+  130/143  SIGINT/SIGTERM (the VM was stopped first)";
+
+/// Where events go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventTarget {
+    Path(PathBuf),
+    Fd(RawFd),
+}
+
+#[derive(Args, Debug)]
+pub struct ApiArgs {
+    /// The API socket: fd=N (a listening Unix socket handed over, as libvirt does) or
+    /// path=PATH (farvm binds it; a bare PATH works too).
+    #[arg(long, value_name = "fd=N|path=PATH", value_parser = parse_api_socket)]
+    pub api_socket: Listen,
+
+    /// Write lifecycle events (booted, paused, shutdown ...) here as JSON records, as Cloud
+    /// Hypervisor does: path=PATH (a file or FIFO) or fd=N.
+    #[arg(long, value_name = "path=PATH|fd=N", value_parser = parse_event_monitor)]
+    pub event_monitor: Option<EventTarget>,
+
+    /// The VM's name [default: from the socket's file name].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// More log output on stderr (-v info, -vv debug, -vvv trace; FARVM_LOG overrides).
+    #[arg(short = 'v', action = ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// farvm's command line under the name `cloud-hypervisor`.
+#[derive(Parser, Debug)]
+#[command(name = "cloud-hypervisor", about = "farvm answering as Cloud Hypervisor (the API server of `farvm api`)", long_about = API_ABOUT)]
+struct CloudHypervisorCli {
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+fn parse_api_socket(s: &str) -> Result<Listen, String> {
+    if let Some(fd) = s.strip_prefix("fd=") {
+        return fd
+            .parse::<RawFd>()
+            .ok()
+            .filter(|&fd| fd >= 0)
+            .map(Listen::Fd)
+            .ok_or_else(|| format!("`{s}`: fd= takes a file descriptor number"));
+    }
+    let path = s.strip_prefix("path=").unwrap_or(s);
+    if path.is_empty() || path.contains(',') || path.contains('=') {
+        return Err(format!("`{s}`: expected fd=N or path=PATH"));
+    }
+    Ok(Listen::Unix(PathBuf::from(path)))
+}
+
+fn parse_event_monitor(s: &str) -> Result<EventTarget, String> {
+    if let Some(fd) = s.strip_prefix("fd=") {
+        return fd
+            .parse::<RawFd>()
+            .ok()
+            .filter(|&fd| fd >= 0)
+            .map(EventTarget::Fd)
+            .ok_or_else(|| format!("`{s}`: fd= takes a file descriptor number"));
+    }
+    match s.strip_prefix("path=") {
+        Some(p) if !p.is_empty() => Ok(EventTarget::Path(PathBuf::from(p))),
+        _ => Err(format!("`{s}`: expected path=PATH or fd=N")),
+    }
+}
+
+/// The VM name a socket path stands for: `NAME-socket` (libvirt's), `NAME.sock`, `NAME.socket`.
+pub fn name_from_socket(path: &Path) -> Option<String> {
+    let file = path.file_name()?.to_str()?;
+    let name = ["-socket", ".socket", ".sock"]
+        .iter()
+        .find_map(|suffix| file.strip_suffix(suffix))?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Turns `vm.create` bodies into VMs through the host config and `farvm run`'s translation.
+struct HostFactory;
+
+impl VmFactory for HostFactory {
+    fn prepare(&self, name: &str, spec: &CreateSpec) -> Result<Prepared, ApiError> {
+        let host = HostConfig::load_default().map_err(|e| ApiError::Failed {
+            action: "create",
+            reason: format!("the host config: {e}"),
+        })?;
+        let settings = merge(&spec.to_domain(name), &host);
+        let args =
+            super::domain::run_args(&settings).map_err(|f| ApiError::BadConfig(f.message))?;
+        let config = super::run::build_config(&args).map_err(|f| match f.code {
+            exit_code::HOST_ERROR => ApiError::Failed {
+                action: "create",
+                reason: f.message,
+            },
+            _ => ApiError::BadConfig(f.message),
+        })?;
+        let file = host
+            .path
+            .as_ref()
+            .map_or("built-in defaults".into(), |p| p.display().to_string());
+        let section = if host.domains.contains_key(name) {
+            format!("[domain.\"{name}\"]")
+        } else {
+            "[defaults]".into()
+        };
+        let remote = match &config.remote {
+            None => "all RAM local".to_string(),
+            Some(r) => format!(
+                "remote memory, local {}, prefetcher {}, {}",
+                args.local_memory,
+                r.prefetcher,
+                if r.servers.is_empty() {
+                    "embedded memory server".to_string()
+                } else {
+                    format!("{} memory server(s)", r.servers.len())
+                }
+            ),
+        };
+        Ok(Prepared {
+            metrics: args.metrics.map(Listen::Tcp),
+            notes: vec![format!("host config {file}, section {section}: {remote}")],
+            config,
+        })
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let filter = std::env::var("FARVM_LOG").unwrap_or_else(|_| {
+        match verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+        .into()
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the API server until `vmm.shutdown` or a termination signal; returns the exit status.
+pub fn run(a: ApiArgs) -> Result<i32> {
+    let usage = |m: String| Failure::new(exit_code::USAGE, m);
+    let host = |m: String| Failure::new(exit_code::HOST_ERROR, m);
+    signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
+    let name = match &a.name {
+        Some(n) => n.clone(),
+        None => a
+            .api_socket
+            .unix_path()
+            .as_deref()
+            .and_then(name_from_socket)
+            .unwrap_or_else(|| format!("farvm-{}", std::process::id())),
+    };
+    if name.is_empty() || name.contains('/') {
+        return Err(usage(format!(
+            "invalid VM name `{name}`: must be non-empty and contain no `/`"
+        ))
+        .into());
+    }
+    let events = match &a.event_monitor {
+        None => None,
+        Some(EventTarget::Path(p)) => Some(EventMonitor::open(p).map_err(|e| {
+            host(format!(
+                "cannot open the event monitor {}: {e}",
+                p.display()
+            ))
+        })?),
+        // SAFETY: the fd was handed to this process on its command line for this purpose;
+        // nothing else in the process uses it.
+        Some(EventTarget::Fd(fd)) => Some(
+            unsafe { EventMonitor::from_fd(*fd) }
+                .map_err(|e| host(format!("cannot use event monitor fd {fd}: {e}")))?,
+        ),
+    };
+    let server = ApiServer::start(&a.api_socket, name.clone(), Box::new(HostFactory), events)
+        .map_err(|e| match e {
+            HttpError::NotAListener { .. } | HttpError::BadListen(_) => usage(e.to_string()),
+            other => host(other.to_string()),
+        })?;
+    tracing::info!(
+        vm = name,
+        "API server on {}",
+        server.addr().map(|a| a.to_string()).unwrap_or_default()
+    );
+    let by_request = server.wait(true);
+    server.shutdown();
+    Ok(match (by_request, signals::termination_requested()) {
+        (true, _) | (false, None) => exit_code::OK,
+        (false, Some(sig)) => 128 + sig,
+    })
+}
+
+/// `cloud-hypervisor ARGS` (not `--version`, which `cloud_hypervisor::answer` handles): parses
+/// them as the API server's options and runs it.
+pub fn run_as_cloud_hypervisor(args: &[std::ffi::OsString]) -> i32 {
+    let cli: CloudHypervisorCli = exit_code::parse_args_from(args.iter().cloned());
+    init_logging(cli.api.verbose);
+    match run(cli.api) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("cloud-hypervisor (farvm): error: {err:#}");
+            err.downcast_ref::<Failure>().map_or(1, |f| f.code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_and_event_monitor_syntax() {
+        assert_eq!(parse_api_socket("fd=15"), Ok(Listen::Fd(15)));
+        assert_eq!(
+            parse_api_socket("path=/run/x.sock"),
+            Ok(Listen::Unix("/run/x.sock".into()))
+        );
+        assert_eq!(
+            parse_api_socket("/run/x.sock"),
+            Ok(Listen::Unix("/run/x.sock".into()))
+        );
+        for bad in ["fd=", "fd=x", "fd=-1", "path=", "", "path=/a,fd=3"] {
+            assert!(parse_api_socket(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_event_monitor("path=/run/ev"),
+            Ok(EventTarget::Path("/run/ev".into()))
+        );
+        assert_eq!(parse_event_monitor("fd=4"), Ok(EventTarget::Fd(4)));
+        assert!(parse_event_monitor("/run/ev").is_err());
+    }
+
+    #[test]
+    fn names_come_from_libvirts_socket_names() {
+        let n = |p: &str| name_from_socket(Path::new(p));
+        assert_eq!(
+            n("/run/user/0/libvirt/ch/run/web-1-socket").as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(n("/run/farvm/db.sock").as_deref(), Some("db"));
+        assert_eq!(n("/run/farvm/-socket"), None);
+        assert_eq!(n("/run/farvm/api"), None);
+    }
+}

@@ -1,0 +1,366 @@
+//! A VM's membership in a memory pool (`farvm run --pool ENDPOINTS`): admission through the
+//! pool's rack-aware placement, the VM's record and placement under its own lease, the
+//! follower thread that carries out the moves the operator asks for (drain, rebalance) while
+//! the VM runs, and the release at exit that has the memory servers drop the VM's pages.
+//!
+//! The data path never waits on etcd: admission happens before the guest starts; afterwards
+//! the lease is kept alive by the pool library's own runtime and moves are made by the
+//! follower thread, which copies slabs through the memserver client like a re-replication.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use farvm_memclient::{Client, RelocateError};
+use farvm_memproto::PROTOCOL_VERSION;
+use farvm_pool::{
+    AdmissionRequest, Directory, DirectoryConfig, PoolError, RegistrationState, ServerHealth,
+    ServerId, VmId, VmRegistration,
+};
+
+use super::setup::RemoteError;
+
+/// Where the pool is and how a VM joins it.
+#[derive(Clone, Debug)]
+pub struct PoolSpec {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// Key prefix of the pool.
+    pub prefix: String,
+    /// This host's name in the pool (informative: `farvm pool status` groups VMs by it).
+    pub host: String,
+    /// Slab size: the unit of placement (and of the client's replica sets).
+    pub slab_bytes: u64,
+    /// The VM's lease TTL: its namespaces are collected this long (plus the servers' grace)
+    /// after the VMM dies.
+    pub lease_ttl: Duration,
+    /// How long to wait for etcd at start before giving up.
+    pub wait: Duration,
+}
+
+impl PoolSpec {
+    /// Defaults for these endpoints: 1 GiB slabs, a 10 s lease, waiting up to 5 minutes for
+    /// etcd, the host name from the kernel.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            prefix: farvm_pool::keys::DEFAULT_PREFIX.to_owned(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".to_owned()),
+            slab_bytes: 1 << 30,
+            lease_ttl: Duration::from_secs(10),
+            wait: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What admission gave the VM.
+#[derive(Clone, Debug)]
+pub struct PoolAdmission {
+    /// The VM instance's id in the pool.
+    pub vm: VmId,
+    /// Its namespace on the memory servers.
+    pub namespace: u64,
+    /// The servers the client connects to: those of the placement first, then every other
+    /// server in service (targets of moves and of writes that find a server full).
+    pub servers: Vec<SocketAddr>,
+    /// Per pool slab, its replica servers as indices into `servers`.
+    pub homes: Vec<Vec<u16>>,
+    /// Replicas per slab.
+    pub replication: usize,
+}
+
+/// The VM's membership. Dropping it without [`PoolVm::release`] revokes the lease and leaves
+/// the namespaces to the servers' garbage collectors.
+pub struct PoolVm {
+    dir: Directory,
+    reg: Option<VmRegistration>,
+    vm: VmId,
+    servers: Vec<(ServerId, SocketAddr)>,
+    slabs: u32,
+    stop: Arc<AtomicBool>,
+    follower: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for PoolVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolVm").field("vm", &self.vm).finish()
+    }
+}
+
+fn pool_err(e: PoolError) -> RemoteError {
+    RemoteError::Pool(e.to_string())
+}
+
+/// Runs `f` until it does not fail with "etcd unreachable", for up to `wait`, saying why it
+/// waits (once, then every 30 s).
+fn patiently<T>(
+    what: &str,
+    wait: Duration,
+    mut f: impl FnMut() -> Result<T, PoolError>,
+) -> Result<T, PoolError> {
+    let deadline = Instant::now() + wait;
+    let mut next_note = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.is_unreachable() && Instant::now() < deadline => {
+                if Instant::now() >= next_note {
+                    tracing::warn!("memory pool: {what}: {e}");
+                    eprintln!(
+                        "farvm: memory pool: {what}: {e} (waiting up to {} s)",
+                        wait.as_secs()
+                    );
+                    next_note = Instant::now() + Duration::from_secs(30);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+impl PoolVm {
+    /// Admits a VM of `guest_ram` bytes keeping `local_budget` resident, with `replication`
+    /// replicas per slab (default 2), waiting for etcd while it does not answer.
+    pub fn admit(
+        spec: &PoolSpec,
+        name: &str,
+        guest_ram: u64,
+        local_budget: u64,
+        replication: Option<usize>,
+    ) -> Result<(Self, PoolAdmission), RemoteError> {
+        let r = replication.unwrap_or(2);
+        if r == 0 || r > farvm_memclient::MAX_REPLICAS {
+            return Err(RemoteError::Config(format!(
+                "--replicas {r}: between 1 and {} with a pool",
+                farvm_memclient::MAX_REPLICAS
+            )));
+        }
+        let mut cfg = DirectoryConfig::new(spec.endpoints.clone());
+        cfg.prefix = spec.prefix.clone();
+        let dir = Directory::connect(cfg).map_err(pool_err)?;
+        let req = AdmissionRequest {
+            vm: VmId::random(),
+            name: name.to_owned(),
+            host: spec.host.clone(),
+            guest_ram_bytes: guest_ram,
+            local_budget_bytes: local_budget.min(guest_ram),
+            replication: r as u8,
+            slab_bytes: spec.slab_bytes,
+            min_wire_version: PROTOCOL_VERSION,
+        };
+        let reg = patiently("admitting the VM", spec.wait, || {
+            dir.admit_vm(&req, spec.lease_ttl)
+        })
+        .map_err(pool_err)?;
+        let view = match patiently("reading the pool", spec.wait, || dir.view()) {
+            Ok(v) => v,
+            Err(e) => {
+                reg.deregister();
+                return Err(pool_err(e));
+            }
+        };
+        let mut servers: Vec<(ServerId, SocketAddr)> = Vec::new();
+        let mut add = |id: &ServerId| {
+            if let Some(rec) = view.servers.get(id) {
+                if !servers.iter().any(|(s, _)| s == id) {
+                    servers.push((id.clone(), rec.address));
+                }
+            }
+        };
+        for id in reg.placement().servers() {
+            add(&id);
+        }
+        for (id, rec) in &view.servers {
+            if rec.health == ServerHealth::Up && rec.wire_version >= PROTOCOL_VERSION {
+                add(id);
+            }
+        }
+        if servers.len() > 64 {
+            servers.truncate(64.max(reg.placement().servers().len()));
+        }
+        let homes = reg
+            .placement()
+            .slabs
+            .iter()
+            .map(|s| {
+                s.replicas
+                    .iter()
+                    .filter_map(|id| servers.iter().position(|(x, _)| x == id))
+                    .map(|i| i as u16)
+                    .collect()
+            })
+            .collect();
+        let admission = PoolAdmission {
+            vm: req.vm,
+            namespace: req.vm.namespace(),
+            servers: servers.iter().map(|(_, a)| *a).collect(),
+            homes,
+            replication: r.min(servers.len().max(1)),
+        };
+        tracing::info!(vm = %req.vm, name, servers = servers.len(), slabs = reg.placement().slabs.len(), "admitted to the memory pool");
+        let slabs = reg.record().slabs;
+        Ok((
+            Self {
+                dir,
+                reg: Some(reg),
+                vm: req.vm,
+                servers,
+                slabs,
+                stop: Arc::new(AtomicBool::new(false)),
+                follower: None,
+            },
+            admission,
+        ))
+    }
+
+    /// The VM instance's id.
+    pub fn vm(&self) -> VmId {
+        self.vm
+    }
+
+    /// Whether the lease is alive (see [`RegistrationState`]).
+    pub fn state(&self) -> RegistrationState {
+        self.reg
+            .as_ref()
+            .map_or(RegistrationState::Stopped, |r| r.state())
+    }
+
+    /// Starts the follower thread: it marks draining servers in the client (they take no new
+    /// slab) and carries out the moves requested for this VM, while the VM runs.
+    pub fn follow(&mut self, client: Weak<Client>) {
+        let follower = Follower {
+            dir: self.dir.clone(),
+            vm: self.vm,
+            ns: self.vm.namespace(),
+            slabs: self.slabs.max(1) as u64,
+            servers: self.servers.iter().cloned().collect(),
+            client,
+            stop: self.stop.clone(),
+        };
+        match std::thread::Builder::new()
+            .name("farvm-pool".into())
+            .spawn(move || follower.run())
+        {
+            Ok(h) => self.follower = Some(h),
+            Err(e) => tracing::warn!("cannot start the pool follower thread: {e}"),
+        }
+    }
+
+    fn stop_follower(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.follower.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// The clean exit (call once the VM's client is closed): releases the placement, so the
+    /// memory servers drop the VM's namespace at once, and waits up to `wait` for them.
+    /// Returns whether every server dropped it. If etcd does not answer, the lease expires
+    /// and the servers collect the namespace then.
+    pub fn release(mut self, wait: Duration) -> bool {
+        self.stop_follower();
+        let Some(reg) = self.reg.take() else {
+            return false;
+        };
+        let vm = self.vm;
+        if let Err(e) = reg.release() {
+            tracing::warn!(%vm, "memory pool: cannot release the VM ({e}); its namespace is collected when its lease expires");
+            return false;
+        }
+        match self.dir.wait_reclaimed(vm, wait) {
+            Ok(true) => {
+                tracing::info!(%vm, "memory pool: namespace dropped on every server");
+                true
+            }
+            Ok(false) => {
+                tracing::warn!(%vm, "memory pool: some servers have not dropped the namespace yet (they will when they collect)");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(%vm, "memory pool: {e}");
+                false
+            }
+        }
+    }
+}
+
+impl Drop for PoolVm {
+    fn drop(&mut self) {
+        self.stop_follower();
+    }
+}
+
+/// Carries out the moves the pool asks of this VM.
+struct Follower {
+    dir: Directory,
+    vm: VmId,
+    ns: u64,
+    slabs: u64,
+    servers: BTreeMap<ServerId, SocketAddr>,
+    client: Weak<Client>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Follower {
+    fn run(self) {
+        let mut watch = self.dir.watch();
+        let mut lost_noted = false;
+        while !self.stop.load(Ordering::Acquire) {
+            let view = watch
+                .wait_newer(Duration::from_millis(500))
+                .unwrap_or_else(|| watch.latest());
+            if view.revision == 0 {
+                continue; // no view yet (etcd not answering)
+            }
+            let Some(client) = self.client.upgrade() else {
+                return;
+            };
+            for (id, addr) in &self.servers {
+                let draining = view
+                    .servers
+                    .get(id)
+                    .is_some_and(|s| s.health == ServerHealth::Draining);
+                let _ = client.set_draining(*addr, draining);
+            }
+            if !lost_noted
+                && !view.vms.contains_key(&self.vm)
+                && view.vm_slabs(self.vm).next().is_none()
+            {
+                // Reclaimed during an etcd outage longer than the lease and the grace.
+                lost_noted = true;
+                tracing::error!(vm = %self.vm, "memory pool: this VM's placement was reclaimed; its remote pages are gone");
+            }
+            for m in view.move_requests.values().filter(|m| m.slab.vm == self.vm) {
+                if self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let (Some(&from), Some(&to)) = (self.servers.get(&m.from), self.servers.get(&m.to))
+                else {
+                    tracing::warn!(%m, "memory pool: a move to or from a server this VM is not connected to; declined");
+                    let _ = self.dir.drop_move_request(&m.slab);
+                    continue;
+                };
+                let j = m.slab.index as u64;
+                let n = self.slabs;
+                match client.move_replicas(self.ns, from, to, &|k| k % n == j) {
+                    Ok(moved) => {
+                        tracing::info!(%m, client_slabs = moved, "memory pool: replica moved");
+                        if let Err(e) = self.dir.complete_move(m) {
+                            tracing::warn!(%m, "memory pool: committing the move: {e}");
+                        }
+                    }
+                    Err(RelocateError::Busy { .. }) => {} // next round
+                    Err(e) => {
+                        tracing::warn!(%m, "memory pool: move failed: {e}");
+                        let _ = self.dir.drop_move_request(&m.slab);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The Cloud-Hypervisor-compatible API server (`farvm api`, the same code libvirt runs as
+//! `cloud-hypervisor --api-socket fd=N`), driven over its Unix socket as libvirt drives it:
+//! Cloud Hypervisor's status codes and error bodies in every wrong state, a pty console whose
+//! path vm.info reports and on which the test guest prints its results, pause/resume, the
+//! host config's per-domain section and defaults, shutdown/reboot/delete, vmm.shutdown and
+//! SIGTERM.
+
+mod common;
+#[path = "common/guest_console.rs"]
+mod guest_console;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kvm_available;
+use farvm_httpd::client::{request, Response};
+use farvm_httpd::BoundAddr;
+use serde_json::{json, Value};
+
+fn scratch_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("farvm-api-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A `farvm api` process on `dir/<name>.sock`, with `config` as its host config.
+struct Api {
+    child: Child,
+    addr: BoundAddr,
+    sock: PathBuf,
+}
+
+impl Api {
+    fn start(dir: &Path, name: &str, config: &Path) -> Api {
+        let sock = dir.join(format!("{name}.sock"));
+        let child = Command::new(env!("CARGO_BIN_EXE_farvm"))
+            .args(["api", "--api-socket", &format!("path={}", sock.display())])
+            .env("FARVM_CONFIG", config)
+            .env("FARVM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+            .spawn()
+            .expect("spawn farvm api");
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "no API socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Api {
+            child,
+            addr: BoundAddr::Unix(sock.clone()),
+            sock,
+        }
+    }
+
+    fn call(&self, method: &str, endpoint: &str, body: Option<&Value>) -> Response {
+        let body = body.map(|b| b.to_string());
+        request(
+            &self.addr,
+            method,
+            &format!("/api/v1/{endpoint}"),
+            body.as_deref().map(str::as_bytes),
+        )
+        .unwrap_or_else(|e| panic!("{method} {endpoint}: {e}"))
+    }
+
+    /// `PUT endpoint` must answer `status`; returns the body.
+    fn put(&self, endpoint: &str, body: Option<&Value>, status: u16) -> String {
+        let r = self.call("PUT", endpoint, body);
+        assert_eq!(r.status, status, "PUT {endpoint}: {}", r.body);
+        r.body
+    }
+
+    fn get(&self, endpoint: &str) -> (u16, Value) {
+        let r = self.call("GET", endpoint, None);
+        (
+            r.status,
+            serde_json::from_str(&r.body).unwrap_or(Value::Null),
+        )
+    }
+
+    fn state(&self) -> String {
+        let (s, v) = self.get("vm.info");
+        assert_eq!(s, 200, "{v}");
+        v["state"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn wait_state(&self, want: &str, timeout: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let s = self.state();
+            if s == want {
+                return;
+            }
+            assert!(t0.elapsed() < timeout, "state {s}, never {want}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Cloud Hypervisor's error body: a JSON array of messages.
+fn error_messages(body: &str) -> Vec<String> {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("error body {body:?}: {e}"))
+}
+
+fn export_guest(dir: &Path) -> PathBuf {
+    let kernel = dir.join("farvm-testguest.elf");
+    std::fs::write(&kernel, farvm_vmm::builtin::test_guest_elf()).unwrap();
+    kernel
+}
+
+fn create_body(kernel: &Path, workloads: &[&str], memory: u64) -> Value {
+    let cmdline: Vec<String> = workloads
+        .iter()
+        .map(|w| format!("farvm.workload={w}"))
+        .collect();
+    // What libvirt 9.0 sends for a domain with <console type='pty'><target type='virtio'/>.
+    json!({
+        "console": {"mode": "Pty"},
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": memory},
+        "kernel": {"path": kernel},
+        "cmdline": {"args": cmdline.join(" ")},
+    })
+}
+
+#[test]
+fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("life");
+    let kernel = export_guest(&dir);
+    let config = dir.join("farvm.toml");
+    std::fs::write(
+        &config,
+        "[defaults]\nlocal_only = true\n\n[domain.\"web-1\"]\nlocal_only = false\nlocal_memory = \"25%\"\n",
+    )
+    .unwrap();
+    let api = Api::start(&dir, "web-1", &config);
+
+    let (s, ping) = api.get("vmm.ping");
+    assert_eq!(
+        (s, ping["version"].as_str()),
+        (200, Some("27.0.0")),
+        "{ping}"
+    );
+    // Nothing created yet: 404 with Cloud Hypervisor's error body.
+    let (s, _) = api.get("vm.info");
+    assert_eq!(s, 404);
+    for e in [
+        "vm.boot",
+        "vm.pause",
+        "vm.resume",
+        "vm.shutdown",
+        "vm.reboot",
+    ] {
+        let m = error_messages(&api.put(e, None, 404));
+        assert!(
+            m.iter().any(|m| m.contains("no VM is created")),
+            "{e}: {m:?}"
+        );
+    }
+    api.put("vm.delete", None, 204);
+    // Unknown endpoint, wrong method.
+    assert_eq!(api.call("GET", "vm.snapshot", None).status, 404);
+    assert_eq!(api.call("PUT", "vm.info", None).status, 400);
+    assert_eq!(api.call("GET", "vm.boot", None).status, 400);
+    // What farvm cannot do is refused, naming the field.
+    let mut with_disk = create_body(&kernel, &["seq:ws=8M"], 64 << 20);
+    with_disk["disks"] = json!([{"path": "/var/lib/disk.img"}]);
+    let m = error_messages(&api.put("vm.create", Some(&with_disk), 400));
+    assert!(m.iter().any(|m| m.contains("`disks`")), "{m:?}");
+    let m = error_messages(&api.put("vm.create", None, 400));
+    assert!(m.iter().any(|m| m.contains("JSON body")), "{m:?}");
+    let missing = create_body(&dir.join("no-such-kernel"), &[], 64 << 20);
+    let m = error_messages(&api.put("vm.create", Some(&missing), 400));
+    assert!(m.iter().any(|m| m.contains("no-such-kernel")), "{m:?}");
+    assert_eq!(
+        api.get("vm.info").0,
+        404,
+        "a refused create creates nothing"
+    );
+
+    // Long enough to pause it mid-run (remote memory at 25% local: the host config's section).
+    let workloads = ["seq:ws=32M,passes=40"];
+    let body = create_body(&kernel, &workloads, 128 << 20);
+    api.put("vm.create", Some(&body), 204);
+    let m = error_messages(&api.put("vm.create", Some(&body), 405));
+    assert!(m.iter().any(|m| m.contains("already created")), "{m:?}");
+    assert_eq!(api.state(), "Created");
+    api.put("vm.pause", None, 405);
+    api.put("vm.resume", None, 405);
+    api.put("vm.shutdown", None, 405);
+
+    api.put("vm.boot", None, 204);
+    let (_, info) = api.get("vm.info");
+    assert_eq!(info["state"], "Running", "{info}");
+    assert_eq!(info["config"]["memory"]["size"], 128 << 20);
+    assert_eq!(info["memory_actual_size"], 128 << 20);
+    let pty = PathBuf::from(
+        info["config"]["console"]["file"]
+            .as_str()
+            .expect("pty path"),
+    );
+    assert!(pty.starts_with("/dev/pts"), "{info}");
+    let console = guest_console::read_pty(&pty);
+    api.put("vm.boot", None, 405);
+    api.put("vm.resume", None, 405);
+
+    api.put("vm.pause", None, 204);
+    assert_eq!(api.state(), "Paused");
+    api.put("vm.pause", None, 405);
+    let (s, counters) = api.get("vm.counters");
+    assert_eq!(s, 200, "{counters}");
+    let paging = &counters["paging"];
+    assert_eq!(
+        paging["budget_pages"].as_u64().unwrap() * 4,
+        paging["total_pages"].as_u64().unwrap(),
+        "the domain's section gives 25% local: {paging}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    api.put("vm.resume", None, 204);
+    assert_eq!(api.state(), "Running");
+
+    // The guest prints its results on the pty and powers off by itself.
+    let text = guest_console::console_until_poweroff(&console, Duration::from_secs(300));
+    let (procs, end) = guest_console::parse(&text);
+    assert_eq!(end, Some((1, 0, 0)), "{text}");
+    for l in guest_console::check_against_native(&workloads, 1, &procs) {
+        eprintln!("{l}");
+    }
+    api.wait_state("Shutdown", Duration::from_secs(30));
+    let (_, counters) = api.get("vm.counters");
+    assert_eq!(
+        counters["process.1"]["checksum"].as_u64(),
+        Some(procs[0].checksum),
+        "{counters}"
+    );
+    assert!(
+        counters["paging"]["counters.demand_faults"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    api.put("vm.pause", None, 405);
+    // A guest that powered off is shut down already; then the VM is Created again.
+    api.put("vm.shutdown", None, 204);
+    assert_eq!(api.state(), "Created");
+
+    // Boot a fresh VM from the same configuration; reboot it; the pty stays the same.
+    api.put("vm.boot", None, 204);
+    api.put("vm.reboot", None, 204);
+    let (_, info) = api.get("vm.info");
+    assert_eq!(info["state"], "Running");
+    assert_eq!(info["config"]["console"]["file"], pty.to_str().unwrap());
+    api.put("vm.shutdown", None, 204);
+    assert_eq!(api.state(), "Created");
+    api.put("vm.delete", None, 204);
+    assert_eq!(api.get("vm.info").0, 404);
+
+    // vmm.shutdown ends the process, which removes the socket it bound.
+    let mut api = api;
+    api.put("vmm.shutdown", None, 204);
+    let status = api.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!api.sock.exists(), "socket left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_domain_without_a_section_gets_the_defaults_and_sigterm_stops_it() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("defaults");
+    let kernel = export_guest(&dir);
+    let config = dir.join("farvm.toml");
+    std::fs::write(
+        &config,
+        "[defaults]\nlocal_only = true\n\n[domain.\"other\"]\nlocal_memory = \"25%\"\n",
+    )
+    .unwrap();
+    let mut api = Api::start(&dir, "plain", &config);
+    let body = create_body(&kernel, &["seq:ws=32M,passes=1000"], 128 << 20);
+    api.put("vm.create", Some(&body), 204);
+    api.put("vm.boot", None, 204);
+    let (_, counters) = api.get("vm.counters");
+    assert!(
+        counters.get("paging").is_none(),
+        "[defaults] keeps all RAM local: {counters}"
+    );
+    assert!(counters["vm"]["uptime_ms"].is_u64(), "{counters}");
+    // SIGTERM (what libvirt's destroy sends first) stops the VM and the process.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(api.child.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = api.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "SIGTERM ignored");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert!(!api.sock.exists(), "socket left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

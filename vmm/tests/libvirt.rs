@@ -1,0 +1,380 @@
+//! farvm under real libvirt: `scripts/libvirt-ch.sh` starts libvirt's Cloud Hypervisor driver
+//! (virtchd, an unprivileged per-user daemon) with this build's `farvm` on its PATH as
+//! `cloud-hypervisor`, and `virsh` drives domains booting the test guest on remote memory (the
+//! embedded memory server, 25% local from the host config's per-domain section):
+//! define → start → list → dominfo → suspend (the VM's metrics show it paused at 25% local) →
+//! resume → the guest prints the native checksum on the pty libvirt reports, and vm.counters on
+//! the socket libvirt bound shows it and the demand faults → shutdown ("in
+//! shutdown": libvirt 9.0 waits for a destroy) → destroy; a second domain running at the same time is destroyed mid-run and leaves no process or
+//! socket behind.
+//!
+//! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, a few
+//! minutes; `.ci/run` does it when the cache is missing): without it this test fails saying so.
+
+mod common;
+#[path = "common/guest_console.rs"]
+mod guest_console;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{alive, kvm_available, memserver_children};
+use farvm_httpd::client::get;
+use farvm_httpd::BoundAddr;
+
+/// How long the guest may take to finish its workload on remote memory.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn script() -> PathBuf {
+    repo_root().join("scripts/libvirt-ch.sh")
+}
+
+/// The build cache scripts/libvirt-ch.sh uses; panics when libvirt is not built there.
+fn require_libvirt_built() {
+    let cache = std::env::var_os("FARVM_LIBVIRT_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/farvm/libvirt-ch")
+        });
+    assert!(
+        cache.join("built.stamp").is_file(),
+        "libvirt with the Cloud Hypervisor driver is not built in {}: run `scripts/libvirt-ch.sh \
+         build` once (about 4 minutes; .ci/run does it when the cache is missing)",
+        cache.display()
+    );
+}
+
+/// A virtchd started by scripts/libvirt-ch.sh for this test alone; stopped on drop (which
+/// destroys the domains still running).
+struct Libvirt {
+    state: PathBuf,
+    config: PathBuf,
+}
+
+impl Libvirt {
+    fn script(&self, args: &[&str]) -> Output {
+        Command::new("bash")
+            .arg(script())
+            .args(args)
+            .env("FARVM_LIBVIRT_STATE", &self.state)
+            .env("FARVM_BIN", env!("CARGO_BIN_EXE_farvm"))
+            .env("FARVM_CONFIG", &self.config)
+            .env("FARVM_LOG", "info")
+            .output()
+            .expect("run scripts/libvirt-ch.sh")
+    }
+
+    fn start(dir: &Path, config: &Path) -> Libvirt {
+        let lv = Libvirt {
+            state: dir.join("libvirt-session"),
+            config: config.to_path_buf(),
+        };
+        let out = lv.script(&["start"]);
+        assert!(
+            out.status.success(),
+            "scripts/libvirt-ch.sh start: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lv
+    }
+
+    /// `virsh ARGS`, which must succeed; its stdout.
+    fn virsh(&self, args: &[&str]) -> String {
+        let out = self.script(&[&["virsh"], args].concat());
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!("$ virsh {}\n{}", args.join(" "), stdout.trim_end());
+        assert!(
+            out.status.success(),
+            "virsh {}: {}{}\nvirtchd log:\n{}",
+            args.join(" "),
+            stdout,
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
+        stdout
+    }
+
+    fn daemon_log(&self) -> String {
+        let runtime = std::fs::read_to_string(&self.state).unwrap_or_default();
+        std::fs::read_to_string(Path::new(runtime.trim()).join("virtchd.log")).unwrap_or_default()
+    }
+
+    /// The runtime directory of the daemon (its state dir holds the API sockets).
+    fn runtime(&self) -> PathBuf {
+        PathBuf::from(std::fs::read_to_string(&self.state).unwrap().trim())
+    }
+
+    fn domstate(&self, name: &str) -> String {
+        self.virsh(&["domstate", name]).trim().to_string()
+    }
+
+    /// Whether libvirt stopped domain `name`: it is shut off, or (libvirt 9.0's ch driver
+    /// forgets a defined domain once it stops) no longer listed.
+    fn stopped(&self, name: &str) -> bool {
+        let list = self.virsh(&["list", "--all"]);
+        list.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .is_none_or(|l| l.contains("shut off"))
+    }
+
+    /// The field `key` of `virsh dominfo`.
+    fn dominfo(&self, name: &str, key: &str) -> String {
+        let info = self.virsh(&["dominfo", name]);
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .unwrap_or_else(|| panic!("no `{key}` in dominfo:\n{info}"))
+            .trim()
+            .to_string()
+    }
+
+    /// The console pty libvirt read from the VMM's vm.info (`virsh dumpxml`).
+    fn console_pty(&self, name: &str) -> PathBuf {
+        let xml = self.virsh(&["dumpxml", name]);
+        let at = xml
+            .find("<console type='pty' tty='")
+            .unwrap_or_else(|| panic!("no pty console in:\n{xml}"));
+        let rest = &xml[at + "<console type='pty' tty='".len()..];
+        PathBuf::from(&rest[..rest.find('\'').unwrap()])
+    }
+}
+
+impl Drop for Libvirt {
+    fn drop(&mut self) {
+        let out = self.script(&["stop"]);
+        if !out.status.success() {
+            eprintln!(
+                "scripts/libvirt-ch.sh stop: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// A free TCP port on the loopback interface (for the VM's metrics endpoint).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The value of the sample `name` (whatever its labels) in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = match rest.strip_prefix('{') {
+                Some(labels) => &labels[labels.find('}')? + 1..],
+                None => rest,
+            };
+            rest.strip_prefix(' ')?.trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))
+}
+
+fn domain_xml(name: &str, kernel: &Path, memory_mib: u64, workloads: &[&str]) -> String {
+    let cmdline: Vec<String> = workloads
+        .iter()
+        .map(|w| format!("farvm.workload={w}"))
+        .collect();
+    format!(
+        "<domain type='kvm'>
+  <name>{name}</name>
+  <memory unit='MiB'>{memory_mib}</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64'>hvm</type>
+    <kernel>{}</kernel>
+    <cmdline>{}</cmdline>
+  </os>
+  <devices>
+    <console type='pty'><target type='virtio' port='0'/></console>
+  </devices>
+</domain>
+",
+        kernel.display(),
+        cmdline.join(" ")
+    )
+}
+
+/// Waits for every process in `pids` to be gone.
+fn wait_gone(pids: &[u32], what: &str) {
+    let t0 = Instant::now();
+    while let Some(p) = pids.iter().find(|&&p| alive(p)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{what}: process {p} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn virsh_runs_the_test_guest_on_remote_memory() {
+    if !kvm_available() {
+        return;
+    }
+    require_libvirt_built();
+    // Everything the daemon's (unprivileged) user reads must be readable by it.
+    let dir = std::env::temp_dir().join(format!("farvm-libvirt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_farvm"))
+        .args(["image", "export"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "farvm image export: {out:?}");
+    let kernel = dir.join("farvm-testguest.elf");
+    let metrics = free_port();
+    let config = dir.join("farvm.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[defaults]\nlocal_memory = \"50%\"\n\n[domain.\"lv-a\"]\nlocal_memory = \"25%\"\n\
+             metrics = \"{metrics}\"\n"
+        ),
+    )
+    .unwrap();
+    let lv = Libvirt::start(&dir, &config);
+
+    // lv-a: long enough to be suspended mid-run; remote memory, 48 MiB working set in 128 MiB.
+    let workloads_a = ["seq:ws=48M,passes=8"];
+    let xml_a = dir.join("lv-a.xml");
+    std::fs::write(&xml_a, domain_xml("lv-a", &kernel, 128, &workloads_a)).unwrap();
+    // lv-b: runs until it is destroyed.
+    let xml_b = dir.join("lv-b.xml");
+    std::fs::write(
+        &xml_b,
+        domain_xml("lv-b", &kernel, 64, &["seq:ws=16M,passes=100000"]),
+    )
+    .unwrap();
+    lv.virsh(&["define", xml_a.to_str().unwrap()]);
+    lv.virsh(&["define", xml_b.to_str().unwrap()]);
+    assert_eq!(lv.domstate("lv-a"), "shut off");
+
+    lv.virsh(&["start", "lv-a"]);
+    lv.virsh(&["suspend", "lv-a"]);
+    assert_eq!(lv.domstate("lv-a"), "paused");
+    let console = guest_console::read_pty(&lv.console_pty("lv-a"));
+    let list = lv.virsh(&["list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.contains("lv-a") && l.contains("paused")),
+        "{list}"
+    );
+    assert_eq!(lv.dominfo("lv-a", "State"), "paused");
+    assert_eq!(lv.dominfo("lv-a", "CPU(s)"), "1");
+    assert_eq!(lv.dominfo("lv-a", "Max memory"), "131072 KiB");
+    let pid_a: u32 = lv.dominfo("lv-a", "Id").parse().unwrap();
+    assert!(alive(pid_a), "libvirt's domain id is the VMM's pid");
+    // libvirt pins and reports vCPUs by their threads' names.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid_a}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    assert!(threads.iter().any(|t| t == "vcpu0"), "{threads:?}");
+    let memserver_a = memserver_children(pid_a);
+    assert!(!memserver_a.is_empty(), "lv-a's embedded memory server");
+    // The host config's section for lv-a: remote memory at 25% local, metrics served.
+    let m = get(&BoundAddr::Tcp(metrics), "/metrics").expect("lv-a's metrics endpoint");
+    assert_eq!(m.status, 200);
+    let (total, budget) = (
+        metric(&m.body, "farvm_ept_total_pages"),
+        metric(&m.body, "farvm_ept_budget_pages"),
+    );
+    assert_eq!(total, 128.0 * 256.0, "{}", m.body);
+    assert_eq!(budget * 4.0, total, "25% local");
+
+    // Two domains at once: lv-b runs while lv-a is paused and after it resumes.
+    lv.virsh(&["start", "lv-b"]);
+    let pid_b: u32 = lv.dominfo("lv-b", "Id").parse().unwrap();
+    let list = lv.virsh(&["list"]);
+    assert!(
+        list.contains("lv-a")
+            && list
+                .lines()
+                .any(|l| l.contains("lv-b") && l.contains("running")),
+        "{list}"
+    );
+    lv.virsh(&["resume", "lv-a"]);
+    assert_eq!(lv.domstate("lv-a"), "running");
+
+    // lv-a's guest prints its results on the console libvirt reports and powers off.
+    let text = guest_console::console_until_poweroff(&console, GUEST_TIMEOUT);
+    eprintln!("lv-a console:\n{text}");
+    let (procs, end) = guest_console::parse(&text);
+    assert_eq!(end, Some((1, 0, 0)), "{text}");
+    for l in guest_console::check_against_native(&workloads_a, 1, &procs) {
+        eprintln!("{l}");
+    }
+    // vm.counters on the socket libvirt bound: the guest's final report, paged remotely.
+    let api = BoundAddr::Unix(lv.runtime().join("runtime/libvirt/ch/run/lv-a-socket"));
+    let t0 = Instant::now();
+    let counters = loop {
+        let info = get(&api, "/api/v1/vm.info").expect("lv-a's vm.info");
+        let info: serde_json::Value = serde_json::from_str(&info.body).unwrap();
+        if info["state"] == "Shutdown" {
+            let c = get(&api, "/api/v1/vm.counters").expect("lv-a's vm.counters");
+            break serde_json::from_str::<serde_json::Value>(&c.body).unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        counters["process.1"]["checksum"].as_u64(),
+        Some(procs[0].checksum),
+        "{counters}"
+    );
+    assert!(
+        counters["paging"]["counters.demand_faults"].as_u64() > Some(0),
+        "paged from the memory server: {counters}"
+    );
+    // The guest powered off: farvm finished the VM, its memory server with it.
+    wait_gone(
+        &memserver_a,
+        "lv-a's memory server after the guest powered off",
+    );
+    // lv-b destroyed mid-run: its VMM and socket are gone.
+    assert_eq!(lv.domstate("lv-b"), "running");
+    let sock_b = lv.runtime().join("runtime/libvirt/ch/run/lv-b-socket");
+    assert!(sock_b.exists(), "{} while lv-b runs", sock_b.display());
+    let mut procs_b = memserver_children(pid_b);
+    assert!(!procs_b.is_empty(), "lv-b's embedded memory server");
+    procs_b.push(pid_b);
+    lv.virsh(&["destroy", "lv-b"]);
+    assert!(lv.stopped("lv-b"));
+    wait_gone(&procs_b, "virsh destroy lv-b (its VMM and memory server)");
+    assert!(!sock_b.exists(), "{} left behind", sock_b.display());
+
+    // lv-a shut down through libvirt (vm.shutdown): the VMM stays for libvirt, as Cloud
+    // Hypervisor's does; libvirt 9.0 shows "in shutdown" until the domain is destroyed, which
+    // ends the VMM.
+    lv.virsh(&["shutdown", "lv-a"]);
+    assert_eq!(lv.domstate("lv-a"), "in shutdown");
+    assert!(
+        alive(pid_a),
+        "lv-a's VMM waits for libvirt after vm.shutdown"
+    );
+    lv.virsh(&["destroy", "lv-a"]);
+    assert!(lv.stopped("lv-a"));
+    wait_gone(&[pid_a], "virsh destroy lv-a (its VMM)");
+    assert!(lv.virsh(&["list", "--name"]).trim().is_empty());
+    for name in lv.virsh(&["list", "--all", "--name"]).split_whitespace() {
+        lv.virsh(&["undefine", name]);
+    }
+    drop(lv);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,319 @@
+//! `farvm run --pool` end to end against a real etcd (Debian's etcd-server on loopback, or
+//! `$FARVM_ETCD`) and real `farvm-memserver --pool` processes, one rack each, on loopback: the
+//! VM's checksums equal native, its pages leave the servers when it exits and when it is
+//! SIGKILLed (lease expiry, no operator action), a VM that cannot be placed is refused naming
+//! the rack and the bytes, `farvm pool drain` moves a running VM's slabs off a server with no
+//! lost or stale page, and while etcd is down a running VM is unaffected and a VM started
+//! meanwhile waits, says so, and starts when etcd is back.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kvm_available;
+use farvm_pool::local_etcd::LocalEtcd;
+use farvm_pool::{Directory, DirectoryConfig, PoolView, ServerId};
+
+/// Bound for things that happen after a lease TTL or a copy (never a timing assertion: the
+/// tests wait for a condition and fail only if it never comes).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+struct Member {
+    child: Child,
+    id: ServerId,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Pool {
+    etcd: LocalEtcd,
+    dir: Directory,
+    members: Vec<Member>,
+}
+
+impl Pool {
+    /// etcd plus one memory server per entry of `racks` (`capacity` each).
+    fn start(racks: &[&str], capacity: &str) -> Self {
+        let etcd = LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"));
+        let dir = Directory::connect(DirectoryConfig::new(vec![etcd.endpoint()])).unwrap();
+        let bin = farvm_vmm::remote::local_server::binary().expect("farvm-memserver binary");
+        let members: Vec<Member> = racks
+            .iter()
+            .enumerate()
+            .map(|(i, rack)| {
+                let id = format!("ms{i}-{rack}");
+                let mut child = Command::new(&bin)
+                    .args(["--listen", "127.0.0.1:0", "--capacity", capacity, "--pool"])
+                    .arg(etcd.endpoint())
+                    .args(["--rack", rack, "--pool-id", &id])
+                    .args(["--pool-ttl", "2", "--pool-gc-grace", "0"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn farvm-memserver");
+                let mut line = String::new();
+                BufReader::new(child.stdout.take().unwrap())
+                    .read_line(&mut line)
+                    .unwrap();
+                assert!(line.starts_with("listening "), "{line:?}");
+                Member {
+                    child,
+                    id: ServerId::new(id).unwrap(),
+                }
+            })
+            .collect();
+        let pool = Self { etcd, dir, members };
+        pool.wait("every server registered", |v| {
+            pool.members.iter().all(|m| v.servers.contains_key(&m.id))
+        });
+        pool
+    }
+
+    fn url(&self) -> String {
+        self.etcd.endpoint()
+    }
+
+    fn wait(&self, what: &str, pred: impl Fn(&PoolView) -> bool) -> PoolView {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(v) = self.dir.view() {
+                if pred(&v) {
+                    return v;
+                }
+                assert!(Instant::now() < deadline, "never saw {what}: {v:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn used(v: &PoolView) -> u64 {
+        v.servers.values().map(|s| s.used_bytes).sum()
+    }
+}
+
+fn farvm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_farvm"))
+}
+
+/// `farvm run --pool` of a 128 MiB test guest at 25% local running `workload`.
+fn run_args(pool: &Pool, workload: &str) -> Vec<String> {
+    [
+        "run",
+        "--pool",
+        &pool.url(),
+        "--pool-lease-ttl",
+        "2",
+        "--pool-slab",
+        "32M",
+        "--memory",
+        "128M",
+        "--local-memory",
+        "25%",
+        "--workload",
+        workload,
+        "--serial",
+        "none",
+        "--no-control-socket",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn native_checksum(workload: &str) -> u64 {
+    let placed = farvm_vmm::workload_spec::place(&[workload.to_string()], 1).unwrap();
+    let w = &placed[0];
+    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
+        .unwrap()
+        .checksum
+}
+
+fn assert_checksum(o: &Output, workload: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    let p = &v["processes"][0];
+    assert_eq!(p["state_name"], "done", "{p}");
+    assert_eq!(
+        p["checksum"].as_u64(),
+        Some(native_checksum(workload)),
+        "{p}"
+    );
+}
+
+#[test]
+fn a_pool_vm_computes_native_checksums_and_its_pages_go_at_exit_and_when_killed() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let workload = "seq:ws=96M,passes=2";
+    let o = farvm().args(run_args(&pool, workload)).output().unwrap();
+    assert_checksum(&o, workload);
+    // farvm released its placement at exit: the servers dropped its namespace.
+    pool.wait("no VM, no placement, nothing stored", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+
+    // SIGKILL: the lease expires and the servers collect, with no operator action.
+    let mut child = farvm()
+        .args(run_args(&pool, "seq:ws=96M,passes=1000"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let v = pool.wait("the VM's pages on the servers", |v| {
+        v.vms.len() == 1 && Pool::used(v) > 32 << 20
+    });
+    let vm = *v.vms.keys().next().unwrap();
+    assert_eq!(v.vms[&vm].replication, 2);
+    for (_, slab) in v.vm_slabs(vm) {
+        let racks: std::collections::BTreeSet<_> =
+            slab.replicas.iter().map(|s| &v.servers[s].rack).collect();
+        assert_eq!(racks.len(), 2, "replicas on distinct racks: {slab:?}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    pool.wait("the killed VM's pages collected", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && v.gc_marks.is_empty() && Pool::used(v) == 0
+    });
+}
+
+#[test]
+fn a_vm_the_pool_cannot_place_is_refused_naming_rack_and_bytes() {
+    if !kvm_available() {
+        return;
+    }
+    // Two racks of 64 MiB: 96 MiB of remote share at replication 2 does not fit.
+    let pool = Pool::start(&["r1", "r2"], "64M");
+    let o = farvm()
+        .args(run_args(&pool, "seq:ws=16M"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("cannot admit VM"), "{err}");
+    assert!(err.contains("short by"), "{err}");
+    assert!(err.contains("r1 has room for"), "{err}");
+    assert!(err.contains("r2 has room for"), "{err}");
+    let v = pool.dir.view().unwrap();
+    assert!(v.vms.is_empty() && v.slabs.is_empty(), "{v:#?}");
+}
+
+#[test]
+fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    // Long enough to drain in the middle; every pass rewrites and re-reads the working set.
+    let workload = "seq:ws=96M,passes=60,write=1";
+    let child = farvm()
+        .args(run_args(&pool, workload))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let v = pool.wait("the VM's pages on its servers", |v| {
+        v.vms.len() == 1 && Pool::used(v) > 48 << 20
+    });
+    let vm = *v.vms.keys().next().unwrap();
+    let victim = v.vm_slabs(vm).next().unwrap().1.replicas[0].clone();
+    let d = farvm()
+        .args(["pool", "--etcd", &pool.url(), "drain", victim.as_str()])
+        .output()
+        .unwrap();
+    assert!(
+        d.status.success(),
+        "drain: {}{}",
+        String::from_utf8_lossy(&d.stdout),
+        String::from_utf8_lossy(&d.stderr)
+    );
+    let said = String::from_utf8_lossy(&d.stdout);
+    assert!(said.contains("move slab"), "{said}");
+    let after = pool.dir.view().unwrap();
+    assert!(
+        after.vms.contains_key(&vm),
+        "the VM finished before the drain did (lengthen its workload): {said}"
+    );
+    assert!(
+        after
+            .vm_slabs(vm)
+            .all(|(_, s)| !s.replicas.contains(&victim)),
+        "{after:#?}"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_checksum(&o, workload);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let moved = v["paging"]["remote"]["replicas_moved"].as_u64();
+    assert!(moved >= Some(1), "{}", v["paging"]["remote"]);
+    pool.wait("nothing stored anywhere after the VM exited", |v| {
+        Pool::used(v) == 0
+    });
+}
+
+#[test]
+fn etcd_down_leaves_running_vms_alone_and_a_vm_started_meanwhile_waits_then_starts() {
+    if !kvm_available() {
+        return;
+    }
+    let mut pool = Pool::start(&["r1", "r2"], "512M");
+    // A VM running when etcd goes away.
+    let long = "seq:ws=64M,passes=40,write=1";
+    let running = farvm()
+        .args(run_args(&pool, long))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pool.wait("the running VM registered", |v| v.vms.len() == 1);
+    pool.etcd.stop();
+    let workload = "seq:ws=64M";
+    let mut child = farvm()
+        .args(run_args(&pool, workload))
+        .args(["--pool-wait", "300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It says why it waits.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let deadline = Instant::now() + PATIENCE;
+    while !said.contains("waiting") && Instant::now() < deadline {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        said.push_str(&l);
+    }
+    assert!(said.contains("etcd unreachable"), "{said}");
+    assert!(said.contains("waiting"), "{said}");
+    pool.etcd.restart().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let status = child.wait().unwrap();
+    assert_checksum(
+        &Output {
+            status,
+            stdout: out,
+            stderr: rest.into_bytes(),
+        },
+        workload,
+    );
+    // The VM that ran through the outage finishes as if nothing happened.
+    assert_checksum(&running.wait_with_output().unwrap(), long);
+    pool.wait("nothing stored after both VMs exited", |v| {
+        v.vms.is_empty() && Pool::used(v) == 0
+    });
+}
