@@ -25,9 +25,11 @@ pub const MAX_WASTE: f64 = 0.10;
 /// One trace replayed through every prefetcher in [`COMPARED`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Comparison {
+    /// Records replayed.
     pub records: u64,
     /// Distinct `(process, page)` pairs.
     pub footprint: usize,
+    /// Local memory of the replay, in pages.
     pub local_pages: usize,
     /// In [`COMPARED`] order.
     pub stats: Vec<Stats>,
@@ -36,12 +38,17 @@ pub struct Comparison {
 /// The rule's verdict on one comparison.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Verdict {
-    /// The baseline with the fewest demand misses, and its misses.
+    /// The baseline with the fewest demand misses.
     pub best_baseline: String,
+    /// The best baseline's demand misses.
     pub best_baseline_misses: u64,
+    /// The default prefetcher's demand misses.
     pub default_misses: u64,
+    /// The default prefetcher's waste (prefetched, never used, over prefetched).
     pub default_waste: f64,
+    /// Demand misses without prefetching.
     pub none_misses: u64,
+    /// Whether the default meets the rule.
     pub pass: bool,
 }
 

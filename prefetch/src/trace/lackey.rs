@@ -75,12 +75,21 @@ pub struct LackeySummary {
 /// Why a lackey log could not be converted.
 #[derive(Debug, thiserror::Error)]
 pub enum LackeyError {
+    /// The log could not be read.
     #[error("reading the lackey log: {0}")]
     Io(std::io::Error),
     #[error("lackey log line {line}: {msg}")]
-    Line { line: u64, msg: String },
+    /// A line is malformed.
+    Line {
+        /// Its number.
+        line: u64,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A record could not be written.
     #[error("writing a record: {0}")]
     Sink(std::io::Error),
+    /// The collapsing window is out of range.
     #[error("collapsing window must be in 1..={MAX_WINDOW}, got {0}")]
     Window(usize),
 }

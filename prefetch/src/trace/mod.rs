@@ -115,6 +115,7 @@ pub enum TraceError {
         /// What is wrong.
         msg: String,
     },
+    /// A zstd-compressed trace could not be decompressed.
     #[error("zstd-compressed trace: {0}")]
     Zstd(String),
 }

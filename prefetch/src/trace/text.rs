@@ -106,7 +106,9 @@ fn agree(seen: &mut Option<bool>, has: bool, what: &str) -> Result<(), String> {
 /// Which optional fields the records of a text trace carry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fields {
+    /// Records carry a time.
     pub timed: bool,
+    /// Records carry an access kind (read or write).
     pub kinds: bool,
 }
 
