@@ -66,7 +66,7 @@ fn help_documents_commands_outputs_and_exit_status() {
             stdout(&o)
         );
     }
-    for cmd in ["local", "placement", "page-space", "stage2"] {
+    for cmd in ["local", "placement", "page-space", "stage2", "compare"] {
         let o = run(&["bench", cmd, "--help"]);
         assert!(o.status.success(), "{cmd}: {}", stderr(&o));
         assert!(stdout(&o).contains("EXIT STATUS"), "{cmd}: {}", stdout(&o));
@@ -90,4 +90,45 @@ fn a_failed_run_exits_1() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn compare_refuses_bad_options_before_touching_the_host() {
+    for (args, needle) in [
+        (
+            vec!["--swap", "nfs"],
+            "--swap nfs: expected zram, loop, both or none",
+        ),
+        (
+            vec!["--local", "100"],
+            "--local 100: must be a percentage in (0, 100)",
+        ),
+        (
+            vec!["--prefetcher", "nosuch"],
+            "unknown --prefetcher `nosuch`",
+        ),
+        (
+            vec!["--farvm", "/nonexistent/farvm", "--swap", "none"],
+            "no farvm binary at /nonexistent/farvm",
+        ),
+    ] {
+        let mut all = vec!["bench", "compare"];
+        all.extend(&args);
+        let o = run(&all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+    let o = run(&["bench", "compare", "--help"]);
+    for needle in [
+        "zram",
+        "loop device backed by tmpfs",
+        "memory.oom_control",
+        "--swap none",
+    ] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
+    }
 }

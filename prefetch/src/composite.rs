@@ -1,4 +1,5 @@
-//! `leap+stream`: farvm's default prefetcher, the stream table in front of Leap.
+//! `leap+stream`: farvm's default prefetcher, the stream table in front of Leap, with region
+//! read-around behind both.
 //!
 //! Arbitration, per fault:
 //! 1. The stream table sees the fault first. If it belongs to a *confirmed* stream, the
@@ -8,6 +9,16 @@
 //!    not charged with pages it did not fetch).
 //! 2. Otherwise Leap decides as usual (majority trends that tolerate noise, strides larger than
 //!    Δ_stream, speculative prefetch after a trend breaks).
+//! 3. If neither answered, region read-around ([`crate::region`]) reads the rest of a small
+//!    aligned block whose pages the process faults on out of order (allocator runs, hash
+//!    tables, B-tree nodes, data segments); it logs every fault.
+//!
+//! The stream table here runs with two settings the plain `stream` prefetcher leaves off
+//! (measured on traces of real programs, `docs/prefetch-real-traces.md`): a depth budget (a
+//! window grows by at most one page per [`USED_PER_DEPTH`] pages its stream has used, so a
+//! slowly consumed stream does not hold 64 pages that the LRU evicts before use), and dense
+//! gaps (successive forward gaps of at most [`DENSE_GAP`] pages, even unequal, confirm a
+//! stride-1 stream, as a scan whose misses skip pages produces).
 //!
 //! Hits: a visible hit goes to both. A marker hit goes to the component that issued the marker
 //! (the stream if it owns it, else Leap), so each keeps learning in injected mode: the stream
@@ -17,13 +28,20 @@
 //! the width of the gaps between them as its stride.
 
 use crate::leap::{Leap, LeapParams};
+use crate::region::{Region, RegionParams};
 use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
 
-/// Stream table first, Leap as fallback.
+/// Depth budget of the stream table inside `leap+stream` (see the module documentation).
+pub const USED_PER_DEPTH: u64 = 16;
+/// Largest unequal gap that still confirms a stride-1 stream inside `leap+stream`.
+pub const DENSE_GAP: u64 = 4;
+
+/// Stream table first, Leap as fallback, region read-around last.
 pub struct LeapStream {
     leap: Leap,
     stream: Stream,
+    region: Region,
 }
 
 impl LeapStream {
@@ -34,7 +52,15 @@ impl LeapStream {
                 markers: true,
                 ..leap
             }),
-            stream: Stream::new(stream),
+            stream: Stream::new(StreamParams {
+                dense_gap: DENSE_GAP,
+                used_per_depth: USED_PER_DEPTH,
+                ..stream
+            }),
+            region: Region::new(RegionParams {
+                slots: leap.slots,
+                ..RegionParams::default()
+            }),
         }
     }
 }
@@ -51,6 +77,8 @@ impl Prefetcher for LeapStream {
         } else {
             self.leap.observe(key, page);
         }
+        let decide = out.is_empty();
+        self.region.on_fault(key, page, decide, out);
     }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos) {
@@ -80,6 +108,7 @@ impl Prefetcher for LeapStream {
     fn forget(&mut self, key: ProcessKey) {
         self.stream.forget(key);
         self.leap.forget(key);
+        self.region.forget(key);
     }
 }
 

@@ -149,6 +149,7 @@ impl Config {
             init_depth: 4.min(self.stream_max_depth),
             max_depth: self.stream_max_depth,
             per_process: self.per_process,
+            ..StreamParams::default()
         }
     }
 }

@@ -41,6 +41,13 @@ pub struct StreamParams {
     pub max_depth: usize,
     /// Streams tagged by process key (`true`) or shared by all keys (`false`).
     pub per_process: bool,
+    /// Depth budget: a window grows by at most one page per this many pages the stream has
+    /// used, rounded down to a power of two (0 = no budget, the default; `leap+stream` uses
+    /// 16).
+    pub used_per_depth: u64,
+    /// Two successive deltas of the same sign and at most this size, even unequal, confirm a
+    /// stride-±1 stream (0 = off, the default; `leap+stream` uses 4).
+    pub dense_gap: u64,
 }
 
 impl Default for StreamParams {
@@ -51,6 +58,8 @@ impl Default for StreamParams {
             init_depth: 4,
             max_depth: 64,
             per_process: true,
+            used_per_depth: 0,
+            dense_gap: 0,
         }
     }
 }
@@ -65,9 +74,41 @@ struct Entry {
     /// Last page fetched along the stride, if any.
     frontier: Option<PageNo>,
     depth: usize,
+    /// Pages along the stride the stream has used since it was confirmed (saturating).
+    used: u64,
 }
 
 impl Entry {
+    /// Lattice steps from the last page to `page` (positive ahead), if `page` is on the lattice.
+    fn steps_to(&self, page: PageNo) -> Option<u64> {
+        let diff = page.wrapping_sub(self.last) as i64;
+        diff.checked_div(self.stride)
+            .filter(|_| diff.checked_rem(self.stride) == Some(0))
+            .and_then(|k| u64::try_from(k).ok())
+    }
+
+    /// Moves the stream's last page forward to `page` (on the lattice ahead), counting the pages
+    /// used.
+    fn advance_to(&mut self, page: PageNo) {
+        self.used = self.used.saturating_add(self.steps_to(page).unwrap_or(0));
+        self.last = page;
+    }
+
+    /// Doubles the depth, up to `max`, and, with a budget (`used_per_depth` > 0), up to one
+    /// page of depth per `used_per_depth` pages the stream has used: a window ahead never grows
+    /// past what the stream has shown it consumes.
+    fn grow(&mut self, init: usize, max: usize, used_per_depth: u64) {
+        let mut depth = (self.depth * 2).min(max);
+        if let Some(earned) = self.used.checked_div(used_per_depth) {
+            // Rounded down to a power of two, so depths stay the powers of two they double
+            // through (odd depths break the window alignment the engine's queue relies on).
+            let earned = usize::try_from(earned).unwrap_or(usize::MAX).max(1);
+            let earned = (1usize << earned.ilog2()).max(init);
+            depth = depth.min(earned.max(self.depth));
+        }
+        self.depth = depth;
+    }
+
     fn confirmed(&self) -> bool {
         self.run >= 2 && self.stride != 0
     }
@@ -367,24 +408,27 @@ impl Prefetcher for Stream {
         };
         let max_depth = self.params.max_depth;
         let init_depth = self.params.init_depth;
+        let used_per_depth = self.params.used_per_depth;
         let e = &mut self.entries[i];
         if e.confirmed() {
             // On the lattice ahead (checked by `find`). Just past the frontier means the whole
             // window was used: grow.
-            if let Some(f) = e.frontier {
-                if f.checked_add_signed(e.stride) == Some(page) {
-                    e.depth = (e.depth * 2).min(max_depth);
-                }
+            let past_frontier = e
+                .frontier
+                .is_some_and(|f| f.checked_add_signed(e.stride) == Some(page));
+            let inside = e.covers(page);
+            e.advance_to(page);
+            if past_frontier {
+                e.grow(init_depth, max_depth, used_per_depth);
             }
             // Inside the window means the window is behind the guest: a page it issued is
             // missing as the guest arrives (still queued by the caller, or evicted before use).
             // Fetching further past the frontier would run away from the guest, and every
             // later page of the window would fault the same way; restart the window at the
             // fault instead, at half the depth, so repeated misses shrink what is re-proposed.
-            if e.covers(page) {
+            if inside {
                 e.depth = (e.depth / 2).max(init_depth.min(max_depth)).max(1);
             }
-            e.last = page;
             e.frontier = None;
             self.touch(i);
             self.issue(i, out);
@@ -395,7 +439,14 @@ impl Prefetcher for Stream {
             self.touch(i);
             return;
         }
+        let gap = i64::try_from(self.params.dense_gap).unwrap_or(i64::MAX);
+        let small = |d: i64| d != 0 && d.unsigned_abs() <= gap.unsigned_abs();
         if delta == e.stride {
+            e.run += 1;
+        } else if small(delta) && small(e.stride) && delta.signum() == e.stride.signum() {
+            // Small forward (or backward) gaps of unequal size: a dense scan whose misses skip
+            // pages, counted as stride ±1.
+            e.stride = delta.signum();
             e.run += 1;
         } else {
             e.stride = delta;
@@ -406,6 +457,7 @@ impl Prefetcher for Stream {
         if confirmed {
             e.depth = init_depth;
             e.frontier = None;
+            e.used = u64::from(e.run) + 1;
         }
         self.touch(i);
         if confirmed {
@@ -458,13 +510,16 @@ impl Stream {
                 e.stride = delta;
                 e.run = 1;
             }
+            e.last = page;
             if e.confirmed() {
                 e.depth = self.params.init_depth;
                 e.frontier = None;
+                e.used = u64::from(e.run) + 1;
             }
+        } else {
+            // A confirmed stream only accepts pages on its lattice ahead (checked by `find`).
+            e.advance_to(page);
         }
-        // A confirmed stream only accepts pages on its lattice ahead (checked by `find`).
-        e.last = page;
         self.touch(i);
     }
 
@@ -475,12 +530,13 @@ impl Stream {
         let Some(i) = self.marker_entry(key, page) else {
             return false;
         };
-        let max_depth = self.params.max_depth;
+        let (init_depth, max_depth) = (self.params.init_depth, self.params.max_depth);
+        let used_per_depth = self.params.used_per_depth;
         let e = &mut self.entries[i];
-        e.depth = (e.depth * 2).min(max_depth);
         if e.covers(page) {
-            e.last = page;
+            e.advance_to(page);
         }
+        e.grow(init_depth, max_depth, used_per_depth);
         self.touch(i);
         self.issue(i, out);
         true
@@ -572,6 +628,46 @@ mod tests {
         assert_eq!(s.confirmed_streams(1), 1, "100, 101, 102: stride 1");
         s.on_fault(1, 103, 3, &mut out);
         assert_eq!(out.as_slice(), &[104, 105, 106, 107]);
+    }
+
+    #[test]
+    fn dense_gaps_confirm_a_stride_one_stream_when_enabled() {
+        let faults = [100u64, 102, 105, 106];
+        let mut plain = Stream::new(StreamParams::default());
+        let mut dense = Stream::new(StreamParams {
+            dense_gap: 4,
+            ..StreamParams::default()
+        });
+        let mut out = Candidates::new();
+        for (t, &p) in faults.iter().enumerate() {
+            plain.on_fault(1, p, t as u64, &mut out);
+        }
+        assert_eq!(plain.confirmed_streams(1), 0, "gaps 2, 3, 1 never repeat");
+        for (t, &p) in faults[..3].iter().enumerate() {
+            dense.on_fault(1, p, t as u64, &mut out);
+        }
+        assert_eq!(dense.confirmed_streams(1), 1);
+        assert_eq!(out.as_slice(), &[106, 107, 108, 109]);
+    }
+
+    #[test]
+    fn a_depth_budget_holds_windows_to_what_the_stream_used() {
+        let mut s = Stream::new(StreamParams {
+            used_per_depth: 2,
+            ..StreamParams::default()
+        });
+        let mut out = Candidates::new();
+        for p in 0..3 {
+            s.on_fault(1, p, p, &mut out);
+        }
+        // Frontier faults: 3 pages used at confirmation, 8 at page 7, 13 at page 12, 18 at 17;
+        // the budget (used / 2, rounded down to a power of two) holds the depth at 4, then 8.
+        s.on_fault(1, 7, 3, &mut out);
+        assert_eq!(out.len(), 4, "8 used pages earn a depth of 4, not 8");
+        s.on_fault(1, 12, 4, &mut out);
+        assert_eq!(out.len(), 4, "13 used pages earn 6, rounded down to 4");
+        s.on_fault(1, 17, 5, &mut out);
+        assert_eq!(out.as_slice(), (18..26).collect::<Vec<_>>().as_slice());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! A/B benches (`ab.rs`) build on.
 
 mod ab;
+mod compare;
 mod local;
 mod page_space;
 mod placement;
@@ -35,6 +36,9 @@ pub enum BenchCmd {
     /// Guest-visible page access: no prefetch, prefetch with stage-2 pre-fault off, and on.
     #[command(long_about = stage2::STAGE2_ABOUT)]
     Stage2(stage2::Stage2Args),
+    /// farvm vs kernel swap (zram, loop swapfile) under a memory cgroup, and all-local.
+    #[command(long_about = compare::COMPARE_ABOUT)]
+    Compare(compare::CompareArgs),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -44,5 +48,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Placement(p) => placement::run(p),
         BenchCmd::PageSpace(p) => page_space::run(p),
         BenchCmd::Stage2(s) => stage2::run(s),
+        BenchCmd::Compare(c) => compare::run(c),
     }
 }

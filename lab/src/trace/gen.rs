@@ -189,15 +189,16 @@ fn write_all(w: &mut dyn Write, workload: &Workload, format: FormatArg) -> anyho
     let mut io_err = None;
     match format {
         FormatArg::Text => {
-            text::write_header(w, false)?;
+            text::write_header(w, text::Fields::default())?;
             workload.generate(&mut |key, page| {
                 if io_err.is_none() {
                     let r = Record {
                         key,
                         page,
                         time: count,
+                        write: false,
                     };
-                    io_err = text::write_record(w, &r, false).err();
+                    io_err = text::write_record(w, &r, text::Fields::default()).err();
                     count += 1;
                 }
             })?;
@@ -211,6 +212,7 @@ fn write_all(w: &mut dyn Write, workload: &Workload, format: FormatArg) -> anyho
                             key,
                             page,
                             time: count,
+                            write: false,
                         })
                         .err();
                     count += 1;

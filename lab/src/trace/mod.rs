@@ -3,6 +3,8 @@
 //! The pure parts (formats, generators, evaluator, report) live in `farvm-prefetch`; this module
 //! owns files, progress bars, tables and JSON.
 
+mod compare;
+mod convert;
 mod eval;
 mod gen;
 mod progress;
@@ -15,17 +17,18 @@ use clap::{Args, Subcommand};
 pub const TRACE_ABOUT: &str = "\
 Generate page-access traces and replay them through farvm's prefetchers.
 
-A trace is a sequence of page accesses, `pid page [time_ns]`. `farvm-lab trace eval` replays one
+A trace is a sequence of page accesses, `pid page [time_ns] [r|w]`. `farvm-lab trace eval` replays one
 through a local memory of N pages (LRU; prefetched pages count against it) once per prefetcher
 and prints, per prefetcher, what Leap's Table 2 reports: cache adds (pages prefetched), demand
 misses, accuracy, coverage and timeliness.
 
-Trace formats (auto-detected on read):
-  text    one record per line: `pid page` or `pid page time_ns`; decimal or 0x hex; fields
-          separated by spaces, tabs or commas; `#` comments and blank lines ignored.
-  binary  `FVMTRACE`, version byte 1, flags byte (bit 0: timed), then per record LEB128
-          varints: pid, zigzag page delta, [zigzag time delta]. About 2 bytes per record on a
-          scan.
+Trace formats (auto-detected on read, zstd-compressed or not):
+  text    one record per line: `pid page [time_ns] [r|w]`; decimal or 0x hex; fields separated
+          by spaces, tabs or commas; `#` comments and blank lines ignored; the optional last
+          field is the access kind (read or write).
+  binary  `FVMTRACE`, version byte (1, or 2 with access kinds), flags byte (bit 0: timed, bit 1:
+          access kinds), then per record LEB128 varints: pid (with kinds `pid << 1 | write`),
+          zigzag page delta, [zigzag time delta]. About 2 bytes per record on a scan.
 Untimed traces use the record index as time, so timeliness is then in accesses.
 
 Examples:
@@ -33,7 +36,9 @@ Examples:
   farvm-lab trace gen stride --stride 10 --count 1048576 --format binary -o stride10.bin
   farvm-lab trace eval --trace seq.trace --local-pages 524288 --hits both
   farvm-lab trace eval --trace stride10.bin --local-pages 524288 --prefetcher leap,leap+stream --json
-  farvm-lab trace report";
+  farvm-lab trace report
+  scripts/make-trace.sh sort          (a real program under valgrind lackey -> traces/sort.trace.zst)
+  farvm-lab trace compare traces/*.trace.zst";
 
 /// Arguments of `farvm-lab trace`.
 #[derive(Args, Debug)]
@@ -54,6 +59,15 @@ enum TraceCommand {
     /// Generate the reference traces in memory and print the README results with pass/fail.
     #[command(long_about = report::REPORT_ABOUT)]
     Report(report::ReportArgs),
+    /// Convert valgrind lackey's memory log of a program run into a trace.
+    #[command(long_about = convert::FROM_LACKEY_ABOUT)]
+    FromLackey(convert::FromLackeyArgs),
+    /// Interleave single-process traces into one multi-process trace.
+    #[command(long_about = convert::MIX_ABOUT)]
+    Mix(convert::MixArgs),
+    /// Replay trace files through every prefetcher; markdown tables and the real-trace rule.
+    #[command(long_about = compare::COMPARE_ABOUT)]
+    Compare(compare::CompareArgs),
 }
 
 /// Runs `farvm-lab trace`.
@@ -62,6 +76,9 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         TraceCommand::Gen(a) => gen::run(a),
         TraceCommand::Eval(a) => eval::run(a),
         TraceCommand::Report(a) => report::run(a),
+        TraceCommand::FromLackey(a) => convert::from_lackey(a),
+        TraceCommand::Mix(a) => convert::mix(a),
+        TraceCommand::Compare(a) => compare::run(a),
     }
 }
 
@@ -121,6 +138,49 @@ mod tests {
             .unwrap())
             .unwrap();
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn lackey_log_to_trace_then_mix_and_compare() {
+        let dir = std::env::temp_dir().join(format!("farvm-lackey-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("lackey.log");
+        let mut text = String::from("==1== Lackey, an example Valgrind tool\n");
+        for i in 0..3000u64 {
+            text += &format!(
+                "I  04000000,3\n L {:x},8\n S {:x},8\n",
+                0x10000 + 4096 * i,
+                0x900000
+            );
+        }
+        std::fs::write(&log, text).unwrap();
+        let one = dir.join("one.trace");
+        let (l, o) = (log.to_str().unwrap(), one.to_str().unwrap());
+        run(parse(&[
+            "from-lackey",
+            "--input",
+            l,
+            "-o",
+            o,
+            "--max-records",
+            "2000",
+        ])
+        .unwrap())
+        .unwrap();
+        let t = farvm_prefetch::trace::read_trace(std::fs::File::open(&one).unwrap()).unwrap();
+        assert_eq!(t.records.len(), 2000);
+        assert!(t.kinds && t.records[0].page == 0x10 && !t.records[0].write);
+        assert!(t.records.iter().any(|r| r.page == 0x900 && r.write));
+        let mixed = dir.join("mix.trace");
+        let m = mixed.to_str().unwrap();
+        run(parse(&["mix", "--quantum", "7", o, o, "-o", m, "--format", "text"]).unwrap()).unwrap();
+        let t = farvm_prefetch::trace::read_trace(std::fs::File::open(&mixed).unwrap()).unwrap();
+        assert_eq!(t.records.len(), 4000);
+        assert_eq!((t.records[6].key, t.records[7].key), (1, 2));
+        // A scan: leap+stream meets the rule, so compare succeeds.
+        run(parse(&["compare", o, m]).unwrap()).unwrap();
+        assert!(parse(&["mix", o]).is_err(), "mix needs two traces");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

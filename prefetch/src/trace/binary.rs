@@ -1,9 +1,14 @@
 //! The compact binary trace format.
 //!
-//! Layout: `FVMTRACE` (8 bytes), version `1` (1 byte), flags (1 byte; bit 0 = timed), then per
-//! record, as unsigned LEB128 varints: pid; the page delta from the previous record (zigzag);
-//! if timed, the time delta from the previous record (zigzag). The first record's deltas are
-//! from 0. The file ends after the last complete record; a truncated record is an error.
+//! Layout: `FVMTRACE` (8 bytes), version (1 byte), flags (1 byte; bit 0 = timed, bit 1 = access
+//! kinds, version 2 only), then per record, as unsigned LEB128 varints: pid — with access kinds,
+//! `pid << 1 | write`, so pids are below 2^63 there; the page delta from the previous record
+//! (zigzag); if timed, the time delta from the previous record (zigzag). The first record's
+//! deltas are from 0. The file ends after the last complete record; a truncated record is an
+//! error.
+//!
+//! Versions: 1 has no access kinds; 2 adds the kinds flag. A trace without kinds is written as
+//! version 1, so readers that predate version 2 still read it; both versions are read.
 
 use std::io::{BufRead, Write};
 
@@ -11,9 +16,12 @@ use super::{Record, Trace, TraceError};
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"FVMTRACE";
-/// The only version written and read.
+/// The version written for traces without access kinds (read by every reader).
 pub const VERSION: u8 = 1;
+/// The version written for traces with access kinds.
+pub const VERSION_KINDS: u8 = 2;
 const FLAG_TIMED: u8 = 1;
+const FLAG_KINDS: u8 = 2;
 
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
@@ -44,26 +52,51 @@ fn put_varint<W: Write>(w: &mut W, mut v: u64) -> std::io::Result<()> {
 pub struct Writer<W: Write> {
     w: W,
     timed: bool,
+    kinds: bool,
     prev_page: u64,
     prev_time: u64,
 }
 
 impl<W: Write> Writer<W> {
-    /// Starts a binary trace on `w` (writes the header); `timed` traces carry a time per record.
-    pub fn new(mut w: W, timed: bool) -> std::io::Result<Self> {
+    /// A writer of untimed or timed records without access kinds (version 1).
+    pub fn new(w: W, timed: bool) -> std::io::Result<Self> {
+        Self::with_kinds(w, timed, false)
+    }
+
+    /// A writer that also records each access's kind if `kinds` (version 2).
+    pub fn with_kinds(mut w: W, timed: bool, kinds: bool) -> std::io::Result<Self> {
+        let mut flags = if timed { FLAG_TIMED } else { 0 };
+        let version = if kinds {
+            flags |= FLAG_KINDS;
+            VERSION_KINDS
+        } else {
+            VERSION
+        };
         w.write_all(MAGIC)?;
-        w.write_all(&[VERSION, if timed { FLAG_TIMED } else { 0 }])?;
+        w.write_all(&[version, flags])?;
         Ok(Self {
             w,
             timed,
+            kinds,
             prev_page: 0,
             prev_time: 0,
         })
     }
 
-    /// Appends one record (delta- and varint-encoded).
+    /// Appends `r`. With access kinds, a pid of 2^63 or more is an `InvalidInput` error.
     pub fn write(&mut self, r: &Record) -> std::io::Result<()> {
-        put_varint(&mut self.w, r.key)?;
+        let pid = if self.kinds {
+            if r.key >> 63 != 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("pid {} too large for a trace with access kinds", r.key),
+                ));
+            }
+            r.key << 1 | u64::from(r.write)
+        } else {
+            r.key
+        };
+        put_varint(&mut self.w, pid)?;
         put_varint(
             &mut self.w,
             zigzag(r.page.wrapping_sub(self.prev_page) as i64),
@@ -88,7 +121,7 @@ impl<W: Write> Writer<W> {
 
 /// Writes a whole trace.
 pub fn write<W: Write>(w: W, trace: &Trace) -> std::io::Result<()> {
-    let mut wr = Writer::new(w, trace.timed)?;
+    let mut wr = Writer::with_kinds(w, trace.timed, trace.kinds)?;
     for r in &trace.records {
         wr.write(r)?;
     }
@@ -107,28 +140,33 @@ pub fn read_body<R: BufRead>(mut r: R) -> Result<Trace, TraceError> {
     let mut hdr = [0u8; 2];
     r.read_exact(&mut hdr)
         .map_err(|_| fail(0, offset, "truncated header (version and flags missing)"))?;
-    if hdr[0] != VERSION {
-        return Err(fail(
-            0,
-            offset,
-            &format!(
-                "unsupported version {} (this build reads {VERSION})",
-                hdr[0]
-            ),
-        ));
-    }
-    if hdr[1] & !FLAG_TIMED != 0 {
+    let known_flags = match hdr[0] {
+        VERSION => FLAG_TIMED,
+        VERSION_KINDS => FLAG_TIMED | FLAG_KINDS,
+        v => {
+            return Err(fail(
+                0,
+                offset,
+                &format!(
+                    "unsupported version {v} (this build reads {VERSION} and {VERSION_KINDS})"
+                ),
+            ))
+        }
+    };
+    if hdr[1] & !known_flags != 0 {
         return Err(fail(
             0,
             offset + 1,
-            &format!("unknown flags {:#04x}", hdr[1]),
+            &format!("unknown flags {:#04x} for version {}", hdr[1], hdr[0]),
         ));
     }
     let timed = hdr[1] & FLAG_TIMED != 0;
+    let kinds = hdr[1] & FLAG_KINDS != 0;
     offset += 2;
     let mut trace = Trace {
         records: Vec::new(),
         timed,
+        kinds,
     };
     let (mut page, mut time) = (0u64, 0u64);
     // Reads one varint; Ok(None) at a clean end of input (only allowed for the first field).
@@ -161,8 +199,9 @@ pub fn read_body<R: BufRead>(mut r: R) -> Result<Trace, TraceError> {
     };
     loop {
         let start = offset;
-        let key = match varint(&mut r, &mut offset) {
-            Ok(Some(k)) => k,
+        let (key, write) = match varint(&mut r, &mut offset) {
+            Ok(Some(k)) if kinds => (k >> 1, k & 1 != 0),
+            Ok(Some(k)) => (k, false),
             Ok(None) => break,
             Err(m) => return Err(fail(record, start, &m)),
         };
@@ -183,7 +222,12 @@ pub fn read_body<R: BufRead>(mut r: R) -> Result<Trace, TraceError> {
         } else {
             time = record;
         }
-        trace.records.push(Record { key, page, time });
+        trace.records.push(Record {
+            key,
+            page,
+            time,
+            write,
+        });
         record += 1;
     }
     Ok(trace)
@@ -207,6 +251,36 @@ mod tests {
         let mut buf = Vec::new();
         write(&mut buf, &t).unwrap();
         assert_eq!(buf.len(), 10 + 2 * 1000);
+    }
+
+    #[test]
+    fn kinds_are_version_2_and_cost_nothing_for_small_pids() {
+        let mut t = Trace::from_pairs((0..1000u64).map(|p| (1, p)));
+        let plain = {
+            let mut buf = Vec::new();
+            write(&mut buf, &t).unwrap();
+            buf
+        };
+        assert_eq!(plain[8], VERSION, "no kinds: readable by version-1 readers");
+        t.kinds = true;
+        for r in t.records.iter_mut().step_by(3) {
+            r.write = true;
+        }
+        let mut buf = Vec::new();
+        write(&mut buf, &t).unwrap();
+        assert_eq!((buf[8], buf[9]), (VERSION_KINDS, FLAG_KINDS));
+        assert_eq!(buf.len(), plain.len());
+        assert_eq!(read_trace(&buf[..]).unwrap(), t);
+        let mut big = Trace::from_pairs([(1u64 << 63, 1)]);
+        big.kinds = true;
+        assert!(write(&mut Vec::new(), &big).is_err());
+        // Version 1 does not know the kinds flag.
+        let mut bad = buf.clone();
+        bad[8] = VERSION;
+        assert!(read_trace(&bad[..])
+            .unwrap_err()
+            .to_string()
+            .contains("unknown flags"));
     }
 
     #[test]

@@ -1,21 +1,25 @@
 //! Page-access traces: the record type, the two file formats and the synthetic generators.
 //!
-//! A trace is a sequence of `(process key, page number[, time])` records, one per access (in
-//! farvm: one per guest touch of a page that may be remote). Times are nanoseconds when the
+//! A trace is a sequence of `(process key, page number[, time][, kind])` records, one per access
+//! (in farvm: one per guest touch of a page that may be remote). Times are nanoseconds when the
 //! trace carries them; otherwise the record index stands in for time, so timeliness is then
-//! measured in accesses.
+//! measured in accesses. The access kind (read or write) is optional too: traces converted from
+//! real programs ([`lackey`]) keep it, synthetic ones have none (every record reads).
 //!
-//! Formats (both read by [`read_trace`], which tells them apart by the binary magic):
-//! - text ([`text`]): one record per line, `pid page` or `pid page time_ns`, decimal or `0x`
+//! Formats (all read by [`read_trace`], which tells them apart by their magic):
+//! - text ([`text`]): one record per line, `pid page [time_ns] [r|w]`, decimal or `0x`
 //!   hexadecimal, `#` comments and blank lines ignored;
 //! - binary ([`binary`]): the magic `FVMTRACE`, a version byte, a flags byte, then each record
-//!   as LEB128 varints: pid, zigzag page delta, and (if timed) zigzag time delta — about two
-//!   bytes per record on a scan.
+//!   as LEB128 varints: pid (with the kind in its low bit in version 2), zigzag page delta, and
+//!   (if timed) zigzag time delta — about two bytes per record on a scan;
+//! - either of them compressed with zstd (`.zst`, detected by the zstd frame magic).
 //!
 //! The codecs work over `std::io::Read`/`Write`; opening files is the caller's business.
 
 pub mod binary;
 pub mod gen;
+pub mod lackey;
+pub mod mix;
 pub mod rng;
 pub mod text;
 
@@ -32,6 +36,8 @@ pub struct Record {
     pub page: PageNo,
     /// Nanoseconds if the trace is timed, else the record index.
     pub time: Nanos,
+    /// The access wrote the page (always `false` in a trace without kinds).
+    pub write: bool,
 }
 
 /// A whole trace in memory.
@@ -41,6 +47,8 @@ pub struct Trace {
     pub records: Vec<Record>,
     /// `true` if `time` is in nanoseconds, `false` if it is the record index.
     pub timed: bool,
+    /// `true` if records say whether they read or wrote (`Record::write`).
+    pub kinds: bool,
 }
 
 impl Trace {
@@ -53,12 +61,24 @@ impl Trace {
                 key,
                 page,
                 time: i as u64,
+                write: false,
             })
             .collect();
         Self {
             records,
             timed: false,
+            kinds: false,
         }
+    }
+
+    /// Distinct `(process key, page)` pairs: the memory the trace needs to run without a miss
+    /// after its first touches.
+    pub fn footprint(&self) -> usize {
+        let mut pairs: Vec<(ProcessKey, PageNo)> =
+            self.records.iter().map(|r| (r.key, r.page)).collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs.len()
     }
 }
 
@@ -95,10 +115,21 @@ pub enum TraceError {
         /// What is wrong.
         msg: String,
     },
+    /// A zstd-compressed trace could not be decompressed.
+    #[error("zstd-compressed trace: {0}")]
+    Zstd(String),
 }
 
-/// Reads a whole trace in either format (binary if it starts with the magic).
-pub fn read_trace<R: Read>(reader: R) -> Result<Trace, TraceError> {
+/// The first bytes of a zstd frame.
+pub const ZSTD_MAGIC: &[u8; 4] = &[0x28, 0xb5, 0x2f, 0xfd];
+
+/// Reads a whole trace in any format: binary if it starts with the binary magic, text otherwise,
+/// either one possibly inside a zstd stream.
+pub fn read_trace<R: Read>(mut reader: R) -> Result<Trace, TraceError> {
+    read_maybe_compressed(&mut reader, true)
+}
+
+fn read_maybe_compressed(reader: &mut dyn Read, may_be_zstd: bool) -> Result<Trace, TraceError> {
     let mut reader = BufReader::with_capacity(1 << 16, reader);
     let mut head = [0u8; binary::MAGIC.len()];
     let mut n = 0;
@@ -110,10 +141,23 @@ pub fn read_trace<R: Read>(reader: R) -> Result<Trace, TraceError> {
             Err(e) => return Err(e.into()),
         }
     }
+    let head_reader = std::io::Cursor::new(head[..n].to_vec()).chain(reader);
+    if may_be_zstd && n >= ZSTD_MAGIC.len() && head[..ZSTD_MAGIC.len()] == *ZSTD_MAGIC {
+        let mut decoder = ruzstd::decoding::StreamingDecoder::new(head_reader)
+            .map_err(|e| TraceError::Zstd(e.to_string()))?;
+        // A compressed trace holds one uncompressed trace (never a second layer).
+        return read_maybe_compressed(&mut decoder, false).map_err(|e| match e {
+            TraceError::Io(io) => TraceError::Zstd(io.to_string()),
+            other => other,
+        });
+    }
+    let mut reader = head_reader;
     if n == head.len() && head == *binary::MAGIC {
+        let mut skip = [0u8; binary::MAGIC.len()];
+        reader.read_exact(&mut skip)?;
         binary::read_body(reader)
     } else {
-        text::read(std::io::Cursor::new(head[..n].to_vec()).chain(reader))
+        text::read(reader)
     }
 }
 
@@ -146,6 +190,27 @@ mod tests {
     }
 
     #[test]
+    fn zstd_compressed_traces_are_detected() {
+        // `printf '1 5 w\n2 7 r\n' | zstd -c | xxd -i`
+        let text_zst: &[u8] = &[
+            0x28, 0xb5, 0x2f, 0xfd, 0x04, 0x58, 0x61, 0x00, 0x00, 0x31, 0x20, 0x35, 0x20, 0x77,
+            0x0a, 0x32, 0x20, 0x37, 0x20, 0x72, 0x0a, 0x12, 0xb1, 0x4b, 0x4c,
+        ];
+        let t = read_trace(text_zst).unwrap();
+        assert!(t.kinds);
+        assert_eq!(
+            t.records
+                .iter()
+                .map(|r| (r.key, r.page, r.write))
+                .collect::<Vec<_>>(),
+            [(1, 5, true), (2, 7, false)]
+        );
+        let mut cut = text_zst.to_vec();
+        cut.truncate(12);
+        assert!(matches!(read_trace(&cut[..]), Err(TraceError::Zstd(_))));
+    }
+
+    #[test]
     fn random_bytes_never_panic() {
         let mut rng = rng::SplitMix64::new(99);
         for round in 0..2_000 {
@@ -166,6 +231,9 @@ mod tests {
                 .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
                 .collect();
             let _ = read_trace(&text[..]);
+            let mut zst = ZSTD_MAGIC.to_vec();
+            zst.extend((0..len).map(|_| rng.next_u64() as u8));
+            let _ = read_trace(&zst[..]);
         }
     }
 
@@ -177,7 +245,8 @@ mod tests {
             [Record {
                 key: 1,
                 page: 2,
-                time: 0
+                time: 0,
+                write: false
             }]
         );
     }

@@ -25,7 +25,7 @@ fn ws_of(w: &PlacedWorkload) -> u64 {
 /// Guest RAM for one workload: heap + page tables + 40 MiB for the kernel and boot data,
 /// rounded up to 16 MiB. (With the default 32 MiB working sets, 50% local then still holds
 /// the whole working set: pass larger `--workload ...:ws=` to make that column page.)
-fn guest_mem(w: &PlacedWorkload) -> u64 {
+pub(crate) fn guest_mem(w: &PlacedWorkload) -> u64 {
     let ws = ws_of(w);
     (ws + ws / 256 + (40 << 20) + (16 << 20) - 1) & !((16 << 20) - 1)
 }

@@ -1,0 +1,548 @@
+//! `farvm-lab bench compare`: farvm against what operators run today, in one invocation. The
+//! same test-guest VM (`farvm run`, one child process per run) runs each workload all-local,
+//! on farvm remote memory (loopback memserver) with each prefetcher, and with all RAM local but
+//! its VMM process in a memory cgroup limited to the same budget, the kernel swapping it to
+//! zram or to a swapfile on a tmpfs-backed loop device (Linux swap read-ahead at the host's
+//! `vm.page-cluster`). Host setup and teardown live in [`host`]; the table and charts in
+//! [`report`].
+
+mod host;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use farvm_vmm::workload_spec::{place, PlacedWorkload};
+use serde::Serialize;
+
+use super::remote::runner::guest_mem;
+use host::{MemCgroup, SwapDevice, SwapKind};
+
+pub const COMPARE_ABOUT: &str = "\
+farvm against kernel swap, in one invocation. Every run is `farvm run` booting the test guest
+with one workload (a child process per run; the same guest RAM size, frame layout and workload
+in every setup), and the workload's measured phase as the guest times it is compared:
+
+  all-local          --local-only, no limit (the baseline every time is normalised to)
+  farvm PREFETCHER   remote memory: --local-memory BUDGET on a loopback farvm-memserver, once
+                     per --prefetcher (default leap+stream and none)
+  kernel swap, zram  --local-only, the VMM process in a cgroup-v1 memory cgroup limited to
+                     BUDGET + the VMM's own memory, the kernel swapping to a zram device (lz4)
+  kernel swap, loop  the same, swapping to a swapfile on a loop device backed by tmpfs
+
+Linux's swap read-ahead runs at the host's vm.page-cluster (printed; left as found). BUDGET is
+--local percent of the workload's footprint (pages the VM touches, from a farvm run with all
+memory local to its paging engine). The VMM's own memory (the cgroup's peak in the all-local
+run less the footprint) is added to the cgroup limit, so both setups give the guest the same
+number of resident pages. The cgroup's OOM killer is off (memory.oom_control): at such limits
+the cgroup's reclaim gives up on pages a vCPU keeps mapped and would kill the VMM; without the
+OOM killer the VMM waits until reclaim frees a page, and that wait is part of kernel swap's time.
+
+farvm-lab sets up and tears down the cgroup, the zram device, the tmpfs mount, the swapfile and
+its loop device itself (also on errors and Ctrl-C), and refuses to start when it is not root,
+the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
+the kernel-swap setups (no root needed).
+
+Every run must reproduce the all-local checksum; a run that hits --cell-timeout or is killed
+(e.g. by the kernel's OOM killer) is reported as such. Each cell runs --repeat times, setups taking
+turns; the median is reported. Writes compare.md, compare.json and two charts (time over
+all-local; farvm over kernel swap) into --out.
+
+EXAMPLES
+  farvm-lab bench compare --out docs/bench/compare
+  farvm-lab bench compare --workload seq:ws=32M --local 25 --swap zram --repeat 1
+
+EXIT STATUS
+  0 every run completed with the all-local checksum; 1 a run failed, timed out, differed, or
+  the host could not be set up";
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Workload (repeatable; NAME[:key=value,...]) [default: seq, stride, kv at ws=32M].
+    #[arg(long = "workload", value_name = "SPEC")]
+    pub workloads: Vec<String>,
+    /// Local memory, percent of the footprint (repeatable) [default: 50 and 25].
+    #[arg(long = "local", value_name = "PCT")]
+    pub local: Vec<f64>,
+    /// farvm prefetcher (repeatable) [default: leap+stream and none].
+    #[arg(long = "prefetcher", value_name = "NAME")]
+    pub prefetchers: Vec<String>,
+    /// Kernel-swap devices: zram, loop, both, or none.
+    #[arg(long, value_name = "zram|loop|both|none", default_value = "both")]
+    pub swap: String,
+    /// Runs per cell and setup (median reported).
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=15))]
+    pub repeat: u32,
+    /// Seconds one VM may run.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub cell_timeout: u64,
+    /// The farvm binary [default: `farvm` next to farvm-lab].
+    #[arg(long, value_name = "PATH")]
+    pub farvm: Option<PathBuf>,
+    /// Directory for compare.md, compare.json and the charts.
+    #[arg(long, value_name = "DIR", default_value = "compare-out")]
+    pub out: PathBuf,
+}
+
+/// One setup of a cell.
+#[derive(Clone, Debug, PartialEq)]
+enum Setup {
+    Farvm(String),
+    Swap(SwapKind),
+}
+
+impl Setup {
+    fn label(&self) -> String {
+        match self {
+            Setup::Farvm(pf) => format!("farvm {pf}"),
+            Setup::Swap(k) => k.label().to_string(),
+        }
+    }
+}
+
+/// How long past its own --timeout a `farvm run` may take before the bench kills it: a VMM
+/// whose memory cgroup is out of memory with the OOM killer off waits in the kernel, where its
+/// own timer cannot end it.
+const KILL_GRACE: Duration = Duration::from_secs(30);
+
+/// Runs `cmd` to completion, or SIGKILLs it once `limit` has passed; its output either way.
+fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
+    let child = cmd.spawn().context("starting farvm")?;
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(_) => {
+            eprintln!(
+                "farvm (pid {pid}) still running after {} s: killing it",
+                limit.as_secs()
+            );
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            rx.recv().context("waiting for the killed farvm")?
+        }
+    };
+    let _ = waiter.join();
+    out.context("waiting for farvm")
+}
+
+/// `farvm run`'s exit status when --timeout expired.
+const TIMED_OUT: i32 = 124;
+
+/// One finished `farvm run`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    /// NaN if the run did not finish.
+    pub measured_ms: f64,
+    /// None if the run did not finish.
+    pub checksum: Option<u64>,
+    /// How a run that did not finish ended (timeout, killed by a signal).
+    pub ended: Option<String>,
+    /// farvm: demand faults of the measured phase; kernel swap: pages swapped in host-wide
+    /// during the run.
+    pub faults: u64,
+}
+
+/// A setup's runs of one cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetupResult {
+    pub setup: String,
+    pub median_ms: f64,
+    pub runs_ms: Vec<f64>,
+    /// Median over all-local.
+    pub vs_all_local: f64,
+    /// Of the median run (see [`RunResult::faults`]).
+    pub faults: u64,
+    /// How the median run ended if it did not finish.
+    pub ended: Option<String>,
+}
+
+/// One workload at one local share.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    pub workload: String,
+    pub local_pct: f64,
+    pub footprint_pages: u64,
+    pub budget_bytes: u64,
+    /// Memory-cgroup limit of the kernel-swap setups (budget + the VMM's own memory).
+    pub cgroup_limit_bytes: u64,
+    pub all_local_ms: f64,
+    /// The all-local checksum every run reproduced.
+    pub checksum: u64,
+    pub setups: Vec<SetupResult>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub cell_timeout_secs: u64,
+    pub page_cluster: String,
+    pub load_average: String,
+    pub wall_secs: f64,
+    pub cells: Vec<Cell>,
+}
+
+fn farvm_binary(given: &Option<PathBuf>) -> Result<PathBuf> {
+    let path = match given {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating farvm-lab")?
+            .with_file_name("farvm"),
+    };
+    if !path.is_file() {
+        bail!(
+            "no farvm binary at {} (build it: cargo build --release -p farvm-vmm; or pass --farvm)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// How to run one VM.
+struct Runner<'a> {
+    farvm: &'a Path,
+    timeout: Duration,
+}
+
+impl Runner<'_> {
+    /// `farvm run` of `spec`, with `extra` arguments, in `cgroup` if given; returns the run and
+    /// the JSON report.
+    fn run(
+        &self,
+        spec: &str,
+        w: &PlacedWorkload,
+        extra: &[String],
+        cgroup: Option<&MemCgroup>,
+    ) -> Result<(RunResult, serde_json::Value)> {
+        let mut cmd = match cgroup {
+            Some(cg) => cg.command(self.farvm),
+            None => Command::new(self.farvm),
+        };
+        cmd.args([
+            "run",
+            "--memory",
+            &format!("{}M", guest_mem(w) >> 20),
+            "--workload",
+            spec,
+            // The same guest frame layout in every setup (farvm run's default with remote
+            // memory): kernel swap's read-ahead then sees the same address runs.
+            "--frame-run-shift",
+            "9",
+            "--serial",
+            "none",
+            "--no-control-socket",
+            "--json",
+            "--timeout",
+            &self.timeout.as_secs().to_string(),
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped());
+        let swaps_before = host::swap_counters();
+        let out = output_within(cmd, self.timeout + KILL_GRACE)?;
+        let swaps_after = host::swap_counters();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let what = format!("farvm run --workload {spec} {}", extra.join(" "));
+        // A run that timed out or was killed by a signal (the kernel's OOM killer, or a fault
+        // the VMM took when the cgroup could not charge a page) is a result, not a bench error.
+        let ended = match (
+            out.status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&out.status),
+        ) {
+            (Some(TIMED_OUT), _) => Some(format!("timeout (> {} s)", self.timeout.as_secs())),
+            (_, Some(sig)) => Some(format!("killed by signal {sig}")),
+            _ => None,
+        };
+        if let Some(ended) = ended {
+            eprintln!(
+                "{what}: {ended}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return Ok((
+                RunResult {
+                    measured_ms: f64::NAN,
+                    checksum: None,
+                    faults: 0,
+                    ended: Some(ended),
+                },
+                serde_json::Value::Null,
+            ));
+        }
+        if !out.status.success() {
+            bail!(
+                "{what}: exit {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .with_context(|| format!("{what}: no JSON report on stdout"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{what}: bad JSON report"))?;
+        let p = &v["processes"][0];
+        if p["state_name"] != "done" {
+            bail!("{what}: the process ended {}", p["state_name"]);
+        }
+        let faults = match v["paging"].is_null() {
+            true => swaps_after.0.saturating_sub(swaps_before.0),
+            false => p["measured_phase_paging"]["demand_faults"]
+                .as_u64()
+                .unwrap_or(0),
+        };
+        Ok((
+            RunResult {
+                measured_ms: p["time_ms"].as_f64().unwrap_or(f64::NAN),
+                checksum: p["checksum"].as_u64(),
+                faults,
+                ended: None,
+            },
+            v,
+        ))
+    }
+}
+
+/// Median; a timed-out run (NaN) counts as the slowest.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| match (a.is_nan(), b.is_nan()) {
+        (false, false) => a.total_cmp(b),
+        (x, y) => x.cmp(&y),
+    });
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn interrupted() -> Result<()> {
+    if farvm_vmm::signals::termination_requested().is_some() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+pub fn run(a: CompareArgs) -> Result<()> {
+    farvm_vmm::signals::install_termination_handlers()?;
+    let t0 = Instant::now();
+    let swaps: Vec<SwapKind> = match a.swap.as_str() {
+        "both" => vec![SwapKind::Zram, SwapKind::Loop],
+        "zram" => vec![SwapKind::Zram],
+        "loop" => vec![SwapKind::Loop],
+        "none" => vec![],
+        s => bail!("--swap {s}: expected zram, loop, both or none"),
+    };
+    let specs: Vec<String> = if a.workloads.is_empty() {
+        ["seq:ws=32M", "stride:ws=32M", "kv:ws=32M"]
+            .map(String::from)
+            .to_vec()
+    } else {
+        a.workloads.clone()
+    };
+    let locals = if a.local.is_empty() {
+        vec![50.0, 25.0]
+    } else {
+        a.local.clone()
+    };
+    if let Some(l) = locals.iter().find(|&&l| !(l > 0.0 && l < 100.0)) {
+        bail!("--local {l}: must be a percentage in (0, 100)");
+    }
+    let prefetchers = if a.prefetchers.is_empty() {
+        vec!["leap+stream".to_string(), "none".to_string()]
+    } else {
+        a.prefetchers.clone()
+    };
+    for p in &prefetchers {
+        if !farvm_prefetch::registry::names().contains(&p.as_str()) {
+            bail!(
+                "unknown --prefetcher `{p}` (known: {})",
+                farvm_prefetch::registry::names().join(", ")
+            );
+        }
+    }
+    let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
+    let farvm = farvm_binary(&a.farvm)?;
+    if !swaps.is_empty() {
+        host::check_preconditions()?;
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let runner = Runner {
+        farvm: &farvm,
+        timeout: Duration::from_secs(a.cell_timeout.max(1)),
+    };
+    let tag = std::process::id().to_string();
+    let cgroup = if swaps.is_empty() {
+        None
+    } else {
+        Some(MemCgroup::create(&format!("farvm-compare-{tag}"))?)
+    };
+
+    let mut cells = Vec::new();
+    for (spec, w) in specs.iter().zip(&placed) {
+        interrupted()?;
+        // Footprint: farvm with all memory local to its engine.
+        let (_, v) = runner.run(spec, w, &["--local-memory".into(), "all".into()], None)?;
+        let footprint = v["paging"]["engine"]["resident_pages"]
+            .as_u64()
+            .with_context(|| format!("{spec}: no resident_pages in the footprint run"))?;
+        // All-local, in the (unlimited) cgroup when there is one, for the VMM's own memory.
+        let mut local_runs = Vec::new();
+        let mut vmm_own = 0u64;
+        for _ in 0..a.repeat {
+            interrupted()?;
+            if let Some(cg) = &cgroup {
+                cg.set_limit(None)?;
+            }
+            let (r, _) = runner.run(spec, w, &["--local-only".into()], cgroup.as_ref())?;
+            if let Some(cg) = &cgroup {
+                vmm_own = vmm_own.max(cg.max_usage()?.saturating_sub(footprint * 4096));
+            }
+            eprintln!("{spec} all-local: {:.1} ms", r.measured_ms);
+            local_runs.push(r);
+        }
+        let Some(checksum) = local_runs[0].checksum else {
+            bail!("{spec}: the all-local run timed out");
+        };
+        if let Some(r) = local_runs.iter().find(|r| r.checksum != Some(checksum)) {
+            bail!(
+                "{spec}: all-local runs disagree on the checksum ({:?} vs {checksum:#x})",
+                r.checksum
+            );
+        }
+        let all_local_ms = median(local_runs.iter().map(|r| r.measured_ms).collect());
+        for &local in &locals {
+            let budget = ((footprint as f64 * local / 100.0).ceil() as u64).max(1) * 4096;
+            cells.push(Cell {
+                workload: spec.clone(),
+                local_pct: local,
+                footprint_pages: footprint,
+                budget_bytes: budget,
+                cgroup_limit_bytes: budget + vmm_own,
+                all_local_ms,
+                checksum,
+                setups: Vec::new(),
+            });
+        }
+    }
+
+    // farvm setups, all cells, taking turns within a cell.
+    let mut setups: Vec<Setup> = prefetchers.iter().cloned().map(Setup::Farvm).collect();
+    let farvm_setups = setups.len();
+    setups.extend(swaps.iter().map(|&k| Setup::Swap(k)));
+    let mut results: Vec<Vec<Vec<RunResult>>> = cells
+        .iter()
+        .map(|_| setups.iter().map(|_| Vec::new()).collect())
+        .collect();
+    let run_cell = |ci: usize, si: usize, cg: Option<&MemCgroup>| -> Result<RunResult> {
+        let c = &cells[ci];
+        let wi = specs.iter().position(|s| *s == c.workload).unwrap_or(0);
+        let extra: Vec<String> = match &setups[si] {
+            Setup::Farvm(pf) => vec![
+                "--local-memory".into(),
+                format!("{}K", c.budget_bytes / 1024),
+                "--prefetcher".into(),
+                pf.clone(),
+            ],
+            Setup::Swap(_) => vec!["--local-only".into()],
+        };
+        if let Some(cg) = cg {
+            cg.set_limit(Some(c.cgroup_limit_bytes))?;
+        }
+        let (r, _) = runner.run(&c.workload, &placed[wi], &extra, cg)?;
+        if r.checksum.is_some_and(|x| x != c.checksum) {
+            bail!(
+                "{} {}% {}: checksum {:?} differs from all-local's {:#x}",
+                c.workload,
+                c.local_pct,
+                setups[si].label(),
+                r.checksum,
+                c.checksum
+            );
+        }
+        eprintln!(
+            "{} {}% {}: {:.1} ms",
+            c.workload,
+            c.local_pct,
+            setups[si].label(),
+            r.measured_ms
+        );
+        Ok(r)
+    };
+    for (ci, cell_runs) in results.iter_mut().enumerate() {
+        for round in 0..a.repeat as usize {
+            for k in 0..farvm_setups {
+                interrupted()?;
+                let si = (round + k) % farvm_setups;
+                cell_runs[si].push(run_cell(ci, si, None)?);
+            }
+        }
+    }
+    // Kernel swap: one device at a time, every cell.
+    for (k, &kind) in swaps.iter().enumerate() {
+        let si = farvm_setups + k;
+        let largest = cells
+            .iter()
+            .map(|c| c.footprint_pages * 4096)
+            .max()
+            .unwrap_or(0);
+        let _dev = SwapDevice::start(kind, 2 * largest, &tag)?;
+        for (ci, cell_runs) in results.iter_mut().enumerate() {
+            for _ in 0..a.repeat {
+                interrupted()?;
+                cell_runs[si].push(run_cell(ci, si, cgroup.as_ref())?);
+            }
+        }
+    }
+
+    for (ci, c) in cells.iter_mut().enumerate() {
+        for (si, runs) in results[ci].iter().enumerate() {
+            let runs_ms: Vec<f64> = runs.iter().map(|r| r.measured_ms).collect();
+            let med = median(runs_ms.clone());
+            let mid = runs
+                .iter()
+                .find(|r| r.measured_ms == med || (med.is_nan() && r.measured_ms.is_nan()));
+            c.setups.push(SetupResult {
+                setup: setups[si].label(),
+                median_ms: med,
+                runs_ms,
+                vs_all_local: med / c.all_local_ms,
+                faults: mid.map_or(0, |r| r.faults),
+                ended: mid.and_then(|r| r.ended.clone()),
+            });
+        }
+    }
+    drop(cgroup);
+    let report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        cell_timeout_secs: a.cell_timeout,
+        page_cluster: std::fs::read_to_string("/proc/sys/vm/page-cluster")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
+        wall_secs: t0.elapsed().as_secs_f64(),
+        cells,
+    };
+    report::write(&report, &a.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_counts_a_timeout_as_the_slowest_run() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![f64::NAN, 1.0, 2.0]), 2.0);
+        assert!(median(vec![f64::NAN, 1.0]).is_nan());
+        assert!(median(Vec::new()).is_nan());
+    }
+}

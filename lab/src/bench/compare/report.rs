@@ -1,0 +1,240 @@
+//! `farvm-lab bench compare`'s outputs: the markdown table, the JSON report and two charts
+//! (each setup's time over all-local; farvm over each kernel-swap device).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::Report;
+use crate::plot::{grouped_bars, RefLine, Series};
+
+/// The farvm setup the farvm ÷ kernel-swap columns use: the first one listed.
+fn farvm_setup(r: &Report) -> Option<String> {
+    r.cells
+        .first()?
+        .setups
+        .iter()
+        .find(|s| s.setup.starts_with("farvm "))
+        .map(|s| s.setup.clone())
+}
+
+fn swap_setups(r: &Report) -> Vec<String> {
+    r.cells.first().map_or(Vec::new(), |c| {
+        c.setups
+            .iter()
+            .filter(|s| s.setup.starts_with("kernel swap"))
+            .map(|s| s.setup.clone())
+            .collect()
+    })
+}
+
+fn ms(c: &super::Cell, setup: &str) -> f64 {
+    c.setups
+        .iter()
+        .find(|s| s.setup == setup)
+        .map_or(f64::NAN, |s| s.median_ms)
+}
+
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let Some(first) = r.cells.first() else {
+        return s;
+    };
+    let names: Vec<&str> = first.setups.iter().map(|x| x.setup.as_str()).collect();
+    let farvm = farvm_setup(r);
+    let swaps = swap_setups(r);
+    s.push_str("| workload | local | all-local ms |");
+    for n in &names {
+        let _ = write!(s, " {n} ms (× all-local) |");
+    }
+    if let Some(f) = &farvm {
+        for sw in &swaps {
+            let _ = write!(s, " {f} ÷ {sw} |");
+        }
+    }
+    s.push('\n');
+    let cols = 3 + names.len() + if farvm.is_some() { swaps.len() } else { 0 };
+    s.push_str(&"|---".repeat(cols));
+    s.push_str("|\n");
+    for c in &r.cells {
+        let _ = write!(
+            s,
+            "| {} | {}% | {:.1} |",
+            c.workload, c.local_pct, c.all_local_ms
+        );
+        for x in &c.setups {
+            if let Some(ended) = &x.ended {
+                let _ = write!(s, " {ended} |");
+            } else {
+                let _ = write!(s, " {:.1} ({:.1}×) |", x.median_ms, x.vs_all_local);
+            }
+        }
+        if let Some(f) = &farvm {
+            for sw in &swaps {
+                let ratio = ms(c, f) / ms(c, sw);
+                if ratio.is_nan() {
+                    let _ = write!(s, " - |");
+                } else {
+                    let _ = write!(s, " **{ratio:.2}** |");
+                }
+            }
+        }
+        s.push('\n');
+    }
+    s.push_str("\nFaults in the measured phase (farvm: demand faults; kernel swap: pages swapped in, host-wide, during the run) and budgets:\n\n");
+    s.push_str("| workload | local | footprint pages | budget | cgroup limit |");
+    for n in &names {
+        let _ = write!(s, " {n} |");
+    }
+    s.push('\n');
+    s.push_str(&"|---".repeat(5 + names.len()));
+    s.push_str("|\n");
+    for c in &r.cells {
+        let _ = write!(
+            s,
+            "| {} | {}% | {} | {:.1} MiB | {:.1} MiB |",
+            c.workload,
+            c.local_pct,
+            c.footprint_pages,
+            c.budget_bytes as f64 / 1048576.0,
+            c.cgroup_limit_bytes as f64 / 1048576.0
+        );
+        for x in &c.setups {
+            let _ = write!(s, " {} |", x.faults);
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(
+        s,
+        "\nCommand: `{}` ({:.0} s; load average at the end {}; vm.page-cluster {}). Median of each \
+         setup's runs; ratios hold within this run only.",
+        r.command, r.wall_secs, r.load_average, r.page_cluster
+    );
+    s
+}
+
+/// Writes compare.md, compare.json, compare-vs-local.png and compare-farvm-vs-swap.png into
+/// `dir`, and prints the table. Charts need a TrueType font; without one they are skipped
+/// with a message.
+pub fn write(r: &Report, dir: &Path) -> Result<()> {
+    let md = markdown(r);
+    print!("{md}");
+    std::fs::write(dir.join("compare.md"), &md).context("writing compare.md")?;
+    std::fs::write(
+        dir.join("compare.json"),
+        serde_json::to_string_pretty(r)? + "\n",
+    )
+    .context("writing compare.json")?;
+    let cats: Vec<String> = r
+        .cells
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}%",
+                c.workload.split(':').next().unwrap_or(""),
+                c.local_pct
+            )
+        })
+        .collect();
+    let names: Vec<String> = r.cells.first().map_or(Vec::new(), |c| {
+        c.setups.iter().map(|s| s.setup.clone()).collect()
+    });
+    let series: Vec<Series> = names
+        .iter()
+        .map(|n| Series {
+            name: n.clone(),
+            values: r.cells.iter().map(|c| ms(c, n) / c.all_local_ms).collect(),
+        })
+        .collect();
+    let charts = grouped_bars(
+        &dir.join("compare-vs-local.png"),
+        "Measured time over all-local (log scale; lower is better)",
+        "time / all-local",
+        &cats,
+        &series,
+        &[RefLine {
+            label: "all-local".into(),
+            value: 1.0,
+        }],
+        true,
+    )
+    .and_then(|_| {
+        let Some(f) = farvm_setup(r) else {
+            return Ok(());
+        };
+        let series: Vec<Series> = swap_setups(r)
+            .iter()
+            .map(|sw| Series {
+                name: format!("{f} ÷ {sw}"),
+                values: r.cells.iter().map(|c| ms(c, &f) / ms(c, sw)).collect(),
+            })
+            .collect();
+        if series.is_empty() {
+            return Ok(());
+        }
+        grouped_bars(
+            &dir.join("compare-farvm-vs-swap.png"),
+            "farvm over kernel swap (below 1: farvm faster)",
+            "farvm time / kernel-swap time",
+            &cats,
+            &series,
+            &[RefLine {
+                label: "equal".into(),
+                value: 1.0,
+            }],
+            true,
+        )
+    });
+    if let Err(e) = charts {
+        eprintln!("farvm-lab: charts skipped: {e:#}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cell, SetupResult};
+    use super::*;
+
+    fn setup(name: &str, ms: f64) -> SetupResult {
+        SetupResult {
+            setup: name.into(),
+            median_ms: ms,
+            runs_ms: vec![ms],
+            vs_all_local: ms / 10.0,
+            faults: 7,
+            ended: ms.is_nan().then(|| "timeout (> 90 s)".to_string()),
+        }
+    }
+
+    #[test]
+    fn table_has_farvm_over_each_swap_device_and_marks_timeouts() {
+        let r = Report {
+            command: "farvm-lab bench compare".into(),
+            cell_timeout_secs: 90,
+            page_cluster: "3".into(),
+            load_average: "1 1 1".into(),
+            wall_secs: 1.0,
+            cells: vec![Cell {
+                workload: "seq:ws=32M".into(),
+                local_pct: 25.0,
+                footprint_pages: 8412,
+                budget_bytes: 2103 * 4096,
+                cgroup_limit_bytes: 2103 * 4096 + (2 << 20),
+                all_local_ms: 10.0,
+                checksum: 1,
+                setups: vec![
+                    setup("farvm leap+stream", 50.0),
+                    setup("farvm none", f64::NAN),
+                    setup("kernel swap, zram", 100.0),
+                    setup("kernel swap, loop on tmpfs", 25.0),
+                ],
+            }],
+        };
+        let md = markdown(&r);
+        assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs |"), "{md}");
+        assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | **0.50** | **2.00** |"), "{md}");
+        assert!(md.contains("vm.page-cluster 3"), "{md}");
+    }
+}
