@@ -182,6 +182,11 @@ impl StatsSource {
         let store = self.store.upgrade()?;
         Some(collect(&engine, &store, &self.servers, self.embedded))
     }
+
+    /// The engine, while it runs (per-process statistics, agent-slot changes).
+    pub fn engine(&self) -> Option<Arc<Engine>> {
+        self.engine.upgrade()
+    }
 }
 
 fn collect(
@@ -440,8 +445,13 @@ impl RemoteMemory {
                     }
                     for cpu in 0..ncpus {
                         let s = slot(cpu);
-                        if s.is_some() && s != slot_done[cpu as usize] {
-                            if let Err(e) = engine.set_agent_slot(cpu, s.unwrap_or_default()) {
+                        if s != slot_done[cpu as usize] {
+                            // None after Some: the guest agent unregistered its slots.
+                            let r = match s {
+                                Some(gpa) => engine.set_agent_slot(cpu, gpa),
+                                None => engine.clear_agent_slot(cpu),
+                            };
+                            if let Err(e) = r {
                                 tracing::warn!("agent slot of vCPU {cpu}: {e}");
                             }
                             slot_done[cpu as usize] = s;
