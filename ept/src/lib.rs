@@ -59,8 +59,8 @@ pub use config::{Budget, ConfigError, EngineConfig, DEFAULT_PROBE_EVERY};
 pub use engine::{Engine, EngineParts};
 pub use error::EngineError;
 pub use lost::LostPage;
-pub use state::PageState;
 pub use procstats::{ProcessCounterValues, ProcessSnapshot, ProcessStats};
+pub use state::PageState;
 pub use stats::{CounterValues, PrefetchEstimate, Stats};
 
 /// Guest page size (4 KiB).

@@ -484,7 +484,11 @@ mod tests {
             (old.counters.demand_faults, old.counters.prefetch_wasted),
             (3, 1)
         );
-        assert_eq!(t.counters_of(0x1000, 7), None, "retired entries are not live");
+        assert_eq!(
+            t.counters_of(0x1000, 7),
+            None,
+            "retired entries are not live"
+        );
         assert_eq!(t.counters_of(0x1000, 9).unwrap().demand_faults, 0);
     }
 

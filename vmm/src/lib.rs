@@ -12,7 +12,8 @@
 //! - [`boot`] (test-guest ELF and Linux boot), [`devices`] (serial console, PV control
 //!   device), [`layout`] (where RAM goes).
 //! - [`remote`]: remote memory — the paging engine, its memory-server store, stage-2 injection.
-//! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd).
+//! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd),
+//!   [`process_stats`] (per-process paging statistics with guest process names).
 //! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`], [`size`],
 //!   [`stats`], [`workload_spec`].
 
@@ -25,6 +26,7 @@ pub mod devices;
 pub mod exit_code;
 pub mod layout;
 pub mod metrics;
+pub mod process_stats;
 pub mod remote;
 pub mod signals;
 pub mod size;

@@ -418,9 +418,7 @@ impl Handler {
         match (state_of(w), ev) {
             (st::NEVER, GuestFault) => self.zero_fill(p, w, now),
             (st::REMOTE, GuestFault) => self.demand_read(p, w, now),
-            (st::INFLIGHT, GuestFault) if w & st::F_PREFETCHED != 0 => {
-                self.late_hit(p, w, now)
-            }
+            (st::INFLIGHT, GuestFault) if w & st::F_PREFETCHED != 0 => self.late_hit(p, w, now),
             (st::INFLIGHT, GuestFault) => self.join_read(p, w),
             (st::STAGED, GuestFault) => self.marker_hit(p, w, now),
             (st::LOCAL, GuestFault) => self.remap(p),
@@ -505,7 +503,8 @@ impl Handler {
         self.count_fault(ProcessCounter::PrefetchLateHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
-            self.procs.add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
+            self.procs
+                .add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
         }
         let Faulter { key, entry, .. } = self.faulter;
         let marker = w & st::F_MARKER != 0;
@@ -545,7 +544,8 @@ impl Handler {
         self.count_fault(ProcessCounter::PrefetchMarkerHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
-            self.procs.add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
+            self.procs
+                .add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
         }
         self.hist
             .record(Hist::Timeliness, now.saturating_sub(staged_at));

@@ -390,6 +390,12 @@ impl RemoteMemory {
         vm.shared()
             .pv
             .set_paging_counters(Box::new(move || engine.upgrade().map(|e| e.counters())));
+        let engine = Arc::downgrade(&self.engine);
+        vm.shared()
+            .pv
+            .set_process_counters(Box::new(move |cr3, pid| {
+                engine.upgrade()?.process_counters(cr3, pid)
+            }));
         self.watch_vcpus(
             ncpus,
             move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
