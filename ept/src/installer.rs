@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::error::EngineError;
 use crate::hash::{self, Fingerprint};
 use crate::pagemeta::PageMeta;
-use crate::stage2::{StageTwo, StageTwoGate};
+use crate::stage2::{PreFaultError, StageTwo, StageTwoGate};
 use crate::state::{self as st, PageTable};
 use crate::stats::{Counter, Counters};
 use crate::store::PageBuf;
@@ -173,13 +173,15 @@ impl Installer {
         let _ = mem::for_runs(pages, |start, n| {
             self.map_pinned(start, n, false);
             c.add(Counter::PrefetchInjected, n);
-            if let Some(ok) = self
+            if let Some(r) = self
                 .stage2
                 .pre_fault(start * PAGE_SIZE as u64, n * PAGE_SIZE as u64)
             {
                 c.inc(Counter::PrefaultCalls);
-                if !ok {
-                    c.inc(Counter::PrefaultUnsupported);
+                match r {
+                    Ok(()) => c.add(Counter::PrefaultPages, n),
+                    Err(PreFaultError::Unsupported) => c.inc(Counter::PrefaultUnsupported),
+                    Err(PreFaultError::Failed(_)) => c.inc(Counter::PrefaultFailed),
                 }
             }
             Ok(())

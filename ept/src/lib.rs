@@ -51,7 +51,8 @@ pub mod error;
 pub mod hash;
 pub mod memstore;
 pub mod stage2;
-pub mod store;
+/// The page-store seam (`farvm-pageio`), under the name the engine's modules use.
+pub use farvm_pageio as store;
 pub mod sys;
 pub mod translate;
 

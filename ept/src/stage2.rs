@@ -48,22 +48,20 @@ impl StageTwoGate {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Returns `Some(supported)` if a call was made.
-    pub fn pre_fault(&self, gpa: u64, len: u64) -> Option<bool> {
+    /// The call's outcome, or `None` if none was made (disabled).
+    pub fn pre_fault(&self, gpa: u64, len: u64) -> Option<Result<(), PreFaultError>> {
         if !self.enabled() {
             return None;
         }
-        match self.inner.pre_fault(gpa, len) {
-            Ok(()) => Some(true),
+        let r = self.inner.pre_fault(gpa, len);
+        match r {
+            Ok(()) => {}
             Err(PreFaultError::Unsupported) => {
                 tracing::info!("KVM_PRE_FAULT_MEMORY unsupported; host-PTE injection only");
                 self.enabled.store(false, Ordering::Relaxed);
-                Some(false)
             }
-            Err(e) => {
-                tracing::debug!("pre-fault {gpa:#x}+{len:#x}: {e}");
-                Some(true)
-            }
+            Err(e) => tracing::debug!("pre-fault {gpa:#x}+{len:#x}: {e}"),
         }
+        Some(r)
     }
 }

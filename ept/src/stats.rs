@@ -161,6 +161,11 @@ counters! {
     prefault_calls: PrefaultCalls,
     /// Stage-2 pre-fault unsupported (detected once, then disabled).
     prefault_unsupported: PrefaultUnsupported,
+    /// Pages whose stage-2 entries a pre-fault call built (the injected pages the guest can
+    /// touch without a stage-2 fault).
+    prefault_pages: PrefaultPages,
+    /// Pre-fault calls that failed otherwise (those pages fall back to the host-PTE install).
+    prefault_failed: PrefaultFailed,
     /// VMM reads/writes resolved through the engine.
     vmm_accesses: VmmAccesses,
     /// Walks of a guest process's page tables (virtual page space, `translate::VirtualPages`).

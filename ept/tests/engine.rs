@@ -786,6 +786,9 @@ fn stage_two_prefault_is_feature_detected_once() {
             // One call per run of neighbouring injected pages.
             assert!(s.counters.prefault_calls > 0);
             assert!(s.counters.prefault_calls <= s.counters.prefetch_injected);
+            // Every injected page was covered by a successful call.
+            assert_eq!(s.counters.prefault_pages, s.counters.prefetch_injected);
+            assert_eq!(s.counters.prefault_failed, 0);
             assert!(s.stage2_prefault);
         } else {
             assert_eq!(
@@ -794,6 +797,7 @@ fn stage_two_prefault_is_feature_detected_once() {
                 "detected once, then disabled"
             );
             assert_eq!(s.counters.prefault_unsupported, 1);
+            assert_eq!(s.counters.prefault_pages, 0);
             assert!(!s.stage2_prefault);
         }
     }

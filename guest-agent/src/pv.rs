@@ -10,7 +10,8 @@ pub const PORT_LOG: u16 = 0x500;
 /// value = GPA of a process [`Mailbox`]: the process changed `phase`/`state`; the VMM
 /// timestamps the event with the host clock and reads the record.
 pub const PORT_MAILBOX: u16 = 0x501;
-/// value ignored: this vCPU has nothing left to run.
+/// value ignored: this vCPU has nothing left to run (the guest halts it for good; the VMM may
+/// stop running it).
 pub const PORT_CPU_DONE: u16 = 0x502;
 /// value = guest exit status: power off now.
 pub const PORT_SHUTDOWN: u16 = 0x503;

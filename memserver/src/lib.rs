@@ -1,15 +1,12 @@
-//! farvm-memserver: the remote page store (server) and the client the VMM uses.
+//! farvm-memserver: the remote page store (server).
 //!
-//! - [`protocol`]: the versioned wire format (PROTOCOL.md), crc32c per page, HMAC handshake.
 //! - [`server`]: the daemon as a library ([`server::Server::start`]).
-//! - [`client`]: pooled, pipelined, two-priority client with replication over several servers.
-//! - [`transport`]: the page-transport abstraction shared by TCP and RDMA (feature `rdma`).
-//! - [`bench`]: the `farvm-memserver bench` latency/throughput comparison with a raw TCP floor.
+//! - [`bench`]: the `farvm-memserver bench` latency/throughput comparison with a raw TCP floor
+//!   (an in-process server measured by the client's bench, `farvm_memclient::bench`).
 //! - [`process`]: observing a server process from outside (has SIGSTOP taken effect?).
+//!
+//! The wire protocol is `farvm-memproto`; the client is `farvm-memclient`.
 
 pub mod bench;
-pub mod client;
 pub mod process;
-pub mod protocol;
 pub mod server;
-pub mod transport;

@@ -7,12 +7,12 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+use farvm_memproto::auth::{load_token_file, Secret};
 use farvm_memserver::bench::{self, BenchConfig};
-use farvm_memserver::protocol::auth::{load_token_file, Secret};
 use farvm_memserver::server::{Server, ServerConfig};
 
 /// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
-/// (VM id), served over a pipelined binary protocol (see memserver/PROTOCOL.md).
+/// (VM id), served over a pipelined binary protocol (see memproto/PROTOCOL.md).
 ///
 /// Without a subcommand it serves until killed. Pages live in one anonymous MAP_NORESERVE
 /// arena of --capacity bytes; a write that would exceed it is refused with
@@ -44,6 +44,11 @@ struct Cli {
     /// Serve Prometheus metrics (text format, any HTTP path) on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Pin every thread that serves a client connection to this host CPU (the server's half
+    /// of a VMM's fault path; `farvm run --fault-path-cpu N` passes it to the memory server it
+    /// starts). Other threads stay unpinned.
+    #[arg(long, value_name = "CPU")]
+    connection_cpu: Option<usize>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -59,9 +64,6 @@ enum Cmd {
         /// Alternating floor/memserver rounds per depth (pooled).
         #[arg(long, default_value_t = 2)]
         rounds: usize,
-        /// Microseconds the client spins before sleeping at 1 in flight (0: never spin).
-        #[arg(long, default_value_t = 50)]
-        spin_us: u64,
         /// Comma-separated in-flight depths to measure (e.g. `1` for the latency cell only).
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
         depths: Vec<usize>,
@@ -122,7 +124,6 @@ fn run() -> Result<()> {
         Some(Cmd::Bench {
             duration,
             rounds,
-            spin_us,
             depths,
             pages,
         }) => {
@@ -138,7 +139,6 @@ fn run() -> Result<()> {
             let cfg = BenchConfig {
                 duration: Duration::from_secs_f64(duration),
                 rounds,
-                spin: Duration::from_micros(spin_us),
                 depths,
                 pages,
             };
@@ -166,6 +166,7 @@ fn run() -> Result<()> {
                 capacity_bytes: capacity,
                 tokens,
                 metrics: cli.metrics,
+                connection_cpu: cli.connection_cpu,
             })?;
             // Machine-readable line for tools that start the server on port 0.
             println!("listening {}", h.addr());

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use farvm_memserver::client::{Client, ClientError, IoBuf, OpKind, Priority};
-use farvm_memserver::protocol::PAGE_SIZE;
+use farvm_memclient::{Client, ClientError, IoBuf, Op, Priority, ReplyTo, Request};
+use farvm_memproto::PAGE_SIZE;
 
 const PAGES: u64 = 4096; // 4 slabs of 1024 pages
 
@@ -38,8 +38,17 @@ fn stream_with_kill(
             for i in 0..64 {
                 page_content(ns, first + i as u64, batch, io.page_mut(i));
             }
-            c.submit(OpKind::Write, ns, Priority::Demand, io, k, &tx)
-                .unwrap();
+            c.submit(
+                Request {
+                    op: Op::Write,
+                    ns,
+                    priority: Priority::Demand,
+                    io,
+                    user_data: k,
+                },
+                ReplyTo::Channel(&tx),
+            )
+            .unwrap();
         }
         // Kill while these writes are in flight.
         if batch == kill_after {
@@ -61,8 +70,17 @@ fn stream_with_kill(
         for k in 0..4u64 {
             let mut io = bufs.pop().unwrap();
             io.set_run(rbase + k * 64, 64).unwrap();
-            c.submit(OpKind::Read, ns, Priority::Demand, io, k, &tx)
-                .unwrap();
+            c.submit(
+                Request {
+                    op: Op::Read,
+                    ns,
+                    priority: Priority::Demand,
+                    io,
+                    user_data: k,
+                },
+                ReplyTo::Channel(&tx),
+            )
+            .unwrap();
         }
         for _ in 0..4 {
             let d = rx

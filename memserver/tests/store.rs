@@ -10,10 +10,12 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
-use farvm_memserver::client::{namespace_for_name, Client, ClientError, IoBuf, OpKind, Priority};
-use farvm_memserver::protocol::auth::Secret;
-use farvm_memserver::protocol::frame::{decode, encode, Body, Frame, StatInfo};
-use farvm_memserver::protocol::{PAGE_SIZE, PROTOCOL_VERSION};
+use farvm_memclient::{
+    namespace_for_name, Client, ClientError, Finished, IoBuf, Op, Priority, ReplyTo, Request,
+};
+use farvm_memproto::auth::Secret;
+use farvm_memproto::frame::{decode, encode, Body, Frame, StatInfo};
+use farvm_memproto::{PAGE_SIZE, PROTOCOL_VERSION};
 use farvm_memserver::server::{Server, ServerConfig};
 
 struct Rng(u64);
@@ -84,8 +86,17 @@ fn random_ops_match_the_model() {
                         let pages: Vec<u64> =
                             (0..n).map(|_| slab * 1024 + rng.below(1024)).collect();
                         io.set_scatter(&pages).unwrap();
-                        c.submit(OpKind::Read, ns, Priority::Prefetch, io, step, &tx)
-                            .unwrap();
+                        c.submit(
+                            Request {
+                                op: Op::Read,
+                                ns,
+                                priority: Priority::Prefetch,
+                                io,
+                                user_data: step,
+                            },
+                            ReplyTo::Channel(&tx),
+                        )
+                        .unwrap();
                         let done = rx.recv().unwrap();
                         assert_eq!(done.user_data, step);
                         done.result.expect("scatter read");
@@ -231,18 +242,23 @@ fn capacity_exhaustion_is_a_typed_error_and_batches_are_all_or_nothing() {
 }
 
 /// Writes pages 0..64 of namespace 3, then submits `n` prefetch reads of all 64 of them.
-fn queue_prefetch_backlog(
-    c: &Client,
-    n: u64,
-    tx: &crossbeam_channel::Sender<farvm_memserver::client::Completion>,
-) {
+fn queue_prefetch_backlog(c: &Client, n: u64, tx: &crossbeam_channel::Sender<Finished>) {
     let data: Vec<u8> = (0..64).flat_map(|p| page(3, p, 0)).collect();
     c.write(3, 0, &data).unwrap();
     for i in 0..n {
         let mut io = IoBuf::new(64);
         io.set_run(0, 64).unwrap();
-        c.submit(OpKind::Read, 3, Priority::Prefetch, io, i, tx)
-            .unwrap();
+        c.submit(
+            Request {
+                op: Op::Read,
+                ns: 3,
+                priority: Priority::Prefetch,
+                io,
+                user_data: i,
+            },
+            ReplyTo::Channel(tx),
+        )
+        .unwrap();
     }
 }
 
@@ -260,8 +276,17 @@ fn demand_reads_overtake_queued_prefetches() {
     io.set_run(7, 1).unwrap();
     // Completions already delivered before the demand read was submitted.
     let before = rx.len();
-    c.submit(OpKind::Read, 3, Priority::Demand, io, 999, &tx)
-        .unwrap();
+    c.submit(
+        Request {
+            op: Op::Read,
+            ns: 3,
+            priority: Priority::Demand,
+            io,
+            user_data: 999,
+        },
+        ReplyTo::Channel(&tx),
+    )
+    .unwrap();
     let order: Vec<u64> = (0..41).map(|_| rx.recv().unwrap().user_data).collect();
     let pos = order.iter().position(|&u| u == 999).unwrap();
     // Prefetches are limited to one in flight, so at most that one (plus one the sender
@@ -297,7 +322,7 @@ fn synchronous_demand_reads_take_their_own_lane_past_a_prefetch_backlog() {
     queue_prefetch_backlog(&c, backlog, &tx);
     let mut io = IoBuf::new(1);
     io.set_run(7, 1).unwrap();
-    let done = c.submit_wait(OpKind::Read, 3, io);
+    let done = c.submit_wait(Op::Read, 3, io);
     let finished_first = rx.len();
     assert_eq!(done.result, Ok(1));
     assert_eq!(done.io.page(0), &page(3, 7, 0)[..]);
@@ -451,8 +476,17 @@ fn a_response_left_in_the_receive_buffer_is_still_delivered() {
         let mut io = IoBuf::new(1);
         io.set_run(p, 1).unwrap();
         io.page_mut(0).copy_from_slice(&page(1, p, 0));
-        c.submit_polled(OpKind::Write, 1, Priority::Prefetch, io, p, &tx)
-            .unwrap();
+        c.submit(
+            Request {
+                op: Op::Write,
+                ns: 1,
+                priority: Priority::Prefetch,
+                io,
+                user_data: p,
+            },
+            ReplyTo::Polled(&tx),
+        )
+        .unwrap();
     }
     // Both answers land in one segment; this poller stops after the first.
     let first = c.wait_completion(&rx);
@@ -568,21 +602,20 @@ fn malformed_frame_closes_only_that_connection() {
     assert!(text.contains("farvm_memserver_op_latency_seconds_count{op=\"read\"} 1"));
 }
 
-/// The three ways to wait: inline `submit_wait`, `submit_polled` + `wait_completion`, and a
-/// plain channel fed by the background receiver; plus the `PageTransport` view of the client.
+/// The three ways to wait: inline `submit_wait`, a polled channel + `wait_completion`, and a
+/// plain channel fed by the background receiver; plus the blocking read's presence flags.
 #[test]
 fn all_completion_paths_deliver_the_right_pages() {
-    use farvm_memserver::transport::PageTransport;
     let servers = start_servers(2, 1 << 14);
     let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
     let c = client(&addrs);
     let pages: Vec<u64> = (0..512).collect();
     let data: Vec<u8> = pages.iter().flat_map(|&p| page(5, p, 3)).collect();
-    c.write_pages(5, &pages, &data).unwrap();
+    c.write(5, 0, &data).unwrap();
     // Inline demand read.
     let mut io = IoBuf::new(8);
     io.set_scatter(&[3, 700, 9]).unwrap();
-    let done = c.submit_wait(OpKind::Read, 5, io);
+    let done = c.submit_wait(Op::Read, 5, io);
     assert_eq!(done.result, Ok(2));
     assert!(done.io.is_present(0) && !done.io.is_present(1) && done.io.is_present(2));
     assert_eq!(done.io.page(2), &page(5, 9, 3)[..]);
@@ -591,8 +624,17 @@ fn all_completion_paths_deliver_the_right_pages() {
     for i in 0..16u64 {
         let mut io = IoBuf::new(4);
         io.set_run(i * 4, 4).unwrap();
-        c.submit_polled(OpKind::Read, 5, Priority::Prefetch, io, i, &tx)
-            .unwrap();
+        c.submit(
+            Request {
+                op: Op::Read,
+                ns: 5,
+                priority: Priority::Prefetch,
+                io,
+                user_data: i,
+            },
+            ReplyTo::Polled(&tx),
+        )
+        .unwrap();
     }
     let mut seen = [false; 16];
     for _ in 0..16 {
@@ -609,18 +651,25 @@ fn all_completion_paths_deliver_the_right_pages() {
     // receiver (within its park interval).
     let mut io = IoBuf::new(1);
     io.set_run(1, 1).unwrap();
-    c.submit_polled(OpKind::Read, 5, Priority::Prefetch, io, 99, &tx)
-        .unwrap();
+    c.submit(
+        Request {
+            op: Op::Read,
+            ns: 5,
+            priority: Priority::Prefetch,
+            io,
+            user_data: 99,
+        },
+        ReplyTo::Polled(&tx),
+    )
+    .unwrap();
     let d = rx
         .recv_timeout(Duration::from_secs(2))
         .expect("background delivery");
     assert_eq!((d.user_data, d.result), (99, Ok(1)));
-    // PageTransport read with presence.
-    let mut out = vec![0u8; 3 * PAGE_SIZE];
-    let mut present = [false; 3];
-    c.read_pages(5, &[511, 512, 0], &mut out, &mut present)
-        .unwrap();
-    assert_eq!(present, [true, false, true]);
+    // Blocking read with presence: absent pages are zero-filled.
+    let mut out = vec![0xffu8; 2 * PAGE_SIZE];
+    let present = c.read(5, 511, &mut out).unwrap();
+    assert_eq!(present, [true, false]);
     assert_eq!(&out[..PAGE_SIZE], &page(5, 511, 3)[..]);
     assert!(out[PAGE_SIZE..2 * PAGE_SIZE].iter().all(|&b| b == 0));
 }

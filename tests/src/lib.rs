@@ -36,6 +36,16 @@ pub fn kvm_available() -> bool {
     true
 }
 
+/// How long a test VM may run: `default`, or `FARVM_TEST_VM_TIMEOUT_SECS` where the host is
+/// known to be slow (the KVM lab emulates every instruction). Only the bound changes: a VM that
+/// hits it still fails its test.
+pub fn vm_timeout(default: Duration) -> Duration {
+    std::env::var("FARVM_TEST_VM_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(default, Duration::from_secs)
+}
+
 /// How to boot the test guest.
 #[derive(Clone, Debug)]
 pub struct GuestSetup {
@@ -62,7 +72,7 @@ impl GuestSetup {
             flags: flags::RAM_IS_ZERO,
             frame_shuffle_seed: 1,
             frame_run_shift: 0,
-            timeout: Duration::from_secs(300),
+            timeout: vm_timeout(Duration::from_secs(300)),
         }
     }
 

@@ -126,3 +126,50 @@ fn ring3_crash_kills_only_its_process() {
         );
     }
 }
+
+/// KVM's statistic `name` of vCPU `cpu` now (0 when KVM reports it as 0 or not at all).
+fn kvm_stat(shared: &farvm_vmm::vm::VmShared, cpu: usize, name: &str) -> u64 {
+    shared.kvm_stats()[cpu]
+        .as_ref()
+        .and_then(|s| s.iter().find(|(k, _)| k == name).map(|&(_, v)| v))
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_vcpu_with_nothing_left_to_run_blocks_in_the_host_kernel() {
+    if !kvm_available() {
+        return;
+    }
+    // Test VMs run with HLT exits disabled (as with remote memory), so the guest's own HLT
+    // would halt in guest mode and hold a host CPU; the VMM must park the finished vCPU in KVM
+    // instead, where it blocks (KVM's `blocking` statistic) until the VM stops.
+    let setup = GuestSetup::new("idle-vcpu", 64 << 20, 2, &["intops:iters=4000000000,cpu=0"]);
+    let running = setup.start();
+    let shared = running.shared().clone();
+    let t0 = Instant::now();
+    while !shared.pv.cpu_done(1) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "vCPU 1 (no process) never reported done"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t1 = Instant::now();
+    let mut blocking = 0;
+    while blocking == 0 && t1.elapsed() < Duration::from_secs(30) && !shared.pv.cpu_done(0) {
+        blocking = kvm_stat(&shared, 1, "blocking");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let busy = !shared.pv.cpu_done(0);
+    let r = running.finish(VmOutcome::ControlShutdown);
+    assert_eq!(r.outcome, VmOutcome::ControlShutdown, "{r:#?}");
+    assert!(
+        busy,
+        "vCPU 0 finished its process before vCPU 1 was seen blocking"
+    );
+    assert_eq!(
+        blocking, 1,
+        "vCPU 1 reported done but never blocked in the host kernel: {:?}",
+        r.kvm_stats[1]
+    );
+}

@@ -1,7 +1,7 @@
 //! Thread placement: pinning the threads of a VM's fault path to one host CPU.
 //!
 //! A demand fault is a chain of thread hand-offs — the vCPU blocks in the fault, the fault
-//! handler wakes, sends the read, the (embedded) memserver's connection thread wakes and
+//! handler wakes, sends the read, the (local) memserver's connection thread wakes and
 //! answers, the handler wakes again, installs and wakes the vCPU. Each hand-off to a thread
 //! whose CPU sits idle is a wake-up of that CPU. On a host whose idle CPUs halt without
 //! polling (a VM with `haltpoll.guest_halt_poll_ns=0`, as measured here) a wake-up across CPUs

@@ -299,6 +299,7 @@ fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::Stage2Prefault;
 
     #[derive(Debug)]
     struct Paging(RemoteStats, String);
@@ -333,6 +334,7 @@ mod tests {
                 busy: 0,
                 failed_requests: 0,
             },
+            stage2_prefault: Stage2Prefault::On,
         };
         let mut e = Exposition::new();
         e.register_collector(Paging(stats, "vm\"1".into()));

@@ -517,7 +517,7 @@ impl Vm {
         let mut handles = Vec::with_capacity(vcpus.len());
         let mut threads = Vec::with_capacity(vcpus.len());
         for (i, fd) in vcpus.into_iter().enumerate() {
-            match vcpu::spawn(i as u32, fd, shared.clone()) {
+            match vcpu::spawn(i as u32, fd, shared.clone(), kvm.hlt_in_guest) {
                 Ok((h, t)) => {
                     handles.push(h);
                     threads.push(t);

@@ -1,6 +1,6 @@
-//! `farvm run` on remote memory, end to end through the binary: the default embedded memserver,
-//! `farvm stats` showing the paging engine live, the Prometheus endpoint, the exit summary, and
-//! clear errors for bad remote-memory arguments.
+//! `farvm run` on remote memory, end to end through the binary: the default local memserver (a
+//! child process that dies with farvm), `farvm stats` showing the paging engine live, the
+//! Prometheus endpoint, the exit summary, and clear errors for bad remote-memory arguments.
 
 mod common;
 
@@ -59,6 +59,92 @@ fn unreachable_memserver_is_a_clear_host_error() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(71), "{server}: {err}");
         assert!(err.contains("memory servers"), "{server}: {err}");
+    }
+}
+
+#[test]
+fn a_missing_memserver_binary_is_a_clear_host_error() {
+    if !kvm_available() {
+        return;
+    }
+    let missing = std::env::temp_dir().join("farvm-no-such-memserver");
+    let o = farvm()
+        .args(["run", "--no-control-socket"])
+        .env("FARVM_MEMSERVER_BIN", &missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(
+        err.contains(&*missing.to_string_lossy()) && err.contains("does not exist"),
+        "{err}"
+    );
+}
+
+/// The memserver children of process `pid` (their pids).
+fn memserver_children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.contains("(farvm-memserver)")
+                    && s.rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().nth(1))
+                        == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn the_local_memserver_dies_with_farvm() {
+    if !kvm_available() {
+        return;
+    }
+    let mut child = farvm()
+        .args([
+            "run",
+            "--no-control-socket",
+            "--memory",
+            "64M",
+            "--workload",
+            "seq:ws=32M,passes=1000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let server = loop {
+        if let Some(&p) = memserver_children(child.id()).first() {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "farvm started no memserver"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while alive(server) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "memserver {server} outlived its farvm"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

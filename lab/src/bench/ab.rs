@@ -1,6 +1,6 @@
-//! A/B runs of one remote-memory cell under two setups ([`CellSetup`]), taking turns, for the
-//! benches that measure one choice against its baseline in the same invocation (`farvm-lab
-//! bench placement`, `farvm-lab bench page-space`).
+//! A/B runs of one remote-memory cell under two or more setups ([`CellSetup`]), taking turns,
+//! for the benches that measure one choice against its baseline in the same invocation
+//! (`farvm-lab bench placement`, `farvm-lab bench page-space`, `farvm-lab bench stage2`).
 
 use std::time::Duration;
 
@@ -8,10 +8,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::remote::{Budget, RemoteStats};
+use farvm_vmm::vm::VmReport;
 use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use serde::Serialize;
 
-use super::remote::runner::{budget_for, run_remote, times, CellSetup};
+use super::remote::runner::{
+    budget_for, finished_in_time, run_remote, run_remote_vm, times, CellSetup,
+};
 use super::remote::runs::median_run;
 
 /// The options every A/B bench takes.
@@ -137,7 +140,8 @@ pub(super) struct Way {
     pub faults_seen_virtual: u64,
 }
 
-/// The cell both setups run.
+/// The cell every setup runs.
+#[derive(Clone, Copy)]
 pub(super) struct Cell<'a> {
     pub workload: &'a PlacedWorkload,
     /// How the workload was given (for messages).
@@ -152,48 +156,89 @@ pub(super) struct Cell<'a> {
     pub ops: u64,
 }
 
+impl Cell<'_> {
+    /// The cell under setup `name`, for messages.
+    pub fn what(&self, name: &str) -> String {
+        format!(
+            "{} {}% {} {name}",
+            self.spec, self.local_pct, self.prefetcher
+        )
+    }
+}
+
+/// One run of a cell that finished in time with the reference checksum.
+pub(super) struct Checked {
+    /// The workload's process.
+    pub record: ProcessRecord,
+    pub stats: RemoteStats,
+    /// The VM's whole report (KVM's per-vCPU statistics too).
+    pub report: VmReport,
+}
+
+/// Runs `cell` once under `setup` (named `name` in messages). A run that times out or
+/// reproduces another checksum is an error: a comparison needs every run.
+pub(super) fn checked_run(cell: &Cell, name: &str, setup: CellSetup) -> Result<Checked> {
+    let what = cell.what(name);
+    let (report, stats) = run_remote_vm(
+        cell.workload,
+        cell.budget,
+        cell.prefetcher,
+        cell.timeout,
+        setup,
+    )?;
+    let record = finished_in_time(&report, &what)?
+        .with_context(|| format!("{what}: did not finish in {} s", cell.timeout.as_secs()))?;
+    if record.checksum != cell.checksum || record.ops != cell.ops {
+        bail!(
+            "{what}: checksum {:#x} differs from the reference run's {:#x}",
+            record.checksum,
+            cell.checksum
+        );
+    }
+    Ok(Checked {
+        record,
+        stats,
+        report,
+    })
+}
+
+/// Runs `repeat` rounds of one run of each of `ways` setups (`run(i)` runs setup `i`), each
+/// round starting with the next setup, so a drift in the host's load spreads over all of them.
+/// Returns every setup's runs, in order.
+pub(super) fn take_turns<T>(
+    ways: usize,
+    repeat: u32,
+    mut run: impl FnMut(usize) -> Result<T>,
+) -> Result<Vec<Vec<T>>> {
+    let mut runs: Vec<Vec<T>> = (0..ways).map(|_| Vec::new()).collect();
+    for round in 0..repeat as usize {
+        for k in 0..ways {
+            if farvm_vmm::signals::termination_requested().is_some() {
+                bail!("interrupted");
+            }
+            let i = (round + k) % ways;
+            runs[i].push(run(i)?);
+        }
+    }
+    Ok(runs)
+}
+
 /// Runs `cell` `repeat` times under each of `a` and `b` (named for messages), taking turns
-/// and starting each round with the other one, so a drift in the host's load spreads over
-/// both. A run that times out or reproduces another checksum fails the comparison.
+/// ([`take_turns`]). A run that times out or reproduces another checksum fails the comparison.
 pub(super) fn compare(
     cell: &Cell,
     a: (&str, CellSetup),
     b: (&str, CellSetup),
 ) -> Result<(Way, Way)> {
-    let mut runs: [Vec<(ProcessRecord, RemoteStats)>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..cell.repeat {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
-            if farvm_vmm::signals::termination_requested().is_some() {
-                bail!("interrupted");
-            }
-            let (name, setup) = if i == 0 { a } else { b };
-            let what = format!(
-                "{} {}% {} {name}",
-                cell.spec, cell.local_pct, cell.prefetcher
-            );
-            let (rec, st) = run_remote(
-                cell.workload,
-                cell.budget,
-                cell.prefetcher,
-                cell.timeout,
-                setup,
-            )?;
-            let rec = rec.with_context(|| {
-                format!("{what}: did not finish in {} s", cell.timeout.as_secs())
-            })?;
-            if rec.checksum != cell.checksum || rec.ops != cell.ops {
-                bail!(
-                    "{what}: checksum {:#x} differs from the reference run's {:#x}",
-                    rec.checksum,
-                    cell.checksum
-                );
-            }
-            eprintln!("{what}: {:.1} ms", times(&rec).0);
-            runs[i].push((rec, st));
-        }
-    }
-    let [ra, rb] = runs;
+    let setups = [a, b];
+    let mut runs = take_turns(setups.len(), cell.repeat, |i| {
+        let (name, setup) = setups[i];
+        let run = checked_run(cell, name, setup)?;
+        eprintln!("{}: {:.1} ms", cell.what(name), times(&run.record).0);
+        Ok((run.record, run.stats))
+    })?;
+    let rb = runs.pop().expect("two setups");
+    let ra = runs.pop().expect("two setups");
     Ok((way(ra), way(rb)))
 }
 
@@ -212,4 +257,13 @@ fn way(runs: Vec<(ProcessRecord, RemoteStats)>) -> Way {
         page_table_walks: e.counters.page_table_walks,
         faults_seen_virtual: e.counters.faults_seen_virtual,
     }
+}
+
+/// Prints an A/B bench's table, and its report as JSON too with `--json`.
+pub(super) fn print_report(markdown: &str, report: &impl Serialize, json: bool) -> Result<()> {
+    print!("{markdown}");
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@ mod local;
 mod page_space;
 mod placement;
 mod remote;
+mod stage2;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -31,6 +32,9 @@ pub enum BenchCmd {
     /// Prefetching on guest-virtual vs guest-physical page numbers, two frame layouts.
     #[command(name = "page-space", long_about = page_space::PAGE_SPACE_ABOUT)]
     PageSpace(page_space::PageSpaceArgs),
+    /// Guest-visible page access: no prefetch, prefetch with stage-2 pre-fault off, and on.
+    #[command(long_about = stage2::STAGE2_ABOUT)]
+    Stage2(stage2::Stage2Args),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -39,5 +43,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Remote(r) => remote::run(r),
         BenchCmd::Placement(p) => placement::run(p),
         BenchCmd::PageSpace(p) => page_space::run(p),
+        BenchCmd::Stage2(s) => stage2::run(s),
     }
 }

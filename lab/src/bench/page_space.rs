@@ -9,7 +9,7 @@ use clap::Args;
 use farvm_vmm::remote::PageSpaceKind;
 use serde::Serialize;
 
-use super::ab::{compare, reference, AbArgs, Way};
+use super::ab::{compare, print_report, reference, AbArgs, Way};
 use super::remote::runner::CellSetup;
 
 pub const PAGE_SPACE_ABOUT: &str = "\
@@ -118,11 +118,7 @@ pub fn run(a: PageSpaceArgs) -> Result<()> {
         rows,
         wall_secs: t0.elapsed().as_secs_f64(),
     };
-    print!("{}", markdown(&report));
-    if a.ab.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
-    Ok(())
+    print_report(&markdown(&report), &report, a.ab.json)
 }
 
 fn markdown(r: &Report) -> String {

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::protocol::PAGE_SIZE;
+use farvm_memproto::PAGE_SIZE;
 
 /// Arena creation failures.
 #[derive(Debug, thiserror::Error)]

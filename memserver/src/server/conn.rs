@@ -13,12 +13,12 @@ use std::time::Instant;
 use super::metrics::Op;
 use super::store::{Namespace, TenantId};
 use super::Shared;
-use crate::protocol::auth::{proofs_equal, random_bytes};
-use crate::protocol::frame::{
+use farvm_memproto::auth::{proofs_equal, random_bytes};
+use farvm_memproto::frame::{
     self, decode_body, decode_header, encode, encode_error, header_bytes, Body, Frame, Opcode,
     FLAG_IF_ABSENT, HEADER_LEN, MAX_BODY,
 };
-use crate::protocol::{StatInfo, Status, PROTOCOL_VERSION};
+use farvm_memproto::{StatInfo, Status, PROTOCOL_VERSION};
 
 const FLUSH_AT: usize = 256 * 1024;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::store::Store;
-use crate::protocol::{Status, PAGE_SIZE};
+use farvm_memproto::{Status, PAGE_SIZE};
 
 /// Operations with their own counters and latency histogram.
 #[derive(Debug, Clone, Copy)]

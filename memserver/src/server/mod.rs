@@ -4,6 +4,7 @@
 //! the bound address; dropping or [`ServerHandle::shutdown`] stops it. The binary
 //! `farvm-memserver` is a thin wrapper around this.
 
+mod affinity;
 pub mod arena;
 pub mod conn;
 pub mod metrics;
@@ -16,9 +17,9 @@ use std::thread::JoinHandle;
 
 use rustc_hash::FxHashMap;
 
-use crate::protocol::auth::Secret;
-use crate::protocol::PAGE_SIZE;
 use arena::Arena;
+use farvm_memproto::auth::Secret;
+use farvm_memproto::PAGE_SIZE;
 use metrics::Metrics;
 use store::{Store, TenantId};
 
@@ -33,6 +34,9 @@ pub struct ServerConfig {
     pub tokens: Vec<Secret>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// Host CPU every connection-serving thread is pinned to (`None`: the scheduler places
+    /// them). A VMM that keeps its fault path on one CPU puts the server's half there too.
+    pub connection_cpu: Option<usize>,
 }
 
 impl ServerConfig {
@@ -43,6 +47,7 @@ impl ServerConfig {
             capacity_bytes,
             tokens: Vec::new(),
             metrics: None,
+            connection_cpu: None,
         }
     }
 }
@@ -64,6 +69,14 @@ pub enum ServerError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The connection CPU is not one this process may run on.
+    #[error("cannot pin connection threads to CPU {cpu}: {reason}")]
+    Cpu {
+        /// The CPU asked for.
+        cpu: usize,
+        /// Why not.
+        reason: String,
+    },
     /// Other socket or thread error.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -76,13 +89,12 @@ pub(crate) struct Shared {
     stop: Arc<AtomicBool>,
     conns: Mutex<FxHashMap<u64, LiveConn>>,
     next_conn: AtomicU64,
+    connection_cpu: Option<usize>,
 }
 
-/// An open connection: a handle to shut it down, and the thread serving it.
+/// An open connection: a handle to shut it down.
 struct LiveConn {
     stream: TcpStream,
-    /// Kernel thread id of its serving thread (0 until that thread has started).
-    tid: i32,
 }
 
 /// The server type (namespace for [`Server::start`]).
@@ -103,6 +115,9 @@ impl Server {
         if pages == 0 {
             return Err(ServerError::CapacityTooSmall(cfg.capacity_bytes));
         }
+        if let Some(cpu) = cfg.connection_cpu {
+            affinity::check(cpu).map_err(|reason| ServerError::Cpu { cpu, reason })?;
+        }
         let store = Arc::new(Store::new(Arena::new(pages)?));
         let listener = TcpListener::bind(cfg.listen).map_err(|source| ServerError::Bind {
             addr: cfg.listen,
@@ -117,6 +132,7 @@ impl Server {
             stop: stop.clone(),
             conns: Mutex::new(FxHashMap::default()),
             next_conn: AtomicU64::new(0),
+            connection_cpu: cfg.connection_cpu,
         });
         let mut threads = Vec::new();
         let mut metrics_addr = None;
@@ -168,20 +184,17 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
             sh.conns
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id, LiveConn { stream: c, tid: 0 });
+                .insert(id, LiveConn { stream: c });
         }
         let sh2 = sh.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("memserver-conn-{id}"))
             .spawn(move || {
-                if let Some(c) = sh2
-                    .conns
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(&id)
-                {
-                    // SAFETY: gettid has no preconditions.
-                    c.tid = unsafe { libc::gettid() };
+                if let Some(cpu) = sh2.connection_cpu {
+                    // Before the handshake: a client that completed it is served here only.
+                    if let Err(e) = affinity::pin_current(cpu) {
+                        tracing::warn!(cpu, "cannot pin connection thread: {e}");
+                    }
                 }
                 sh2.metrics.conn_open();
                 match conn::serve(stream, sh2.clone()) {
@@ -224,28 +237,13 @@ impl ServerHandle {
     }
 
     /// Errors counted for an op and status.
-    pub fn error_count(&self, op: metrics::Op, st: crate::protocol::Status) -> u64 {
+    pub fn error_count(&self, op: metrics::Op, st: farvm_memproto::Status) -> u64 {
         self.shared.metrics.errors(op, st)
     }
 
     /// Pages stored, all namespaces.
     pub fn pages_stored(&self) -> u64 {
         self.shared.store.occupancy().used_pages
-    }
-
-    /// Kernel thread ids of the threads serving open connections, in connection order. An
-    /// embedding process uses them to place its fault path on CPUs (`farvm run
-    /// --fault-path-cpu`): a connection's thread has registered its id before it answers the
-    /// handshake, so every connection a client has completed is listed.
-    pub fn connection_thread_ids(&self) -> Vec<i32> {
-        let conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ids: Vec<(u64, i32)> = conns
-            .iter()
-            .filter(|(_, c)| c.tid > 0)
-            .map(|(&id, c)| (id, c.tid))
-            .collect();
-        ids.sort_unstable();
-        ids.into_iter().map(|(_, tid)| tid).collect()
     }
 
     /// Stops accepting, closes every connection and joins the server threads.

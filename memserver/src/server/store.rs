@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use rustc_hash::FxHashMap;
 
 use super::arena::{Arena, Slot};
-use crate::protocol::frame::WIRE_PAGE;
-use crate::protocol::{page_crc, PageSel, StatInfo, Status, PAGE_SIZE};
+use farvm_memproto::frame::WIRE_PAGE;
+use farvm_memproto::{page_crc, PageSel, StatInfo, Status, PAGE_SIZE};
 
 /// Identity of a tenant: the key id of its secret (all zero when the server runs without
 /// tokens).
@@ -44,7 +44,7 @@ impl Store {
     pub fn new(arena: Arena) -> Self {
         Self {
             arena,
-            instance: u64::from_le_bytes(crate::protocol::auth::random_bytes::<8>()),
+            instance: u64::from_le_bytes(farvm_memproto::auth::random_bytes::<8>()),
             namespaces: RwLock::new(FxHashMap::default()),
         }
     }

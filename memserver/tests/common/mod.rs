@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use farvm_memserver::client::{Client, ClientConfig};
-use farvm_memserver::protocol::PAGE_SIZE;
+use farvm_memclient::{Client, ClientConfig};
+use farvm_memproto::PAGE_SIZE;
 use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
 
 /// Deterministic page content for (namespace, page, version): every byte depends on all three,

@@ -61,7 +61,7 @@ pub fn run_remote(setup: &GuestSetup, spec: &RemoteSpec) -> (VmReport, RemoteSta
 pub fn setup(name: &str, mem: u64, workloads: &[&str]) -> GuestSetup {
     let mut s = GuestSetup::new(name, mem, 1, workloads);
     s.frame_run_shift = 9;
-    s.timeout = Duration::from_secs(240);
+    s.timeout = farvm_tests::vm_timeout(Duration::from_secs(240));
     s
 }
 

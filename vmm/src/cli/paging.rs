@@ -27,7 +27,9 @@ pub fn render(p: &Value) -> String {
         pages,
         if pages > 0 { 100.0 * budget as f64 / pages as f64 } else { 0.0 },
         e["resident_pages"].as_u64().unwrap_or(0),
-        if e["stage2_prefault"].as_bool() == Some(true) { "on" } else { "unsupported" },
+        p["stage2_prefault"].as_str().unwrap_or(
+            if e["stage2_prefault"].as_bool() == Some(true) { "on" } else { "unsupported" }
+        ),
     );
     let _ = writeln!(
         s,
@@ -50,9 +52,10 @@ pub fn render(p: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "  prefetch: issued {} injected {} staged {} | hits marker {} late {} probe {}/{} | wasted {} | accuracy {:.3} coverage {:.3}",
+        "  prefetch: issued {} injected {} (stage-2 pre-faulted {}) staged {} | hits marker {} late {} probe {}/{} | wasted {} | accuracy {:.3} coverage {:.3}",
         n("prefetch_issued"),
         n("prefetch_injected"),
+        n("prefault_pages"),
         n("prefetch_staged"),
         n("prefetch_marker_hits"),
         n("prefetch_late_hits"),

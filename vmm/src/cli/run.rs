@@ -46,15 +46,15 @@ checksum (or JSON with --json) and exits with the guest's status.
 REMOTE MEMORY
 By default guest RAM is remote memory: only --local-memory of it (50% unless told) may be
 resident on this host; the rest lives on memory servers (--memserver ADDR, repeatable;
---replicas R copies per page). With no --memserver, farvm starts one embedded memory server
-on loopback. Guest faults on non-resident pages are served by the paging engine (userfaultfd),
+--replicas R copies per page). With no --memserver, farvm starts a farvm-memserver process
+on loopback (the binary next to farvm, or $FARVM_MEMSERVER_BIN), which ends with the VM. Guest faults on non-resident pages are served by the paging engine (userfaultfd),
 never-written pages are zero-filled locally, and --prefetcher (leap+stream unless told;
 none, next-n, stride, read-ahead, leap, stream, leap+stream) fetches and installs pages before
 the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` shows it live
 and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
 Linux guests always use local RAM (their loader writes RAM directly).
 
-A memory server that stops answering (2 s request timeout; 60 s for the embedded one) is
+A memory server that stops answering (2 s request timeout; 60 s for the local one) is
 taken out of service; with --replicas 2 or more the VM goes on from the other copies and
 re-replicates. When it held the only copy of some pages, the guest waits on those pages
 (reads and write-backs are retried, the log says why once a second) and resumes when the
@@ -74,7 +74,7 @@ WORKLOAD SPEC
   quicksort, isolation, crash, intops. Processes without cpu= go round-robin over the vCPUs.
 
 EXAMPLES
-  farvm run                                   # test guest, 50% local, embedded memserver
+  farvm run                                   # test guest, 50% local, local memserver
   farvm run --local-memory 25% --prefetcher none --workload stride:ws=128M
   farvm run --memserver 10.0.0.5:7070 --memserver 10.0.0.6:7070 --replicas 2 \\
             --memserver-token-file tokens --metrics 127.0.0.1:9300
@@ -167,8 +167,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE|PCT%", default_value = "50%")]
     pub local_memory: String,
 
-    /// A memory server (host:port or ip:port; repeatable) [default: an embedded one on
-    /// loopback]. A host name is resolved once, at start (its first address).
+    /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
+    /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
     #[arg(long = "memserver", value_name = "HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<SocketAddr>,
 
@@ -199,10 +199,21 @@ pub struct RunArgs {
     /// disabling HLT exits) so that a guest fault on a remote page is handled on the vCPU's
     /// own thread: the paging engine then knows which vCPU, hence which guest process, faulted
     /// (per-process prefetching and accuracy), and the fault costs two thread hand-offs less.
-    /// On VMX/SVM hosts a halted vCPU then keeps its physical CPU; give this flag there if
-    /// vCPUs are overcommitted.
+    /// With this flag KVM takes such faults on its own worker thread instead, which nobody can
+    /// attribute (96% of a stride run's faults under SVM). Without HLT exits a guest HLT halts
+    /// in guest mode and holds its host CPU; farvm parks a test-guest vCPU that has nothing
+    /// left to run in KVM, where it blocks, so only a guest that idles with HLT pays that.
     #[arg(long)]
     pub kvm_async_pf: bool,
+
+    /// Stage-2 pre-fault of injected pages: on builds each prefetched page's stage-2
+    /// (EPT/NPT) entry with KVM_PRE_FAULT_MEMORY as it is installed, so the guest's first
+    /// touch takes no exit at all (where KVM supports it: two-dimensional paging, Linux 6.11
+    /// or later; the paging summary says "on", or "unsupported" where KVM refuses it); off
+    /// leaves the entry to the guest's first touch (a stage-2 fault KVM resolves from the
+    /// host mapping), for A/B comparisons (`farvm-lab bench stage2`).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub stage2_prefault: bool,
 
     /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
     /// found by walking its page tables from the CR3 the guest agent publishes; pages it
@@ -213,7 +224,7 @@ pub struct RunArgs {
     pub page_space: farvm_vmm::remote::PageSpaceKind,
 
     /// Pin the fault path to host CPU N: vCPU 0, the paging engine's fault handler and the
-    /// embedded memserver's connection threads (evictor and prefetch receiver stay free). A
+    /// local memserver's connection threads (evictor and prefetch receiver stay free). A
     /// demand fault hands off between these threads several times; on a host whose idle CPUs
     /// halt without polling (e.g. a VM guest with haltpoll off) each hand-off across CPUs
     /// wakes an idle CPU, which costs far more than a context switch on the same CPU
@@ -255,6 +266,14 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -458,6 +477,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
+    spec.stage2_prefault = a.stage2_prefault;
     Ok(Some(spec))
 }
 

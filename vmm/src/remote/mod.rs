@@ -2,16 +2,17 @@
 //! RAM and knows nothing of sockets or KVM) and the rest of the VMM. Guest RAM paged by the
 //! engine is `vstate::memory::GuestRam::paged`.
 //!
-//! - [`store`]: the engine's page store over the memserver client (`RemoteStore`).
+//! - [`setup`]: building it all for `farvm run` — the memserver client and its page store
+//!   (`farvm_memclient::PageStore`), the engine — plus vCPU/agent-slot registration and stats.
+//! - [`local_server`]: the `farvm-memserver` child process started when no server is given.
 //! - [`stage2`]: KVM_PRE_FAULT_MEMORY injection with feature detection (`StageTwo`).
-//! - [`setup`]: building it all (embedded loopback memserver when none is given), vCPU/
-//!   agent-slot registration, stats.
 
+pub mod local_server;
 pub mod setup;
 pub mod stage2;
-pub mod store;
 
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use setup::{
-    PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats, StatsSource,
+    PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats,
+    Stage2Prefault, StatsSource,
 };

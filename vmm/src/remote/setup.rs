@@ -1,6 +1,6 @@
-//! Assembling a VM's remote memory: memserver client (or an embedded loopback memserver),
-//! the [`MemserverStore`] adapter, the prefetcher, and the paging engine (`farvm-ept`) that owns
-//! guest RAM. Also the glue that tells the engine which host thread runs which vCPU and where
+//! Assembling a VM's remote memory: the memserver client (and a local `farvm-memserver` child
+//! process when no server is given, see [`super::local_server`]), its page store
+//! ([`PageStore`]), the prefetcher, and the paging engine (`farvm-ept`) that owns guest RAM. Also the glue that tells the engine which host thread runs which vCPU and where
 //! each vCPU's agent slot is, and the late binding of stage-2 injection to the KVM VM.
 
 use std::net::SocketAddr;
@@ -14,13 +14,14 @@ use farvm_ept::stage2::{PreFaultError, StageTwo};
 use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
-use farvm_memserver::client::{namespace_for_name, Client, ClientConfig, ClientStats};
-use farvm_memserver::protocol::auth::load_token_file;
-use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
+use farvm_memclient::{
+    namespace_for_name, Client, ClientConfig, ClientStats, PageStore, StoreConfig,
+};
+use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
 
+use super::local_server::LocalServer;
 use super::stage2::KvmPreFault;
-use super::store::{MemserverStore, StoreConfig};
 use crate::vm::{Vm, VmOutcome};
 use crate::vstate::memory::{GuestRam, MemError};
 
@@ -29,8 +30,8 @@ use crate::vstate::memory::{GuestRam, MemError};
 pub enum RemoteError {
     #[error("invalid remote-memory setting: {0}")]
     Config(String),
-    #[error("cannot start the embedded memserver: {0}")]
-    Embedded(String),
+    #[error("cannot start the local memory server: {0}")]
+    LocalServer(#[from] super::local_server::LocalServerError),
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
     #[error("cannot read --memserver-token-file {path}: {msg}")]
@@ -46,7 +47,7 @@ pub enum RemoteError {
 pub struct RemoteSpec {
     /// VM name (the memserver namespace is derived from it).
     pub vm_name: String,
-    /// Memory servers; empty = start one embedded on loopback.
+    /// Memory servers; empty = start a local `farvm-memserver` child on loopback.
     pub servers: Vec<SocketAddr>,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
@@ -62,13 +63,16 @@ pub struct RemoteSpec {
     pub timeout: Duration,
     /// Page numbers the prefetcher learns from.
     pub page_space: PageSpaceKind,
-    /// Host CPU for the fault path (vCPU 0, the fault handler and the embedded memserver's
+    /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
+    /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
+    pub stage2_prefault: bool,
 }
 
 impl RemoteSpec {
-    /// Defaults: embedded memserver, 50% local, the default prefetcher learning from virtual
+    /// Defaults: a local memserver, 50% local, the default prefetcher learning from virtual
     /// page numbers.
     pub fn new(vm_name: &str) -> Self {
         Self {
@@ -82,6 +86,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            stage2_prefault: true,
         }
     }
 }
@@ -119,7 +124,7 @@ impl std::fmt::Display for PageSpaceKind {
     }
 }
 
-/// Request timeout towards the embedded loopback memserver (see `RemoteMemory::start`).
+/// Request timeout towards the local loopback memserver (see `RemoteMemory::start`).
 const EMBEDDED_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A stage-2 injector bound to the KVM VM once it exists (the engine, which owns guest RAM,
@@ -137,10 +142,23 @@ impl StageTwo for LateStageTwo {
     }
 }
 
+/// Whether injected pages get their stage-2 entries ahead of the guest's touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage2Prefault {
+    /// KVM_PRE_FAULT_MEMORY is used.
+    On,
+    /// Turned off (`RemoteSpec::stage2_prefault`).
+    Off,
+    /// Asked for, but this KVM refused it (e.g. shadow paging): host-PTE injection only.
+    Unsupported,
+}
+
 /// Health of the memserver side, for stats.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteHealth {
     pub servers: Vec<String>,
+    /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
@@ -163,6 +181,7 @@ pub struct RemoteHealth {
 pub struct RemoteStats {
     pub engine: Stats,
     pub remote: RemoteHealth,
+    pub stage2_prefault: Stage2Prefault,
 }
 
 /// Where stats come from, without keeping the engine alive (for the control socket and the
@@ -170,9 +189,10 @@ pub struct RemoteStats {
 #[derive(Clone)]
 pub struct StatsSource {
     engine: Weak<Engine>,
-    store: Weak<MemserverStore>,
+    store: Weak<PageStore>,
     servers: Vec<SocketAddr>,
     embedded: bool,
+    stage2_prefault: bool,
 }
 
 impl StatsSource {
@@ -180,7 +200,13 @@ impl StatsSource {
     pub fn stats(&self) -> Option<RemoteStats> {
         let engine = self.engine.upgrade()?;
         let store = self.store.upgrade()?;
-        Some(collect(&engine, &store, &self.servers, self.embedded))
+        Some(collect(
+            &engine,
+            &store,
+            &self.servers,
+            self.embedded,
+            self.stage2_prefault,
+        ))
     }
 
     /// The engine, while it runs (per-process statistics, agent-slot changes).
@@ -191,9 +217,10 @@ impl StatsSource {
 
 fn collect(
     engine: &Engine,
-    store: &MemserverStore,
+    store: &PageStore,
     servers: &[SocketAddr],
     embedded: bool,
+    stage2_prefault: bool,
 ) -> RemoteStats {
     let client = store.client();
     let ClientStats {
@@ -203,10 +230,17 @@ fn collect(
         degraded_slabs,
         suspended_slabs,
         rejoined_servers,
+        ..
     } = client.stats();
     let c = store.counters();
+    let engine = engine.stats();
     RemoteStats {
-        engine: engine.stats(),
+        stage2_prefault: match (stage2_prefault, engine.stage2_prefault) {
+            (false, _) => Stage2Prefault::Off,
+            (true, true) => Stage2Prefault::On,
+            (true, false) => Stage2Prefault::Unsupported,
+        },
+        engine,
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
@@ -228,11 +262,12 @@ fn collect(
 /// A VM's remote memory: the engine owning guest RAM plus its store.
 pub struct RemoteMemory {
     engine: Arc<Engine>,
-    store: Arc<MemserverStore>,
+    store: Arc<PageStore>,
     stage2: Arc<LateStageTwo>,
     servers: Vec<SocketAddr>,
-    embedded: Option<ServerHandle>,
+    local: Option<LocalServer>,
     fault_path_cpu: Option<usize>,
+    stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
 }
@@ -241,7 +276,7 @@ impl std::fmt::Debug for RemoteMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteMemory")
             .field("servers", &self.servers)
-            .field("embedded", &self.embedded.is_some())
+            .field("local_server", &self.local.is_some())
             .finish()
     }
 }
@@ -256,7 +291,7 @@ impl StageTwo for SharedStageTwo {
 }
 
 impl RemoteMemory {
-    /// Connects (or starts an embedded memserver), builds the prefetcher and starts the engine
+    /// Connects (or starts a local memserver), builds the prefetcher and starts the engine
     /// with `mem_bytes` of guest RAM (guest-physical `0..mem_bytes`).
     pub fn start(spec: &RemoteSpec, mem_bytes: u64) -> Result<Self, RemoteError> {
         let prefetcher = farvm_prefetch::registry::build(
@@ -264,11 +299,11 @@ impl RemoteMemory {
             &farvm_prefetch::registry::Config::default(),
         )
         .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let (servers, embedded) = if spec.servers.is_empty() {
+        let (servers, local) = if spec.servers.is_empty() {
             // Room for every guest page plus slack; the arena is MAP_NORESERVE, so only pages
-            // actually written back cost host memory.
-            let h = Server::start(ServerConfig::loopback(mem_bytes + (64 << 20)))
-                .map_err(|e| RemoteError::Embedded(e.to_string()))?;
+            // actually written back cost host memory. Its connection threads are the server's
+            // half of the fault path: pinned with it.
+            let h = LocalServer::start(mem_bytes + (64 << 20), spec.fault_path_cpu)?;
             (vec![h.addr()], Some(h))
         } else {
             (spec.servers.clone(), None)
@@ -279,17 +314,16 @@ impl RemoteMemory {
         // write-heavy scan at ~15 µs per page).
         ccfg.write_lane = true;
         ccfg.replication = spec.replicas;
-        // A request to the in-process memserver can only be slow because this host is
-        // overloaded (measured: under `perf record -a -g` a 2 s timeout took the embedded
-        // server out of service, and with it the only copy of the guest's pages). Remote
-        // servers keep the configured timeout: there a timeout means a failed server.
-        ccfg.timeout = if embedded.is_some() {
+        // A request to the local memserver can only be slow because this host is overloaded
+        // (measured: under `perf record -a -g` a 2 s timeout took the local server out of
+        // service, and with it the only copy of the guest's pages). Remote servers keep the
+        // configured timeout: there a timeout means a failed server.
+        ccfg.timeout = if local.is_some() {
             spec.timeout.max(EMBEDDED_TIMEOUT)
         } else {
             spec.timeout
         };
-        // One connection per server: the store's receiver thread then polls the connection its
-        // requests are on (see store.rs), so responses are read with no thread hand-off.
+        // One bulk connection per server: its receiver delivers straight to the engine.
         ccfg.conns_per_server = 1;
         if let Some(path) = &spec.token_file {
             let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
@@ -315,14 +349,13 @@ impl RemoteMemory {
         }
         let client =
             Arc::new(Client::connect(ccfg).map_err(|e| RemoteError::Connect(e.to_string()))?);
-        let store = MemserverStore::new(
+        let store = PageStore::new(
             client,
             StoreConfig {
                 namespace: namespace_for_name(&spec.vm_name),
                 slots: 256,
             },
-        )
-        .map_err(|e| RemoteError::Connect(e.to_string()))?;
+        );
         let mut cfg = EngineConfig::new(mem_bytes);
         cfg.budget = spec.budget;
         cfg.probe_every = spec.probe_every;
@@ -339,19 +372,18 @@ impl RemoteMemory {
             store,
             stage2,
             servers,
-            embedded,
+            local,
             fault_path_cpu: spec.fault_path_cpu,
+            stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
         };
         if let Some(cpu) = spec.fault_path_cpu {
-            // The embedded server's connections are all open (the client has connected), and
-            // each thread registered its id before answering the handshake. vCPU 0 has not
-            // started yet: `watch_vcpus` pins it when it registers.
-            for tid in remote.fault_path_thread_ids() {
-                crate::affinity::pin_thread(tid, cpu)
-                    .map_err(|source| RemoteError::Placement { cpu, source })?;
-            }
+            // The fault handler now; the local server pinned its connection threads itself
+            // (`--connection-cpu`), before answering their handshakes. vCPU 0 has not started
+            // yet: `watch_vcpus` pins it when it registers.
+            crate::affinity::pin_thread(remote.engine.fault_thread_id(), cpu)
+                .map_err(|source| RemoteError::Placement { cpu, source })?;
             tracing::info!(cpu, "fault path pinned (vCPU 0 follows when it starts)");
         }
         Ok(remote)
@@ -362,11 +394,11 @@ impl RemoteMemory {
         &self.engine
     }
 
-    /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the embedded
-    /// memserver's connection threads and vCPU 0 (once registered).
+    /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the local
+    /// memserver's connection threads (in its process) and vCPU 0 (once registered).
     pub fn fault_path_thread_ids(&self) -> Vec<i32> {
         let mut tids = vec![self.engine.fault_thread_id()];
-        tids.extend(self.embedded.iter().flat_map(|h| h.connection_thread_ids()));
+        tids.extend(self.local.iter().flat_map(|h| h.connection_thread_ids()));
         tids.extend(self.engine.vcpu_thread_id(0).map(|t| t as i32));
         tids
     }
@@ -412,9 +444,14 @@ impl RemoteMemory {
     }
 
     /// Binds stage-2 injection to the KVM VM (`guest_vcpus` = the guest's vCPU count; the
-    /// pre-fault vCPU, if supported, gets the next id).
+    /// pre-fault vCPU, if supported and not turned off, gets the next id).
     pub fn bind_kvm(&self, vm_fd: std::os::fd::RawFd, guest_vcpus: u32) {
-        let _ = self.stage2.0.set(KvmPreFault::new(vm_fd, guest_vcpus));
+        let s = if self.stage2_prefault {
+            KvmPreFault::new(vm_fd, guest_vcpus)
+        } else {
+            KvmPreFault::disabled()
+        };
+        let _ = self.stage2.0.set(s);
     }
 
     /// Starts a thread that registers each vCPU thread id (`tids()`, 0 = not started yet) and
@@ -486,7 +523,8 @@ impl RemoteMemory {
             &self.engine,
             &self.store,
             &self.servers,
-            self.embedded.is_some(),
+            self.local.is_some(),
+            self.stage2_prefault,
         )
     }
 
@@ -496,7 +534,8 @@ impl RemoteMemory {
             engine: Arc::downgrade(&self.engine),
             store: Arc::downgrade(&self.store),
             servers: self.servers.clone(),
-            embedded: self.embedded.is_some(),
+            embedded: self.local.is_some(),
+            stage2_prefault: self.stage2_prefault,
         }
     }
 
@@ -507,8 +546,8 @@ impl RemoteMemory {
     }
 
     /// Stops the watcher, then the engine (waiting for its outstanding I/O), then the store
-    /// and the embedded server. Call once nothing else holds the engine (the VM is dropped);
-    /// if something still does, the embedded server is left running rather than pulled from
+    /// and the local server. Call once nothing else holds the engine (the VM is dropped);
+    /// if something still does, the local server is left running rather than pulled from
     /// under a live engine.
     pub fn shutdown(mut self) {
         self.watcher_stop.store(true, Ordering::Release);
@@ -517,7 +556,7 @@ impl RemoteMemory {
         }
         let Self {
             engine,
-            embedded,
+            local,
             store,
             ..
         } = self;
@@ -525,13 +564,14 @@ impl RemoteMemory {
             Some(e) => e.shutdown(),
             None => {
                 tracing::warn!("paging engine still referenced at shutdown; leaving it running");
-                std::mem::forget(embedded);
+                std::mem::forget(local);
                 return;
             }
         }
         // Close the client first so the server going away is not seen as a failure.
+        store.stop();
         drop(store);
-        if let Some(h) = embedded {
+        if let Some(h) = local {
             h.shutdown();
         }
     }

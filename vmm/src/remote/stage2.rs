@@ -43,6 +43,14 @@ pub fn pre_fault_supported(vm_fd: RawFd) -> bool {
     r > 0
 }
 
+/// Whether this host's KVM supports KVM_PRE_FAULT_MEMORY (asked of /dev/kvm; false if it
+/// cannot be opened). On x86 the answer is the same for every VM: two-dimensional paging.
+pub fn host_supports_pre_fault() -> bool {
+    kvm_ioctls::Kvm::new()
+        .map(|k| k.check_extension_raw(u64::from(KVM_CAP_PRE_FAULT_MEMORY)) > 0)
+        .unwrap_or(false)
+}
+
 /// KVM_PRE_FAULT_MEMORY through a dedicated, never-run vCPU (see the module docs).
 #[derive(Debug)]
 pub struct KvmPreFault {
@@ -71,7 +79,7 @@ impl KvmPreFault {
         Self { vcpu: Some(vcpu) }
     }
 
-    /// A stage-2 injector that is never supported (for `--no-prefault` and tests).
+    /// A stage-2 injector that is never supported (`--stage2-prefault off`, tests).
     pub fn disabled() -> Self {
         Self { vcpu: None }
     }
@@ -130,6 +138,7 @@ mod tests {
         let cap = kvm.check_extension_raw(KVM_CAP_PRE_FAULT_MEMORY as u64) > 0;
         let s = KvmPreFault::new(vm.as_raw_fd(), 1);
         assert_eq!(s.supported(), cap);
+        assert_eq!(host_supports_pre_fault(), cap);
         if !cap {
             assert_eq!(s.pre_fault(0, 4096), Err(PreFaultError::Unsupported));
         }

@@ -3,7 +3,8 @@
 //! run KVM_RUN and handle exits: port I/O to the serial console and the PV device; anything
 //! else stops the VM with a clear message. A thread leaves KVM_RUN when kicked (a signal whose
 //! handler sets `kvm_run.immediate_exit`, so no kick is lost), then stops, or parks while the
-//! VM is paused.
+//! VM is paused. With HLT exits disabled, a test-guest vCPU that has nothing left to run is
+//! put in KVM's halted state, so its thread blocks in the host kernel.
 
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::Arc;
@@ -86,14 +87,17 @@ pub fn registers(vcpu: &VcpuFd) -> Result<(kvm_regs, kvm_sregs), KvmError> {
 }
 
 /// Starts the thread `vcpu{index}` running vCPU `fd` of the VM whose state is `shared`.
+/// `hlt_in_guest`: the VM's HLT exits are disabled ([`KvmVm::hlt_in_guest`]), so a finished
+/// test-guest vCPU is halted in KVM ([`halt_finished_vcpu`]).
 pub(crate) fn spawn(
     index: u32,
     fd: VcpuFd,
     shared: Arc<VmShared>,
+    hlt_in_guest: bool,
 ) -> std::io::Result<(JoinHandle<()>, libc::pthread_t)> {
     let h = std::thread::Builder::new()
         .name(format!("vcpu{index}"))
-        .spawn(move || run(index, fd, shared))?;
+        .spawn(move || run(index, fd, shared, hlt_in_guest))?;
     let pthread = h.as_pthread_t();
     Ok((h, pthread))
 }
@@ -107,12 +111,13 @@ enum ExitAction {
     FailEntry(u64),
 }
 
-fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>) {
+fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.publish_tid(index, tid);
     shared.wait_gate();
     signals::set_thread_kvm_run(fd.get_kvm_run() as *mut _);
+    let mut halted = false;
     loop {
         if shared.stopping() {
             break;
@@ -120,6 +125,10 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>) {
         if shared.pause_requested() {
             shared.park_while_paused();
             continue;
+        }
+        if hlt_in_guest && !halted && shared.pv.cpu_done(index) {
+            halt_finished_vcpu(index, &fd);
+            halted = true;
         }
         let action = match fd.run() {
             Ok(exit) => handle_exit(index, exit, &shared),
@@ -172,6 +181,23 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>) {
         }
     }
     signals::set_thread_kvm_run(std::ptr::null_mut());
+}
+
+/// Puts a vCPU whose guest has nothing left to run on it (it reported PORT_CPU_DONE and halts
+/// with interrupts off for good) in KVM's halted state, so that KVM_RUN blocks its thread in
+/// the host kernel until the VM stops (a kick's signal ends the block). Called only with HLT
+/// exits disabled (`vm::disable_async_page_faults`), where the guest's own HLT would halt in
+/// guest mode and keep the thread on a host CPU for the rest of the run.
+fn halt_finished_vcpu(index: u32, fd: &VcpuFd) {
+    let halted = kvm_bindings::kvm_mp_state {
+        mp_state: kvm_bindings::KVM_MP_STATE_HALTED,
+    };
+    if let Err(e) = fd.set_mp_state(halted) {
+        tracing::warn!(
+            vcpu = index,
+            "cannot halt the finished vCPU in KVM (KVM_SET_MP_STATE): {e}"
+        );
+    }
 }
 
 fn le_value(data: &[u8]) -> u32 {

@@ -32,9 +32,11 @@ pub(crate) fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Kvm
 /// vCPU, so no guest-process attribution) and every fault costs two more thread hand-offs
 /// (measured here: all 40,629 faults of a stride run unattributed; with this off, none, and
 /// the run 24% faster). KVM does not do async PF for a VM whose HLT exits are disabled, so
-/// that is how it is turned off (KVM_CAP_X86_DISABLE_EXITS, HLT). On VMX/SVM a halted vCPU
-/// then keeps its physical CPU; on PVM (this host) an idle vCPU measured no extra CPU time.
-fn disable_async_page_faults(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
+/// that is how it is turned off (KVM_CAP_X86_DISABLE_EXITS, HLT). On VMX/SVM a guest HLT then
+/// halts in guest mode and keeps its host CPU; the vCPU thread parks a test-guest vCPU that has
+/// nothing left to run in KVM's halted state instead (`vcpu.rs`). Returns whether HLT exits are
+/// now off.
+fn disable_async_page_faults(kvm: &Kvm, vm: &VmFd) -> Result<bool, KvmError> {
     let hlt = kvm_bindings::KVM_X86_DISABLE_EXITS_HLT;
     let supported = kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_X86_DISABLE_EXITS));
     if supported < 0 || supported as u32 & hlt == 0 {
@@ -42,7 +44,7 @@ fn disable_async_page_faults(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
             "KVM cannot disable HLT exits here: async page faults stay on, and guest faults \
              on remote memory are seen on KVM's worker threads (no per-process attribution)"
         );
-        return Ok(());
+        return Ok(false);
     }
     let mut cap = kvm_bindings::kvm_enable_cap {
         cap: kvm_bindings::KVM_CAP_X86_DISABLE_EXITS,
@@ -50,7 +52,8 @@ fn disable_async_page_faults(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
     };
     cap.args[0] = u64::from(hlt);
     vm.enable_cap(&cap)
-        .map_err(ioctl("KVM_ENABLE_CAP(X86_DISABLE_EXITS)"))
+        .map_err(ioctl("KVM_ENABLE_CAP(X86_DISABLE_EXITS)"))?;
+    Ok(true)
 }
 
 /// Address for KVM_SET_TSS_ADDRESS (three pages inside the MMIO hole, below the IOAPIC).
@@ -60,6 +63,9 @@ const TSS_ADDRESS: usize = 0xfffb_d000;
 pub struct KvmVm {
     pub kvm: Kvm,
     pub fd: VmFd,
+    /// HLT exits are disabled: a guest HLT halts in guest mode (see
+    /// `disable_async_page_faults`).
+    pub hlt_in_guest: bool,
 }
 
 impl KvmVm {
@@ -73,9 +79,7 @@ impl KvmVm {
         fd.set_tss_address(TSS_ADDRESS)
             .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         fd.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        if !async_pf {
-            disable_async_page_faults(&kvm, &fd)?;
-        }
+        let hlt_in_guest = !async_pf && disable_async_page_faults(&kvm, &fd)?;
         for (slot, r) in ram.regions().iter().enumerate() {
             let region = kvm_userspace_memory_region {
                 slot: slot as u32,
@@ -89,7 +93,11 @@ impl KvmVm {
             unsafe { fd.set_user_memory_region(region) }
                 .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
         }
-        Ok(KvmVm { kvm, fd })
+        Ok(KvmVm {
+            kvm,
+            fd,
+            hlt_in_guest,
+        })
     }
 }
 

@@ -18,7 +18,7 @@ pub(super) fn floor(secs: u64) -> Result<Floor> {
     let rows = farvm_memserver::bench::run(&cfg, |_| {}).context("measuring the TCP floor")?;
     let r = rows.first().context("TCP floor: no result")?;
     let (spin_p50, spin_p99) =
-        farvm_memserver::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
+        farvm_memclient::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))
             .context("measuring the spinning TCP floor")?;
     // The stricter of the two waiting policies is the floor: on this host a blocked waiter's
     // wake-up costs 10-50 µs depending on whether the other core is idle, and spinning avoids
@@ -35,7 +35,7 @@ pub(super) fn floor(secs: u64) -> Result<Floor> {
         tcp_spinning_p50_us: spin_p50,
         memserver_p50_us: r.memserver.p50_us,
         memserver_p99_us: r.memserver.p99_us,
-        tcp_stream_pages_per_s: farvm_memserver::bench::tcp_stream_pages_per_sec(
+        tcp_stream_pages_per_s: farvm_memclient::bench::tcp_stream_pages_per_sec(
             Duration::from_secs(secs.max(1)),
         )
         .context("measuring the TCP streaming rate")?,

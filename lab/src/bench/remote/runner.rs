@@ -97,6 +97,8 @@ pub(crate) struct CellSetup {
     pub page_space: PageSpaceKind,
     /// The test guest hands out frames in runs of 2^shift (`--frame-run-shift`).
     pub frame_run_shift: u32,
+    /// `--stage2-prefault on|off`.
+    pub stage2_prefault: bool,
 }
 
 impl Default for CellSetup {
@@ -106,6 +108,7 @@ impl Default for CellSetup {
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
             frame_run_shift: 9,
+            stage2_prefault: true,
         }
     }
 }
@@ -118,13 +121,31 @@ pub(crate) fn run_remote(
     timeout: Duration,
     setup: CellSetup,
 ) -> Result<(Option<ProcessRecord>, RemoteStats)> {
-    let name = format!("bench-{}-{}-{pf}", std::process::id(), w.name());
+    let (report, stats) = run_remote_vm(w, budget, pf, timeout, setup)?;
+    Ok((finished_in_time(&report, &vm_name(w, pf))?, stats))
+}
+
+fn vm_name(w: &PlacedWorkload, pf: &str) -> String {
+    format!("bench-{}-{}-{pf}", std::process::id(), w.name())
+}
+
+/// [`run_remote`]'s VM run, returning the VM's whole report (KVM's per-vCPU statistics too)
+/// whatever its outcome.
+pub(crate) fn run_remote_vm(
+    w: &PlacedWorkload,
+    budget: Budget,
+    pf: &str,
+    timeout: Duration,
+    setup: CellSetup,
+) -> Result<(VmReport, RemoteStats)> {
+    let name = vm_name(w, pf);
     let mut cfg = config(w, &name, setup.frame_run_shift);
     let mut spec = RemoteSpec::new(&name);
     spec.budget = budget;
     spec.prefetcher = pf.to_string();
     spec.fault_path_cpu = setup.fault_path_cpu;
     spec.page_space = setup.page_space;
+    spec.stage2_prefault = setup.stage2_prefault;
     cfg.remote = Some(spec);
     let vm = build(&cfg).context("building the VM on remote memory")?;
     let running = vm.start()?;
@@ -138,8 +159,14 @@ pub(crate) fn run_remote(
     if !errors.is_empty() {
         bail!("paging engine errors in {name}: {errors:?}");
     }
+    Ok((report, stats))
+}
+
+/// The finished process of a remote-memory run (`what` names it in errors), or `None` if the
+/// VM hit its timeout; any other outcome is an error.
+pub(crate) fn finished_in_time(report: &VmReport, what: &str) -> Result<Option<ProcessRecord>> {
     if let VmOutcome::Timeout { .. } = report.outcome {
-        return Ok((None, stats));
+        return Ok(None);
     }
-    Ok((Some(finished(&report, &name)?), stats))
+    finished(report, what).map(Some)
 }

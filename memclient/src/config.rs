@@ -1,0 +1,81 @@
+//! Client settings ([`ClientConfig`]) and the connections ("lanes") a server gets.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use farvm_memproto::auth::Secret;
+
+/// Client settings. [`ClientConfig::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Memory servers.
+    pub servers: Vec<SocketAddr>,
+    /// Tenant secret (None: the servers must run in open mode).
+    pub secret: Option<Secret>,
+    /// Replication factor; default 2 with ≥ 2 servers, else 1.
+    pub replication: Option<usize>,
+    /// Slab size in pages (default 262144 = 1 GiB).
+    pub slab_pages: u64,
+    /// Bulk connections per server (default 2): writes, prefetch reads, discards.
+    pub conns_per_server: usize,
+    /// One more connection per server that carries only demand reads (default true), so a
+    /// read a vCPU is blocked on never queues behind megabytes of prefetch responses on a
+    /// shared TCP stream (the server serves each connection in order, on its own thread).
+    pub demand_lane: bool,
+    /// One more connection per server that carries only writes (default false): a write-back
+    /// an evictor waits on then never queues behind prefetch reads on a bulk connection. (The
+    /// server applies each connection's requests in order; across connections there is no
+    /// order, so a caller must see a write complete before it reads the page back, as the
+    /// paging engine does.)
+    pub write_lane: bool,
+    /// Requests in flight per connection (default 32).
+    pub window: usize,
+    /// Part of the window only demand requests may use (default window / 4).
+    pub demand_reserve: usize,
+    /// Requests queued or in flight per connection (default 256).
+    pub depth: usize,
+    /// Per-request timeout (default 2 s). A timed-out server is taken out of service.
+    pub timeout: Duration,
+    /// Connect and handshake timeout (default 2 s).
+    pub connect_timeout: Duration,
+    /// Outstanding user requests at most (default 1024).
+    pub max_requests: usize,
+}
+
+impl ClientConfig {
+    /// Defaults for these servers.
+    pub fn new(servers: Vec<SocketAddr>) -> Self {
+        Self {
+            servers,
+            secret: None,
+            replication: None,
+            slab_pages: 1 << 18,
+            conns_per_server: 2,
+            demand_lane: true,
+            write_lane: false,
+            window: 32,
+            demand_reserve: 8,
+            depth: 256,
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            max_requests: 1024,
+        }
+    }
+
+    /// Connections opened per server: the bulk ones, then the write lane and the demand lane
+    /// when configured (in that order, see [`Lane`]).
+    pub(crate) fn conns_total(&self) -> usize {
+        self.conns_per_server.max(1) + usize::from(self.write_lane) + usize::from(self.demand_lane)
+    }
+}
+
+/// Which of a server's connections a request takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Any bulk connection (reads, discards, recovery traffic).
+    Bulk,
+    /// The write lane if configured ([`ClientConfig::write_lane`]), else bulk.
+    Write,
+    /// The demand lane if configured ([`ClientConfig::demand_lane`]), else bulk.
+    Demand,
+}

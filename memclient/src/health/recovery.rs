@@ -1,0 +1,276 @@
+//! Re-replication after a server dies (runs on the client's maintenance thread).
+//!
+//! For every slab that had a replica on the dead server, a live server outside the slab's
+//! replica set is chosen (power of two choices) and added as a *filling* replica: it is not
+//! read from and client writes skip it. The copier then:
+//! 1. waits for every write/discard that was already in flight (it may have read the old
+//!    placement and so is not tracked as dirty);
+//! 2. copies the slab from a surviving replica, chunk by chunk;
+//! 3. repeatedly copies the pages written or discarded meanwhile (the slab's dirty set),
+//!    taking the set only when no tracked write is in flight, and when the set is empty flips
+//!    the replica to normal under the fill lock, so no write can slip between.
+//!
+//! The slab is served by its surviving replicas throughout; no client request waits on this.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use farvm_memproto::MAX_PAGES_PER_FRAME;
+
+use crate::core::Core;
+use crate::placement::SlabKey;
+use crate::tickets::{TicketOp, MAX_REPLICAS};
+use crate::{ClientError, IoBuf};
+
+impl Core {
+    /// Server `dead` was taken out of service: drops it from the placement of every slab
+    /// that has another live replica, and re-replicates those. A slab it was the last live
+    /// replica of keeps it: the slab is suspended until the server answers again (see
+    /// `rejoin`), because a timeout may well be transient and the server may still hold the
+    /// only copy.
+    pub(super) fn handle_dead(&self, dead: u16) {
+        if !self.servers.is_dead(dead) {
+            // Back in service before this event was handled (see `rejoin`).
+            return;
+        }
+        let mut suspended = 0u64;
+        for mut m in self.placements.write_all() {
+            for p in m.values_mut() {
+                let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
+                    continue;
+                };
+                if !p.is_filling(pos) && self.live_source(p, Some(dead)).is_none() {
+                    suspended += 1;
+                    continue;
+                }
+                p.remove_at(pos);
+            }
+        }
+        if suspended > 0 {
+            tracing::error!(
+                server = %self.addr(dead),
+                slabs = suspended,
+                "the server out of service holds the last live replica of these slabs: their \
+                 requests fail until it answers again"
+            );
+        }
+        self.rereplicate_degraded();
+    }
+
+    /// Adds a replica to every slab with fewer than R replicas and a live source, and fills
+    /// it. A fill that stops drops its half-filled replica, so a later call tries again.
+    pub(super) fn rereplicate_degraded(&self) {
+        let mut jobs: Vec<(SlabKey, u16)> = Vec::new();
+        for mut m in self.placements.write_all() {
+            for (key, p) in m.iter_mut() {
+                let n = p.n as usize;
+                if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
+                    continue;
+                }
+                if self.live_source(p, None).is_none() {
+                    continue;
+                }
+                let (c, k) =
+                    self.placements
+                        .choose(&self.servers, p.servers(), 1, self.cfg.slab_pages);
+                if k == 1 {
+                    p.replicas[n] = c[0];
+                    p.filling |= 1 << n;
+                    p.n += 1;
+                    jobs.push((*key, c[0]));
+                }
+            }
+        }
+        if !jobs.is_empty() {
+            tracing::info!(slabs = jobs.len(), "re-replicating");
+        }
+        for (key, target) in jobs {
+            match self.fill_slab(key, target) {
+                Ok(()) => {
+                    self.health
+                        .slabs_rereplicated
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        ns = key.0,
+                        slab = key.1,
+                        target,
+                        "re-replication stopped: {why}"
+                    );
+                    self.drop_filling(key, target);
+                }
+            }
+        }
+    }
+
+    /// Removes a replica whose fill stopped (under the fill lock, as the flip to normal is).
+    fn drop_filling(&self, key: SlabKey, target: u16) {
+        let mut fills = self
+            .placements
+            .fills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut m = self.placements.write_shard(key);
+        if let Some(p) = m.get_mut(&key) {
+            if let Some(i) = p.servers().iter().position(|&s| s == target) {
+                if p.is_filling(i) {
+                    p.remove_at(i);
+                }
+            }
+        }
+        fills.remove(&key);
+    }
+
+    fn source_for(&self, key: SlabKey, target: u16) -> Option<u16> {
+        let p = self.placements.lookup(key)?;
+        self.live_source(&p, Some(target))
+    }
+
+    /// Waits until every write/discard to `key` that is in flight now has finished.
+    fn quiesce(&self, key: SlabKey) {
+        let deadline = Instant::now() + self.cfg.timeout * 2;
+        let waits: Vec<(u32, u64)> = (0..self.tickets.slots.len() as u32)
+            .filter_map(|tn| {
+                let t = self.tickets.lock(tn);
+                (t.active
+                    && matches!(t.op, TicketOp::Write | TicketOp::Discard)
+                    && (t.ns, t.slab) == key)
+                    .then_some((tn, t.seq))
+            })
+            .collect();
+        for (tn, seq) in waits {
+            while self.tickets.lock(tn).seq == seq && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Copies `pages` (all in slab `key`) from a live source to `target`: present pages are
+    /// written, absent ones discarded.
+    fn copy_pages(&self, key: SlabKey, target: u16, pages: &[u64]) -> Result<(), &'static str> {
+        let (ns, _) = key;
+        let mut io = IoBuf::new(MAX_PAGES_PER_FRAME);
+        let mut present: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
+        let mut absent: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
+        let mut data: Vec<u8> = Vec::with_capacity(MAX_PAGES_PER_FRAME * 4096);
+        for chunk in pages.chunks(MAX_PAGES_PER_FRAME) {
+            let r = loop {
+                if self.servers.is_dead(target) {
+                    return Err("target died");
+                }
+                let src = self
+                    .source_for(key, target)
+                    .ok_or("no live source replica")?;
+                io.set_scatter(chunk).map_err(|_| "bad chunk")?;
+                let (back, r) = self.direct_io_patient(src, TicketOp::Read, ns, io);
+                io = back;
+                match r {
+                    Err(e) if e.is_server_failure() => continue,
+                    other => break other,
+                }
+            };
+            r.map_err(|_| "source read failed")?;
+            present.clear();
+            absent.clear();
+            data.clear();
+            for (i, &p) in chunk.iter().enumerate() {
+                if io.is_present(i) {
+                    present.push(p);
+                    data.extend_from_slice(io.page(i));
+                } else {
+                    absent.push(p);
+                }
+            }
+            if !present.is_empty() {
+                io.set_scatter(&present).map_err(|_| "bad chunk")?;
+                io.data_mut().copy_from_slice(&data);
+                let (back, r) = self.direct_io_patient(target, TicketOp::Write, ns, io);
+                io = back;
+                r.map_err(|_| "target write failed")?;
+            }
+            if !absent.is_empty() {
+                io.set_scatter(&absent).map_err(|_| "bad chunk")?;
+                let (back, r) = self.direct_io_patient(target, TicketOp::Discard, ns, io);
+                io = back;
+                r.map_err(|_| "target discard failed")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fill_slab(&self, key: SlabKey, target: u16) -> Result<(), &'static str> {
+        self.quiesce(key);
+        let base = key.1 * self.cfg.slab_pages;
+        let mut pages: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
+        let mut at = 0;
+        while at < self.cfg.slab_pages {
+            pages.clear();
+            pages.extend((0..MAX_PAGES_PER_FRAME as u64).map(|i| base + at + i));
+            self.copy_pages(key, target, &pages)?;
+            at += MAX_PAGES_PER_FRAME as u64;
+        }
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            if Instant::now() > give_up {
+                return Err("writes never paused long enough to finish the catch-up");
+            }
+            let dirty: Vec<u64> = {
+                let mut fills = self
+                    .placements
+                    .fills
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let busy = fills.get(&key).is_some_and(|f| f.inflight > 0);
+                if busy {
+                    None
+                } else {
+                    let d: Vec<u64> = fills
+                        .get_mut(&key)
+                        .map(|f| f.dirty.drain().collect())
+                        .unwrap_or_default();
+                    if d.is_empty() {
+                        // Flip under the fill lock: writes register under it, so none can
+                        // observe "filling" after this and skip the target.
+                        let mut m = self.placements.write_shard(key);
+                        if let Some(p) = m.get_mut(&key) {
+                            if let Some(i) = p.servers().iter().position(|&s| s == target) {
+                                p.filling &= !(1 << i);
+                            }
+                        }
+                        fills.remove(&key);
+                        return Ok(());
+                    }
+                    Some(d)
+                }
+            }
+            .unwrap_or_default();
+            if dirty.is_empty() {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            self.copy_pages(key, target, &dirty)?;
+        }
+    }
+}
+
+impl Core {
+    /// `direct_io`, waiting out `QueueFull` (the VMM may hold every ticket for a moment).
+    fn direct_io_patient(
+        &self,
+        s: u16,
+        op: TicketOp,
+        ns: u64,
+        mut io: IoBuf,
+    ) -> (IoBuf, Result<u32, ClientError>) {
+        for _ in 0..2000 {
+            let (back, r) = self.direct_io(s, op, ns, io);
+            if r != Err(ClientError::QueueFull) {
+                return (back, r);
+            }
+            io = back;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (io, Err(ClientError::QueueFull))
+    }
+}

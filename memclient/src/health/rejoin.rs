@@ -1,0 +1,112 @@
+//! Connecting to a server, and putting a server that was taken out of service back in service
+//! once it answers again (runs on the client's maintenance thread).
+//!
+//! A timeout or a dropped connection takes a server out of service at once: that keeps a
+//! vCPU from waiting on a server that is gone. But the same signals come from a server that is
+//! only slow for a moment (a CPU-starved host, a network blip), and if that server held the
+//! last live replica of a slab, the slab would be unusable for good. So the client keeps
+//! trying: every maintenance tick it reconnects to each server out of service, asks for its
+//! instance id, and
+//! - same id: the server kept its pages. Its connections are swapped in, it is back in
+//!   service, the slabs it was the last replica of work again, and slabs left with fewer than
+//!   R replicas meanwhile are re-replicated (onto it, if it is the only choice);
+//! - another id: the server restarted and holds nothing of ours. It is first removed from
+//!   every placement (a slab it was the last replica of is lost: logged as an error), then
+//!   put in service as an empty server.
+//!
+//! A server that was only stopped (SIGSTOP, a long stall) may still hold requests of its old
+//! connections in their socket buffers, and applies them as soon as it runs again. The
+//! client reported those as failed, and the paging engine keeps such pages and writes them
+//! again later — so a stale write must not land *after* a newer one. Hence the settle time:
+//! the new connections wait [`settle_time`] before the STAT that puts the server back, and
+//! only then carry writes; the old buffers are drained within microseconds of the resume.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::core::Core;
+
+impl Core {
+    /// One attempt to bring server `s` (out of service) back.
+    pub(super) fn try_rejoin(self: &Arc<Self>, s: u16) {
+        let Some(st) = self.servers.get(s) else {
+            return;
+        };
+        // A new connection set: failures still reported by the old one are stale from here.
+        let generation = st.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let conns = match self.connect_server(s, generation) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(server = %st.addr, "still out of service: {e}");
+                return;
+            }
+        };
+        // Still out of service for every caller: only this STAT uses the new connections.
+        *st.conns.write().unwrap_or_else(|e| e.into_inner()) = conns.clone();
+        std::thread::sleep(settle_time(self.cfg.timeout));
+        let Some(first) = conns.first() else {
+            return;
+        };
+        let info = match self.blocking_stat(s, 0, Some(&**first)) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!(server = %st.addr, "connected, but STAT failed: {e}");
+                for c in conns.iter() {
+                    c.close();
+                }
+                return;
+            }
+        };
+        let known = st.instance.load(Ordering::Acquire);
+        if known != 0 && known != info.instance {
+            self.forget_server(s);
+        }
+        st.instance.store(info.instance, Ordering::Release);
+        st.free_pages.store(
+            info.capacity_pages.saturating_sub(info.used_pages),
+            Ordering::Relaxed,
+        );
+        st.dead.store(false, Ordering::Release);
+        self.health.rejoined_servers.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(server = %st.addr, "memserver back in service");
+        self.rereplicate_degraded();
+    }
+
+    /// Server `s` restarted: nothing it held is ours any more. Removes it from every
+    /// placement; slabs left with no replica are lost.
+    fn forget_server(&self, s: u16) {
+        let (mut dropped, mut lost) = (0u64, 0u64);
+        for mut m in self.placements.write_all() {
+            for p in m.values_mut() {
+                if let Some(pos) = p.servers().iter().position(|&x| x == s) {
+                    p.remove_at(pos);
+                    dropped += 1;
+                    if p.n == 0 {
+                        p.lost = true;
+                        lost += 1;
+                    }
+                }
+            }
+        }
+        let addr = self.addr(s);
+        if lost > 0 {
+            tracing::error!(
+                server = %addr,
+                slabs = lost,
+                "memserver restarted and held the only copy of these slabs: their pages are lost"
+            );
+        } else {
+            tracing::warn!(server = %addr, slabs = dropped, "memserver restarted empty");
+        }
+    }
+}
+
+/// How long a reconnected server must keep answering before it carries requests again: long
+/// enough for it to drain what its old connections had buffered (see the module doc), short
+/// enough that a guest waiting on a suspended slab resumes soon.
+fn settle_time(timeout: std::time::Duration) -> std::time::Duration {
+    timeout.clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(1),
+    )
+}

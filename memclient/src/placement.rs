@@ -1,0 +1,235 @@
+//! Where each slab lives: its replica servers, chosen by power of two choices on free
+//! capacity, in a map sharded 64 ways (one `RwLock` each, so the request path takes no global
+//! lock), plus the bookkeeping of slabs being copied onto a new replica.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::servers::Servers;
+use crate::tickets::MAX_REPLICAS;
+
+/// A slab: (namespace, slab index).
+pub(crate) type SlabKey = (u64, u64);
+
+const SHARDS: usize = 64;
+
+/// A slab's replica set.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    pub replicas: [u16; MAX_REPLICAS],
+    pub n: u8,
+    /// Bit i: replicas[i] is still being filled (not read from; receives no client writes).
+    pub filling: u8,
+    /// Every replica of this slab was lost once (`forget_server`). Placed afresh by a later
+    /// write, its replicas hold only what was written since: a page absent there is lost,
+    /// not never written, and reads of it fail with [`crate::ClientError::Lost`].
+    pub lost: bool,
+}
+
+impl Placement {
+    pub fn servers(&self) -> &[u16] {
+        &self.replicas[..self.n as usize]
+    }
+
+    pub fn is_filling(&self, i: usize) -> bool {
+        self.filling & (1 << i) != 0
+    }
+
+    /// The replicas that serve reads and take client writes (not being filled), in order,
+    /// into `out`; returns how many.
+    pub fn established(&self, out: &mut [u16; MAX_REPLICAS]) -> usize {
+        let mut n = 0;
+        for (i, &s) in self.servers().iter().enumerate() {
+            if !self.is_filling(i) {
+                out[n] = s;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Drops replica `pos`.
+    pub fn remove_at(&mut self, pos: usize) {
+        let n = self.n as usize;
+        for i in pos..n - 1 {
+            self.replicas[i] = self.replicas[i + 1];
+        }
+        let low = self.filling & ((1 << pos) - 1);
+        let high = (self.filling >> (pos + 1)) << pos;
+        self.filling = low | high;
+        self.n -= 1;
+    }
+}
+
+/// Pages written or discarded in a slab while it is copied onto a new replica.
+#[derive(Default)]
+pub(crate) struct FillState {
+    pub dirty: FxHashSet<u64>,
+    pub inflight: u32,
+}
+
+/// Every slab's placement.
+pub(crate) struct Placements {
+    shards: Box<[RwLock<FxHashMap<SlabKey, Placement>>]>,
+    /// Only for slabs being re-replicated (recovery path, not the steady-state hot path).
+    pub fills: Mutex<FxHashMap<SlabKey, FillState>>,
+    rng: AtomicU64,
+}
+
+impl Placements {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| RwLock::new(FxHashMap::default()))
+                .collect(),
+            fills: Mutex::new(FxHashMap::default()),
+            rng: AtomicU64::new(0x9e3779b97f4a7c15 ^ seed),
+        }
+    }
+
+    fn shard(&self, key: SlabKey) -> &RwLock<FxHashMap<SlabKey, Placement>> {
+        let h = key.0.wrapping_mul(0x9e3779b97f4a7c15) ^ key.1.wrapping_mul(0xc2b2ae3d27d4eb4f);
+        &self.shards[(h >> 58) as usize % SHARDS]
+    }
+
+    /// The shard holding `key`, for writing.
+    pub fn write_shard(&self, key: SlabKey) -> RwLockWriteGuard<'_, FxHashMap<SlabKey, Placement>> {
+        self.shard(key).write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every shard in turn, for reading.
+    pub fn read_all(
+        &self,
+    ) -> impl Iterator<Item = RwLockReadGuard<'_, FxHashMap<SlabKey, Placement>>> {
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Every shard in turn, for writing.
+    pub fn write_all(
+        &self,
+    ) -> impl Iterator<Item = RwLockWriteGuard<'_, FxHashMap<SlabKey, Placement>>> {
+        self.shards
+            .iter()
+            .map(|s| s.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn lookup(&self, key: SlabKey) -> Option<Placement> {
+        self.shard(key)
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+    }
+
+    fn rand(&self) -> u64 {
+        // xorshift on a shared atomic: a lost update only repeats a number, harmless here.
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+
+    /// Power of two choices among `cands`: two at random, keep the one with more free space.
+    fn two_choices(&self, servers: &Servers, cands: &[u16]) -> u16 {
+        if cands.len() == 1 {
+            return cands[0];
+        }
+        let a = cands[(self.rand() % cands.len() as u64) as usize];
+        let mut b = cands[(self.rand() % (cands.len() as u64 - 1)) as usize];
+        if b == a {
+            b = cands[cands.len() - 1];
+        }
+        if servers.free_pages(b) > servers.free_pages(a) {
+            b
+        } else {
+            a
+        }
+    }
+
+    /// Up to `n` live servers outside `exclude` for a slab of `slab_pages`, each charged the
+    /// slab until its next STAT refresh.
+    pub fn choose(
+        &self,
+        servers: &Servers,
+        exclude: &[u16],
+        n: usize,
+        slab_pages: u64,
+    ) -> ([u16; MAX_REPLICAS], usize) {
+        let mut out = [0u16; MAX_REPLICAS];
+        let mut k = 0;
+        let mut cands: [u16; 64] = [0; 64];
+        while k < n {
+            let mut m = 0;
+            for s in 0..servers.len().min(64) as u16 {
+                if !servers.is_dead(s) && !exclude.contains(&s) && !out[..k].contains(&s) {
+                    cands[m] = s;
+                    m += 1;
+                }
+            }
+            if m == 0 {
+                break;
+            }
+            let s = self.two_choices(servers, &cands[..m]);
+            servers.charge(s, slab_pages);
+            out[k] = s;
+            k += 1;
+        }
+        (out, k)
+    }
+
+    /// The placement of `key`, placing it on `r` servers if it has none (or lost them all).
+    pub fn place(
+        &self,
+        servers: &Servers,
+        key: SlabKey,
+        r: usize,
+        slab_pages: u64,
+    ) -> Option<Placement> {
+        let mut m = self.write_shard(key);
+        // A slab whose every replica was lost (`forget_server`) is placed afresh by its next
+        // write: that page lives again, the others still read as absent (lost to the engine).
+        let prev = m.get(&key).copied();
+        if let Some(p) = prev.filter(|p| p.n > 0) {
+            return Some(p);
+        }
+        let (replicas, n) = self.choose(servers, &[], r, slab_pages);
+        if n == 0 {
+            return None;
+        }
+        let p = Placement {
+            replicas,
+            n: n as u8,
+            filling: 0,
+            lost: prev.is_some_and(|p| p.lost),
+        };
+        m.insert(key, p);
+        Some(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removing_a_replica_keeps_the_filling_bits_of_the_others() {
+        let mut p = Placement {
+            replicas: [4, 5, 6, 7],
+            n: 4,
+            filling: 0b1010,
+            lost: false,
+        };
+        p.remove_at(1);
+        assert_eq!(p.servers(), &[4, 6, 7]);
+        assert_eq!(p.filling, 0b100);
+        let mut out = [0; MAX_REPLICAS];
+        let n = p.established(&mut out);
+        assert_eq!(&out[..n], &[4, 6]);
+    }
+}

@@ -1,0 +1,152 @@
+//! farvm-pageio: the page-store seam, one vocabulary shared by the paging engine (`farvm-ept`)
+//! and every page store (the memserver client's store, the engine's in-process test store).
+//!
+//! The engine drives a [`RemoteStore`]; finished requests come back through the
+//! [`CompletionSink`] the engine attaches.
+//!
+//! Contract:
+//! - Requests are submitted in batches and complete asynchronously, in any order, possibly on
+//!   another thread, possibly before `read`/`write` returns (an in-process store may complete
+//!   inline). The engine holds no lock while submitting, so inline completion is fine.
+//! - Completions are plain `Copy` values handed over in slices: no per-request heap allocation.
+//! - A read of a page the server never stored completes with [`Status::Absent`], distinct from
+//!   a failure.
+//! - [`PageBuf`] memory belongs to the engine and stays valid and unaliased from submission until
+//!   the request's completion has been delivered; the store must not touch it afterwards.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Page size of every request (4 KiB).
+pub const PAGE_SIZE: usize = 4096;
+
+/// Guest page number (guest-physical address >> 12).
+pub type GuestPage = u64;
+
+/// Request priority: demand reads block a vCPU and must overtake prefetches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Priority {
+    Demand,
+    Prefetch,
+}
+
+/// 4 KiB of engine-owned memory a request reads into or writes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageBuf(NonNull<u8>);
+
+// SAFETY: a PageBuf is an address handed between threads under the store contract above (the
+// engine does not touch the bytes while the request is outstanding).
+unsafe impl Send for PageBuf {}
+// SAFETY: as above.
+unsafe impl Sync for PageBuf {}
+
+impl PageBuf {
+    /// # Safety
+    /// `ptr` must point at 4 KiB of writable memory that stays valid while requests using it
+    /// are outstanding.
+    pub unsafe fn new(ptr: *mut u8) -> Option<Self> {
+        NonNull::new(ptr).map(Self)
+    }
+
+    pub fn as_ptr(self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    /// The page's bytes.
+    ///
+    /// # Safety
+    /// Only while the request owning this buffer is outstanding, by the store serving it.
+    pub unsafe fn as_mut_slice<'a>(self) -> &'a mut [u8] {
+        // SAFETY: per the constructor's and this method's contracts.
+        unsafe { core::slice::from_raw_parts_mut(self.0.as_ptr(), PAGE_SIZE) }
+    }
+
+    /// # Safety
+    /// As [`PageBuf::as_mut_slice`].
+    pub unsafe fn as_slice<'a>(self) -> &'a [u8] {
+        // SAFETY: per the constructor's and this method's contracts.
+        unsafe { core::slice::from_raw_parts(self.0.as_ptr(), PAGE_SIZE) }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReadReq {
+    pub page: GuestPage,
+    pub priority: Priority,
+    pub dst: PageBuf,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct WriteReq {
+    pub page: GuestPage,
+    pub src: PageBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// Why a store request failed. `Copy` so completions carry it without allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("memory server unreachable")]
+    Unavailable,
+    #[error("request timed out")]
+    Timeout,
+    #[error("store is shut down")]
+    Closed,
+    #[error("protocol error")]
+    Protocol,
+    #[error("I/O error (errno {0})")]
+    Io(i32),
+    #[error("request queue full")]
+    Busy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// The server holds no copy of this page.
+    Absent,
+    Failed(StoreError),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Completion {
+    pub op: Op,
+    pub page: GuestPage,
+    pub status: Status,
+}
+
+/// Where completions go. Implemented by the engine; called from any thread.
+pub trait CompletionSink: Send + Sync {
+    fn complete(&self, batch: &[Completion]);
+}
+
+/// Remote page storage for one VM.
+pub trait RemoteStore: Send + Sync {
+    /// Called once by the engine before any request: where to deliver completions.
+    fn attach(&self, sink: Arc<dyn CompletionSink>) -> Result<(), StoreError>;
+    /// Submits reads. On `Err`, none of the batch was accepted and no completion will come.
+    fn read(&self, reqs: &[ReadReq]) -> Result<(), StoreError>;
+    /// Submits write-backs. On `Err`, none of the batch was accepted.
+    fn write(&self, reqs: &[WriteReq]) -> Result<(), StoreError>;
+    /// Drops the remote copies of `pages` (synchronous, best effort: no completion).
+    fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError>;
+    /// Reads `page` into `dst` on the calling thread and returns once it has landed: the
+    /// demand path with no thread hand-off (the fault handler receives the response itself;
+    /// on this host every wake-up of another thread costs 5-50 µs). `None`: not supported,
+    /// the engine submits an asynchronous demand read instead. Must not be called with the
+    /// same `dst` as an outstanding request.
+    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<Status> {
+        let _ = (page, dst);
+        None
+    }
+    /// A vCPU now waits on an outstanding prefetch read of `page`: serve it at demand priority
+    /// if it is still queued. Optional (default: nothing; it completes as a prefetch).
+    fn promote(&self, page: GuestPage) {
+        let _ = page;
+    }
+}
