@@ -275,9 +275,10 @@ impl<M: Bytes<GuestAddress> + Send + Sync> AgentDevice<M> {
     /// A guest read of register `offset`.
     pub fn read_register(&self, offset: u64) -> u32 {
         let s = self.lock();
-        let status = u32::from(s.version != 0) * status::NEGOTIATED
-            | u32::from(s.slots.is_some()) * status::SLOTS
-            | u32::from(s.ring.is_some()) * status::RING;
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        let status = bit(s.version != 0, status::NEGOTIATED)
+            | bit(s.slots.is_some(), status::SLOTS)
+            | bit(s.ring.is_some(), status::RING);
         match offset {
             reg::MAGIC => DEVICE_MAGIC,
             reg::VERSION_MAX => self.version_max,

@@ -125,7 +125,7 @@ mod tests {
         let last = MmioDeviceInfo::slot(IOAPIC_MAX_GSI - VIRTIO_GSI_BASE).unwrap();
         assert!(last.base + last.size <= AGENT_MMIO_BASE);
         assert!(AGENT_MMIO_BASE + AGENT_MMIO_SIZE <= u64::from(crate::acpi::IOAPIC_ADDR));
-        assert!(AGENT_MMIO_BASE >= 3 << 30, "in the MMIO hole above low RAM");
+        const { assert!(AGENT_MMIO_BASE >= 3 << 30, "in the MMIO hole above low RAM") };
     }
 
     #[test]

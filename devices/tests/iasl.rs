@@ -82,11 +82,11 @@ fn iasl_disassembles_every_table_cleanly() {
         "dsdt",
         "Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )",
     );
-    has("dsdt", "Device (FARV)");
+    has("dsdt", "Device (_SB.FARV)");
     has("dsdt", "Name (_HID, \"FARV0001\")");
     has(
         "dsdt",
-        "Memory32Fixed (ReadWrite,\n                    0xD0800000,         // Address Base\n                    0x00001000,         // Address Length",
+        "Memory32Fixed (ReadWrite,\n                0xD0800000,         // Address Base\n                0x00001000,         // Address Length",
     );
 
     // Compiling the disassembly gives back the same AML body.

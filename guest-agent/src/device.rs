@@ -225,11 +225,7 @@ pub mod ring {
     impl ProcEvent {
         /// The name bytes up to the first NUL.
         pub fn name_bytes(&self) -> &[u8] {
-            let n = self
-                .name
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(NAME_BYTES);
+            let n = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
             &self.name[..n]
         }
 

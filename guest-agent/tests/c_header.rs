@@ -130,7 +130,9 @@ fn the_c_header_matches_the_rust_abi() {
             expr.replace('"', "\\\"")
         ));
     }
-    src.push_str("    printf(\"%s %s\\n\", \"FARVM_ACPI_HID\", FARVM_ACPI_HID);\n    return 0;\n}\n");
+    src.push_str(
+        "    printf(\"%s %s\\n\", \"FARVM_ACPI_HID\", FARVM_ACPI_HID);\n    return 0;\n}\n",
+    );
     let c = dir.join("probe.c");
     let exe = dir.join("probe");
     std::fs::write(&c, src).unwrap();
@@ -160,5 +162,9 @@ fn the_c_header_matches_the_rust_abi() {
         }
     }
     assert_eq!(got.get("FARVM_ACPI_HID"), Some(&device::ACPI_HID));
-    assert!(bad.is_empty(), "C header and Rust ABI disagree:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "C header and Rust ABI disagree:\n{}",
+        bad.join("\n")
+    );
 }
