@@ -37,7 +37,9 @@ pub struct Attribution {
 }
 
 impl Attribution {
-    /// The prefetcher's process key: CR3 identifies an address space; 0 = unknown / kernel.
+    /// The CR3 the slot published, which names the address space (the page space turns it
+    /// into the prefetcher's process key); 0 = no process known (no vCPU, no slot): the
+    /// global history.
     pub fn key(&self) -> u64 {
         self.cr3
     }
@@ -211,5 +213,25 @@ mod tests {
             a.unattributed(),
             Some(crate::procstats::Unattributed::Unreadable)
         );
+    }
+
+    /// A guest without an agent (a Linux guest before its agent module registers a slot):
+    /// the vCPU is known, the process is not, so the key is the global history's.
+    #[test]
+    fn a_vcpu_without_an_agent_slot_has_no_process_key() {
+        let t = VcpuTable::new();
+        t.set_tid(0, 77);
+        // SAFETY: no slot is registered, so the pointer function is never called.
+        let a = unsafe { t.attribute(77, |_| unreachable!("no slot page is registered")) };
+        assert_eq!(
+            a,
+            Attribution {
+                vcpu: Some(0),
+                slot: false,
+                pid: 0,
+                cr3: 0
+            }
+        );
+        assert_eq!(a.key(), crate::translate::GLOBAL_KEY);
     }
 }

@@ -3,6 +3,8 @@
 #   farvm_agent.ko   the kernel module, against the kernel's Debian headers
 #                    (linux-headers-<version> from the lab's suite, via `scripts/kvm-lab headers`)
 #   farvm-agentd     the process-table daemon, a static x86-64 binary (runs in any guest)
+#   farvm-workload   farvm's workloads as a static program (`farvm-workload seq:ws=32M`), for
+#                    guests that need processes touching memory (tests, demonstrations)
 #
 # USAGE
 #   guest-agent/linux/build.sh [--kdir DIR] [--out DIR]
@@ -42,8 +44,13 @@ cp "$OUT/module/farvm_agent.ko" "$OUT/farvm_agent.ko"
 
 # The daemon: static (glibc with crt-static), its own target directory so these flags do not
 # invalidate the workspace's build.
-RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$REPO=." \
-    cargo build -q --release --locked -p farvm-agentd --target x86_64-unknown-linux-gnu \
-    --manifest-path "$REPO/Cargo.toml" --target-dir "$OUT/cargo" >&2
+static_build() {
+    RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$REPO=." \
+        cargo build -q --release --locked --target x86_64-unknown-linux-gnu \
+        --manifest-path "$REPO/Cargo.toml" --target-dir "$OUT/cargo" "$@" >&2
+}
+static_build -p farvm-agentd
 cp "$OUT/cargo/x86_64-unknown-linux-gnu/release/farvm-agentd" "$OUT/farvm-agentd"
+static_build -p farvm-workloads --features std --example native
+cp "$OUT/cargo/x86_64-unknown-linux-gnu/release/examples/native" "$OUT/farvm-workload"
 echo "$OUT"

@@ -104,15 +104,23 @@ static void probe_sched_switch(void *data, bool preempt, struct task_struct *pre
 			       struct task_struct *next, unsigned int prev_state)
 {
 	struct farvm_agent_slot *s = this_cpu_read(cpu_slot);
-	u64 pid = 0, cr3 = 0;
+	u64 pid = 0, cr3;
 	u64 g;
 
 	if (!s)
 		return;
-	/* A user process: its thread-group id and page-table root. Kernel threads: 0, 0. */
 	if (next->mm) {
+		/* A user process: its thread-group id and page-table root. */
 		pid = task_tgid_nr(next);
 		cr3 = __pa(next->mm->pgd);
+	} else {
+		/*
+		 * A kernel thread (pid 0) runs on the address space already loaded (lazy TLB):
+		 * prev's, which stays in CR3.
+		 */
+		struct mm_struct *mm = prev->mm ? prev->mm : prev->active_mm;
+
+		cr3 = mm ? __pa(mm->pgd) : READ_ONCE(s->cr3);
 	}
 	g = READ_ONCE(s->generation);
 	WRITE_ONCE(s->generation, g + 1); /* odd: writing */

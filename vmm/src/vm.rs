@@ -14,13 +14,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use farvm_ept::translate::GuestPaging;
 use kvm_ioctls::VcpuFd;
 use serde::Serialize;
 
 use crate::boot::linux::LinuxBootInfo;
 use crate::boot::EntryState;
+use crate::devices::board::Board;
 use crate::devices::pvctl::{ProcessRecord, PvCounterValues, PvCtl};
-use crate::devices::serial::SerialConsole;
 use crate::remote::{RemoteMemory, RemoteStats, StatsSource};
 use crate::signals;
 use crate::stats::{ExitCounts, ExitStats};
@@ -36,12 +37,18 @@ pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum VmOutcome {
-    /// The guest wrote its exit status to the shutdown port.
+    /// The guest wrote its exit status to the shutdown port, or powered off (ACPI S5:
+    /// status 0).
     GuestShutdown { status: u32 },
+    /// The guest asked for a reset (the ACPI reset register): farvm does not restart guests,
+    /// the VM stops.
+    GuestReboot,
     /// The guest kernel panicked.
     GuestPanic { message: String },
     /// SIGINT/SIGTERM.
     Signal { signal: i32 },
+    /// The operator typed the console's escape sequence (Ctrl-A x).
+    ConsoleEscape,
     /// A shutdown request (control socket, API).
     ControlShutdown,
     /// The run exceeded its time limit.
@@ -60,8 +67,10 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::GuestShutdown { status } => {
                 write!(f, "guest shut down with status {status}")
             }
+            VmOutcome::GuestReboot => write!(f, "the guest rebooted (the VM stops)"),
             VmOutcome::GuestPanic { message } => write!(f, "guest kernel panic: {message}"),
             VmOutcome::Signal { signal } => write!(f, "stopped by signal {signal}"),
+            VmOutcome::ConsoleEscape => write!(f, "stopped from the console (Ctrl-A x)"),
             VmOutcome::ControlShutdown => write!(f, "shut down through the control socket"),
             VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
             VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
@@ -141,7 +150,8 @@ pub struct VmShared {
     pub uuid: Option<String>,
     pub ram: Arc<GuestRam>,
     pub pv: PvCtl,
-    pub serial: SerialConsole,
+    /// The emulated devices behind the port-I/O and MMIO exits.
+    pub board: Board,
     pub exits: ExitStats,
     pub ncpus: u32,
     pub started: Instant,
@@ -155,6 +165,9 @@ pub struct VmShared {
     paging: OnceLock<StatsSource>,
     /// Guest process names from the guest agent ([`VmShared::set_process_names`]).
     guest_process_names: OnceLock<ProcessNamesFn>,
+    /// How the guest's page tables look, for the paging engine's page space (remote memory
+    /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
+    guest_paging: OnceLock<Arc<GuestPaging>>,
     /// Opened by `Vm::start` once every vCPU thread has published its tid: no guest
     /// instruction runs before the memory engine can map uffd thread ids to vCPUs.
     go: Mutex<bool>,
@@ -175,7 +188,7 @@ impl VmShared {
         uuid: Option<String>,
         ram: Arc<GuestRam>,
         pv: PvCtl,
-        serial: SerialConsole,
+        board: Board,
         ncpus: u32,
         kvm_stats: Vec<Option<VcpuStats>>,
     ) -> Self {
@@ -184,7 +197,7 @@ impl VmShared {
             uuid,
             ram,
             pv,
-            serial,
+            board,
             exits: ExitStats::default(),
             ncpus,
             started: Instant::now(),
@@ -196,6 +209,7 @@ impl VmShared {
             kvm_stats,
             paging: OnceLock::new(),
             guest_process_names: OnceLock::new(),
+            guest_paging: OnceLock::new(),
             go: Mutex::new(false),
             go_cond: Condvar::new(),
             pause_requested: AtomicBool::new(false),
@@ -313,6 +327,22 @@ impl VmShared {
 
     pub(crate) fn set_paging_source(&self, source: StatsSource) {
         let _ = self.paging.set(source);
+    }
+
+    pub(crate) fn set_guest_paging(&self, paging: Arc<GuestPaging>) {
+        let _ = self.guest_paging.set(paging);
+    }
+
+    /// Tells the paging engine the guest's paging depth from vCPU `cpu`'s CR4 (read when the
+    /// guest agent registers that vCPU's slot: from then on its CR3 values are walked).
+    pub(crate) fn note_guest_cr4(&self, cpu: u32, cr4: u64) {
+        if let Some(p) = self.guest_paging.get() {
+            let before = p.levels();
+            p.set_from_cr4(cr4);
+            if p.levels() != before || cpu == 0 {
+                tracing::info!(cpu, levels = p.levels(), "guest paging");
+            }
+        }
     }
 
     /// The VM's counters now.

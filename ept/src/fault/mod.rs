@@ -300,12 +300,12 @@ impl Handler {
         }
         match a.unattributed() {
             Some(why) => Faulter {
-                key: a.key(),
+                key: self.learner.process_key(&a),
                 entry: ProcRef::NONE,
                 why: Some(why),
             },
             None => Faulter {
-                key: a.key(),
+                key: self.learner.process_key(&a),
                 entry: self.proc_index.lookup(&self.procs, a.cr3, a.pid, now),
                 why: None,
             },
@@ -512,7 +512,7 @@ impl Handler {
         // prefetcher's continuation waits for. Answer it now: otherwise a stream the guest
         // caught up with issues nothing more and restarts small at the next miss, and the
         // guest keeps catching up.
-        self.learner.hit(key, p, marker, now);
+        let key = self.learner.hit(key, p, marker, now);
         if marker {
             self.issue_candidates(key, entry, now);
         }
@@ -552,7 +552,7 @@ impl Handler {
         let Faulter { key, entry, .. } = self.faulter;
         // A marker hit may answer with the prefetcher's next window (like Linux's async
         // read-ahead marker); those candidates go out with this round's prefetch batch.
-        self.learner.hit(key, p, true, now);
+        let key = self.learner.hit(key, p, true, now);
         self.installer.publish_local(p, |_| st::F_CONSUMED, true);
         self.queues.offer_consumed(p);
         self.issue_candidates(key, entry, now);

@@ -49,12 +49,18 @@ impl Learner {
     }
 
     /// Who faulted, for a fault by thread `tid`: its vCPU and what that vCPU's agent slot
-    /// says runs there (the prefetcher's process key is the CR3).
+    /// says runs there.
     pub fn attribute(&self, tid: u32) -> Attribution {
         let installer = &*self.installer;
         // SAFETY: registered slot pages are pinned resident (`Engine::set_agent_slot`) and in
         // bounds of the alias mapping, which lives as long as the installer.
         unsafe { self.vcpus.attribute(tid, |page| installer.alias_ptr(page)) }
+    }
+
+    /// The prefetcher's process key of an attribution: its CR3 as the page space names
+    /// processes (0 — the global history — without a vCPU or a slot).
+    pub fn process_key(&self, a: &Attribution) -> u64 {
+        self.space.process_key(a.key())
     }
 
     /// Remembers a demand fault of this round for the prefetcher (consulted after the round's
@@ -72,23 +78,26 @@ impl Learner {
     }
 
     /// Tells the prefetcher of the round's `i`-th fault; its answer is in the candidates.
-    /// Returns the fault's process key and entry.
+    /// Returns the history the fault went to (the process's, or the global one for a page
+    /// the process's user mapping does not place) and the fault's per-process entry.
     pub fn consult(&mut self, i: usize, now: u64) -> (u64, ProcRef) {
         let (key, owner, p) = self.round[i];
-        let pf = self.space.to_prefetch(&*self.installer, key, p);
+        let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
         self.prefetcher.on_fault(key, pf, now, &mut self.cands);
         (key, owner)
     }
 
-    /// The guest reached page `p` of a prefetch: a marker (staged or still in flight) is
-    /// answered with the prefetcher's next window, in the candidates.
-    pub fn hit(&mut self, key: u64, p: u64, marker: bool, now: u64) {
-        let pf = self.space.to_prefetch(&*self.installer, key, p);
+    /// Process `key` reached page `p` of a prefetch: a marker (staged or still in flight) is
+    /// answered with the prefetcher's next window, in the candidates. Returns the history the
+    /// hit went to (as [`Learner::consult`]).
+    pub fn hit(&mut self, key: u64, p: u64, marker: bool, now: u64) -> u64 {
+        let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
         if marker {
             self.prefetcher.on_marker_hit(key, pf, now, &mut self.cands);
         } else {
             self.prefetcher.on_hit(key, pf, now);
         }
+        key
     }
 
     pub fn candidates(&self) -> usize {

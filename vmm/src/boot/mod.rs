@@ -1,7 +1,8 @@
 //! Loading a guest kernel and building its entry state: the test-guest ELF (direct 64-bit entry,
 //! VMM-built page tables), recognising a kernel file as the test guest, and Linux (bzImage /
-//! vmlinux through linux-loader).
+//! vmlinux through linux-loader, with its ACPI tables).
 
+pub mod acpi;
 pub mod elf;
 pub mod linux;
 pub mod testguest;

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::translate::{GuestPaging, VirtualPages};
 use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
@@ -66,6 +67,9 @@ pub struct RemoteSpec {
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// The guest is Linux: the CR3 values its agent publishes follow Linux's conventions
+    /// (`farvm_ept::translate::GuestPaging::root_of`).
+    pub linux_guest: bool,
     /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
     /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
     pub stage2_prefault: bool,
@@ -86,6 +90,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            linux_guest: false,
             stage2_prefault: true,
         }
     }
@@ -267,6 +272,7 @@ pub struct RemoteMemory {
     servers: Vec<SocketAddr>,
     local: Option<LocalServer>,
     fault_path_cpu: Option<usize>,
+    guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -363,8 +369,9 @@ impl RemoteMemory {
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
         if spec.page_space == PageSpaceKind::Virtual {
-            parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
+            parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
         let engine = Arc::new(Engine::start(cfg, parts)?);
         let remote = Self {
@@ -374,6 +381,7 @@ impl RemoteMemory {
             servers,
             local,
             fault_path_cpu: spec.fault_path_cpu,
+            guest_paging,
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
@@ -392,6 +400,12 @@ impl RemoteMemory {
     /// The engine (guest RAM, stats).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// How the guest's page tables look, as the engine's page space reads them (the VMM
+    /// sets the paging depth once it learns it).
+    pub fn guest_paging(&self) -> &Arc<GuestPaging> {
+        &self.guest_paging
     }
 
     /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the local
@@ -428,6 +442,16 @@ impl RemoteMemory {
             .set_process_counters(Box::new(move |cr3, pid| {
                 engine.upgrade()?.process_counters(cr3, pid)
             }));
+        // A guest agent unregistering its slots may free their pages as soon as its write
+        // returns: the engine stops reading them first (registrations the watcher picks up).
+        let engine = Arc::downgrade(&self.engine);
+        vm.shared().pv.set_slot_listener(Box::new(move |cpu, gpa| {
+            if let (None, Some(e)) = (gpa, engine.upgrade()) {
+                if let Err(err) = e.clear_agent_slot(cpu) {
+                    tracing::warn!("clearing the agent slot of vCPU {cpu}: {err}");
+                }
+            }
+        }));
         self.watch_vcpus(
             ncpus,
             move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
