@@ -534,6 +534,15 @@ impl Vm {
         Ok(vcpu::registers(v)?)
     }
 
+    /// KVM's multiprocessing state of vCPU `i` (`KVM_MP_STATE_*`): a Linux guest's APs are
+    /// `UNINITIALIZED` (waiting for INIT/SIPI) until the kernel starts them.
+    pub fn vcpu_mp_state(&self, i: usize) -> Result<u32, VmError> {
+        let v = self.vcpus.get(i).ok_or(VmError::NoVcpu(i))?;
+        v.get_mp_state()
+            .map(|m| m.mp_state)
+            .map_err(|e| VmError::from(crate::vstate::vm::ioctl("KVM_GET_MP_STATE")(e)))
+    }
+
     /// Starts one thread per vCPU; the guest runs once every thread has published its id.
     pub fn start(self) -> Result<RunningVm, VmError> {
         signals::install_kick_handler().map_err(VmError::Signals)?;

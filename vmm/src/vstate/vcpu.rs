@@ -218,6 +218,14 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
             }
         }
     }
+    // A VM that ran out of time is usually stuck: say where each vCPU was.
+    if matches!(shared.outcome(), Some(VmOutcome::Timeout { .. })) {
+        let mp_state = fd.get_mp_state().map_or(u32::MAX, |m| m.mp_state);
+        tracing::warn!(
+            "vcpu{index} at the timeout: mp_state {mp_state}{}",
+            describe_position(&fd, &shared)
+        );
+    }
     signals::set_thread_kvm_run(std::ptr::null_mut());
 }
 

@@ -101,6 +101,20 @@ impl KvmVm {
     }
 }
 
+/// Whether this host's KVM runs guest kernels on the CPU with two-dimensional paging (AMD NPT
+/// or Intel EPT: `kvm_amd`'s `npt` or `kvm_intel`'s `ept` parameter is on). Where it does not
+/// (PVM, shadow paging), guest ring 0 is emulated and a stock Linux kernel boots too slowly to
+/// be useful.
+pub fn two_dimensional_paging() -> bool {
+    [
+        "/sys/module/kvm_amd/parameters/npt",
+        "/sys/module/kvm_intel/parameters/ept",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .any(|v| matches!(v.trim(), "Y" | "y" | "1"))
+}
+
 /// Fails with a clear message when /dev/kvm cannot be used.
 pub fn check_available() -> Result<(), KvmError> {
     Kvm::new().map(|_| ()).map_err(KvmError::Open)
