@@ -24,6 +24,12 @@ pub const VIRTIO_GSI_BASE: u32 = 5;
 /// Last IOAPIC pin (KVM's in-kernel IOAPIC has 24).
 pub const IOAPIC_MAX_GSI: u32 = 23;
 
+/// Base of the farvm agent device's register window (`farvm_guest_agent::device`): above the
+/// virtio-mmio slots, in the 32-bit MMIO hole.
+pub const AGENT_MMIO_BASE: u64 = 0xd080_0000;
+/// Size of the agent device's register window.
+pub const AGENT_MMIO_SIZE: u64 = farvm_guest_agent::device::WINDOW_SIZE;
+
 /// Guest-physical address of the RSDP: the start of the BIOS area the kernel scans (0xE0000–
 /// 0xFFFFF) when `boot_params.acpi_rsdp_addr` is not set.
 pub const ACPI_RSDP_ADDR: u64 = 0x000e_0000;
@@ -115,6 +121,14 @@ mod tests {
         assert_eq!(MmioDeviceInfo::slot(18).unwrap().gsi, 23);
         assert_eq!(MmioDeviceInfo::slot(19), None);
         assert_eq!(MmioDeviceInfo::slot(u32::MAX), None);
+    }
+
+    #[test]
+    fn the_agent_window_is_clear_of_every_virtio_slot_and_the_ioapic() {
+        let last = MmioDeviceInfo::slot(IOAPIC_MAX_GSI - VIRTIO_GSI_BASE).unwrap();
+        assert!(last.base + last.size <= AGENT_MMIO_BASE);
+        assert!(AGENT_MMIO_BASE + AGENT_MMIO_SIZE <= u64::from(crate::acpi::IOAPIC_ADDR));
+        const { assert!(AGENT_MMIO_BASE >= 3 << 30, "in the MMIO hole above low RAM") };
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! farvm's emulated devices, independent of the VMM: the I/O bus the exit handler dispatches
 //! through ([`bus`]), the interrupt seam ([`interrupt`]), the COM1 console ([`serial`]),
-//! virtio-blk on virtio-mmio ([`virtio`]), the ACPI tables a stock kernel needs ([`acpi`]) and
-//! the power registers they point at ([`power`]). Default addresses are in [`layout`].
+//! virtio-blk on virtio-mmio ([`virtio`]), the ACPI tables a stock kernel needs ([`acpi`]),
+//! the power registers they point at ([`power`]) and the farvm agent device a guest agent
+//! registers its per-vCPU slots and process events with ([`agent`]). Default addresses are in
+//! [`layout`].
 
 pub mod acpi;
+pub mod agent;
 pub mod bus;
 pub mod interrupt;
 pub mod layout;

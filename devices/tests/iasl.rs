@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use farvm_devices::acpi::{build_acpi_tables, AcpiConfig, AcpiPlacement};
-use farvm_devices::layout::MmioDeviceInfo;
+use farvm_devices::layout::{MmioDeviceInfo, AGENT_MMIO_BASE, AGENT_MMIO_SIZE};
 
 fn iasl() -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
@@ -38,6 +38,7 @@ fn run(dir: &Path, args: &[&str]) -> String {
 fn iasl_disassembles_every_table_cleanly() {
     let mut cfg = AcpiConfig::new(2);
     cfg.virtio_mmio = vec![MmioDeviceInfo::slot(0).unwrap()];
+    cfg.agent = Some((AGENT_MMIO_BASE, AGENT_MMIO_SIZE));
     let tables = build_acpi_tables(&AcpiPlacement::default(), &cfg).unwrap();
     let dir = tempfile::tempdir().unwrap();
     for t in &tables.tables {
@@ -80,6 +81,12 @@ fn iasl_disassembles_every_table_cleanly() {
     has(
         "dsdt",
         "Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )",
+    );
+    has("dsdt", "Device (_SB.FARV)");
+    has("dsdt", "Name (_HID, \"FARV0001\")");
+    has(
+        "dsdt",
+        "Memory32Fixed (ReadWrite,\n                0xD0800000,         // Address Base\n                0x00001000,         // Address Length",
     );
 
     // Compiling the disassembly gives back the same AML body.

@@ -34,6 +34,7 @@ use crate::lost::LostPages;
 use crate::pagemeta::PageMeta;
 use crate::parts::Parts;
 use crate::prefetch_slots::PrefetchSlots;
+use crate::procstats::{ProcessCounter, ProcessTable};
 use crate::queues::Queues;
 use crate::state::{self as st, state_of, PageTable};
 use crate::stats::{Counter, Counters, Hist, Histograms};
@@ -54,6 +55,7 @@ pub(crate) struct Completer {
     lost: Arc<LostPages>,
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
+    procs: Arc<ProcessTable>,
     clock: Clock,
 }
 
@@ -106,6 +108,7 @@ impl Completer {
             lost: parts.lost().clone(),
             counters: parts.counters().clone(),
             hist: parts.hist().clone(),
+            procs: parts.procs().clone(),
             clock: parts.clock(),
         }
     }
@@ -197,6 +200,8 @@ impl Completer {
                     continue;
                 }
                 self.counters.inc(Counter::PrefetchStaged);
+                self.procs
+                    .add(self.meta.owner(p), ProcessCounter::PrefetchStaged, 1);
                 return None;
             }
             let old = self.installer.claim_local(p, |w| {
@@ -208,6 +213,8 @@ impl Completer {
             });
             if old & (st::F_WAITERS | st::F_DEMAND) == 0 {
                 // Injection: mapped with its neighbours by the caller, nobody to wake.
+                self.procs
+                    .add(self.meta.owner(p), ProcessCounter::PrefetchInjected, 1);
                 return Some(p);
             }
             // Map without waking, then wake, timing each apart: the woken vCPU often takes

@@ -18,6 +18,7 @@ use crate::evict::Evictor;
 use crate::fault::Handler;
 use crate::lost::LostPage;
 use crate::parts::Parts;
+use crate::procstats::{ProcessCounterValues, ProcessSnapshot};
 use crate::stage2::StageTwo;
 use crate::state::PageState;
 use crate::stats::{CounterValues, Stats};
@@ -169,6 +170,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets `vcpu`'s agent slot (the guest agent unregistered it: its page may be reused):
+    /// its faults go unattributed until a slot is registered again. The page is unpinned.
+    pub fn clear_agent_slot(&self, vcpu: u32) -> Result<(), EngineError> {
+        if vcpu as usize >= MAX_VCPUS {
+            return Err(EngineError::BadVcpu(vcpu));
+        }
+        if let Some(old) = self.parts.vcpus().clear_slot_page(vcpu as usize) {
+            self.parts.table().unpin(old);
+        }
+        Ok(())
+    }
+
     /// Copies guest memory out, resolving absent pages through the engine (never a plain load
     /// of an absent page). Never-written pages read as zeros without being allocated.
     pub fn read_bytes(&self, gpa: u64, buf: &mut [u8]) -> Result<(), EngineError> {
@@ -204,6 +217,19 @@ impl Engine {
         };
         s.fill_derived(p.hist());
         s
+    }
+
+    /// Per-process statistics: every process the engine has seen a fault or prefetch outcome
+    /// of (at most `procstats::MAX_PROCESSES`, least recently seen recycled first), and the
+    /// faults it could give to no process.
+    pub fn process_stats(&self) -> ProcessSnapshot {
+        self.parts.procs().snapshot()
+    }
+
+    /// The counters of process (`cr3`, `pid`) now, if the engine tracks it (cheap: relaxed
+    /// loads of a fixed table, for every guest phase change).
+    pub fn process_counters(&self, cr3: u64, pid: u64) -> Option<ProcessCounterValues> {
+        self.parts.procs().counters_of(cr3, pid)
     }
 
     /// The counters alone (relaxed loads, no histogram merge: cheap enough for every guest

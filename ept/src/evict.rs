@@ -42,6 +42,7 @@ use crate::installer::Installer;
 use crate::pagemeta::PageMeta;
 use crate::parts::Parts;
 use crate::port::StorePort;
+use crate::procstats::{ProcessCounter, ProcessTable};
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
 use crate::state::{self as st, state_of, PageTable};
@@ -118,6 +119,7 @@ pub(crate) struct Evictor {
     errors: Arc<ErrorLog>,
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
+    procs: Arc<ProcessTable>,
     clock: Clock,
     /// Victims per round (`EngineConfig::evict_batch`).
     batch: usize,
@@ -138,6 +140,7 @@ impl Evictor {
             errors: parts.errors().clone(),
             counters: parts.counters().clone(),
             hist: parts.hist().clone(),
+            procs: parts.procs().clone(),
             clock: parts.clock(),
             batch: cfg.evict_batch,
             backoff: WriteBackoff::new(cfg.retry_backoff_ms.max(1) * 1_000_000),
@@ -495,15 +498,27 @@ impl Evictor {
             _ => Counter::EvictDirty,
         });
         if v.word & st::F_PREFETCHED != 0 {
+            // The prefetch's outcome, for the process it was issued for.
+            let issuer = self.meta.owner(v.page);
+            let both = |global, own| {
+                c.inc(global);
+                self.procs.add(issuer, own, 1);
+            };
             if state_of(v.word) == st::STAGED {
-                c.inc(Counter::PrefetchWasted);
+                both(Counter::PrefetchWasted, ProcessCounter::PrefetchWasted);
                 if v.word & st::F_PROBE != 0 {
-                    c.inc(Counter::ProbeWasted);
+                    both(Counter::ProbeWasted, ProcessCounter::ProbeWasted);
                 }
             } else if v.verdict == Verdict::Written {
-                c.inc(Counter::PrefetchInferredHits);
+                both(
+                    Counter::PrefetchInferredHits,
+                    ProcessCounter::PrefetchInferredHits,
+                );
             } else {
-                c.inc(Counter::PrefetchUnconfirmed);
+                both(
+                    Counter::PrefetchUnconfirmed,
+                    ProcessCounter::PrefetchUnconfirmed,
+                );
             }
         }
     }

@@ -31,6 +31,7 @@ mod pagemeta;
 mod parts;
 mod port;
 mod prefetch_slots;
+pub mod procstats;
 mod queues;
 mod refault;
 mod state;
@@ -59,6 +60,7 @@ pub use config::{Budget, ConfigError, EngineConfig, DEFAULT_PROBE_EVERY};
 pub use engine::{Engine, EngineParts};
 pub use error::EngineError;
 pub use lost::LostPage;
+pub use procstats::{ProcessCounterValues, ProcessSnapshot, ProcessStats};
 pub use state::PageState;
 pub use stats::{CounterValues, PrefetchEstimate, Stats};
 

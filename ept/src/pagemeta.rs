@@ -1,7 +1,8 @@
 //! Per-page side data of the page-state table: the fingerprint of each page's remote (clean)
 //! content, taken when its data is installed and compared at eviction (the dirty check, see
 //! `evict`), and when its demand fault was read and its read submitted / staged data arrived
-//! (latency histograms, prefetch timeliness).
+//! (latency histograms, prefetch timeliness), and which process a prefetch was issued for
+//! (per-process statistics, `procstats`).
 //!
 //! Written only by the page's current owner in the state table (whoever moved it to
 //! `INFLIGHT` or `EVICTING`) before it publishes the next state, whose release/acquire CAS
@@ -10,6 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::hash::{self, Fingerprint};
+use crate::procstats::ProcRef;
 
 pub(crate) struct PageMeta {
     /// Two words per page.
@@ -18,6 +20,9 @@ pub(crate) struct PageMeta {
     fault_at: Box<[AtomicU64]>,
     /// When its read was submitted, then (staged pages) when the data arrived.
     io_at: Box<[AtomicU64]>,
+    /// The process a prefetch read of the page was issued for ([`ProcRef`] bits), set when
+    /// the read is issued; its outcome (staged, injected, hit, wasted) is counted for it.
+    owner: Box<[AtomicU64]>,
     zero: Fingerprint,
 }
 
@@ -31,6 +36,9 @@ impl PageMeta {
             clean: atomics(2 * pages),
             fault_at: atomics(pages),
             io_at: atomics(pages),
+            owner: (0..pages)
+                .map(|_| AtomicU64::new(ProcRef::NONE.bits()))
+                .collect(),
             zero: hash::zero(),
         }
     }
@@ -73,5 +81,15 @@ impl PageMeta {
     #[inline]
     pub fn set_io_at(&self, p: u64, ns: u64) {
         self.io_at[p as usize].store(ns, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn owner(&self, p: u64) -> ProcRef {
+        ProcRef::from_bits(self.owner[p as usize].load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    pub fn set_owner(&self, p: u64, r: ProcRef) {
+        self.owner[p as usize].store(r.bits(), Ordering::Relaxed);
     }
 }

@@ -14,6 +14,7 @@
 //! | [`LostPages`] | `lost.rs` | the VMM's lost-page handler |
 //! | [`VcpuTable`] | `vcpu.rs` | vCPU thread ids and agent slots |
 //! | [`Counters`], [`Histograms`] | `stats.rs` | counters and latency histograms |
+//! | [`ProcessTable`] | `procstats.rs` | per-process counters (entries created by the fault thread only) |
 //!
 //! The threads and paths that act on them — fault handler (`fault`), completion path
 //! (`complete`), evictor (`evict`), VMM accesses (`access`) — each keep handles to the parts
@@ -31,6 +32,7 @@ use crate::lost::LostPages;
 use crate::pagemeta::PageMeta;
 use crate::port::StorePort;
 use crate::prefetch_slots::PrefetchSlots;
+use crate::procstats::ProcessTable;
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
 use crate::stage2::StageTwo;
@@ -55,6 +57,7 @@ pub(crate) struct Parts {
     vcpus: Arc<VcpuTable>,
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
+    procs: Arc<ProcessTable>,
 }
 
 impl Parts {
@@ -94,6 +97,7 @@ impl Parts {
             lost: Arc::new(LostPages::new(installer.clone(), counters.clone())),
             vcpus: Arc::new(VcpuTable::new()),
             hist: Arc::new(Histograms::default()),
+            procs: Arc::new(ProcessTable::new()),
             cfg,
             clock,
             table,
@@ -161,5 +165,9 @@ impl Parts {
 
     pub fn hist(&self) -> &Arc<Histograms> {
         &self.hist
+    }
+
+    pub fn procs(&self) -> &Arc<ProcessTable> {
+        &self.procs
     }
 }

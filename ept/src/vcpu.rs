@@ -31,6 +31,8 @@ const OFF_CR3: usize = core::mem::offset_of!(AgentSlot, cr3);
 pub struct Attribution {
     /// The vCPU whose thread faulted, if registered.
     pub vcpu: Option<u32>,
+    /// The vCPU has an agent slot registered.
+    pub slot: bool,
     /// The guest process id its agent slot published (0: unknown).
     pub pid: u64,
     /// That process's page-table root (0: unknown / kernel).
@@ -43,6 +45,17 @@ impl Attribution {
     /// global history.
     pub fn key(&self) -> u64 {
         self.cr3
+    }
+
+    /// Why no process can be named, if none can (per-process statistics).
+    pub fn unattributed(&self) -> Option<crate::procstats::Unattributed> {
+        use crate::procstats::Unattributed;
+        match (self.vcpu, self.slot, self.cr3) {
+            (None, ..) => Some(Unattributed::NoVcpu),
+            (_, false, _) => Some(Unattributed::NoSlot),
+            (_, true, 0) => Some(Unattributed::Unreadable),
+            _ => None,
+        }
     }
 }
 
@@ -77,6 +90,12 @@ impl VcpuTable {
         self.slots[vcpu].swap(page, Ordering::AcqRel)
     }
 
+    /// Forgets `vcpu`'s slot page; returns it, if one was set.
+    pub fn clear_slot_page(&self, vcpu: usize) -> Option<u64> {
+        let p = self.slots[vcpu].swap(NO_SLOT, Ordering::AcqRel);
+        (p != NO_SLOT).then_some(p)
+    }
+
     /// The guest page of `vcpu`'s agent slot, if one is registered.
     pub fn slot_page(&self, vcpu: usize) -> Option<u64> {
         let p = self.slots[vcpu].load(Ordering::Acquire);
@@ -107,6 +126,7 @@ impl VcpuTable {
             ..Default::default()
         };
         if let Some(page) = self.slot_page(vcpu as usize) {
+            a.slot = true;
             // SAFETY: forwarded from this function's contract.
             if let Some((pid, cr3)) = unsafe { read_slot(slot_ptr(page)) } {
                 a.pid = pid;
@@ -183,10 +203,12 @@ mod tests {
             a,
             Attribution {
                 vcpu: Some(1),
+                slot: true,
                 pid: 7,
                 cr3: 0x5000
             }
         );
+        assert_eq!(a.unattributed(), None);
         // SAFETY: as above.
         assert_eq!(unsafe { t.attribute(1, |_| base) }, Attribution::default());
         // Mid-update (odd generation): unknown process, vCPU still known.
@@ -195,6 +217,10 @@ mod tests {
         // SAFETY: as above.
         let a = unsafe { t.attribute(4242, |_| page.0.as_ptr()) };
         assert_eq!((a.vcpu, a.cr3), (Some(1), 0));
+        assert_eq!(
+            a.unattributed(),
+            Some(crate::procstats::Unattributed::Unreadable)
+        );
     }
 
     /// A guest without an agent (a Linux guest before its agent module registers a slot):
@@ -209,6 +235,7 @@ mod tests {
             a,
             Attribution {
                 vcpu: Some(0),
+                slot: false,
                 pid: 0,
                 cr3: 0
             }

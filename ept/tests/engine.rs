@@ -596,6 +596,151 @@ fn faults_are_attributed_to_the_process_in_the_agent_slot() {
     ));
 }
 
+/// Writes an agent slot saying `pid` with page-table root `cr3` runs, at `gpa`, and registers
+/// it as vCPU `vcpu`'s.
+fn publish_slot(vm: &Vm, vcpu: u32, gpa: u64, pid: u64, cr3: u64) {
+    let slot = AgentSlot {
+        magic: SLOT_MAGIC,
+        generation: 2,
+        cpu: vcpu,
+        version: 1,
+        pid,
+        cr3,
+        switches: 1,
+    };
+    // SAFETY: AgentSlot is repr(C) plain data; viewing it as bytes is sound.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&slot as *const AgentSlot).cast::<u8>(),
+            std::mem::size_of::<AgentSlot>(),
+        )
+    };
+    vm.engine.write_bytes(gpa, bytes).unwrap();
+    vm.engine.set_agent_slot(vcpu, gpa).unwrap();
+}
+
+#[test]
+fn per_process_counts_are_exact_for_two_processes_on_two_vcpus() {
+    // Two "processes" (threads registered as vCPUs 0 and 1, each with its own agent slot) read
+    // disjoint regions of remote pages once each, concurrently. Every prefetch is a probe
+    // (staged), so each touch of a non-resident page is one event the engine sees: a demand
+    // fault, a wait, or a prefetch hit. Per process these must add up to the pages it read —
+    // whatever the other process did meanwhile.
+    let rec = Recorder::new(4, 0);
+    let vm = Vm::with(
+        8,
+        Budget::Percent(25.0),
+        Box::new(rec),
+        MemStoreConfig::default(),
+        |c| c.probe_every = 1,
+    );
+    let g = vm.guest();
+    let slot_pages = [1u64, 2];
+    publish_slot(&vm, 0, slot_pages[0] * PAGE_SIZE as u64, 10, 0xA000);
+    publish_slot(&vm, 1, slot_pages[1] * PAGE_SIZE as u64, 11, 0xB000);
+    // The test thread (not a vCPU) writes every other page once: zero fills nobody owns.
+    let written: Vec<u64> = (0..g.pages).filter(|p| !slot_pages.contains(p)).collect();
+    for &p in &written {
+        g.store(p, 1, p + 1);
+    }
+    vm.settle();
+    let regions = [(16u64, 600u64), (600, 1184)];
+    for &(a, b) in &regions {
+        for p in a..b {
+            assert_eq!(
+                vm.engine.page_state(p * PAGE_SIZE as u64),
+                Some(PageState::Remote),
+                "page {p}: the first pages written are the first evicted"
+            );
+        }
+    }
+    let before = vm.engine.process_stats();
+    assert_eq!(before.unattributed.no_vcpu, written.len() as u64);
+    assert!(before.processes.is_empty(), "{before:?}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let go = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = regions
+        .iter()
+        .map(|&(a, b)| {
+            let (tx, go) = (tx.clone(), go.clone());
+            std::thread::spawn(move || {
+                tx.send(gettid()).unwrap();
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                (a..b).map(|p| g.load(p, 1)).sum::<u64>()
+            })
+        })
+        .collect();
+    for vcpu in 0..2 {
+        vm.engine.register_vcpu(vcpu, rx.recv().unwrap()).unwrap();
+    }
+    // Registration order is arrival order: find which thread became which vCPU by its faults.
+    go.store(true, Ordering::Release);
+    for (h, &(a, b)) in readers.into_iter().zip(&regions) {
+        assert_eq!(h.join().unwrap(), (a + 1..b + 1).sum::<u64>());
+    }
+    let s = vm.engine.process_stats();
+    assert_eq!(s.processes.len(), 2, "{s:#?}");
+    let mut seen = Vec::new();
+    for p in &s.processes {
+        let c = &p.counters;
+        let events = c.demand_faults + c.wait_faults + c.prefetch_hits();
+        eprintln!(
+            "pid {} cr3 {:#x}: demand {} waits {} hits {} (marker {}, late {}) issued {} \
+             staged {} wasted {} accuracy {:.3} coverage {:.3}",
+            p.pid,
+            p.cr3,
+            c.demand_faults,
+            c.wait_faults,
+            c.prefetch_hits(),
+            c.prefetch_marker_hits,
+            c.prefetch_late_hits,
+            c.prefetch_issued,
+            c.prefetch_staged,
+            c.prefetch_wasted,
+            p.accuracy,
+            p.coverage
+        );
+        assert_eq!(p.cr3, if p.pid == 10 { 0xA000 } else { 0xB000 });
+        seen.push((p.pid, events, c.clone()));
+    }
+    seen.sort_by_key(|x| x.0);
+    // Which thread got which vCPU depends on start-up order; the two regions are the same size.
+    let n = regions[0].1 - regions[0].0;
+    assert_eq!(n, regions[1].1 - regions[1].0);
+    for (pid, events, c) in &seen {
+        assert_eq!(c.zero_fills, 0, "pid {pid} only read written pages");
+        // A page mapped by a hit can be evicted again before its reader re-runs the access
+        // (used prefetches are evicted first): that touch faults twice. Never fewer events.
+        assert!(
+            *events >= n && *events <= n + n / 50,
+            "pid {pid}: {events} fault events for {n} pages read once: {c:?}"
+        );
+        assert!(c.prefetch_hits() > 0 && c.prefetch_issued > 0, "{c:?}");
+        assert_eq!(c.prefetch_injected, 0, "every prefetch is a probe: {c:?}");
+        assert!(c.probe_hits >= c.prefetch_hits(), "{c:?}");
+    }
+    assert_eq!(s.unattributed.no_vcpu, before.unattributed.no_vcpu);
+    assert_eq!(s.unattributed.no_slot + s.unattributed.unreadable, 0);
+    // The VM-wide counters are the sum of the processes' and the unattributed faults.
+    let all = vm.engine.stats().counters;
+    let sum = |f: fn(&farvm_ept::ProcessCounterValues) -> u64| -> u64 {
+        seen.iter().map(|x| f(&x.2)).sum()
+    };
+    assert_eq!(all.demand_faults, sum(|c| c.demand_faults));
+    assert_eq!(all.prefetch_issued, sum(|c| c.prefetch_issued));
+    assert_eq!(all.prefetch_marker_hits, sum(|c| c.prefetch_marker_hits));
+    // The test thread's writes, and the two slot pages the VMM-side writes zero-filled.
+    assert_eq!(all.zero_fills, written.len() as u64 + 2);
+    // A vCPU whose agent went away: its faults are no longer given to the old process.
+    vm.engine.clear_agent_slot(0).unwrap();
+    assert!(matches!(
+        vm.engine.page_state(slot_pages[0] * PAGE_SIZE as u64),
+        Some(PageState::Local { pinned: false, .. })
+    ));
+}
+
 struct CountingStage2 {
     calls: Arc<AtomicU64>,
     supported: bool,

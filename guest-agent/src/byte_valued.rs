@@ -4,6 +4,7 @@
 use vm_memory::ByteValued;
 
 use crate::boot::{BootInfo, MemRange, ProcessSpec};
+use crate::device::ring::{ProcEvent, RingHeader};
 use crate::pv::{BulkOp, LogRecord, Mailbox};
 use crate::slot::AgentSlot;
 
@@ -23,3 +24,7 @@ unsafe impl ByteValued for BulkOp {}
 unsafe impl ByteValued for LogRecord {}
 // SAFETY: as above.
 unsafe impl ByteValued for AgentSlot {}
+// SAFETY: as above.
+unsafe impl ByteValued for RingHeader {}
+// SAFETY: as above.
+unsafe impl ByteValued for ProcEvent {}

@@ -16,6 +16,7 @@
 pub mod boot;
 #[cfg(feature = "vm-memory")]
 mod byte_valued;
+pub mod device;
 pub mod frames;
 pub mod pv;
 pub mod slot;

@@ -370,3 +370,193 @@ fn linux_boots_on_remote_memory_runs_programs_on_the_console_and_powers_off() {
     assert_eq!(n("lost_accesses"), 0, "{c}");
     assert_eq!(n("store_errors"), 0, "{c}");
 }
+
+/// The Linux guest agent's files (guest-agent/linux/build.sh): `FARVM_GUEST_AGENT=DIR` (a
+/// directory the script built; `scripts/kvm-lab test` sets it) or, if unset, the script's
+/// output (which it caches).
+fn guest_agent_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FARVM_GUEST_AGENT") {
+        return dir.into();
+    }
+    let script = repo_root().join("guest-agent/linux/build.sh");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): the guest agent module is built against the lab kernel's Debian \
+         headers (from a Debian mirror); or set FARVM_GUEST_AGENT to a directory it built",
+        script.display(),
+        out.status
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// An ext4 image holding the agent module, its daemon and two copies of the workload program
+/// (their file names are the guest process names).
+fn agent_disk(dir: &Path) -> PathBuf {
+    let agent = guest_agent_dir();
+    let root = dir.join("agent-root");
+    std::fs::create_dir_all(&root).unwrap();
+    for (from, to) in [
+        ("farvm_agent.ko", "farvm_agent.ko"),
+        ("farvm-agentd", "farvm-agentd"),
+        ("farvm-workload", "wl-seq"),
+        ("farvm-workload", "wl-kv"),
+    ] {
+        std::fs::copy(agent.join(from), root.join(to))
+            .unwrap_or_else(|e| panic!("{}: {e}", agent.join(from).display()));
+    }
+    let img = dir.join("agent.img");
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&root)
+        .arg(&img)
+        .arg("48M")
+        .output()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(
+        out.status.success(),
+        "mkfs.ext4: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    img
+}
+
+/// The guest agent attached in a Linux guest on remote memory (25% local): two processes
+/// touching memory are counted apart, by the name and pid the agent reported, with exact
+/// per-process demand faults and prefetch counts — live (`farvm stats --per-process`) and in
+/// the final report.
+#[test]
+fn linux_guest_agent_attributes_two_processes_by_name() {
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    let img = guest_image();
+    let dir = std::env::temp_dir().join(format!("farvm-linux-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::copy(&img.disk, &disk).expect("copy the data disk");
+    let agent_img = agent_disk(&dir);
+    let socket = dir.join("control.sock");
+    let mut args = run_args(&img, &disk, Duration::from_secs(60));
+    if !farvm_vmm::vstate::vm::two_dimensional_paging() {
+        // The boot setup with the agent disk and the agent device's ACPI table.
+        args.extend(["--disk".into(), agent_img.to_str().unwrap().into()]);
+        args.push("--stop-at-entry".into());
+        let out = Command::new(farvm_bin())
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::remove_dir_all(&dir).ok();
+        let msg = "this host's KVM emulates guest ring 0: the guest agent runs in the KVM lab";
+        assert!(
+            std::env::var("FARVM_REQUIRE_LINUX_BOOT").as_deref() != Ok("1"),
+            "FARVM_REQUIRE_LINUX_BOOT=1: {msg}"
+        );
+        eprintln!("{msg}");
+        return;
+    }
+
+    let timeout = farvm_tests::vm_timeout(Duration::from_secs(900));
+    let deadline = Instant::now() + timeout + Duration::from_secs(30);
+    let mut args = run_args(&img, &disk, timeout);
+    let local = args.iter().position(|a| a == "--local-memory").unwrap();
+    args[local + 1] = "25%".into();
+    let no_socket = args
+        .iter()
+        .position(|a| a == "--no-control-socket")
+        .unwrap();
+    args[no_socket] = "--control-socket".into();
+    args.insert(no_socket + 1, socket.to_str().unwrap().into());
+    args.extend(["--disk".into(), agent_img.to_str().unwrap().into()]);
+    let mut vm = Farvm::spawn(&args);
+    vm.wait_for("the guest's shell", deadline, |l| {
+        l.contains("farvm-guest: ready (").then_some(())
+    });
+    vm.type_line(
+        "mkdir -p /a && mount -o ro /dev/vdb /a && insmod /a/farvm_agent.ko && echo AGENT_OK",
+    );
+    vm.wait_for("the agent module", deadline, |l| {
+        (l.trim() == "AGENT_OK").then_some(())
+    });
+    vm.type_line("/a/farvm-agentd --interval-ms 20 & sleep 1; echo DAEMON_OK");
+    vm.wait_for("the agent daemon", deadline, |l| {
+        (l.trim() == "DAEMON_OK").then_some(())
+    });
+    vm.type_line(
+        "/a/wl-seq seq:ws=40M,passes=3 >/tmp/o1 & P1=$!; /a/wl-kv kv:ws=40M >/tmp/o2 & P2=$!; \
+         echo PIDS $P1 $P2; wait $P1 $P2; sleep 1; echo WORK_DONE",
+    );
+    let pids: (u64, u64) = vm.wait_for("the workloads' pids", deadline, |l| {
+        let mut w = l.trim().strip_prefix("PIDS ")?.split(' ');
+        Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+    });
+    vm.wait_for("the workloads", deadline, |l| {
+        (l.trim() == "WORK_DONE").then_some(())
+    });
+
+    // Live, through the control socket.
+    let out = Command::new(farvm_bin())
+        .args(["stats", "--per-process", "--socket"])
+        .arg(&socket)
+        .output()
+        .expect("farvm stats");
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{table}");
+    assert!(
+        out.status.success(),
+        "farvm stats --per-process: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (pid, name) in [(pids.0, "wl-seq"), (pids.1, "wl-kv")] {
+        assert!(
+            table.lines().any(|l| {
+                let mut w = l.split_whitespace();
+                w.next() == Some(&pid.to_string()) && w.next() == Some(name)
+            }),
+            "no line for {name} (pid {pid}) in:\n{table}"
+        );
+    }
+    vm.type_line("poweroff");
+    let (status, rest) = vm.finish(deadline);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(
+        status,
+        Some(0),
+        "farvm's exit status after the guest's poweroff"
+    );
+    let report: serde_json::Value = rest
+        .iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("farvm's --json report");
+    let procs = &report["per_process"]["processes"];
+    for (pid, name) in [(pids.0, "wl-seq"), (pids.1, "wl-kv")] {
+        let p = procs
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["pid"] == pid))
+            .unwrap_or_else(|| panic!("no per-process entry for {name} (pid {pid}): {report}"));
+        assert_eq!(p["name"], name, "{p}");
+        let c = &p["counters"];
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+        let touched = n("demand_faults")
+            + n("zero_fills")
+            + n("wait_faults")
+            + p["prefetch_hits"].as_u64().unwrap_or(0);
+        // 40 MiB each at 25% local of 192 MiB: most of each working set came from remote.
+        assert!(touched > 1000, "{name} faulted on its pages: {p}");
+        for k in ["accuracy", "coverage"] {
+            let v = p[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&v), "{name} {k} {v}");
+        }
+    }
+    eprintln!("per-process: {}", report["per_process"]);
+}

@@ -301,12 +301,13 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
 
 /// The devices: console, power registers, and the disks with a DMA view of `ram`.
 fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
-    let mem = if cfg.disks.is_empty() {
+    let agent_vcpus = cfg.is_linux().then_some(cfg.vcpus);
+    let mem = if cfg.disks.is_empty() && agent_vcpus.is_none() {
         None
     } else {
-        // SAFETY: the view is used by the disks only, on vCPU threads (queue notifications
-        // are MMIO exits), which are joined before the VM's remote memory shuts down: the
-        // VM owns its RemoteMemory and drops it last (`vm::RemoteOwner`).
+        // SAFETY: the view is used by the disks and the agent device only, on vCPU threads
+        // (their registers are MMIO exits), which are joined before the VM's remote memory
+        // shuts down: the VM owns its RemoteMemory and drops it last (`vm::RemoteOwner`).
         Some(unsafe { ram.device_view() }?)
     };
     let board_cfg = BoardConfig {
@@ -314,6 +315,7 @@ fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
         serial_in: cfg.serial_in.clone(),
         pty: cfg.console_pty.clone(),
         disks: cfg.disks.clone(),
+        agent_vcpus,
     };
     Ok(Board::new(&board_cfg, mem)?)
 }
@@ -336,7 +338,8 @@ fn load_kernel(
             initrd,
             cmdline,
         } => {
-            let tables = acpi::write_tables(ram, cfg.vcpus, board.virtio_mmio())?;
+            let tables =
+                acpi::write_tables(ram, cfg.vcpus, board.virtio_mmio(), board.agent_window())?;
             let (e, info) = linux::setup(ram, kernel, initrd.as_deref(), cmdline, Some(&tables))?;
             (e, Some(info))
         }

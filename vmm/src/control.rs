@@ -1,5 +1,6 @@
 //! The per-VM control socket: a Unix stream socket taking one JSON request per line
-//! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"shutdown"}`; a bare word works too) and
+//! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"processes"}` (per-process paging
+//! statistics), `{"cmd":"shutdown"}`; a bare word works too) and
 //! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
 //! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
@@ -176,12 +177,19 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
     match cmd {
         "status" => Ok(status(vm)),
         "stats" => Ok(stats(vm)),
+        "processes" => crate::process_stats::per_process(vm)
+            .map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
+            .ok_or_else(|| {
+                "no per-process paging statistics: the VM's memory is not remote (or its \
+                 paging engine has stopped)"
+                    .to_string()
+            }),
         "shutdown" => {
             vm.request_stop(VmOutcome::ControlShutdown);
             Ok(json!({"stopping": true}))
         }
         other => Err(format!(
-            "unknown command `{other}` (known: status, stats, shutdown)"
+            "unknown command `{other}` (known: status, stats, processes, shutdown)"
         )),
     }
 }

@@ -13,7 +13,8 @@
 //!   device), [`layout`] (where RAM goes).
 //! - [`remote`]: remote memory — the paging engine, its memory-server store, stage-2 injection.
 //! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd),
-//!   [`api`] (the Cloud-Hypervisor-compatible API server libvirt drives).
+//!   [`api`] (the Cloud-Hypervisor-compatible API server libvirt drives),
+//!   [`process_stats`] (per-process paging statistics with guest process names).
 //! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`], [`size`],
 //!   [`stats`], [`workload_spec`].
 
@@ -27,6 +28,7 @@ pub mod devices;
 pub mod exit_code;
 pub mod layout;
 pub mod metrics;
+pub mod process_stats;
 pub mod remote;
 pub mod signals;
 pub mod size;

@@ -7,7 +7,11 @@
 //! each engine counter; the gauges `farvm_ept_{total,budget,reserve,resident}_pages`,
 //! `farvm_ept_prefetch_{inflight,accuracy,accuracy_markers,coverage}`; the latency quantiles
 //! `farvm_ept_<what>_seconds{quantile="0.5"|"0.99"|"0.999"}` with `_sum` and `_count`; and
-//! `farvm_memservers`, `farvm_replication`, `farvm_memserver_*`.
+//! `farvm_memservers`, `farvm_replication`, `farvm_memserver_*`. Per guest process (remote
+//! memory; labels `pid` and `name`, one series per process the engine tracks, so at most
+//! `farvm_ept::procstats::MAX_PROCESSES` each): `farvm_process_<counter>_total` for each
+//! per-process counter and the gauges `farvm_process_prefetch_{accuracy,coverage}`; and
+//! `farvm_process_unattributed_faults_total{reason=...}`.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
@@ -19,6 +23,7 @@ use farvm_httpd::prometheus_client::collector::Collector;
 use farvm_httpd::prometheus_client::encoding::DescriptorEncoder;
 use farvm_httpd::{Exposition, HttpError, HttpServer, Listen};
 
+use crate::process_stats::{PerProcessStats, ProcessRow};
 use crate::remote::{RemoteHealth, RemoteStats};
 use crate::vm::VmShared;
 
@@ -42,6 +47,9 @@ impl Collector for VmCollector {
         let mut f = Families::new(encoder, &[("vm", &name)]);
         if let Some(paging) = vm.paging_stats() {
             encode_paging(&mut f, &paging)?;
+        }
+        if let Some(procs) = crate::process_stats::per_process(&vm) {
+            encode_processes(&mut f, &procs)?;
         }
         f.counter(
             "farvm_vm_exits",
@@ -153,6 +161,76 @@ fn encode_engine(f: &mut Families<'_>, s: &Stats) -> fmt::Result {
         )?;
     }
     Ok(())
+}
+
+/// Longest `name` label value (Linux's task names are 15 bytes; longer names are cut).
+const MAX_NAME_LABEL: usize = 32;
+
+/// The per-process series (module docs).
+pub fn encode_processes(f: &mut Families<'_>, p: &PerProcessStats) -> fmt::Result {
+    let labels: Vec<(String, String)> = p
+        .processes
+        .iter()
+        .map(|r| {
+            let name = label_value(r.name.as_deref().unwrap_or(""));
+            (
+                r.pid.to_string(),
+                name.chars().take(MAX_NAME_LABEL).collect(),
+            )
+        })
+        .collect();
+    let series_labels: Vec<[(&str, &str); 2]> = labels
+        .iter()
+        .map(|(pid, name)| [("pid", pid.as_str()), ("name", name.as_str())])
+        .collect();
+    let pairs: Vec<Vec<(&'static str, u64)>> =
+        p.processes.iter().map(|r| r.counters.pairs()).collect();
+    let Some(first) = pairs.first() else {
+        return encode_unattributed(f, p);
+    };
+    for (k, (name, _)) in first.iter().enumerate() {
+        let series: Vec<(&[(&str, &str)], u64)> = series_labels
+            .iter()
+            .zip(&pairs)
+            .map(|(l, v)| (&l[..], v[k].1))
+            .collect();
+        f.counter_series(
+            &format!("farvm_process_{name}"),
+            &format!("Per guest process: paging engine counter `{name}` (see `farvm stats --per-process`)."),
+            &series,
+        )?;
+    }
+    let ratio = |get: fn(&ProcessRow) -> f64| -> Vec<(&[(&str, &str)], f64)> {
+        series_labels
+            .iter()
+            .zip(&p.processes)
+            .map(|(l, r)| (&l[..], get(r)))
+            .collect()
+    };
+    f.gauge_series(
+        "farvm_process_prefetch_accuracy",
+        "Per guest process: estimated hit rate of its prefetches.",
+        &ratio(|r| r.accuracy),
+    )?;
+    f.gauge_series(
+        "farvm_process_prefetch_coverage",
+        "Per guest process: estimated prefetch hits / (those + its demand faults).",
+        &ratio(|r| r.coverage),
+    )?;
+    encode_unattributed(f, p)
+}
+
+fn encode_unattributed(f: &mut Families<'_>, p: &PerProcessStats) -> fmt::Result {
+    let u = &p.unattributed;
+    f.counter_series(
+        "farvm_process_unattributed_faults",
+        "Guest faults no process could be given, by reason.",
+        &[
+            (&[("reason", "no_vcpu")], u.no_vcpu),
+            (&[("reason", "no_slot")], u.no_slot),
+            (&[("reason", "unreadable")], u.unreadable),
+        ],
+    )
 }
 
 fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
@@ -273,6 +351,63 @@ mod tests {
             "farvm_memserver_dead{vm=\"vm_1\"} 1",
             "farvm_memserver_taken_out_of_service_total{vm=\"vm_1\"} 2",
             "farvm_memserver_requests_total{vm=\"vm_1\"} 9",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+    }
+
+    #[derive(Debug)]
+    struct Procs(PerProcessStats);
+
+    impl Collector for Procs {
+        fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+            let mut f = Families::new(encoder, &[("vm", "v")]);
+            encode_processes(&mut f, &self.0)
+        }
+    }
+
+    #[test]
+    fn per_process_series_carry_pid_and_name() {
+        use farvm_ept::procstats::{ProcessCounterValues, UnattributedFaults};
+        let row = |pid: u64, name: Option<&str>, demand: u64| ProcessRow {
+            pid,
+            name: name.map(str::to_string),
+            cr3: pid << 12,
+            retired: false,
+            first_seen_secs: 0.0,
+            last_seen_secs: 1.0,
+            counters: ProcessCounterValues {
+                demand_faults: demand,
+                ..Default::default()
+            },
+            faults: demand,
+            prefetch_hits: 0,
+            accuracy: 0.5,
+            coverage: 0.25,
+        };
+        let stats = PerProcessStats {
+            processes: vec![
+                row(42, Some("postgres \"main\""), 7),
+                row(0, Some("kernel"), 1),
+                row(9, None, 0),
+            ],
+            unattributed: UnattributedFaults {
+                no_vcpu: 3,
+                ..Default::default()
+            },
+            user_faults: 7,
+            attribution: 0.7,
+            recycled: 0,
+        };
+        let mut e = Exposition::new();
+        e.register_collector(Procs(stats));
+        let text = e.render();
+        for line in [
+            "farvm_process_demand_faults_total{vm=\"v\",pid=\"42\",name=\"postgres _main_\"} 7",
+            "farvm_process_demand_faults_total{vm=\"v\",pid=\"0\",name=\"kernel\"} 1",
+            "farvm_process_demand_faults_total{vm=\"v\",pid=\"9\",name=\"\"} 0",
+            "farvm_process_prefetch_coverage{vm=\"v\",pid=\"42\",name=\"postgres _main_\"} 0.25",
+            "farvm_process_unattributed_faults_total{vm=\"v\",reason=\"no_vcpu\"} 3",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

@@ -180,6 +180,9 @@ pub struct VmCounters {
     pub paging: Option<RemoteStats>,
 }
 
+/// Looks up a guest process's name by pid (see [`VmShared::set_process_names`]).
+pub type ProcessNamesFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
+
 /// State shared by the vCPU threads, the devices, the control socket and the caller.
 pub struct VmShared {
     /// The VM's name.
@@ -206,6 +209,8 @@ pub struct VmShared {
     kvm_stats: Vec<Option<VcpuStats>>,
     /// Paging statistics of remote memory (set by the builder when RAM is remote).
     paging: OnceLock<StatsSource>,
+    /// Guest process names from the guest agent ([`VmShared::set_process_names`]).
+    guest_process_names: OnceLock<ProcessNamesFn>,
     /// How the guest's page tables look, for the paging engine's page space (remote memory
     /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
     guest_paging: OnceLock<Arc<GuestPaging>>,
@@ -249,6 +254,7 @@ impl VmShared {
             tids: (0..ncpus).map(|_| AtomicI32::new(0)).collect(),
             kvm_stats,
             paging: OnceLock::new(),
+            guest_process_names: OnceLock::new(),
             guest_paging: OnceLock::new(),
             go: Mutex::new(false),
             go_cond: Condvar::new(),
@@ -346,6 +352,34 @@ impl VmShared {
     /// Paging statistics (remote memory only; `None` once the engine is gone).
     pub fn paging_stats(&self) -> Option<RemoteStats> {
         self.paging.get().and_then(StatsSource::stats)
+    }
+
+    /// The paging engine, while it runs (remote memory only).
+    pub fn paging_engine(&self) -> Option<Arc<farvm_ept::Engine>> {
+        self.paging.get().and_then(StatsSource::engine)
+    }
+
+    /// The name of guest process `pid`, from what the guest told the VMM: `kernel` for pid 0,
+    /// else the Linux guest agent's process table, else the test guest's process mailboxes
+    /// (the workload's name).
+    pub fn process_name(&self, pid: u64) -> Option<String> {
+        if pid == 0 {
+            return Some("kernel".into());
+        }
+        if let Some(name) = self.guest_process_names.get().and_then(|f| f(pid)) {
+            return Some(name);
+        }
+        self.pv
+            .processes()
+            .iter()
+            .find(|p| u64::from(p.pid) == pid)
+            .map(|p| crate::workload_spec::workload_name(p.workload).to_string())
+    }
+
+    /// Makes [`VmShared::process_name`] ask `f` first (the guest agent's process table).
+    /// Returns false if a source was already set.
+    pub fn set_process_names(&self, f: ProcessNamesFn) -> bool {
+        self.guest_process_names.set(f).is_ok()
     }
 
     pub(crate) fn set_paging_source(&self, source: StatsSource) {
@@ -641,6 +675,8 @@ pub struct VmReport {
     pub paging: Option<RemoteStats>,
     /// Errors the paging engine kept (its first 256), as text.
     pub paging_errors: Vec<String>,
+    /// Per-process paging statistics at the end (remote memory only).
+    pub per_process: Option<crate::process_stats::PerProcessStats>,
 }
 
 /// A running VM. Dropping it without [`RunningVm::finish`] stops it the same way.
@@ -769,6 +805,7 @@ impl RunningVm {
             processes: self.shared.pv.processes(),
             paging,
             paging_errors,
+            per_process: crate::process_stats::per_process(&self.shared),
         }
     }
 }

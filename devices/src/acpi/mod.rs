@@ -1,6 +1,6 @@
 //! ACPI tables for a stock kernel on a hardware-reduced platform: RSDP → XSDT → FADT (HW_REDUCED,
 //! sleep control/status and reset registers on the [`crate::power`] ports), DSDT (COM1, the
-//! virtio-mmio devices, `_S5_`) and MADT (one local APIC per vCPU, the IOAPIC, LINT1 NMI).
+//! virtio-mmio devices, the farvm agent device if any, `_S5_`) and MADT (one local APIC per vCPU, the IOAPIC, LINT1 NMI).
 //! Built with rust-vmm's `acpi_tables`; [`write_acpi_tables`] places them in guest memory.
 
 mod dsdt;
@@ -55,6 +55,9 @@ pub struct AcpiConfig {
     /// MADT interrupt source overrides. None are needed with KVM's default GSI routing, which
     /// maps ISA IRQ n to IOAPIC pin n (IRQ 0 included), as the kernel assumes without them.
     pub interrupt_overrides: Vec<InterruptOverride>,
+    /// The farvm agent device (`_HID` "FARV0001" in the DSDT, one MMIO window, no interrupt),
+    /// if the VM has one: its `(base, size)`.
+    pub agent: Option<(u64, u64)>,
 }
 
 impl AcpiConfig {
@@ -70,6 +73,7 @@ impl AcpiConfig {
             virtio_mmio: Vec::new(),
             power_port: POWER_PORT,
             interrupt_overrides: Vec::new(),
+            agent: None,
         }
     }
 }

@@ -72,6 +72,7 @@ use crate::pagemeta::PageMeta;
 use crate::parts::Parts;
 use crate::port::StorePort;
 use crate::prefetch_slots::PrefetchSlots;
+use crate::procstats::{ProcRef, ProcessCounter, ProcessIndex, ProcessTable, Unattributed};
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
 use crate::state::{self as st, state_of, PageTable};
@@ -87,10 +88,11 @@ const TOKEN_KICK: u64 = 1;
 /// What happened to a page (one row of the module's table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {
-    /// A guest fault by thread `tid`.
-    GuestFault { tid: u32 },
-    /// A prefetch candidate (`marker`: carries the prefetcher's learning signal).
-    Candidate { marker: bool },
+    /// A guest fault (by the `Handler::faulter`).
+    GuestFault,
+    /// A prefetch candidate (`marker`: carries the prefetcher's learning signal), for the
+    /// process `owner` (its outcome is counted for it).
+    Candidate { marker: bool, owner: ProcRef },
     /// The back-off of a failed demand read is over.
     RetryDue,
 }
@@ -105,6 +107,25 @@ enum Step {
     NoFrame,
     /// A candidate not issued (not remote, or lost to a concurrent claim).
     Skipped,
+}
+
+/// Who made the fault being resolved (per-process statistics).
+#[derive(Clone, Copy, Debug)]
+struct Faulter {
+    /// The prefetcher's process key (CR3; 0 = unknown).
+    key: u64,
+    /// Its entry in the per-process table.
+    entry: ProcRef,
+    /// Why there is no entry, if there is none.
+    why: Option<Unattributed>,
+}
+
+impl Faulter {
+    const UNKNOWN: Faulter = Faulter {
+        key: 0,
+        entry: ProcRef::NONE,
+        why: None,
+    };
 }
 
 /// A fault that could not be served yet (no free frame).
@@ -127,6 +148,11 @@ pub(crate) struct Handler {
     lost: Arc<LostPages>,
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
+    procs: Arc<ProcessTable>,
+    /// Finds or creates the entry of a faulting process (this thread alone creates entries).
+    proc_index: ProcessIndex,
+    /// The fault being resolved.
+    faulter: Faulter,
     clock: Clock,
     /// `EngineConfig::prefetch`.
     prefetch: bool,
@@ -174,6 +200,9 @@ impl Handler {
             lost: parts.lost().clone(),
             counters: parts.counters().clone(),
             hist: parts.hist().clone(),
+            procs: parts.procs().clone(),
+            proc_index: ProcessIndex::new(),
+            faulter: Faulter::UNKNOWN,
             clock: parts.clock(),
             prefetch: cfg.prefetch,
             probe_every: cfg.probe_every,
@@ -257,8 +286,37 @@ impl Handler {
             tracing::error!("fault at {:#x} outside guest RAM", fault.address);
             return;
         };
-        if self.resolve(p, Event::GuestFault { tid: fault.tid }, now) == Step::NoFrame {
+        self.faulter = self.attribute(fault.tid, now);
+        if self.resolve(p, Event::GuestFault, now) == Step::NoFrame {
             self.parked.push_back(Parked { fault, due_ns: now });
+        }
+    }
+
+    /// Who faulted: the vCPU's agent slot says which process (module docs of `procstats`).
+    fn attribute(&mut self, tid: u32, now: u64) -> Faulter {
+        let a = self.learner.attribute(tid);
+        if a.vcpu.is_none() {
+            self.counters.inc(Counter::UnattributedFaults);
+        }
+        match a.unattributed() {
+            Some(why) => Faulter {
+                key: self.learner.process_key(&a),
+                entry: ProcRef::NONE,
+                why: Some(why),
+            },
+            None => Faulter {
+                key: self.learner.process_key(&a),
+                entry: self.proc_index.lookup(&self.procs, a.cr3, a.pid, now),
+                why: None,
+            },
+        }
+    }
+
+    /// Counts a fault for the process that made it (or as unattributed).
+    fn count_fault(&self, c: ProcessCounter) {
+        match self.faulter.why {
+            Some(why) => self.procs.unattributed(why),
+            None => self.procs.add(self.faulter.entry, c, 1),
         }
     }
 
@@ -297,24 +355,24 @@ impl Handler {
             return;
         }
         for i in 0..n {
-            let key = self.learner.consult(i, now);
-            self.issue_candidates(key, now);
+            let (key, owner) = self.learner.consult(i, now);
+            self.issue_candidates(key, owner, now);
         }
         self.reads.flush_prefetch();
         self.learner.publish_counts();
     }
 
-    /// Issues the prefetcher's latest candidates (they go out with this round's prefetch
-    /// batch), deferring those the limits refuse.
-    fn issue_candidates(&mut self, key: u64, now: u64) {
+    /// Issues the prefetcher's latest candidates for process `key` (entry `owner`; they go
+    /// out with this round's prefetch batch), deferring those the limits refuse.
+    fn issue_candidates(&mut self, key: u64, owner: ProcRef, now: u64) {
         if !self.prefetch {
             return;
         }
         for j in 0..self.learner.candidates() {
             match self.learner.candidate(key, j) {
                 (Some(p), marker) => {
-                    if self.issue(p, marker, now) == Step::NoFrame {
-                        self.deferred.push(p, marker, now);
+                    if self.issue(p, marker, owner, now) == Step::NoFrame {
+                        self.deferred.push(p, marker, owner, now);
                     }
                 }
                 (None, _) => self.counters.inc(Counter::PrefetchSkipped),
@@ -324,8 +382,8 @@ impl Handler {
 
     /// Issues deferred candidates, oldest first, while the limits allow.
     fn drain_deferred(&mut self, now: u64) {
-        while let Some((p, marker)) = self.deferred.oldest(now) {
-            if self.issue(p, marker, now) == Step::NoFrame {
+        while let Some((p, marker, owner)) = self.deferred.oldest(now) {
+            if self.issue(p, marker, owner, now) == Step::NoFrame {
                 break;
             }
             self.deferred.pop();
@@ -334,13 +392,13 @@ impl Handler {
     }
 
     /// One candidate: `NoFrame` if the limits say "not now".
-    fn issue(&mut self, p: u64, marker: bool, now: u64) -> Step {
+    fn issue(&mut self, p: u64, marker: bool, owner: ProcRef, now: u64) -> Step {
         // Markers carry the prefetcher's learning signal (e.g. the end of a Leap/stream
         // window), so they may exceed the in-flight cap and dip into the free reserve.
         if !marker && self.slots.full() {
             return Step::NoFrame;
         }
-        self.resolve(p, Event::Candidate { marker }, now)
+        self.resolve(p, Event::Candidate { marker, owner }, now)
     }
 
     /// Applies `ev` to page `p`, again while its CAS loses races.
@@ -358,18 +416,18 @@ impl Handler {
     fn step(&mut self, p: u64, w: u32, ev: Event, now: u64) -> Step {
         use Event::{Candidate, GuestFault, RetryDue};
         match (state_of(w), ev) {
-            (st::NEVER, GuestFault { tid }) => self.zero_fill(p, w, tid, now),
-            (st::REMOTE, GuestFault { tid }) => self.demand_read(p, w, tid, now),
-            (st::INFLIGHT, GuestFault { tid }) if w & st::F_PREFETCHED != 0 => {
-                self.late_hit(p, w, tid, now)
+            (st::NEVER, GuestFault) => self.zero_fill(p, w, now),
+            (st::REMOTE, GuestFault) => self.demand_read(p, w, now),
+            (st::INFLIGHT, GuestFault) if w & st::F_PREFETCHED != 0 => self.late_hit(p, w, now),
+            (st::INFLIGHT, GuestFault) => self.join_read(p, w),
+            (st::STAGED, GuestFault) => self.marker_hit(p, w, now),
+            (st::LOCAL, GuestFault) => self.remap(p),
+            (st::EVICTING, GuestFault) => self.wait_eviction(p, w, now),
+            (st::LOST, GuestFault) => self.report_lost(p),
+            (other, GuestFault) => impossible(p, other),
+            (st::REMOTE, Candidate { marker, owner }) => {
+                self.prefetch_read(p, w, marker, owner, now)
             }
-            (st::INFLIGHT, GuestFault { .. }) => self.join_read(p, w),
-            (st::STAGED, GuestFault { tid }) => self.marker_hit(p, w, tid, now),
-            (st::LOCAL, GuestFault { .. }) => self.remap(p),
-            (st::EVICTING, GuestFault { .. }) => self.wait_eviction(p, w, now),
-            (st::LOST, GuestFault { .. }) => self.report_lost(p),
-            (other, GuestFault { .. }) => impossible(p, other),
-            (st::REMOTE, Candidate { marker }) => self.prefetch_read(p, w, marker, now),
             (_, Candidate { .. }) => self.skip_candidate(),
             (st::INFLIGHT, RetryDue) => self.resubmit(p, now),
             (_, RetryDue) => stale_retry(p),
@@ -393,21 +451,24 @@ impl Handler {
         Step::Done
     }
 
-    fn zero_fill(&mut self, p: u64, w: u32, tid: u32, now: u64) -> Step {
+    fn zero_fill(&mut self, p: u64, w: u32, now: u64) -> Step {
         let claimed = self.claim_for_demand(p, w, 0);
         if claimed != Step::Done {
             return claimed;
         }
+        // Counted before the install's wake, so a woken vCPU never sees a stale count.
+        self.count_fault(ProcessCounter::ZeroFills);
         self.installer.install_zero(p, true);
         self.hist
             .record(Hist::ZeroFill, self.clock.now().saturating_sub(now));
         // Every fault goes to the prefetcher (its history is the access stream); candidates
         // that are never-written pages are then skipped.
-        self.learner.note_fault(tid, p);
+        self.learner
+            .note_fault(self.faulter.key, self.faulter.entry, p);
         Step::Done
     }
 
-    fn demand_read(&mut self, p: u64, w: u32, tid: u32, now: u64) -> Step {
+    fn demand_read(&mut self, p: u64, w: u32, now: u64) -> Step {
         let hot = self.refault.is_hot(p);
         let claimed = self.claim_for_demand(p, w, if hot { st::F_HOT } else { 0 });
         if claimed != Step::Done {
@@ -418,12 +479,14 @@ impl Handler {
         }
         self.meta.set_fault_at(p, now);
         self.counters.inc(Counter::DemandFaults);
-        self.learner.note_fault(tid, p);
+        self.count_fault(ProcessCounter::DemandFaults);
+        self.learner
+            .note_fault(self.faulter.key, self.faulter.entry, p);
         self.reads.push(p, Priority::Demand, now);
         Step::Done
     }
 
-    fn late_hit(&mut self, p: u64, w: u32, tid: u32, now: u64) -> Step {
+    fn late_hit(&mut self, p: u64, w: u32, now: u64) -> Step {
         // Install on arrival (not stage) and wake us.
         let new = (w & !(st::F_MARKER | st::F_PREFETCHED | st::F_PROBE))
             | st::F_WAITERS
@@ -437,17 +500,21 @@ impl Handler {
         self.meta.set_fault_at(p, now);
         self.port.promote(p);
         self.counters.inc(Counter::PrefetchLateHits);
+        self.count_fault(ProcessCounter::PrefetchLateHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
+            self.procs
+                .add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
         }
+        let Faulter { key, entry, .. } = self.faulter;
         let marker = w & st::F_MARKER != 0;
         // A marker (or probe) still in flight: the guest reached it, the very signal a
         // prefetcher's continuation waits for. Answer it now: otherwise a stream the guest
         // caught up with issues nothing more and restarts small at the next miss, and the
         // guest keeps catching up.
-        let key = self.learner.hit(self.learner.key_of(tid), p, marker, now);
+        let key = self.learner.hit(key, p, marker, now);
         if marker {
-            self.issue_candidates(key, now);
+            self.issue_candidates(key, entry, now);
         }
         Step::Done
     }
@@ -457,10 +524,11 @@ impl Handler {
             return Step::Raced;
         }
         self.counters.inc(Counter::DedupWaits);
+        self.count_fault(ProcessCounter::WaitFaults);
         Step::Done
     }
 
-    fn marker_hit(&mut self, p: u64, w: u32, tid: u32, now: u64) -> Step {
+    fn marker_hit(&mut self, p: u64, w: u32, now: u64) -> Step {
         // The hit signal of a staged marker/probe: map it now, no network.
         let staged_at = self.meta.io_at(p);
         if self
@@ -473,17 +541,21 @@ impl Handler {
         // Account and tell the prefetcher before the wake, so a woken vCPU never observes a
         // hit that is not counted yet.
         self.counters.inc(Counter::PrefetchMarkerHits);
+        self.count_fault(ProcessCounter::PrefetchMarkerHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
+            self.procs
+                .add(self.faulter.entry, ProcessCounter::ProbeHits, 1);
         }
         self.hist
             .record(Hist::Timeliness, now.saturating_sub(staged_at));
+        let Faulter { key, entry, .. } = self.faulter;
         // A marker hit may answer with the prefetcher's next window (like Linux's async
         // read-ahead marker); those candidates go out with this round's prefetch batch.
-        let key = self.learner.hit(self.learner.key_of(tid), p, true, now);
+        let key = self.learner.hit(key, p, true, now);
         self.installer.publish_local(p, |_| st::F_CONSUMED, true);
         self.queues.offer_consumed(p);
-        self.issue_candidates(key, now);
+        self.issue_candidates(key, entry, now);
         Step::Done
     }
 
@@ -501,6 +573,7 @@ impl Handler {
         }
         self.meta.set_fault_at(p, now);
         self.counters.inc(Counter::EvictingWaits);
+        self.count_fault(ProcessCounter::WaitFaults);
         Step::Done
     }
 
@@ -510,7 +583,7 @@ impl Handler {
         Step::Done
     }
 
-    fn prefetch_read(&mut self, p: u64, w: u32, marker: bool, now: u64) -> Step {
+    fn prefetch_read(&mut self, p: u64, w: u32, marker: bool, owner: ProcRef, now: u64) -> Step {
         if !self.frames.try_reserve(marker) {
             return Step::NoFrame;
         }
@@ -529,11 +602,15 @@ impl Handler {
             self.frames.release();
             return self.skip_candidate();
         }
+        // The read owns the page: its outcome is counted for `owner` from here.
+        self.meta.set_owner(p, owner);
         if probe {
             self.counters.inc(Counter::ProbeStaged);
+            self.procs.add(owner, ProcessCounter::ProbeStaged, 1);
         }
         self.slots.take();
         self.counters.inc(Counter::PrefetchIssued);
+        self.procs.add(owner, ProcessCounter::PrefetchIssued, 1);
         self.reads.push(p, Priority::Prefetch, now);
         Step::Done
     }

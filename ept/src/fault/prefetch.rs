@@ -10,17 +10,18 @@ use std::sync::Arc;
 use farvm_prefetch::{Candidates, Prefetcher};
 
 use crate::installer::Installer;
+use crate::procstats::ProcRef;
 use crate::stats::{Counter, Counters};
 use crate::sys::uffd::MAX_EVENTS;
 use crate::translate::PageSpace;
-use crate::vcpu::VcpuTable;
+use crate::vcpu::{Attribution, VcpuTable};
 
 pub(super) struct Learner {
     prefetcher: Box<dyn Prefetcher>,
     space: Box<dyn PageSpace>,
     cands: Candidates,
-    /// Demand faults of this round: (process key, guest page).
-    round: [(u64, u64); MAX_EVENTS],
+    /// Demand faults of this round: (process key, its per-process entry, guest page).
+    round: [(u64, ProcRef, u64); MAX_EVENTS],
     n: usize,
     installer: Arc<Installer>,
     vcpus: Arc<VcpuTable>,
@@ -39,7 +40,7 @@ impl Learner {
             prefetcher,
             space,
             cands: Candidates::new(),
-            round: [(0, 0); MAX_EVENTS],
+            round: [(0, ProcRef::NONE, 0); MAX_EVENTS],
             n: 0,
             installer,
             vcpus,
@@ -47,25 +48,26 @@ impl Learner {
         }
     }
 
-    /// The process key of a fault by thread `tid`: the CR3 its vCPU's agent slot published, as
-    /// the page space names processes (0 — the global history — without a vCPU or a slot).
-    pub fn key_of(&self, tid: u32) -> u64 {
+    /// Who faulted, for a fault by thread `tid`: its vCPU and what that vCPU's agent slot
+    /// says runs there.
+    pub fn attribute(&self, tid: u32) -> Attribution {
         let installer = &*self.installer;
         // SAFETY: registered slot pages are pinned resident (`Engine::set_agent_slot`) and in
         // bounds of the alias mapping, which lives as long as the installer.
-        let cr3 = unsafe { self.vcpus.attribute(tid, |page| installer.alias_ptr(page)) }.key();
-        self.space.process_key(cr3)
+        unsafe { self.vcpus.attribute(tid, |page| installer.alias_ptr(page)) }
+    }
+
+    /// The prefetcher's process key of an attribution: its CR3 as the page space names
+    /// processes (0 — the global history — without a vCPU or a slot).
+    pub fn process_key(&self, a: &Attribution) -> u64 {
+        self.space.process_key(a.key())
     }
 
     /// Remembers a demand fault of this round for the prefetcher (consulted after the round's
-    /// demand reads are on their way).
-    pub fn note_fault(&mut self, tid: u32, p: u64) {
-        if self.vcpus.vcpu_of(tid).is_none() {
-            self.counters.inc(Counter::UnattributedFaults);
-        }
-        let key = self.key_of(tid);
+    /// demand reads are on their way), by process `key` whose entry is `owner`.
+    pub fn note_fault(&mut self, key: u64, owner: ProcRef, p: u64) {
         if self.n < self.round.len() {
-            self.round[self.n] = (key, p);
+            self.round[self.n] = (key, owner, p);
             self.n += 1;
         }
     }
@@ -77,12 +79,12 @@ impl Learner {
 
     /// Tells the prefetcher of the round's `i`-th fault; its answer is in the candidates.
     /// Returns the history the fault went to (the process's, or the global one for a page
-    /// the process's user mapping does not place).
-    pub fn consult(&mut self, i: usize, now: u64) -> u64 {
-        let (key, p) = self.round[i];
+    /// the process's user mapping does not place) and the fault's per-process entry.
+    pub fn consult(&mut self, i: usize, now: u64) -> (u64, ProcRef) {
+        let (key, owner, p) = self.round[i];
         let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
         self.prefetcher.on_fault(key, pf, now, &mut self.cands);
-        key
+        (key, owner)
     }
 
     /// Process `key` reached page `p` of a prefetch: a marker (staged or still in flight) is
@@ -132,8 +134,8 @@ const DEFERRED: usize = 512;
 /// window keeps running ahead of the guest (measured with leap+stream). Bounded: the oldest
 /// are dropped, and so are stale ones (the guest has likely passed).
 pub(super) struct Deferred {
-    /// (page, marker, since ns).
-    q: VecDeque<(u64, bool, u64)>,
+    /// (page, marker, the process it is for, since ns).
+    q: VecDeque<(u64, bool, ProcRef, u64)>,
     max_age_ns: u64,
     counters: Arc<Counters>,
 }
@@ -151,21 +153,21 @@ impl Deferred {
         self.q.is_empty()
     }
 
-    pub fn push(&mut self, p: u64, marker: bool, now: u64) {
+    pub fn push(&mut self, p: u64, marker: bool, owner: ProcRef, now: u64) {
         self.counters.inc(Counter::PrefetchDeferred);
         // Never grows past the capacity allocated up front.
         if self.q.len() == self.q.capacity() {
             self.q.pop_front();
             self.counters.inc(Counter::PrefetchDropped);
         }
-        self.q.push_back((p, marker, now));
+        self.q.push_back((p, marker, owner, now));
     }
 
     /// The oldest candidate still fresh (stale ones are dropped on the way), left queued.
-    pub fn oldest(&mut self, now: u64) -> Option<(u64, bool)> {
-        while let Some(&(p, marker, since)) = self.q.front() {
+    pub fn oldest(&mut self, now: u64) -> Option<(u64, bool, ProcRef)> {
+        while let Some(&(p, marker, owner, since)) = self.q.front() {
             if now.saturating_sub(since) <= self.max_age_ns {
-                return Some((p, marker));
+                return Some((p, marker, owner));
             }
             // Too late to be ahead of the guest: spend the frame on fresher candidates.
             self.q.pop_front();

@@ -1,5 +1,6 @@
 //! ACPI tables of a Linux guest: farvm-devices builds them for this VM's vCPUs and devices
-//! (MADT: one local APIC per vCPU, the IOAPIC; DSDT: COM1, the virtio-mmio disks, `_S5_`;
+//! (MADT: one local APIC per vCPU, the IOAPIC; DSDT: COM1, the virtio-mmio disks, the farvm
+//! agent device, `_S5_`;
 //! FADT: hardware-reduced, the power registers) and they are written here through
 //! [`GuestRam`], so local and paged RAM alike. The result gives the RSDP address for
 //! `boot_params.acpi_rsdp_addr` and the ranges the e820 map reserves.
@@ -11,15 +12,18 @@ use vm_memory::{Bytes, GuestAddress};
 use super::BootError;
 use crate::vstate::memory::GuestRam;
 
-/// Builds the tables for `vcpus` vCPUs and the virtio-mmio devices `virtio` at the default
-/// placement (the BIOS area 0xE0000–0xFFFFF) and writes them into `ram`.
+/// Builds the tables for `vcpus` vCPUs, the virtio-mmio devices `virtio` and the agent
+/// device's window `agent` (if any) at the default placement (the BIOS area 0xE0000–0xFFFFF)
+/// and writes them into `ram`.
 pub fn write_tables(
     ram: &GuestRam,
     vcpus: u32,
     virtio: &[MmioDeviceInfo],
+    agent: Option<(u64, u64)>,
 ) -> Result<AcpiTables, BootError> {
     let mut cfg = AcpiConfig::new(vcpus);
     cfg.virtio_mmio = virtio.to_vec();
+    cfg.agent = agent;
     let tables = build_acpi_tables(&AcpiPlacement::default(), &cfg)
         .map_err(|e| BootError::Setup(format!("ACPI tables: {e}")))?;
     for t in &tables.tables {

@@ -3,22 +3,26 @@
 //! shutdown with status 0, reset as [`VmOutcome::GuestReboot`]) and one virtio-blk disk per
 //! `--disk` on virtio-mmio (slot i: window `0xd000_0000 + i * 4 KiB`, GSI 5 + i). Every
 //! interrupt line is an eventfd the VMM registers as a KVM irqfd
-//! ([`crate::vstate::irq::connect_irqfds`]). Port-I/O and MMIO exits reach the devices
+//! ([`crate::vstate::irq::connect_irqfds`]). A Linux guest also gets the farvm agent device
+//! (ACPI `FARV0001` at [`AGENT_MMIO_BASE`]): the guest agent module registers its per-vCPU
+//! slots there (they go to the PV control device's slot table, which the paging engine
+//! follows) and its process events (names for per-process statistics). Port-I/O and MMIO exits reach the devices
 //! through [`Board::bus`]; the PV control device stays outside it (its writes return actions
 //! to the vCPU loop).
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 
+use farvm_devices::agent::{AgentDevice, AgentHost, SlotArray};
 use farvm_devices::bus::{BusError, IoBus};
 use farvm_devices::interrupt::{EventFdInterrupts, IrqLine};
 use farvm_devices::layout::{MmioDeviceInfo, COM1_GSI, COM1_PORT, COM1_PORTS};
-use farvm_devices::layout::{POWER_PORT, POWER_PORTS};
+use farvm_devices::layout::{AGENT_MMIO_BASE, AGENT_MMIO_SIZE, POWER_PORT, POWER_PORTS};
 use farvm_devices::power::{PowerDevice, PowerEvent};
 use farvm_devices::serial::{SerialConsole, SerialError, SerialIn, SerialOut};
 use farvm_devices::virtio::block::{Block, BlockConfig, BlockError};
 use farvm_devices::virtio::mmio::{MmioError, VirtioMmio};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::console::{self, EscapeFilter};
 use super::pty::Pty;
@@ -78,8 +82,8 @@ pub enum DeviceError {
     /// An interrupt eventfd could not be created or registered.
     #[error("interrupt lines: {0}")]
     Interrupts(#[source] std::io::Error),
-    /// Disks were asked for without guest memory to DMA into.
-    #[error("disks need a memory view for device DMA")]
+    /// Disks or the agent device were asked for without guest memory to DMA into.
+    #[error("disks and the agent device need a memory view")]
     NoMemory,
 }
 
@@ -97,8 +101,13 @@ impl StopTarget {
         let _ = self.0.set(Arc::downgrade(shared));
     }
 
+    /// The VM, once bound and while it lives.
+    fn vm(&self) -> Option<Arc<VmShared>> {
+        self.0.get().and_then(Weak::upgrade)
+    }
+
     fn stop(&self, outcome: VmOutcome) {
-        match self.0.get().and_then(Weak::upgrade) {
+        match self.vm() {
             Some(s) => s.request_stop(outcome),
             None => tracing::warn!("device asked to stop a VM that is not running: {outcome}"),
         }
@@ -117,7 +126,35 @@ pub struct BoardConfig {
     pub pty: Option<Arc<Pty>>,
     /// The virtio-blk disks, in order.
     pub disks: Vec<DiskConfig>,
+    /// Add the farvm agent device, for a guest of this many vCPUs (Linux guests).
+    pub agent_vcpus: Option<u32>,
 }
+
+/// Where the agent device's slot registrations go: the PV control device's slot table of the
+/// bound VM (the paging engine follows it; an unregistration is passed on before the guest's
+/// write returns, so the engine stops reading pages the guest is about to free).
+struct AgentLink {
+    vm: StopTarget,
+    ncpus: u32,
+}
+
+impl AgentHost for AgentLink {
+    fn slots_changed(&self, slots: Option<SlotArray>) {
+        let Some(vm) = self.vm.vm() else {
+            tracing::warn!("guest agent registration before the VM is bound: ignored");
+            return;
+        };
+        for cpu in 0..self.ncpus {
+            let gpa = slots.and_then(|s| s.slot(cpu));
+            if !vm.pv.set_agent_slot(cpu, gpa) {
+                tracing::warn!(cpu, "agent slot {gpa:x?} refused");
+            }
+        }
+    }
+}
+
+/// The agent device as the board holds it.
+pub type Agent = AgentDevice<GuestMemoryMmap>;
 
 /// The devices of one VM (module doc).
 pub struct Board {
@@ -125,6 +162,7 @@ pub struct Board {
     console: SerialConsole,
     irqs: Arc<EventFdInterrupts>,
     disks: Vec<MmioDeviceInfo>,
+    agent: Option<Arc<Agent>>,
     stop: StopTarget,
 }
 
@@ -162,6 +200,21 @@ impl Board {
         });
         bus.register_pio(POWER_PORT, POWER_PORTS, Arc::new(power))?;
 
+        let agent = match cfg.agent_vcpus {
+            Some(ncpus) => {
+                let mem = mem.clone().ok_or(DeviceError::NoMemory)?;
+                let ram = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+                let host = AgentLink {
+                    vm: stop.clone(),
+                    ncpus,
+                };
+                let agent = Arc::new(AgentDevice::new(mem, ram, ncpus, Box::new(host)));
+                bus.register_mmio(AGENT_MMIO_BASE, AGENT_MMIO_SIZE, agent.clone())?;
+                Some(agent)
+            }
+            None => None,
+        };
+
         if !slots.is_empty() {
             let mem = Arc::new(mem.ok_or(DeviceError::NoMemory)?);
             for (disk, slot) in cfg.disks.iter().zip(&slots) {
@@ -181,6 +234,7 @@ impl Board {
             console,
             irqs,
             disks: slots,
+            agent,
             stop,
         };
         match &cfg.pty {
@@ -210,9 +264,28 @@ impl Board {
         Ok(())
     }
 
-    /// Binds power and console events to the VM's shared state.
+    /// Binds power and console events, and the agent device's registrations and process
+    /// names, to the VM's shared state.
     pub fn bind(&self, shared: &Arc<VmShared>) {
         self.stop.bind(shared);
+        if let Some(agent) = &self.agent {
+            let agent = Arc::downgrade(agent);
+            shared.set_process_names(Box::new(move |pid| {
+                agent.upgrade()?.process_name(u32::try_from(pid).ok()?)
+            }));
+        }
+    }
+
+    /// The agent device, if the VM has one.
+    pub fn agent(&self) -> Option<&Agent> {
+        self.agent.as_deref()
+    }
+
+    /// The agent device's register window `(base, size)`, for the ACPI tables.
+    pub fn agent_window(&self) -> Option<(u64, u64)> {
+        self.agent
+            .as_ref()
+            .map(|_| (AGENT_MMIO_BASE, AGENT_MMIO_SIZE))
     }
 
     /// The I/O bus port-I/O and MMIO exits go to.
@@ -239,6 +312,8 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::pvctl::PvCtl;
+    use crate::vstate::memory::GuestRam;
     use vm_memory::GuestAddress;
 
     fn cfg(disks: Vec<DiskConfig>) -> BoardConfig {
@@ -247,7 +322,88 @@ mod tests {
             serial_in: SerialIn::None,
             pty: None,
             disks,
+            agent_vcpus: None,
         }
+    }
+
+    /// The agent device on a Linux board, driven through the bus as the guest module drives
+    /// it: its slot registration reaches the PV control device's slot table (which the paging
+    /// engine follows) and its process events name processes for the statistics.
+    #[test]
+    fn the_agent_device_feeds_the_slot_table_and_process_names() {
+        use farvm_guest_agent::device::ring::{self, kind, ProcEvent, RingHeader, RING_MAGIC};
+        use farvm_guest_agent::device::{cmd, reg, result, AGENT_VERSION};
+        use vm_memory::Bytes;
+
+        let ram = Arc::new(GuestRam::local(&[(0, 4 << 20)]).unwrap());
+        // SAFETY: local RAM: the view is a clone of the same mapping, alive as long as `ram`.
+        let mem = unsafe { ram.device_view() }.unwrap();
+        let mut c = cfg(Vec::new());
+        c.agent_vcpus = Some(2);
+        assert!(matches!(Board::new(&c, None), Err(DeviceError::NoMemory)));
+        let board = Board::new(&c, Some(mem)).unwrap();
+        assert_eq!(
+            board.agent_window(),
+            Some((AGENT_MMIO_BASE, AGENT_MMIO_SIZE))
+        );
+        let shared = Arc::new(VmShared::new(
+            "agent".into(),
+            None,
+            ram.clone(),
+            PvCtl::new(ram.clone(), 2, false),
+            board,
+            2,
+            vec![None, None],
+        ));
+        shared.board.bind(&shared);
+        let bus = shared.board.bus();
+        let rd = |r: u64| {
+            let mut b = [0u8; 4];
+            bus.mmio_read(AGENT_MMIO_BASE + r, &mut b).unwrap();
+            u32::from_le_bytes(b)
+        };
+        let wr = |r: u64, v: u32| {
+            bus.mmio_write(AGENT_MMIO_BASE + r, &v.to_le_bytes())
+                .unwrap()
+        };
+        assert_eq!(rd(reg::NCPUS), 2);
+        wr(reg::VERSION, AGENT_VERSION);
+        assert_eq!(rd(reg::RESULT), result::OK);
+        wr(reg::SLOTS_LO, 0x10_0000);
+        wr(reg::SLOTS_COUNT, 2);
+        wr(reg::COMMAND, cmd::REGISTER_SLOTS);
+        assert_eq!(rd(reg::RESULT), result::OK);
+        assert_eq!(shared.pv.agent_slot_gpa(0), Some(0x10_0000));
+        assert_eq!(shared.pv.agent_slot_gpa(1), Some(0x10_1000));
+
+        let base = 0x20_0000u64;
+        let header = RingHeader {
+            magic: RING_MAGIC,
+            version: ring::RING_VERSION,
+            capacity: 3,
+            head: 1,
+            ..RingHeader::default()
+        };
+        let mut e = ProcEvent {
+            kind: kind::START,
+            pid: 77,
+            ..ProcEvent::default()
+        };
+        e.set_name("sqlite3");
+        ram.write_obj(header, GuestAddress(base)).unwrap();
+        ram.write_obj(e, GuestAddress(ring::record_gpa(base, 3, 0)))
+            .unwrap();
+        wr(reg::RING_LO, base as u32);
+        wr(reg::RING_BYTES, 4096);
+        wr(reg::COMMAND, cmd::REGISTER_RING);
+        assert_eq!(rd(reg::RESULT), result::OK);
+        assert_eq!(shared.process_name(77).as_deref(), Some("sqlite3"));
+        assert_eq!(shared.process_name(78), None);
+
+        // Unloading the module: the slot table forgets the slots before the write returns.
+        wr(reg::COMMAND, cmd::RESET);
+        assert_eq!(shared.pv.agent_slot_gpa(0), None);
+        assert_eq!(shared.pv.agent_slot_gpa(1), None);
     }
 
     #[test]

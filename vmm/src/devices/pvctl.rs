@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use farvm_ept::CounterValues;
+use farvm_ept::{CounterValues, ProcessCounterValues};
 use farvm_guest_agent::boot::MemRange;
 use farvm_guest_agent::frames::FrameOrder;
 use farvm_guest_agent::pv::{self, BulkOp, LogRecord, Mailbox, LOG_MAX, MAILBOX_MAGIC};
@@ -53,10 +53,17 @@ pub struct PhaseEvent {
     /// phase of a workload gets its own fault and prefetch counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paging: Option<CounterValues>,
+    /// The engine's counters of this process alone at the doorbell (its CR3 and pid in the
+    /// mailbox), exact whatever else runs meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_paging: Option<ProcessCounterValues>,
 }
 
 /// Reads the paging engine's counters (`None` once the engine is gone).
 pub type PagingCountersFn = Box<dyn Fn() -> Option<CounterValues> + Send + Sync>;
+
+/// Reads the paging engine's counters of process (`cr3`, `pid`) (`None` if it has none).
+pub type ProcessCountersFn = Box<dyn Fn(u64, u64) -> Option<ProcessCounterValues> + Send + Sync>;
 
 /// What the VMM knows about one guest process, from its mailbox.
 #[derive(Clone, Debug, Serialize)]
@@ -109,6 +116,18 @@ impl ProcessRecord {
                 .iter()
                 .find(|e| e.phase == ph)
                 .and_then(|e| e.paging.as_ref())
+        };
+        Some(at(pv::phase::MEASURED)?.since(at(pv::phase::MEASURE)?))
+    }
+
+    /// What the paging engine counted for this process alone between its MEASURE and
+    /// MEASURED doorbells (None without remote memory or before the phase ended).
+    pub fn measured_phase_own_paging(&self) -> Option<ProcessCounterValues> {
+        let at = |ph: u32| {
+            self.events
+                .iter()
+                .find(|e| e.phase == ph)
+                .and_then(|e| e.process_paging.as_ref())
         };
         Some(at(pv::phase::MEASURED)?.since(at(pv::phase::MEASURE)?))
     }
@@ -198,7 +217,14 @@ pub struct PvCtl {
     echo_logs: bool,
     /// Stamps each phase event with the paging counters ([`Self::set_paging_counters`]).
     paging_counters: OnceLock<PagingCountersFn>,
+    /// And with the process's own ([`Self::set_process_counters`]).
+    process_counters: OnceLock<ProcessCountersFn>,
+    /// Told of every agent-slot change (vCPU, new slot GPA or None).
+    slot_listener: OnceLock<SlotListener>,
 }
+
+/// Called on every agent-slot change: (vCPU, the slot's GPA, or `None` once unregistered).
+pub type SlotListener = Box<dyn Fn(u32, Option<u64>) + Send + Sync>;
 
 /// Keeps at most this many guest log lines for `stats`.
 const MAX_KEPT_LOG_LINES: usize = 256;
@@ -225,6 +251,8 @@ impl PvCtl {
             counters: PvCounters::default(),
             echo_logs,
             paging_counters: OnceLock::new(),
+            process_counters: OnceLock::new(),
+            slot_listener: OnceLock::new(),
         }
     }
 
@@ -232,6 +260,37 @@ impl PvCtl {
     /// source was already set.
     pub fn set_paging_counters(&self, f: PagingCountersFn) -> bool {
         self.paging_counters.set(f).is_ok()
+    }
+
+    /// Makes every later phase event carry the process's own counters as `f(cr3, pid)`
+    /// returns them. Returns false if a source was already set.
+    pub fn set_process_counters(&self, f: ProcessCountersFn) -> bool {
+        self.process_counters.set(f).is_ok()
+    }
+
+    /// Calls `f` on every later agent-slot change, synchronously (so that a slot the guest
+    /// unregistered stops being read before its page is reused). Returns false if one was set.
+    pub fn set_slot_listener(&self, f: SlotListener) -> bool {
+        self.slot_listener.set(f).is_ok()
+    }
+
+    /// Registers (`Some(gpa)`, a 4 KiB-aligned RAM page) or forgets (`None`) vCPU `cpu`'s agent
+    /// slot: the test guest's port 0x507 and the agent device's slot array both land here.
+    /// Returns false (and changes nothing) for a bad vCPU or page.
+    pub fn set_agent_slot(&self, cpu: u32, gpa: Option<u64>) -> bool {
+        let Some(s) = self.slots.get(cpu as usize) else {
+            return false;
+        };
+        match gpa {
+            Some(g) if g == 0 || g % PAGE_SIZE != 0 || !self.ram.contains(g, PAGE_SIZE) => false,
+            _ => {
+                s.store(gpa.unwrap_or(0), Ordering::Release);
+                if let Some(f) = self.slot_listener.get() {
+                    f(cpu, gpa);
+                }
+                true
+            }
+        }
     }
 
     /// Whether `port` belongs to this device.
@@ -281,10 +340,8 @@ impl PvCtl {
                 PvAction::Continue
             }
             pv::PORT_AGENT_SLOT => {
-                if gpa % PAGE_SIZE != 0 || !self.ram.contains(gpa, PAGE_SIZE) {
+                if !self.set_agent_slot(cpu, Some(gpa)) {
                     tracing::warn!(cpu, "agent slot GPA {gpa:#x} is not a RAM page; ignored");
-                } else if let Some(s) = self.slots.get(cpu as usize) {
-                    s.store(gpa, Ordering::Release);
                 }
                 PvAction::Continue
             }
@@ -323,6 +380,7 @@ impl PvCtl {
     fn doorbell(&self, cpu: u32, gpa: u64) {
         let host_ns = self.now_ns();
         let paging = self.paging_counters.get().and_then(|f| f());
+        let process_counters = self.process_counters.get();
         self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
         let m: Mailbox = match self.ram.read_obj::<Mailbox>(GuestAddress(gpa)) {
             Ok(m) if m.magic == MAILBOX_MAGIC => m,
@@ -361,6 +419,7 @@ impl PvCtl {
             host_ns,
             cpu,
             paging,
+            process_paging: process_counters.and_then(|f| f(m.cr3, u64::from(m.pid))),
         });
     }
 
@@ -823,6 +882,7 @@ mod tests {
         assert_eq!(at, [(2, None), (2, Some(10)), (3, Some(25))]);
         let json = serde_json::to_value(&ev[0]).unwrap();
         assert!(json.get("paging").is_none(), "no engine, no paging key");
+        assert!(json.get("process_paging").is_none());
     }
 
     #[test]

@@ -258,6 +258,11 @@ impl StatsSource {
             self.stage2_prefault,
         ))
     }
+
+    /// The engine, while it runs (per-process statistics, agent-slot changes).
+    pub fn engine(&self) -> Option<Arc<Engine>> {
+        self.engine.upgrade()
+    }
 }
 
 fn collect(
@@ -539,6 +544,22 @@ impl RemoteMemory {
         vm.shared()
             .pv
             .set_paging_counters(Box::new(move || engine.upgrade().map(|e| e.counters())));
+        let engine = Arc::downgrade(&self.engine);
+        vm.shared()
+            .pv
+            .set_process_counters(Box::new(move |cr3, pid| {
+                engine.upgrade()?.process_counters(cr3, pid)
+            }));
+        // A guest agent unregistering its slots may free their pages as soon as its write
+        // returns: the engine stops reading them first (registrations the watcher picks up).
+        let engine = Arc::downgrade(&self.engine);
+        vm.shared().pv.set_slot_listener(Box::new(move |cpu, gpa| {
+            if let (None, Some(e)) = (gpa, engine.upgrade()) {
+                if let Err(err) = e.clear_agent_slot(cpu) {
+                    tracing::warn!("clearing the agent slot of vCPU {cpu}: {err}");
+                }
+            }
+        }));
         self.watch_vcpus(
             ncpus,
             move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
@@ -599,8 +620,13 @@ impl RemoteMemory {
                     }
                     for cpu in 0..ncpus {
                         let s = slot(cpu);
-                        if s.is_some() && s != slot_done[cpu as usize] {
-                            if let Err(e) = engine.set_agent_slot(cpu, s.unwrap_or_default()) {
+                        if s != slot_done[cpu as usize] {
+                            // None after Some: the guest agent unregistered its slots.
+                            let r = match s {
+                                Some(gpa) => engine.set_agent_slot(cpu, gpa),
+                                None => engine.clear_agent_slot(cpu),
+                            };
+                            if let Err(e) = r {
                                 tracing::warn!("agent slot of vCPU {cpu}: {e}");
                             }
                             slot_done[cpu as usize] = s;

@@ -26,6 +26,10 @@ use crate::signals;
 use crate::stats::ExitStats;
 use crate::vm::{VmOutcome, VmShared};
 
+/// The agent device's command register (see the MMIO write exit).
+const AGENT_COMMAND_GPA: u64 =
+    farvm_devices::layout::AGENT_MMIO_BASE + farvm_guest_agent::device::reg::COMMAND;
+
 /// How the guest brings up its vCPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApStart {
@@ -302,6 +306,9 @@ fn handle_exit(cpu: u32, exit: VcpuExit<'_>, shared: &VmShared) -> ExitAction {
         VcpuExit::MmioWrite(addr, data) => {
             ExitStats::bump(&exits.mmio);
             match bus.mmio_write(addr, data) {
+                // A guest agent command (slot registration among them): learn the guest's
+                // paging from this vCPU's CR4, as for the test guest's slot port.
+                Ok(()) if addr == AGENT_COMMAND_GPA => ExitAction::AgentSlot,
                 Ok(()) => ExitAction::Continue,
                 Err(_) => unmapped(cpu, addr),
             }
