@@ -2,7 +2,8 @@
 # Installs the system packages farvm needs to build and test (Debian/Ubuntu), then builds the
 # release binaries: farvm (the VMM), farvm-memserver and farvm-lab (benchmarks and trace tools).
 # Idempotent: a second run only rebuilds what changed.
-#   libclang-dev, linux-libc-dev  userfaultfd bindings are generated from the kernel headers
+#   libclang-dev, linux-libc-dev  bindgen generates the rdma-core bindings of the RDMA transport
+#                                 (feature `rdma`) from C headers (userfaultfd's are hand-written)
 #   cmake, pkg-config             the RDMA transport's verbs shim (feature `rdma`)
 #   rdma-core, libibverbs-dev, librdmacm-dev   rdma-core headers and libraries
 #   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh

@@ -17,22 +17,31 @@ pub enum BusError {
     /// The range is empty or wraps around the address space.
     #[error("invalid {space} range {base:#x}+{len:#x}")]
     InvalidRange {
+        /// `port-I/O` or `MMIO`.
         space: &'static str,
+        /// First address.
         base: u64,
+        /// Length (zero, or wrapping past the end of the address space).
         len: u64,
     },
     /// The range overlaps a device already registered.
     #[error("{space} range {base:#x}+{len:#x} overlaps a registered device")]
     Overlap {
+        /// `port-I/O` or `MMIO`.
         space: &'static str,
+        /// First address.
         base: u64,
+        /// Length.
         len: u64,
     },
     /// No device covers the whole access (the VMM reads all-ones and ignores writes).
     #[error("no {space} device at {addr:#x} for a {len}-byte access")]
     NoDevice {
+        /// `port-I/O` or `MMIO`.
         space: &'static str,
+        /// The address accessed.
         addr: u64,
+        /// Bytes accessed.
         len: usize,
     },
 }

@@ -15,11 +15,16 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 pub enum InterruptError {
     /// No line with this number was set up.
     #[error("interrupt line {gsi} is not connected")]
-    NotConnected { gsi: u32 },
+    NotConnected {
+        /// The line.
+        gsi: u32,
+    },
     /// The host mechanism (eventfd write, ioctl) failed.
     #[error("raising interrupt line {gsi}: {source}")]
     Host {
+        /// The line.
         gsi: u32,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },

@@ -35,8 +35,11 @@ pub const ACPI_AREA_END: u64 = 0x0010_0000;
 /// One virtio-mmio device as the guest must learn of it: its window and interrupt line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmioDeviceInfo {
+    /// Guest-physical base of the register window.
     pub base: u64,
+    /// Window size in bytes.
     pub size: u64,
+    /// Its interrupt line.
     pub gsi: u32,
 }
 

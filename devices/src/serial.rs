@@ -24,8 +24,11 @@ use crate::layout::COM1_PORTS;
 /// Where console output goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialOut {
+    /// The VMM's standard output (`stdout` or `-`).
     Stdout,
+    /// A file, created or truncated.
     File(PathBuf),
+    /// Discarded (`none` or `off`).
     None,
 }
 
@@ -44,9 +47,11 @@ impl std::str::FromStr for SerialOut {
 /// Where console input comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialIn {
+    /// The VMM's standard input (`stdin` or `-`).
     Stdin,
     /// A file, FIFO or pty slave, read until end of file.
     File(PathBuf),
+    /// No input (`none` or `off`).
     None,
 }
 
@@ -81,13 +86,17 @@ impl SerialIn {
 /// Why the console could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum SerialError {
+    /// The output or input file cannot be opened.
     #[error("cannot open serial console file {}: {source}", path.display())]
     Open {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
     #[error("cannot start the serial input thread: {0}")]
+    /// The input thread could not be spawned.
     Thread(#[source] io::Error),
 }
 

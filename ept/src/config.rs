@@ -9,20 +9,36 @@ use crate::PAGE_SIZE;
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ConfigError {
     #[error("bad local-memory {input:?}: {why}")]
-    LocalMemory { input: String, why: &'static str },
+    /// `--local-memory` did not parse.
+    LocalMemory {
+        /// The value given.
+        input: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     #[error("guest memory size {0} is not a positive multiple of 4 KiB")]
+    /// The guest memory size is zero or not page-aligned.
     MemorySize(u64),
     #[error("guest memory larger than 16 TiB")]
+    /// The guest memory size exceeds what the page-state table addresses.
     MemoryTooLarge,
     #[error("guest memory size overflows usize")]
+    /// The guest memory size does not fit this host's address space.
     MemoryOverflowsUsize,
     #[error("evict_batch must be in 1..=1024")]
+    /// [`EngineConfig::evict_batch`] is out of range.
     EvictBatch,
     #[error(
         "local budget of {budget} pages is too small for a free reserve of {reserve} pages \
          (need at least reserve + 16)"
     )]
-    BudgetBelowReserve { budget: u64, reserve: u64 },
+    /// The local budget leaves no room above the free reserve.
+    BudgetBelowReserve {
+        /// The budget, in pages.
+        budget: u64,
+        /// The free reserve, in pages.
+        reserve: u64,
+    },
 }
 
 /// How much guest RAM may be resident locally.
@@ -30,6 +46,7 @@ pub enum ConfigError {
 pub enum Budget {
     /// Everything may be resident (no eviction).
     Unlimited,
+    /// At most this many bytes (rounded down to pages).
     Bytes(u64),
     /// Percent of guest RAM, in (0, 100].
     Percent(f64),
@@ -91,9 +108,11 @@ impl Budget {
 pub const DEFAULT_PROBE_EVERY: u32 = 64;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+/// The paging engine's settings for one VM.
 pub struct EngineConfig {
     /// Guest RAM size in bytes (guest-physical `0..mem_bytes`).
     pub mem_bytes: u64,
+    /// How much of it may be resident locally.
     pub budget: Budget,
     /// Pages kept free below the budget so demand faults never wait for reclaim; prefetches
     /// may not use them. 0 = automatic (max(2 * evict_batch, budget / 16)).
@@ -116,6 +135,7 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// Defaults for `mem_bytes` of guest RAM: no budget (all may be resident), prefetching on.
     pub fn new(mem_bytes: u64) -> Self {
         Self {
             mem_bytes,
@@ -131,6 +151,7 @@ impl EngineConfig {
         }
     }
 
+    /// Guest RAM in 4 KiB pages.
     pub fn total_pages(&self) -> u64 {
         self.mem_bytes / PAGE_SIZE as u64
     }

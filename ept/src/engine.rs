@@ -47,13 +47,18 @@ impl std::fmt::Debug for Engine {
 
 /// What the engine is built from.
 pub struct EngineParts {
+    /// Where non-resident pages live.
     pub store: Arc<dyn RemoteStore>,
+    /// Proposes pages to fetch ahead of the guest.
     pub prefetcher: Box<dyn Prefetcher>,
+    /// Builds stage-2 entries for injected pages (KVM_PRE_FAULT_MEMORY), where KVM can.
     pub stage2: Box<dyn StageTwo>,
+    /// The page numbers the prefetcher learns from (guest-physical or per-process virtual).
     pub page_space: Box<dyn PageSpace>,
 }
 
 impl EngineParts {
+    /// `store` and `prefetcher`, no stage-2 pre-fault, guest-physical page numbers.
     pub fn new(store: Arc<dyn RemoteStore>, prefetcher: Box<dyn Prefetcher>) -> Self {
         Self {
             store,
@@ -180,6 +185,7 @@ impl Engine {
         self.access.ensure_resident(gpa, len)
     }
 
+    /// A snapshot of the counters, latency summaries and page states.
     pub fn stats(&self) -> Stats {
         let p = &self.parts;
         let frames = p.frames();

@@ -7,35 +7,60 @@ use crate::config::ConfigError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
+/// What the engine's calls can fail with.
 pub enum EngineError {
     #[error("invalid configuration: {0}")]
+    /// The engine's configuration is invalid.
     Config(#[from] ConfigError),
     #[error("{what}: {source}")]
+    /// A system call (mmap, userfaultfd, epoll ...) failed.
     Os {
+        /// What was being done.
         what: &'static str,
         #[source]
+        /// The OS error.
         source: std::io::Error,
     },
     #[error("guest range {gpa:#x}+{len:#x} is outside guest RAM ({mem:#x} bytes)")]
-    OutOfRange { gpa: u64, len: u64, mem: u64 },
+    /// A VMM access outside guest RAM.
+    OutOfRange {
+        /// First guest-physical address of the access.
+        gpa: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// Guest RAM size in bytes.
+        mem: u64,
+    },
     #[error("agent slot GPA {0:#x} is not 4 KiB aligned")]
+    /// An agent slot's guest-physical address is not page-aligned.
     MisalignedSlot(u64),
     #[error("memory store {op} of guest page {gpa:#x} failed: {error}")]
+    /// The page store failed a request a VMM access waited on.
     Store {
+        /// `read` or `write`.
         op: &'static str,
+        /// Guest-physical address of the page.
         gpa: u64,
+        /// The store's error.
         error: StoreError,
     },
     #[error(
         "guest page {gpa:#x} was written back but the memory server no longer has it \
          (data lost on the server side)"
     )]
-    PageLost { gpa: u64 },
+    /// The page's data is gone from every memory server (the page is `LOST`).
+    PageLost {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
+    /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),
     #[error("the paging engine has stopped")]
+    /// The engine was shut down.
     Stopped,
     #[error("timed out after {0:?} waiting for guest page {1:#x} to become resident")]
+    /// A VMM access waited too long for a page (the duration, the guest-physical address).
     Timeout(std::time::Duration, u64),
 }
 

@@ -3,6 +3,7 @@
 
 use crate::PAGE_SIZE;
 
+/// XXH3-128 of a page's 4 KiB.
 pub type Fingerprint = u128;
 
 /// Fingerprint of 4 KiB at `p`.

@@ -20,20 +20,30 @@ use crate::PAGE_SIZE;
 const SHARDS: usize = 16;
 
 #[derive(Clone, Copy, Debug, Default)]
+/// Injected latencies of a [`MemStore`] (zero: requests complete inline).
 pub struct MemStoreConfig {
+    /// Delay of a demand read.
     pub demand_latency: Duration,
+    /// Delay of a prefetch read.
     pub prefetch_latency: Duration,
+    /// Delay of a write-back.
     pub write_latency: Duration,
 }
 
 /// Request counters (what the tests assert on).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemStoreCounts {
+    /// Demand reads served.
     pub reads_demand: u64,
+    /// Prefetch reads served.
     pub reads_prefetch: u64,
+    /// Writes served.
     pub writes: u64,
+    /// Pages discarded.
     pub discards: u64,
+    /// Reads of pages the store never held.
     pub absent: u64,
+    /// Requests failed on purpose (injected failures).
     pub failed: u64,
 }
 
@@ -84,12 +94,14 @@ struct Shared {
     failed: AtomicU64,
 }
 
+/// The in-process page store (module docs).
 pub struct MemStore {
     shared: Arc<Shared>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl MemStore {
+    /// An empty store with `cfg`'s latencies (its worker thread starts only if one is non-zero).
     pub fn new(cfg: MemStoreConfig) -> Arc<Self> {
         Arc::new(Self {
             shared: Arc::new(Shared {
@@ -129,6 +141,7 @@ impl MemStore {
         self.shared.outage.store(down, Ordering::SeqCst);
     }
 
+    /// The request counters so far.
     pub fn counts(&self) -> MemStoreCounts {
         let s = &self.shared;
         MemStoreCounts {
@@ -170,6 +183,7 @@ impl MemStore {
             .sum()
     }
 
+    /// Whether no page is stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

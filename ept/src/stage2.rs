@@ -9,13 +9,17 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why a stage-2 pre-fault did not happen.
 pub enum PreFaultError {
     #[error("KVM_PRE_FAULT_MEMORY is not supported by this kernel / KVM backend")]
+    /// This KVM cannot pre-fault (EOPNOTSUPP); the engine stops asking.
     Unsupported,
     #[error("pre-fault failed (errno {0})")]
+    /// The ioctl failed with this errno (counted, the page stays installed on the host side).
     Failed(i32),
 }
 
+/// Builds guest-physical (EPT/NPT) entries ahead of the guest: the VMM implements it on a vCPU fd.
 pub trait StageTwo: Send + Sync {
     /// Populates stage-2 entries for guest-physical `[gpa, gpa + len)`.
     fn pre_fault(&self, gpa: u64, len: u64) -> Result<(), PreFaultError>;

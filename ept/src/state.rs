@@ -87,14 +87,22 @@ pub fn pins_only(w: u32) -> u32 {
 /// A page's paging state, as reported to the VMM and tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PageState {
+    /// Never written: reads as zeros, filled locally.
     Never,
+    /// Not resident; a memory server holds the only copy.
     Remote,
+    /// A read or zero fill is under way.
     InFlight,
+    /// Resident and mapped into the guest view.
     Local {
+        /// Held resident by a VMM access or an agent slot (never evicted).
         pinned: bool,
+        /// Brought in by a prefetch and not touched yet.
         prefetched: bool,
     },
+    /// A prefetched marker: resident but unmapped until the guest's first touch.
     Staged,
+    /// Being evicted (unmapped; the evictor owns it).
     Evicting,
     /// Its data is gone from every memory server (the page-state table's `LOST`).
     Lost,

@@ -22,6 +22,7 @@ macro_rules! counters {
         pub struct CounterValues { $($(#[$doc])* pub $name: u64,)* }
 
         impl Counters {
+            /// The value of every counter now.
             pub fn snapshot(&self) -> CounterValues {
                 CounterValues { $($name: self.get(Counter::$id),)* }
             }
@@ -53,11 +54,13 @@ impl Default for Counters {
 
 impl Counters {
     #[inline]
+    /// Adds `n` to counter `c`.
     pub fn add(&self, c: Counter, n: u64) {
         self.0[c as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     #[inline]
+    /// Adds 1 to counter `c`.
     pub fn inc(&self, c: Counter) {
         self.add(c, 1);
     }
@@ -69,6 +72,7 @@ impl Counters {
     }
 
     #[inline]
+    /// Counter `c` now.
     pub fn get(&self, c: Counter) -> u64 {
         self.0[c as usize].load(Ordering::Relaxed)
     }
@@ -205,6 +209,7 @@ const NHIST: usize = 7;
 /// Histogram slots: each recording thread sticks to one, so locks are uncontended.
 const SLOTS: usize = 8;
 
+/// Latency histograms (HDR), one set per recording-thread slot, merged on read.
 pub struct Histograms {
     slots: [Mutex<[Histogram<u64>; NHIST]>; SLOTS],
 }
@@ -228,6 +233,7 @@ impl Default for Histograms {
 }
 
 impl Histograms {
+    /// Records `ns` nanoseconds in histogram `h` (allocation-free, uncontended lock).
     pub fn record(&self, h: Hist, ns: u64) {
         let slot = MY_SLOT.with(|s| s.get());
         if let Ok(mut g) = self.slots[slot].lock() {
@@ -251,12 +257,19 @@ impl Histograms {
 /// Summary of one latency distribution, in nanoseconds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
+    /// Observations.
     pub count: u64,
+    /// Smallest.
     pub min: u64,
+    /// Median.
     pub p50: u64,
+    /// 99th percentile.
     pub p99: u64,
+    /// 99.9th percentile.
     pub p999: u64,
+    /// Largest.
     pub max: u64,
+    /// Mean.
     pub mean: f64,
 }
 
@@ -294,6 +307,7 @@ pub struct PrefetchEstimate {
 }
 
 impl PrefetchEstimate {
+    /// Estimates from the counters `c` (a run's, or the difference of two snapshots).
     pub fn of(c: &CounterValues) -> Self {
         let ratio = |hits: u64, misses: u64| {
             if hits + misses == 0 {
@@ -323,17 +337,25 @@ impl PrefetchEstimate {
 /// Everything the VMM serves on `farvm stats` / Prometheus for one VM.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
+    /// Every counter.
     pub counters: CounterValues,
+    /// Guest RAM in pages.
     pub total_pages: u64,
+    /// The local budget in pages.
     pub budget_pages: u64,
+    /// Pages kept free for demand faults.
     pub reserve_pages: u64,
     /// The evictor works down to this many resident pages once it starts.
     pub evict_target_pages: u64,
+    /// Pages resident now.
     pub resident_pages: u64,
+    /// Prefetch reads outstanding now.
     pub prefetch_inflight: u64,
     /// Pages per state: never, remote, inflight, local, staged, evicting.
     pub states: [u64; 6],
+    /// The prefetcher's name.
     pub prefetcher: String,
+    /// Whether stage-2 pre-fault is in use (false once KVM answered that it cannot).
     pub stage2_prefault: bool,
     /// Estimated hit rate of all prefetches: probe hits / resolved probes (probes are a
     /// systematic 1-in-N sample of every prefetch); falls back to `accuracy_markers` when no
@@ -345,13 +367,20 @@ pub struct Stats {
     /// Estimated prefetch hits / (those + demand faults). Injected hits are estimated as
     /// `injected * accuracy` (the sample's rate applied to the injected population).
     pub coverage: f64,
+    /// Demand fault read → page installed and the vCPU's wake issued.
     pub fault_service: LatencySummary,
+    /// Fault read → zero page installed.
     pub zero_fill: LatencySummary,
+    /// Read submitted → completion delivered (the store's share).
     pub store_read: LatencySummary,
+    /// Completion delivered → page installed (hash + UFFDIO_CONTINUE).
     pub install: LatencySummary,
+    /// Staged page arrival → the guest's first touch.
     pub prefetch_timeliness: LatencySummary,
+    /// One eviction round.
     pub evict_round: LatencySummary,
     #[serde(default)]
+    /// The UFFDIO_WAKE that resumes a vCPU after a demand fault.
     pub wake: LatencySummary,
 }
 

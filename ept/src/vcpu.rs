@@ -29,13 +29,18 @@ const OFF_CR3: usize = core::mem::offset_of!(AgentSlot, cr3);
 /// What the slot said at fault time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Attribution {
+    /// The vCPU whose thread faulted, if registered.
     pub vcpu: Option<u32>,
+    /// The guest process id its agent slot published (0: unknown).
     pub pid: u64,
+    /// That process's page-table root (0: unknown / kernel).
     pub cr3: u64,
 }
 
 impl Attribution {
-    /// The prefetcher's process key: CR3 identifies an address space; 0 = unknown / kernel.
+    /// The CR3 the slot published, which names the address space (the page space turns it
+    /// into the prefetcher's process key); 0 = no process known (no vCPU, no slot): the
+    /// global history.
     pub fn key(&self) -> u64 {
         self.cr3
     }
@@ -48,6 +53,7 @@ impl Default for VcpuTable {
 }
 
 impl VcpuTable {
+    /// An empty table (no vCPU registered).
     pub fn new() -> Self {
         Self {
             tids: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -55,6 +61,7 @@ impl VcpuTable {
         }
     }
 
+    /// Registers host thread `tid` as vCPU `vcpu` (its faults are attributed to it).
     pub fn set_tid(&self, vcpu: usize, tid: u32) {
         self.tids[vcpu].store(tid as u64 + 1, Ordering::Release);
     }
@@ -65,15 +72,18 @@ impl VcpuTable {
         t.checked_sub(1).map(|t| t as u32)
     }
 
+    /// Records the guest page of `vcpu`'s agent slot; returns the previous one (`u64::MAX`: none).
     pub fn set_slot_page(&self, vcpu: usize, page: u64) -> u64 {
         self.slots[vcpu].swap(page, Ordering::AcqRel)
     }
 
+    /// The guest page of `vcpu`'s agent slot, if one is registered.
     pub fn slot_page(&self, vcpu: usize) -> Option<u64> {
         let p = self.slots[vcpu].load(Ordering::Acquire);
         (p != NO_SLOT).then_some(p)
     }
 
+    /// The vCPU thread `tid` belongs to.
     pub fn vcpu_of(&self, tid: u32) -> Option<u32> {
         let want = tid as u64 + 1;
         self.tids
@@ -185,5 +195,24 @@ mod tests {
         // SAFETY: as above.
         let a = unsafe { t.attribute(4242, |_| page.0.as_ptr()) };
         assert_eq!((a.vcpu, a.cr3), (Some(1), 0));
+    }
+
+    /// A guest without an agent (a Linux guest before its agent module registers a slot):
+    /// the vCPU is known, the process is not, so the key is the global history's.
+    #[test]
+    fn a_vcpu_without_an_agent_slot_has_no_process_key() {
+        let t = VcpuTable::new();
+        t.set_tid(0, 77);
+        // SAFETY: no slot is registered, so the pointer function is never called.
+        let a = unsafe { t.attribute(77, |_| unreachable!("no slot page is registered")) };
+        assert_eq!(
+            a,
+            Attribution {
+                vcpu: Some(0),
+                pid: 0,
+                cr3: 0
+            }
+        );
+        assert_eq!(a.key(), crate::translate::GLOBAL_KEY);
     }
 }

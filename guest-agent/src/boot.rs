@@ -6,9 +6,11 @@
 
 /// Guest-physical layout fixed by the VMM for the test guest.
 pub const BOOT_GDT_GPA: u64 = 0x500;
+/// The boot PML4 (its lower tables follow from [`BOOT_TABLES_GPA`]).
 pub const BOOT_PML4_GPA: u64 = 0x1000;
 /// [`BootInfo`] lives here (at most [`BOOT_INFO_MAX`] bytes).
 pub const BOOT_INFO_GPA: u64 = 0x9000;
+/// Most bytes a [`BootInfo`] may take.
 pub const BOOT_INFO_MAX: u64 = 0x7000;
 /// The VMM's boot page tables occupy `BOOT_TABLES_GPA..KERNEL_PHYS_BASE`.
 pub const BOOT_TABLES_GPA: u64 = 0x10000;
@@ -40,9 +42,13 @@ pub mod note {
     #[repr(C, align(4))]
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct TestGuestNote {
+        /// `n_namesz`: length of the name with its NUL.
         pub namesz: u32,
+        /// `n_descsz`: length of the descriptor.
         pub descsz: u32,
+        /// `n_type`: [`TYPE_TEST_GUEST`].
         pub n_type: u32,
+        /// [`NAME`], NUL-padded to 8 bytes.
         pub name: [u8; 8],
         /// The guest/VMM ABI version the kernel was built against.
         pub abi_version: u32,
@@ -105,18 +111,27 @@ pub mod user {
     pub const MAILBOX_VA: u64 = 0x7FFF_0000_0000;
     /// Top of the user stack (grows down, [`STACK_BYTES`] bytes).
     pub const STACK_TOP: u64 = 0x7FFF_FFFF_F000;
+    /// Size of the user stack.
     pub const STACK_BYTES: u64 = 256 << 10;
 }
 
 /// Workload identifiers (`ProcessSpec::workload`). Implemented by `farvm-workloads`.
 pub mod workload {
+    /// Sequential scan of the heap, several passes (sum, or read-modify-write).
     pub const SEQ_SCAN: u32 = 1;
+    /// Touches every N-th page of the heap (`param[0]` = stride in pages).
     pub const STRIDE: u32 = 2;
+    /// Random read-modify-write of heap words.
     pub const RANDOM_RMW: u32 = 3;
+    /// C = A·B, the naive i-j-k loop.
     pub const MATMUL_NAIVE: u32 = 4;
+    /// C = A·B, blocked (tiled).
     pub const MATMUL_BLOCKED: u32 = 5;
+    /// An open-addressing hash table under Zipf-distributed gets and sets.
     pub const ZIPF_KV: u32 = 6;
+    /// Pull-based PageRank over a power-law graph.
     pub const PAGERANK: u32 = 7;
+    /// Quicksort of random u32s.
     pub const QUICKSORT: u32 = 8;
     /// Writes its pid over its heap, yields, verifies: address-space isolation check.
     pub const ISOLATION: u32 = 100;
@@ -137,6 +152,7 @@ pub struct ProcessSpec {
     pub workload: u32,
     /// Heap (working set) size in bytes.
     pub ws_bytes: u64,
+    /// Seed of the workload's random numbers.
     pub seed: u64,
     /// Workload-specific parameters (stride, iterations, passes, ...), see `farvm-workloads`.
     pub params: [u64; 4],
@@ -148,8 +164,11 @@ const _: () = assert!(core::mem::size_of::<ProcessSpec>() == 56);
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BootInfo {
+    /// [`BOOT_MAGIC`].
     pub magic: u64,
+    /// [`crate::ABI_VERSION`] the VMM speaks.
     pub abi_version: u32,
+    /// vCPUs (at most [`MAX_CPUS`]).
     pub ncpus: u32,
     /// Guest RAM size in bytes (RAM is guest-physical `0..mem_bytes`).
     pub mem_bytes: u64,
@@ -159,12 +178,14 @@ pub struct BootInfo {
     pub tsc_khz: u64,
     /// LAPIC timer frequency; 0 = no timer (cooperative scheduling only).
     pub timer_hz: u32,
+    /// Valid entries in `procs`.
     pub nprocs: u32,
     /// `flags::*`
     pub flags: u64,
     /// Seed for the physical-frame free-list shuffle (0 = unshuffled, ascending).
     /// See [`crate::frames`] for the order model.
     pub frame_shuffle_seed: u64,
+    /// The test plan: one entry per process.
     pub procs: [ProcessSpec; MAX_PROCS],
     // ---- added in ABI v1 before freeze (CHANGES.md, 00:35 UTC) ----
     /// Free-list fragmentation: frames are handed out in runs of `1 << frame_run_shift`
@@ -184,7 +205,9 @@ pub const MAX_RAM_RANGES: usize = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemRange {
+    /// First guest-physical byte.
     pub gpa: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 

@@ -79,6 +79,7 @@ impl FrameOrder {
         self.total
     }
 
+    /// Whether there is no free frame.
     pub fn is_empty(&self) -> bool {
         self.total == 0
     }

@@ -4,6 +4,7 @@
 //! and, through the TSS I/O bitmap, from ring 3 (ports `PORT_BASE..PORT_BASE+16`).
 //! Each port takes a 32-bit value written with `out dx, eax`.
 
+/// First port of the device (ports `PORT_BASE..PORT_BASE+16`).
 pub const PORT_BASE: u16 = 0x500;
 /// value = GPA of a [`LogRecord`]: a line of text for the VMM's log.
 pub const PORT_LOG: u16 = 0x500;
@@ -27,9 +28,13 @@ pub const PORT_PANIC: u16 = 0x508;
 pub const LOG_MAX: usize = 240;
 #[repr(C)]
 #[derive(Clone, Copy)]
+/// A line of text the guest hands the VMM ([`PORT_LOG`], [`PORT_PANIC`]).
 pub struct LogRecord {
+    /// Valid bytes in `bytes`.
     pub len: u32,
+    /// The vCPU that wrote it.
     pub cpu: u32,
+    /// The text (UTF-8, not NUL-terminated).
     pub bytes: [u8; LOG_MAX],
 }
 
@@ -38,7 +43,9 @@ pub const MAILBOX_MAGIC: u64 = u64::from_le_bytes(*b"FARVMMBX");
 
 /// `Mailbox::state`
 pub mod state {
+    /// Set up by the kernel; the process has not run yet.
     pub const STARTING: u32 = 0;
+    /// The process runs its workload.
     pub const RUNNING: u32 = 1;
     /// Finished normally; `checksum` and `elapsed_ns` are final.
     pub const DONE: u32 = 2;
@@ -67,17 +74,23 @@ pub mod phase {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mailbox {
+    /// [`MAILBOX_MAGIC`].
     pub magic: u64,
+    /// Guest process id.
     pub pid: u32,
+    /// The vCPU it runs on.
     pub cpu: u32,
+    /// Its `boot::workload::*` id.
     pub workload: u32,
     /// `state::*`
     pub state: u32,
     /// Workload phase number: 0 = setup, 1 = warm-up, 2 = measured, ...
     pub phase: u32,
+    /// Keeps the following u64s aligned.
     pub _pad: u32,
     /// Guest-measured (rdtsc) duration of the measured phase, in ns.
     pub elapsed_ns: u64,
+    /// The workload's checksum (compared with a native run's).
     pub checksum: u64,
     /// Operations done in the measured phase (accesses, keys, iterations).
     pub ops: u64,
@@ -85,8 +98,11 @@ pub struct Mailbox {
     pub cr3: u64,
     /// Exception vector, error code, CR2 and RIP when `state == KILLED`.
     pub fault_vector: u64,
+    /// See `fault_vector`.
     pub fault_error: u64,
+    /// See `fault_vector`.
     pub fault_cr2: u64,
+    /// See `fault_vector`.
     pub fault_rip: u64,
     /// Workload-defined counters (indices: `farvm_workloads::lathist::counter`).
     pub counters: [u64; 8],
@@ -95,6 +111,7 @@ pub struct Mailbox {
     pub spec: crate::boot::ProcessSpec,
     /// Where the heap is mapped in the process (`crate::boot::user::HEAP_BASE`) and its size.
     pub heap_va: u64,
+    /// See `heap_va`.
     pub heap_bytes: u64,
     /// `BootInfo::tsc_khz`, for ring-3 timing with `rdtsc`.
     pub tsc_khz: u64,
@@ -102,6 +119,7 @@ pub struct Mailbox {
     pub error: u64,
     /// Guest TSC at the start and end of the measured phase.
     pub tsc_begin: u64,
+    /// See `tsc_begin`.
     pub tsc_end: u64,
 }
 
@@ -132,6 +150,7 @@ pub mod bulk {
 pub mod status {
     /// The guest writes this before ringing the port; the VMM overwrites it.
     pub const PENDING: u32 = u32::MAX;
+    /// Done.
     pub const OK: u32 = 0;
     /// A range is outside guest RAM (or the PTE count exceeds 512, or no such frame).
     pub const BAD_RANGE: u32 = 1;
@@ -141,13 +160,19 @@ pub mod status {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A bulk memory operation the VMM performs for the guest ([`PORT_BULK`]).
 pub struct BulkOp {
+    /// A `bulk::*` operation.
     pub op: u32,
     /// [`status::PENDING`] when rung; set by the VMM: [`status::OK`] or a refusal code.
     pub status: u32,
+    /// Destination guest-physical address.
     pub dst: u64,
+    /// Source guest-physical address (or position, see each op).
     pub src: u64,
+    /// Length (bytes or entries, see each op).
     pub len: u64,
+    /// Flags ORed into every PTE of `FILL_PTES`.
     pub pte_flags: u64,
     /// Extra operands (added before freeze, CHANGES.md): see each op.
     pub aux: [u64; 4],

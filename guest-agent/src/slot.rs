@@ -16,6 +16,7 @@ pub const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"FARVMSLT");
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AgentSlot {
+    /// [`SLOT_MAGIC`] once the slot is set up.
     pub magic: u64,
     /// Seqlock counter, odd while the guest is writing.
     pub generation: u64,

@@ -14,9 +14,11 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// A response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
+    /// HTTP status code.
     pub status: u16,
     /// The `Content-Type` header, if any.
     pub content_type: Option<String>,
+    /// The body, as text.
     pub body: String,
 }
 

@@ -27,18 +27,34 @@ pub use server::HttpServer;
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
+/// Errors of starting a server.
 pub enum HttpError {
     #[error("invalid listen address `{0}` (expected HOST:PORT, unix:PATH or fd:N)")]
+    /// A listen address that is none of `HOST:PORT`, `unix:PATH`, `fd:N`.
     BadListen(String),
     #[error("cannot listen on {what}: {source}")]
+    /// Binding or preparing the listening socket failed.
     Bind {
+        /// The address, as given.
         what: String,
+        /// The OS error.
         source: std::io::Error,
     },
     #[error("fd {fd} is not a listening TCP or Unix stream socket{detail}")]
-    NotAListener { fd: i32, detail: String },
+    /// An inherited fd that cannot be served.
+    NotAListener {
+        /// The fd given.
+        fd: i32,
+        /// Why not (starts with a space, or is empty).
+        detail: String,
+    },
     #[error("{what} is already served by a running process")]
-    InUse { what: String },
+    /// A Unix socket path another live process answers on.
+    InUse {
+        /// The socket path.
+        what: String,
+    },
     #[error("cannot start the HTTP server thread: {0}")]
+    /// The server thread or its runtime could not be created.
     Runtime(std::io::Error),
 }

@@ -65,7 +65,9 @@ impl fmt::Display for Listen {
 /// The address a server actually listens on (an ephemeral TCP port resolved).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BoundAddr {
+    /// A TCP address (the port chosen if 0 was asked for).
     Tcp(SocketAddr),
+    /// A Unix socket path.
     Unix(PathBuf),
 }
 

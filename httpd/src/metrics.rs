@@ -19,7 +19,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeMetric, MetricEncoder,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -36,6 +38,7 @@ pub struct Exposition {
 }
 
 impl Exposition {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -90,8 +93,11 @@ pub type SeriesLabels<'l> = &'l [(&'l str, &'l str)];
 /// `f64::INFINITY`, plus the sum and count of the observations.
 #[derive(Clone, Copy, Debug)]
 pub struct HistogramValue<'b> {
+    /// Sum of the observations.
     pub sum: f64,
+    /// Number of observations (the sum of the bucket counts).
     pub count: u64,
+    /// `(upper bound, count in that bucket)`, not cumulative, the last bound `f64::INFINITY`.
     pub buckets: &'b [(f64, u64)],
 }
 
@@ -100,6 +106,26 @@ fn with(common: &[(String, String)], extra: SeriesLabels<'_>) -> Vec<(String, St
     let mut labels = common.to_vec();
     labels.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     labels
+}
+
+/// Encodes each series of one family with `encode`. A family whose only series has no label at
+/// all is encoded without a label set, so it reads `NAME 3` rather than `NAME{} 3`.
+fn each_series<V>(
+    mut family: MetricEncoder<'_>,
+    common: &[(String, String)],
+    series: &[(SeriesLabels<'_>, V)],
+    mut encode: impl FnMut(MetricEncoder<'_>, &V) -> fmt::Result,
+) -> fmt::Result {
+    if let [(extra, value)] = series {
+        if common.is_empty() && extra.is_empty() {
+            return encode(family, value);
+        }
+    }
+    for (extra, value) in series {
+        let labels = with(common, extra);
+        encode(family.encode_family(&labels)?, value)?;
+    }
+    Ok(())
 }
 
 /// Writes metric families of a snapshot from inside [`Collector::encode`]. Every series gets
@@ -134,14 +160,12 @@ impl<'a> Families<'a> {
         help: &str,
         series: &[(SeriesLabels<'_>, u64)],
     ) -> fmt::Result {
-        let mut m = self
+        let m = self
             .encoder
             .encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (extra, v) in series {
-            let labels = with(&self.labels, extra);
-            ConstCounter::new(*v).encode(m.encode_family(&labels)?)?;
-        }
-        Ok(())
+        each_series(m, &self.labels, series, |e, v| {
+            ConstCounter::new(*v).encode(e)
+        })
     }
 
     /// A gauge (integers print as integers, floats as floats).
@@ -161,14 +185,12 @@ impl<'a> Families<'a> {
         help: &str,
         series: &[(SeriesLabels<'_>, G)],
     ) -> fmt::Result {
-        let mut m = self
+        let m = self
             .encoder
             .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (extra, v) in series {
-            let labels = with(&self.labels, extra);
-            ConstGauge::new(*v).encode(m.encode_family(&labels)?)?;
-        }
-        Ok(())
+        each_series(m, &self.labels, series, |e, v| {
+            ConstGauge::new(*v).encode(e)
+        })
     }
 
     /// Quantiles of a distribution the component computed itself: `NAME{quantile="q"}` for
@@ -213,19 +235,17 @@ impl<'a> Families<'a> {
         help: &str,
         series: &[(SeriesLabels<'_>, HistogramValue<'_>)],
     ) -> fmt::Result {
-        let mut m = self
+        let m = self
             .encoder
             .encode_descriptor(name, help, None, MetricType::Histogram)?;
-        for (extra, h) in series {
-            let labels = with(&self.labels, extra);
-            m.encode_family(&labels)?.encode_histogram(
+        each_series(m, &self.labels, series, |mut e, h| {
+            e.encode_histogram(
                 h.sum,
                 h.count,
                 h.buckets,
                 None::<&HashMap<usize, Exemplar<Vec<(String, String)>, f64>>>,
-            )?;
-        }
-        Ok(())
+            )
+        })
     }
 }
 
@@ -265,6 +285,33 @@ mod tests {
                 &[(&[("op", "read")], 5), (&[("op", "write")], 6)],
             )
         }
+    }
+
+    #[derive(Debug)]
+    struct Unlabelled;
+
+    impl Collector for Unlabelled {
+        fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+            let mut f = Families::new(encoder, &[]);
+            f.gauge("farvm_test_pages", "Pages.", 7u64)?;
+            f.counter("farvm_test_faults", "Faults.", 3)?;
+            f.counter_series("farvm_test_ops", "Ops by kind.", &[(&[("op", "read")], 5)])
+        }
+    }
+
+    #[test]
+    fn a_series_without_labels_has_no_label_set() {
+        let mut e = Exposition::new();
+        e.register_collector(Unlabelled);
+        let text = e.render();
+        for line in [
+            "farvm_test_pages 7",
+            "farvm_test_faults_total 3",
+            "farvm_test_ops_total{op=\"read\"} 5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        assert!(!text.contains("{}"), "{text}");
     }
 
     #[test]

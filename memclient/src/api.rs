@@ -20,9 +20,11 @@ use crate::{ClientConfig, ClientError, IoBuf, Op, Priority};
 /// A request: read or write the pages selected in `io`, all within one slab.
 #[derive(Debug)]
 pub struct Request {
+    /// Read or write.
     pub op: Op,
     /// Namespace (VM id).
     pub ns: u64,
+    /// Demand requests overtake prefetches (and take the demand lane).
     pub priority: Priority,
     /// The pages, and where their bytes live; handed back in [`Finished`].
     pub io: IoBuf,
@@ -45,6 +47,7 @@ pub struct Finished {
 /// connection's receiver, sometimes the submitting thread itself (a request answered without
 /// asking a server, or one that failed at once) — so it must not block for long.
 pub trait FinishedSink: Send + Sync {
+    /// Takes one finished request.
     fn finished(&self, done: Finished);
 }
 

@@ -56,9 +56,13 @@ pub struct StoreConfig {
 /// Counters of the store itself (the engine counts pages; these count wire requests).
 #[derive(Debug, Default)]
 pub struct StoreCounters {
+    /// Requests submitted.
     pub requests: AtomicU64,
+    /// Submissions that waited for a free request buffer.
     pub slot_waits: AtomicU64,
+    /// Submissions refused as `Busy` (no buffer freed in time).
     pub busy: AtomicU64,
+    /// Requests that failed.
     pub failed_requests: AtomicU64,
 }
 

@@ -46,7 +46,7 @@ struct Cli {
     /// the server runs in open mode: no authentication, one anonymous tenant.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Serve Prometheus metrics (text format, any HTTP path) on this address.
+    /// Serve Prometheus metrics (OpenMetrics text) at `GET /metrics` on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Pin every thread that serves a client connection to this host CPU (the server's half

@@ -26,7 +26,9 @@ pub type GuestPage = u64;
 /// Request priority: demand reads block a vCPU and must overtake prefetches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Priority {
+    /// A vCPU is blocked on this page.
     Demand,
+    /// Fetched ahead of the guest on the prefetcher's guess; nobody waits on it yet.
     Prefetch,
 }
 
@@ -41,6 +43,8 @@ unsafe impl Send for PageBuf {}
 unsafe impl Sync for PageBuf {}
 
 impl PageBuf {
+    /// Wraps `ptr`; `None` if it is null.
+    ///
     /// # Safety
     /// `ptr` must point at 4 KiB of writable memory that stays valid while requests using it
     /// are outstanding.
@@ -48,6 +52,7 @@ impl PageBuf {
         NonNull::new(ptr).map(Self)
     }
 
+    /// The first byte of the page.
     pub fn as_ptr(self) -> *mut u8 {
         self.0.as_ptr()
     }
@@ -61,6 +66,8 @@ impl PageBuf {
         unsafe { core::slice::from_raw_parts_mut(self.0.as_ptr(), PAGE_SIZE) }
     }
 
+    /// The page's bytes, read-only.
+    ///
     /// # Safety
     /// As [`PageBuf::as_mut_slice`].
     pub unsafe fn as_slice<'a>(self) -> &'a [u8] {
@@ -69,59 +76,83 @@ impl PageBuf {
     }
 }
 
+/// Read one page from the store into engine memory.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadReq {
+    /// The guest page to read.
     pub page: GuestPage,
+    /// Demand reads overtake prefetches in the store's queues.
     pub priority: Priority,
+    /// Where the page's bytes land (engine memory, untouched by the engine until completion).
     pub dst: PageBuf,
 }
 
+/// Write one page back from engine memory to the store.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteReq {
+    /// The guest page to write.
     pub page: GuestPage,
+    /// Its bytes (engine memory, kept unchanged until completion).
     pub src: PageBuf,
 }
 
+/// What a completed request was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// A [`ReadReq`] (demand or prefetch).
     Read,
+    /// A [`WriteReq`] (a write-back).
     Write,
 }
 
 /// Why a store request failed. `Copy` so completions carry it without allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    /// No memory server holding the page can be reached (the engine retries with back-off).
     #[error("memory server unreachable")]
     Unavailable,
+    /// The server did not answer within the store's request timeout.
     #[error("request timed out")]
     Timeout,
+    /// The store was shut down; nothing more will be served.
     #[error("store is shut down")]
     Closed,
+    /// The server's answer did not make sense (bad frame, checksum mismatch).
     #[error("protocol error")]
     Protocol,
+    /// A system call failed with this errno.
     #[error("I/O error (errno {0})")]
     Io(i32),
+    /// The store's request queue is full; submit again later.
     #[error("request queue full")]
     Busy,
 }
 
+/// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// Done: a read's bytes are in its buffer, a write is stored.
     Ok,
     /// The server holds no copy of this page.
     Absent,
+    /// The request failed; see the error for whether retrying can help.
     Failed(StoreError),
 }
 
+/// One finished request, as the store reports it to the [`CompletionSink`].
 #[derive(Clone, Copy, Debug)]
 pub struct Completion {
+    /// Read or write.
     pub op: Op,
+    /// The request's guest page.
     pub page: GuestPage,
+    /// How it ended.
     pub status: Status,
 }
 
 /// Where completions go. Implemented by the engine; called from any thread.
 pub trait CompletionSink: Send + Sync {
+    /// Delivers finished requests (any order, any thread, possibly inline from a submit).
     fn complete(&self, batch: &[Completion]);
 }
 

@@ -32,6 +32,7 @@ pub struct PoolArgs {
     /// Key prefix of the pool.
     #[arg(long, value_name = "PREFIX", default_value = crate::keys::DEFAULT_PREFIX)]
     pub prefix: String,
+    /// The command to run.
     #[command(subcommand)]
     pub cmd: PoolCommand,
 }
@@ -53,6 +54,7 @@ Examples:
   farvm pool --etcd http://10.77.0.2:2379 rebalance
   farvm pool --etcd http://10.77.0.2:2379 gc";
 
+/// The pool commands.
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
     /// Print racks → servers (capacity, used, reserved, free, VMs, health), hosts → VMs, the
@@ -113,6 +115,7 @@ pub enum PoolCommand {
     },
     /// Print a plan of slab moves (nothing is changed).
     Plan {
+        /// What to plan.
         #[command(subcommand)]
         what: PlanCmd,
         /// Print JSON.
@@ -192,6 +195,7 @@ pub enum PoolCommand {
     },
 }
 
+/// The plans `farvm pool plan` prints.
 #[derive(Subcommand, Debug)]
 pub enum PlanCmd {
     /// Move every slab off SERVER, keeping each slab's replicas on distinct racks.

@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::measurement::{Measurement, ValueFormatter};
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_main, BatchSize, Criterion, Throughput};
 use farvm_prefetch::eval::{replay, EvalConfig};
 use farvm_prefetch::trace::Trace;
 use farvm_prefetch::{
@@ -197,9 +197,13 @@ fn config() -> Criterion<CpuTime> {
     })
 }
 
-criterion_group! {
-    name = benches;
-    config = config();
-    targets = decision
+/// The criterion group (in a module: the macro's function takes no doc comment).
+mod group {
+    use super::{config, decision};
+    criterion::criterion_group! {
+        name = benches;
+        config = config();
+        targets = decision
+    }
 }
-criterion_main!(benches);
+criterion_main!(group::benches);

@@ -27,6 +27,7 @@ pub struct LeapStream {
 }
 
 impl LeapStream {
+    /// A stream table with `stream`'s settings in front of a Leap detector with `leap`'s.
     pub fn new(leap: LeapParams, stream: StreamParams) -> Self {
         Self {
             leap: Leap::new(LeapParams {

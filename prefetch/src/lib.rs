@@ -57,6 +57,7 @@ impl Default for Candidates {
 }
 
 impl Candidates {
+    /// An empty list.
     pub const fn new() -> Self {
         Self {
             pages: [0; MAX_CANDIDATES],
@@ -64,6 +65,7 @@ impl Candidates {
             len: 0,
         }
     }
+    /// Empties the list for the next decision (no allocation).
     pub fn clear(&mut self) {
         self.len = 0;
         self.markers = 0;
@@ -159,12 +161,15 @@ impl Candidates {
         }
         added
     }
+    /// The candidate pages, in the order proposed.
     pub fn as_slice(&self) -> &[PageNo] {
         &self.pages[..self.len]
     }
+    /// How many candidates there are.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -10,6 +10,7 @@ pub struct NextN {
 }
 
 impl NextN {
+    /// Proposes the `n` pages after every demand miss.
     pub fn new(n: usize) -> Self {
         Self { n }
     }

@@ -51,6 +51,7 @@ pub fn swapin_nr_pages(
 }
 
 impl ReadAhead {
+    /// A read-ahead window growing up to `max` pages; `slots` streams tracked, per process if `per_process`.
     pub fn new(max: usize, slots: usize, per_process: bool) -> Self {
         let slots = slots.max(1);
         Self {

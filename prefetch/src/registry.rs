@@ -72,8 +72,10 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BuildError {
     #[error("unknown prefetcher `{0}` (known: none, next-n, stride, read-ahead, leap, stream, leap+stream)")]
+    /// A name the registry does not know.
     Unknown(String),
     #[error("invalid prefetcher setting: {0}")]
+    /// A setting out of range.
     Invalid(String),
 }
 

@@ -42,30 +42,42 @@ impl Scale {
 /// printed for context.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Check {
+    /// What is claimed (prefetcher, trace, mode).
     pub claim: String,
+    /// What this run measured.
     pub measured: String,
+    /// The target the measurement is held to.
     pub target: String,
+    /// PASS / FAIL, or `None` for context only.
     pub pass: Option<bool>,
 }
 
 /// One trace × mode table: a column per prefetcher.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Table {
+    /// The trace's name.
     pub trace: String,
+    /// Whether hits were visible to the prefetchers.
     pub hits: HitVisibility,
+    /// Records in the trace.
     pub records: u64,
+    /// Local memory of the replay, in pages.
     pub local_pages: usize,
+    /// One column per prefetcher.
     pub stats: Vec<Stats>,
 }
 
 /// The whole report.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
+    /// Every table.
     pub tables: Vec<Table>,
+    /// Every claim with its verdict.
     pub checks: Vec<Check>,
 }
 
 impl Report {
+    /// Whether no claim failed (context lines do not count).
     pub fn all_pass(&self) -> bool {
         self.checks.iter().all(|c| c.pass != Some(false))
     }

@@ -40,6 +40,7 @@ impl SlotTable {
         }
     }
 
+    /// How many processes the table holds before it reuses slots.
     pub fn capacity(&self) -> usize {
         self.keys.len()
     }

@@ -20,6 +20,7 @@ pub struct Stride {
 }
 
 impl Stride {
+    /// Proposes `n` pages along a stride seen twice in a row; `slots` streams tracked, per process if `per_process`.
     pub fn new(n: usize, slots: usize, per_process: bool) -> Self {
         let slots = slots.max(1);
         Self {

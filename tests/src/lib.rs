@@ -49,19 +49,28 @@ pub fn vm_timeout(default: Duration) -> Duration {
 /// How to boot the test guest.
 #[derive(Clone, Debug)]
 pub struct GuestSetup {
+    /// VM name (also its control socket's).
     pub name: String,
+    /// Guest RAM in bytes.
     pub mem_bytes: u64,
+    /// vCPUs.
     pub vcpus: u32,
+    /// Workload specs, one ring-3 process each (as `farvm run --workload`).
     pub workloads: Vec<String>,
+    /// Guest timer interrupt rate.
     pub timer_hz: u32,
+    /// Boot flags (`farvm_guest_agent::boot::flags`).
     pub flags: u64,
+    /// Seed of the guest's free-frame shuffle.
     pub frame_shuffle_seed: u64,
     /// Frames handed out in runs of 2^shift (0 = every frame shuffled).
     pub frame_run_shift: u32,
+    /// How long the VM may run before the test fails.
     pub timeout: Duration,
 }
 
 impl GuestSetup {
+    /// `workloads` in `mem_bytes` of RAM on `vcpus` vCPUs, 100 Hz timer, frames shuffled one by one, the default time bound.
     pub fn new(name: &str, mem_bytes: u64, vcpus: u32, workloads: &[&str]) -> Self {
         GuestSetup {
             name: name.into(),

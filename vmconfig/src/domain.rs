@@ -56,15 +56,22 @@ impl fmt::Display for Uuid {
 /// What happens when the guest powers off, reboots or crashes (`on_poweroff` ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LifecycleAction {
+    /// `destroy`: stop the domain.
     Destroy,
+    /// `restart`: start it again.
     Restart,
+    /// `preserve`: keep its resources for inspection.
     Preserve,
+    /// `rename-restart`: start it again under a new name.
     RenameRestart,
+    /// `coredump-destroy`: dump the guest's memory, then stop.
     CoredumpDestroy,
+    /// `coredump-restart`: dump the guest's memory, then start again.
     CoredumpRestart,
 }
 
 impl LifecycleAction {
+    /// Every action, in libvirt's schema order.
     pub const ALL: [LifecycleAction; 6] = [
         LifecycleAction::Destroy,
         LifecycleAction::Restart,
@@ -74,6 +81,7 @@ impl LifecycleAction {
         LifecycleAction::CoredumpRestart,
     ];
 
+    /// The name in domain XML.
     pub fn as_str(self) -> &'static str {
         match self {
             LifecycleAction::Destroy => "destroy",
@@ -115,6 +123,7 @@ pub enum CharBackend {
 /// `<serial>` or `<console>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CharDevice {
+    /// Where its bytes go.
     pub backend: CharBackend,
     /// `<target type='...'>` (`serial` or `virtio` for a console; `isa-serial` ... for serial).
     pub target_type: Option<String>,
@@ -127,10 +136,15 @@ pub struct CharDevice {
 pub struct Os {
     /// `<type>`: `hvm` is the only one farvm runs.
     pub os_type: String,
+    /// `<type arch=...>`.
     pub arch: Option<String>,
+    /// `<type machine=...>`.
     pub machine: Option<String>,
+    /// `<kernel>`: the kernel to boot directly.
     pub kernel: Option<PathBuf>,
+    /// `<initrd>`.
     pub initrd: Option<PathBuf>,
+    /// `<cmdline>`: the kernel command line.
     pub cmdline: Option<String>,
 }
 
@@ -140,7 +154,9 @@ pub struct Os {
 pub struct Domain {
     /// `<domain type=...>`: always `kvm` (what libvirt's Cloud Hypervisor driver uses).
     pub domain_type: String,
+    /// `<name>`.
     pub name: String,
+    /// `<uuid>`.
     pub uuid: Option<Uuid>,
     /// `<memory>`: the guest's RAM.
     pub memory: u64,
@@ -148,9 +164,13 @@ pub struct Domain {
     pub current_memory: Option<u64>,
     /// `<vcpu>`.
     pub vcpus: u32,
+    /// `<os>`.
     pub os: Os,
+    /// `<on_poweroff>`.
     pub on_poweroff: Option<LifecycleAction>,
+    /// `<on_reboot>`.
     pub on_reboot: Option<LifecycleAction>,
+    /// `<on_crash>`.
     pub on_crash: Option<LifecycleAction>,
     /// `<devices><emulator>`.
     pub emulator: Option<PathBuf>,
@@ -165,7 +185,9 @@ pub struct Domain {
 /// A parsed domain and what in it farvm ignores.
 #[derive(Clone, Debug)]
 pub struct ParsedDomain {
+    /// What farvm reads.
     pub domain: Domain,
+    /// What it ignores, in document order.
     pub warnings: Vec<Warning>,
 }
 

@@ -7,25 +7,38 @@ use std::path::PathBuf;
 pub enum ConfigError {
     /// The domain XML is not well-formed XML.
     #[error("domain XML line {line}: {message}")]
-    Xml { line: u32, message: String },
+    Xml {
+        /// 1-based line.
+        line: u32,
+        /// The parser's message.
+        message: String,
+    },
     /// An element of the domain XML is missing, repeated or holds a value farvm cannot use.
     #[error("domain XML line {line}: <{element}>: {message}")]
     Invalid {
+        /// The element path.
         element: String,
+        /// 1-based line.
         line: u32,
+        /// What is wrong.
         message: String,
     },
     /// The host config file is not valid TOML, has an unknown key or a bad value.
     #[error("{}:{line}: {message}", path.display())]
     Host {
+        /// The host config file.
         path: PathBuf,
+        /// 1-based line.
         line: u32,
+        /// What is wrong.
         message: String,
     },
     /// A file cannot be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -38,9 +51,11 @@ pub enum ConfigError {
 /// support). The domain still runs; callers show these to the user.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Warning {
+    /// 1-based line.
     pub line: u32,
     /// Where: the element path, e.g. `devices/disk` or `vcpu@cpuset`.
     pub element: String,
+    /// What is ignored and why.
     pub message: String,
 }
 

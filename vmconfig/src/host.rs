@@ -73,6 +73,7 @@ struct PoolRaw {
 pub struct HostConfig {
     /// The file it was read from (`None`: no file, built-in defaults only).
     pub path: Option<PathBuf>,
+    /// The `[defaults]` section: applies to every domain.
     pub defaults: Overrides,
     /// `[domain."NAME"]` sections by domain name.
     pub domains: BTreeMap<String, Overrides>,

@@ -20,7 +20,9 @@ pub enum Servers {
 /// A memory-server pool: its registry endpoints (URLs) and, optionally, which pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
+    /// The pool's name (`None`: the registry's default pool).
     pub name: Option<String>,
+    /// Registry (etcd) endpoint URLs.
     pub endpoints: Vec<String>,
 }
 
@@ -79,11 +81,14 @@ impl LocalShare {
 /// Which page numbers the prefetcher learns from (`--page-space`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageSpace {
+    /// Each process's own virtual page numbers (page-table walks from its CR3).
     Virtual,
+    /// Guest-physical page numbers.
     Physical,
 }
 
 impl PageSpace {
+    /// `virtual` or `physical`.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.trim() {
             "virtual" => Ok(PageSpace::Virtual),
@@ -94,6 +99,7 @@ impl PageSpace {
         }
     }
 
+    /// The option's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             PageSpace::Virtual => "virtual",
@@ -152,13 +158,17 @@ pub fn check_prefetcher(name: &str) -> Result<(), String> {
 pub struct Overrides {
     /// Keep all RAM local: no paging engine, no memory server (`--local-only`).
     pub local_only: Option<bool>,
+    /// Where the memory servers are (`--memserver` or a pool).
     pub servers: Option<Servers>,
+    /// How much of guest RAM may be resident locally (`--local-memory`).
     pub local_memory: Option<LocalShare>,
+    /// Prefetcher name (`--prefetcher`).
     pub prefetcher: Option<String>,
     /// Copies of each remote page (`--replicas`).
     pub replicas: Option<u32>,
     /// Tenant secret for the memory servers (`--memserver-token-file`).
     pub token_file: Option<PathBuf>,
+    /// Page numbers the prefetcher learns from (`--page-space`).
     pub page_space: Option<PageSpace>,
     /// Every N-th prefetched page left unmapped to measure prefetch hits (`--probe-every`).
     pub probe_every: Option<u32>,

@@ -76,8 +76,11 @@ pub struct VmSettings {
     /// What the manager does when the guest powers off, reboots or crashes (libvirt's defaults:
     /// destroy, restart, destroy).
     pub on_poweroff: LifecycleAction,
+    /// See `on_poweroff`.
     pub on_reboot: LifecycleAction,
+    /// See `on_poweroff`.
     pub on_crash: LifecycleAction,
+    /// Remote memory: servers, local share, prefetcher.
     pub remote: RemoteSettings,
 }
 

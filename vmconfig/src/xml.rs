@@ -19,7 +19,9 @@ pub const MAX_ELEMENTS: usize = 100_000;
 pub struct Attr {
     /// Namespace URI (unprefixed attributes have none).
     pub ns: Option<String>,
+    /// Local name.
     pub name: String,
+    /// Value, unescaped.
     pub value: String,
 }
 
@@ -28,9 +30,13 @@ pub struct Attr {
 pub struct Element {
     /// Namespace URI (`None`: no namespace, as libvirt's own elements).
     pub ns: Option<String>,
+    /// Local name.
     pub name: String,
+    /// Attributes in document order.
     pub attrs: Vec<Attr>,
+    /// Direct text content.
     pub text: String,
+    /// Child elements in document order.
     pub children: Vec<Element>,
     /// 1-based line of the element's `<`.
     pub line: u32,

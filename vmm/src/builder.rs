@@ -4,39 +4,53 @@
 //!
 //! [`build`] checks the configuration, then assembles, in order: guest RAM (local, or remote:
 //! the paging engine and its memory servers start first because the engine owns the mapping
-//! KVM is given), the KVM VM with one memslot per RAM region, the vCPUs, the kernel and its
-//! boot data, the devices, and — with remote memory — the wiring of the engine to the VM
-//! (stage-2 injection, vCPU thread and agent-slot attribution, lost pages stop the VM). The
-//! result is a [`Vm`] ready to [`Vm::start`].
+//! KVM is given), the KVM VM with its in-kernel irqchip (and, for Linux, the PIT) and one
+//! memslot per RAM region, the vCPUs, the devices (their interrupt lines as irqfds), the
+//! kernel and its boot data (for Linux, ACPI tables describing those vCPUs and devices), and —
+//! with remote memory — the wiring of the engine to the VM (stage-2 injection, vCPU thread and
+//! agent-slot attribution, lost pages stop the VM). The result is a [`Vm`] ready to
+//! [`Vm::start`].
 
 use std::sync::Arc;
 
+use farvm_devices::serial::{SerialIn, SerialOut};
+
 use crate::boot::linux::{self, LinuxBootInfo};
 use crate::boot::testguest::{self, TestPlan};
-use crate::boot::{BootError, EntryState};
+use crate::boot::{acpi, BootError, EntryState};
+use crate::devices::board::{Board, BoardConfig, DeviceError, DiskConfig};
 use crate::devices::pvctl::PvCtl;
-use crate::devices::serial::{SerialConsole, SerialOut};
 use crate::layout;
 use crate::remote::{RemoteError, RemoteMemory, RemoteSpec};
 use crate::vm::{Vm, VmShared};
+use crate::vstate::irq;
 use crate::vstate::kvm_stats::VcpuStats;
 use crate::vstate::memory::{GuestRam, MemError};
-use crate::vstate::vcpu;
+use crate::vstate::vcpu::{self, ApStart};
 use crate::vstate::vm::{KvmError, KvmVm};
 
 /// Errors building a VM.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The configuration is invalid.
     #[error("invalid VM configuration: {0}")]
     Config(String),
+    /// Guest RAM could not be set up.
     #[error(transparent)]
     Memory(#[from] MemError),
+    /// The kernel could not be loaded.
     #[error(transparent)]
     Boot(#[from] BootError),
+    /// A KVM call failed.
     #[error(transparent)]
     Kvm(#[from] KvmError),
+    /// Remote memory could not be set up.
     #[error(transparent)]
     Remote(#[from] RemoteError),
+    /// A device could not be set up.
+    #[error(transparent)]
+    Devices(#[from] DeviceError),
+    /// Another host error.
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -46,12 +60,20 @@ pub enum BuildError {
 pub enum BootConfig {
     /// A farvm test-guest kernel (ELF, direct 64-bit entry) with its test plan: the processes
     /// (workloads) it runs, its timer, its frame allocator settings.
-    TestGuest { kernel: Arc<[u8]>, plan: TestPlan },
-    /// A Linux bzImage or vmlinux, per the x86 64-bit boot protocol (local RAM only: the
-    /// loader writes guest memory directly).
-    Linux {
+    TestGuest {
+        /// The kernel ELF.
         kernel: Arc<[u8]>,
+        /// Its processes, timer and frame allocator settings.
+        plan: TestPlan,
+    },
+    /// A Linux bzImage or vmlinux, per the x86 64-bit boot protocol, with ACPI tables; the
+    /// APs wait for the kernel's INIT/SIPI.
+    Linux {
+        /// The bzImage or vmlinux.
+        kernel: Arc<[u8]>,
+        /// The initrd, if any.
         initrd: Option<Arc<[u8]>>,
+        /// The kernel command line.
         cmdline: String,
     },
 }
@@ -67,6 +89,7 @@ pub struct VmConfig {
     pub vcpus: u32,
     /// Guest RAM in bytes (4 KiB multiple; above 3 GiB it continues at 4 GiB).
     pub mem_bytes: u64,
+    /// What to boot.
     pub boot: BootConfig,
     /// Remote memory: guest RAM behind the paging engine and memory servers, with this local
     /// budget, prefetcher and servers. `None`: all RAM local. (Its `vm_name` is taken from
@@ -74,6 +97,12 @@ pub struct VmConfig {
     pub remote: Option<RemoteSpec>,
     /// Where the serial console goes.
     pub serial: SerialOut,
+    /// Where the serial console's input comes from (stdin on a terminal: through the escape
+    /// filter, see `devices::console`).
+    pub serial_in: SerialIn,
+    /// Disks, virtio-blk on virtio-mmio in this order (Linux guests: `/dev/vda`, `/dev/vdb`,
+    /// …).
+    pub disks: Vec<DiskConfig>,
     /// Echo guest PV log lines on stderr.
     pub echo_guest_logs: bool,
     /// Keep KVM's async page faults (KVM's default). Off, a guest fault on remote memory is
@@ -94,6 +123,8 @@ impl VmConfig {
             boot,
             remote: None,
             serial: SerialOut::None,
+            serial_in: SerialIn::None,
+            disks: Vec::new(),
             echo_guest_logs: false,
             kvm_async_pf: true,
         }
@@ -150,14 +181,19 @@ impl VmConfig {
                     ));
                 }
             }
-            BootConfig::Linux { .. } if self.remote.is_some() => {
-                return bad(
-                    "remote memory needs the test guest: Linux guests run on local RAM".into(),
-                );
-            }
             BootConfig::Linux { .. } => {}
         }
+        if !self.disks.is_empty() && !self.is_linux() {
+            return bad("--disk needs a Linux guest: the test guest has no disk driver".into());
+        }
         Ok(())
+    }
+}
+
+impl VmConfig {
+    /// Whether the guest is Linux.
+    pub fn is_linux(&self) -> bool {
+        matches!(self.boot, BootConfig::Linux { .. })
     }
 }
 
@@ -180,6 +216,7 @@ pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
     };
     let mut spec = spec.clone();
     spec.vm_name = cfg.name.clone();
+    spec.linux_guest = cfg.is_linux();
     let mut remote = RemoteMemory::start(&spec, cfg.mem_bytes)?;
     let vm = remote
         .guest_ram()
@@ -199,6 +236,14 @@ pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
     match vm {
         Ok(mut vm) => {
             remote.attach_vm(&vm);
+            vm.shared().set_guest_paging(remote.guest_paging().clone());
+            if cfg.is_linux() {
+                tracing::info!(
+                    "Linux guest on remote memory: until a guest agent registers its slots, \
+                     faults have no process and the prefetcher learns one global \
+                     guest-physical history"
+                );
+            }
             vm.own_remote(remote);
             Ok(vm)
         }
@@ -209,12 +254,25 @@ pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
     }
 }
 
-/// The KVM VM, vCPUs, boot data and devices on `ram`.
+/// The KVM VM, vCPUs, devices and boot data on `ram`.
 fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
+    let linux = cfg.is_linux();
     let kvm = KvmVm::new(&ram, cfg.kvm_async_pf)?;
-    let vcpus = vcpu::create(&kvm, cfg.vcpus)?;
-    let (entry, per_cpu_rsi, linux) = load_kernel(cfg, &ram, vcpu::tsc_khz(&vcpus[0])?)?;
-    vcpu::set_entry(&vcpus, &entry, per_cpu_rsi)?;
+    if linux {
+        irq::create_pit(&kvm.fd)?;
+    }
+    // Linux brings its APs up itself and, without PV async page faults, keeps a fault on a
+    // remote page on the faulting vCPU.
+    let start = if linux {
+        ApStart::WaitForSipi
+    } else {
+        ApStart::AllAtEntry
+    };
+    let vcpus = vcpu::create(&kvm, cfg.vcpus, linux)?;
+    let board = build_board(cfg, &ram)?;
+    irq::connect_irqfds(&kvm.fd, board.interrupts())?;
+    let (entry, linux_info) = load_kernel(cfg, &ram, &board, vcpu::tsc_khz(&vcpus[0])?)?;
+    vcpu::set_entry(&vcpus, &entry, start)?;
     let kvm_stats = vcpus
         .iter()
         .map(|v| {
@@ -223,37 +281,58 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
                 .ok()
         })
         .collect();
-    let shared = VmShared::new(
+    let shared = Arc::new(VmShared::new(
         cfg.name.clone(),
         cfg.uuid.clone(),
         ram.clone(),
         PvCtl::new(ram, cfg.vcpus, cfg.echo_guest_logs),
-        SerialConsole::new(&cfg.serial)?,
+        board,
         cfg.vcpus,
         kvm_stats,
-    );
-    Ok(Vm::new(Arc::new(shared), kvm, vcpus, entry, linux))
+    ));
+    shared.board.bind(&shared);
+    Ok(Vm::new(shared, kvm, vcpus, entry, linux_info))
 }
 
-/// Loads the kernel and writes its boot data; returns vCPU 0's entry state, whether each vCPU
-/// gets its index in `rsi` (the test-guest convention), and Linux boot details.
+/// The devices: console, power registers, and the disks with a DMA view of `ram`.
+fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
+    let mem = if cfg.disks.is_empty() {
+        None
+    } else {
+        // SAFETY: the view is used by the disks only, on vCPU threads (queue notifications
+        // are MMIO exits), which are joined before the VM's remote memory shuts down: the
+        // VM owns its RemoteMemory and drops it last (`vm::RemoteOwner`).
+        Some(unsafe { ram.device_view() }?)
+    };
+    let board_cfg = BoardConfig {
+        serial_out: cfg.serial.clone(),
+        serial_in: cfg.serial_in.clone(),
+        disks: cfg.disks.clone(),
+    };
+    Ok(Board::new(&board_cfg, mem)?)
+}
+
+/// Loads the kernel and writes its boot data; returns vCPU 0's entry state and Linux boot
+/// details.
 fn load_kernel(
     cfg: &VmConfig,
     ram: &GuestRam,
+    board: &Board,
     tsc_khz: u64,
-) -> Result<(EntryState, bool, Option<LinuxBootInfo>), BuildError> {
+) -> Result<(EntryState, Option<LinuxBootInfo>), BuildError> {
     Ok(match &cfg.boot {
         BootConfig::TestGuest { kernel, plan } => {
             let e = testguest::setup(ram, kernel, cfg.vcpus, tsc_khz, plan)?;
-            (e, true, None)
+            (e, None)
         }
         BootConfig::Linux {
             kernel,
             initrd,
             cmdline,
         } => {
-            let (e, info) = linux::setup(ram, kernel, initrd.as_deref(), cmdline)?;
-            (e, false, Some(info))
+            let tables = acpi::write_tables(ram, cfg.vcpus, board.virtio_mmio())?;
+            let (e, info) = linux::setup(ram, kernel, initrd.as_deref(), cmdline, Some(&tables))?;
+            (e, Some(info))
         }
     })
 }
@@ -287,15 +366,17 @@ mod tests {
         big.remote = Some(RemoteSpec::new("t"));
         big.mem_bytes = 64 << 30;
         big.validate().unwrap();
-        assert!(err(&|c| {
-            c.remote = Some(RemoteSpec::new("t"));
-            c.boot = BootConfig::Linux {
-                kernel: Arc::from(vec![0u8; 16]),
-                initrd: None,
-                cmdline: String::new(),
-            };
-        })
-        .contains("Linux guests run on local RAM"));
+        // Linux on remote memory is a valid configuration (the kernel is checked later).
+        let mut linux = ok.clone();
+        linux.remote = Some(RemoteSpec::new("t"));
+        linux.boot = BootConfig::Linux {
+            kernel: Arc::from(vec![0u8; 16]),
+            initrd: None,
+            cmdline: String::new(),
+        };
+        linux.disks = vec!["/nonexistent.img".parse().unwrap()];
+        linux.validate().unwrap();
+        assert!(err(&|c| c.disks = vec!["/x.img".parse().unwrap()]).contains("needs a Linux guest"));
         let mut plan = TestPlan::default();
         plan.procs.push(farvm_guest_agent::boot::ProcessSpec {
             cpu: 1,

@@ -20,12 +20,26 @@ use crate::workload_spec::workload_name;
 /// Errors of the control socket.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// The socket could not be created, connected to, read or written.
     #[error("control socket {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Another live VM owns the socket path.
     #[error("a VM named `{0}` is already running (its control socket answers)")]
     InUse(String),
+    /// The VM's reply did not parse.
     #[error("bad reply from {path}: {msg}")]
-    BadReply { path: PathBuf, msg: String },
+    BadReply {
+        /// The socket path.
+        path: PathBuf,
+        /// What is wrong with the reply.
+        msg: String,
+    },
+    /// The VM refused the request (its reason).
     #[error("{0}")]
     Refused(String),
 }
@@ -82,6 +96,7 @@ impl ControlServer {
         })
     }
 
+    /// Where the socket is.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -8,7 +8,7 @@ pub const GUEST_STATUS_MAX: i32 = 63;
 pub const USAGE: i32 = 64;
 /// The kernel image (or initrd) is malformed or does not fit (EX_DATAERR).
 pub const BAD_KERNEL: i32 = 65;
-/// The kernel or initrd file cannot be read (EX_NOINPUT).
+/// The kernel, initrd or a disk image cannot be read (EX_NOINPUT).
 pub const NO_INPUT: i32 = 66;
 /// The guest crashed: KVM internal error, triple fault, failed entry, bad MMIO, guest kernel
 /// panic (EX_SOFTWARE).
@@ -17,10 +17,14 @@ pub const GUEST_CRASH: i32 = 70;
 pub const HOST_ERROR: i32 = 71;
 /// The guest needed a page whose data every memory server holding it lost (EX_IOERR).
 pub const MEMORY_LOST: i32 = 74;
+/// The guest rebooted (the ACPI reset register); farvm stopped the VM rather than restart it
+/// (EX_TEMPFAIL: run it again).
+pub const GUEST_REBOOT: i32 = 75;
 /// `--timeout` expired (as timeout(1)).
 pub const TIMEOUT: i32 = 124;
 /// SIGINT (128 + 2) and SIGTERM (128 + 15): the VM was shut down cleanly.
 pub const SIGINT: i32 = 130;
+/// See [`SIGINT`].
 pub const SIGTERM: i32 = 143;
 
 /// Parses the command line as `C`. `--help` and `--version` print and exit 0; bad arguments
@@ -50,6 +54,8 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
     use crate::vm::VmOutcome::*;
     match o {
         GuestShutdown { status } => (*status).min(GUEST_STATUS_MAX as u32) as i32,
+        GuestReboot => GUEST_REBOOT,
+        ConsoleEscape => SIGINT,
         ControlShutdown => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
@@ -63,6 +69,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
 pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
     use crate::boot::BootError;
     use crate::builder::BuildError;
+    use crate::devices::board::DeviceError;
     use crate::remote::RemoteError;
     match e {
         BuildError::Config(_)
@@ -73,5 +80,7 @@ pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
         | BuildError::Io(_)
         | BuildError::Remote(_) => HOST_ERROR,
         BuildError::Boot(_) => BAD_KERNEL,
+        BuildError::Devices(DeviceError::Disk(_)) => NO_INPUT,
+        BuildError::Devices(_) => HOST_ERROR,
     }
 }

@@ -14,13 +14,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use farvm_ept::translate::GuestPaging;
 use kvm_ioctls::VcpuFd;
 use serde::Serialize;
 
 use crate::boot::linux::LinuxBootInfo;
 use crate::boot::EntryState;
+use crate::devices::board::Board;
 use crate::devices::pvctl::{ProcessRecord, PvCounterValues, PvCtl};
-use crate::devices::serial::SerialConsole;
 use crate::remote::{RemoteMemory, RemoteStats, StatsSource};
 use crate::signals;
 use crate::stats::{ExitCounts, ExitStats};
@@ -36,22 +37,51 @@ pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum VmOutcome {
-    /// The guest wrote its exit status to the shutdown port.
-    GuestShutdown { status: u32 },
+    /// The guest wrote its exit status to the shutdown port, or powered off (ACPI S5:
+    /// status 0).
+    GuestShutdown {
+        /// The status written.
+        status: u32,
+    },
+    /// The guest asked for a reset (the ACPI reset register): farvm does not restart guests,
+    /// the VM stops.
+    GuestReboot,
     /// The guest kernel panicked.
-    GuestPanic { message: String },
+    GuestPanic {
+        /// The panic location and message from the guest's record.
+        message: String,
+    },
     /// SIGINT/SIGTERM.
-    Signal { signal: i32 },
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+    /// The operator typed the console's escape sequence (Ctrl-A x).
+    ConsoleEscape,
     /// A shutdown request (control socket, API).
     ControlShutdown,
     /// The run exceeded its time limit.
-    Timeout { secs: u64 },
+    Timeout {
+        /// The limit, in seconds.
+        secs: u64,
+    },
     /// The guest crashed: internal emulation error, triple fault, failed entry, bad MMIO.
-    Crash { cpu: u32, message: String },
+    Crash {
+        /// The vCPU that crashed.
+        cpu: u32,
+        /// What KVM reported.
+        message: String,
+    },
     /// A host-side failure (ioctl error, ...).
-    HostError { message: String },
+    HostError {
+        /// What failed.
+        message: String,
+    },
     /// The guest needed a page of remote memory whose data the memory servers lost.
-    MemoryLost { gpa: u64 },
+    MemoryLost {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
 }
 
 impl std::fmt::Display for VmOutcome {
@@ -60,8 +90,10 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::GuestShutdown { status } => {
                 write!(f, "guest shut down with status {status}")
             }
+            VmOutcome::GuestReboot => write!(f, "the guest rebooted (the VM stops)"),
             VmOutcome::GuestPanic { message } => write!(f, "guest kernel panic: {message}"),
             VmOutcome::Signal { signal } => write!(f, "stopped by signal {signal}"),
+            VmOutcome::ConsoleEscape => write!(f, "stopped from the console (Ctrl-A x)"),
             VmOutcome::ControlShutdown => write!(f, "shut down through the control socket"),
             VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
             VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
@@ -103,19 +135,32 @@ impl std::fmt::Display for VmState {
 /// Errors of the control surface.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    /// A control request that does not fit the VM's state (e.g. pausing a stopped VM).
     #[error("cannot {action} a VM that is {state}")]
     InvalidState {
+        /// What was asked (start, pause ...).
         action: &'static str,
+        /// The state the VM was in.
         state: VmState,
     },
+    /// The vCPUs did not stop in time for a pause.
     #[error("the vCPUs did not leave the guest within {0:?}")]
     PauseTimeout(Duration),
+    /// A vCPU thread could not be spawned.
     #[error("cannot start thread vcpu{index}: {source}")]
-    Spawn { index: u32, source: std::io::Error },
+    Spawn {
+        /// The vCPU.
+        index: u32,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The signal handler that kicks vCPUs out of KVM_RUN could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Signals(std::io::Error),
+    /// No vCPU with this index.
     #[error("no vCPU {0}")]
     NoVcpu(usize),
+    /// A KVM call failed.
     #[error(transparent)]
     Kvm(#[from] KvmError),
 }
@@ -123,9 +168,13 @@ pub enum VmError {
 /// A VM's counters at one instant (what `farvm stats` and an API's `vm.counters` show).
 #[derive(Clone, Debug, Serialize)]
 pub struct VmCounters {
+    /// Seconds since the VM started.
     pub uptime_secs: f64,
+    /// vCPU exits by kind.
     pub exits: ExitCounts,
+    /// All vCPU exits.
     pub exits_total: u64,
+    /// Paravirtual device traffic.
     pub pv: PvCounterValues,
     /// Paging engine and memory-server statistics (remote memory only).
     pub paging: Option<RemoteStats>,
@@ -133,14 +182,21 @@ pub struct VmCounters {
 
 /// State shared by the vCPU threads, the devices, the control socket and the caller.
 pub struct VmShared {
+    /// The VM's name.
     pub name: String,
     /// The UUID the VM was created with, if any (libvirt gives one).
     pub uuid: Option<String>,
+    /// Guest RAM.
     pub ram: Arc<GuestRam>,
+    /// The paravirtual control device.
     pub pv: PvCtl,
-    pub serial: SerialConsole,
+    /// The emulated devices behind the port-I/O and MMIO exits.
+    pub board: Board,
+    /// vCPU exit counters.
     pub exits: ExitStats,
+    /// vCPUs.
     pub ncpus: u32,
+    /// When the VM was created.
     pub started: Instant,
     stop: AtomicBool,
     outcome: Mutex<Option<VmOutcome>>,
@@ -150,6 +206,9 @@ pub struct VmShared {
     kvm_stats: Vec<Option<VcpuStats>>,
     /// Paging statistics of remote memory (set by the builder when RAM is remote).
     paging: OnceLock<StatsSource>,
+    /// How the guest's page tables look, for the paging engine's page space (remote memory
+    /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
+    guest_paging: OnceLock<Arc<GuestPaging>>,
     /// Opened by `Vm::start` once every vCPU thread has published its tid: no guest
     /// instruction runs before the memory engine can map uffd thread ids to vCPUs.
     go: Mutex<bool>,
@@ -170,7 +229,7 @@ impl VmShared {
         uuid: Option<String>,
         ram: Arc<GuestRam>,
         pv: PvCtl,
-        serial: SerialConsole,
+        board: Board,
         ncpus: u32,
         kvm_stats: Vec<Option<VcpuStats>>,
     ) -> Self {
@@ -179,7 +238,7 @@ impl VmShared {
             uuid,
             ram,
             pv,
-            serial,
+            board,
             exits: ExitStats::default(),
             ncpus,
             started: Instant::now(),
@@ -190,6 +249,7 @@ impl VmShared {
             tids: (0..ncpus).map(|_| AtomicI32::new(0)).collect(),
             kvm_stats,
             paging: OnceLock::new(),
+            guest_paging: OnceLock::new(),
             go: Mutex::new(false),
             go_cond: Condvar::new(),
             pause_requested: AtomicBool::new(false),
@@ -279,6 +339,22 @@ impl VmShared {
 
     pub(crate) fn set_paging_source(&self, source: StatsSource) {
         let _ = self.paging.set(source);
+    }
+
+    pub(crate) fn set_guest_paging(&self, paging: Arc<GuestPaging>) {
+        let _ = self.guest_paging.set(paging);
+    }
+
+    /// Tells the paging engine the guest's paging depth from vCPU `cpu`'s CR4 (read when the
+    /// guest agent registers that vCPU's slot: from then on its CR3 values are walked).
+    pub(crate) fn note_guest_cr4(&self, cpu: u32, cr4: u64) {
+        if let Some(p) = self.guest_paging.get() {
+            let before = p.levels();
+            p.set_from_cr4(cr4);
+            if p.levels() != before || cpu == 0 {
+                tracing::info!(cpu, levels = p.levels(), "guest paging");
+            }
+        }
     }
 
     /// The VM's counters now.
@@ -470,6 +546,15 @@ impl Vm {
         Ok(vcpu::registers(v)?)
     }
 
+    /// KVM's multiprocessing state of vCPU `i` (`KVM_MP_STATE_*`): a Linux guest's APs are
+    /// `UNINITIALIZED` (waiting for INIT/SIPI) until the kernel starts them.
+    pub fn vcpu_mp_state(&self, i: usize) -> Result<u32, VmError> {
+        let v = self.vcpus.get(i).ok_or(VmError::NoVcpu(i))?;
+        v.get_mp_state()
+            .map(|m| m.mp_state)
+            .map_err(|e| VmError::from(crate::vstate::vm::ioctl("KVM_GET_MP_STATE")(e)))
+    }
+
     /// Starts one thread per vCPU; the guest runs once every thread has published its id.
     pub fn start(self) -> Result<RunningVm, VmError> {
         signals::install_kick_handler().map_err(VmError::Signals)?;
@@ -529,12 +614,17 @@ impl Vm {
 /// The final account of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct VmReport {
+    /// The VM's name.
     pub name: String,
+    /// How it ended.
     pub outcome: VmOutcome,
+    /// How long it ran.
     pub uptime_secs: f64,
+    /// vCPU exits by kind.
     pub exits: ExitCounts,
     /// KVM's per-vCPU counters at the end (non-zero ones).
     pub kvm_stats: Vec<Option<Vec<(String, u64)>>>,
+    /// The test guest's processes, by pid.
     pub processes: Vec<ProcessRecord>,
     /// Paging statistics at the end (remote memory only).
     pub paging: Option<RemoteStats>,
@@ -553,6 +643,7 @@ pub struct RunningVm {
 }
 
 impl RunningVm {
+    /// What the vCPU threads, devices and control socket share.
     pub fn shared(&self) -> &Arc<VmShared> {
         &self.shared
     }

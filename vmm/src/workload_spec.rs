@@ -10,7 +10,9 @@ use farvm_workloads::{parse_spec, Spec};
 /// One parsed `--workload` with its placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlacedWorkload {
+    /// The parsed spec.
     pub spec: Spec,
+    /// The vCPU it runs on (given with `cpu=`, else round-robin).
     pub cpu: u32,
 }
 

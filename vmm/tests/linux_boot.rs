@@ -1,6 +1,8 @@
-//! Linux boot up to the entry point (Linux itself cannot run at a usable speed on this PVM
-//! host): a synthetic bzImage (and a vmlinux ELF) with initrd and command line; checks the
-//! entry registers, boot_params (setup header, cmdline, initrd, e820) and page tables.
+//! Linux boot up to the entry point (a stock kernel cannot run at a usable speed where guest
+//! ring 0 is emulated; tests/tests/linux_guest.rs boots one): a synthetic bzImage (and a vmlinux
+//! ELF) with initrd and command line; checks the entry registers, boot_params (setup header,
+//! cmdline, initrd, e820, ACPI RSDP), the page tables, the ACPI tables, and that only the
+//! bootstrap processor starts, on local RAM and on remote memory.
 
 mod common;
 
@@ -232,4 +234,103 @@ fn cli_stop_at_entry_reports_linux_setup() {
     assert_eq!(v["linux"]["kind"], "bzImage");
     assert_eq!(v["linux"]["initrd_len"], 10000);
     assert_eq!(v["linux"]["cmdline_len"], "console=ttyS0".len());
+}
+
+/// The ACPI table with signature `sig` reached from the RSDP at `rsdp` through the XSDT (or
+/// the DSDT through the FADT): its bytes.
+fn acpi_table(ram: &GuestRam, rsdp: u64, sig: &[u8; 4]) -> Option<Vec<u8>> {
+    let read = |gpa: u64, len: usize| {
+        let mut b = vec![0u8; len];
+        ram.read_slice(&mut b, GuestAddress(gpa)).unwrap();
+        b
+    };
+    let table = |gpa: u64| {
+        let len = u32::from_le_bytes(read(gpa + 4, 4).try_into().unwrap()) as usize;
+        read(gpa, len)
+    };
+    assert_eq!(&read(rsdp, 8), b"RSD PTR ");
+    let xsdt = table(u64::from_le_bytes(read(rsdp + 24, 8).try_into().unwrap()));
+    assert_eq!(&xsdt[..4], b"XSDT");
+    let tables: Vec<Vec<u8>> = xsdt[36..]
+        .chunks(8)
+        .map(|c| table(u64::from_le_bytes(c.try_into().unwrap())))
+        .collect();
+    if sig == b"DSDT" {
+        let fadt = tables.iter().find(|t| &t[..4] == b"FACP")?;
+        return Some(table(u64::from_le_bytes(
+            fadt[140..148].try_into().unwrap(),
+        )));
+    }
+    tables.into_iter().find(|t| &t[..4] == sig)
+}
+
+#[test]
+fn smp_linux_on_remote_memory_starts_the_bsp_only_and_describes_every_vcpu_in_acpi() {
+    if !kvm_available() {
+        return;
+    }
+    let payload: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 31 % 253) as u8).collect();
+    let dir = std::env::temp_dir().join(format!("farvm-linux-smp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let mut cfg = config(
+        256 << 20,
+        bzimage(0x020f, &payload),
+        Some(vec![5u8; 100_000]),
+        "console=ttyS0",
+    );
+    cfg.vcpus = 4;
+    cfg.remote = Some(farvm_vmm::remote::RemoteSpec::new("linux-smp"));
+    cfg.disks = vec![disk.to_str().unwrap().parse().unwrap()];
+    let vm = build(&cfg).expect("Linux on remote memory with 4 vCPUs and a disk");
+    assert!(vm.remote().is_some(), "guest RAM is the paging engine's");
+    let ram = vm.ram().clone();
+
+    // The kernel image went into paged RAM intact (loaded in a scratch mapping, copied in).
+    let mut got = vec![0u8; payload.len()];
+    ram.read_slice(&mut got, GuestAddress(PREF)).unwrap();
+    assert!(
+        got == payload,
+        "the kernel image in remote-backed guest RAM"
+    );
+
+    // vCPU 0 at startup_64; the APs wait for the kernel's INIT/SIPI.
+    assert_eq!(vm.vcpu_regs(0).unwrap().0.rip, PREF + 0x200);
+    assert_eq!(
+        vm.vcpu_mp_state(0).unwrap(),
+        kvm_bindings::KVM_MP_STATE_RUNNABLE
+    );
+    for i in 1..4 {
+        assert_eq!(
+            vm.vcpu_mp_state(i).unwrap(),
+            kvm_bindings::KVM_MP_STATE_UNINITIALIZED,
+            "AP {i} must wait for SIPI"
+        );
+    }
+
+    // boot_params.acpi_rsdp_addr → XSDT → MADT: one enabled local APIC per vCPU, APIC ID =
+    // index; the DSDT announces the disk (LNRO0005) and COM1 (PNP0501).
+    let rsdp: u64 = ram.read_obj(GuestAddress(ZERO_PAGE_GPA + 0x70)).unwrap();
+    assert_eq!(Some(rsdp), vm.linux_boot().unwrap().acpi_rsdp_addr);
+    let madt = acpi_table(&ram, rsdp, b"APIC").expect("an MADT");
+    let mut lapics = Vec::new();
+    let mut at = 44;
+    while at + 2 <= madt.len() {
+        let (kind, len) = (madt[at], madt[at + 1] as usize);
+        assert!(len >= 2, "MADT entry length");
+        if kind == 0 {
+            let flags = u32::from_le_bytes(madt[at + 4..at + 8].try_into().unwrap());
+            lapics.push((madt[at + 3], flags & 1));
+        }
+        at += len;
+    }
+    assert_eq!(lapics, vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
+    let dsdt = acpi_table(&ram, rsdp, b"DSDT").expect("a DSDT");
+    let has = |s: &[u8]| dsdt.windows(s.len()).any(|w| w == s);
+    // The disk's _HID is a string; COM1's is EISAID("PNP0501") = 0x0105D041 (a DWord).
+    assert!(has(b"LNRO0005"), "the disk in the DSDT");
+    assert!(has(&[0x0c, 0x41, 0xd0, 0x05, 0x01]), "COM1 in the DSDT");
+    drop(vm);
+    std::fs::remove_dir_all(&dir).ok();
 }

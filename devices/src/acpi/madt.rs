@@ -20,8 +20,11 @@ const IOAPIC_ID: u8 = 0;
 /// (bits 1:0 polarity, 3:2 trigger mode; 0 = bus default, i.e. edge / active-high on ISA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InterruptOverride {
+    /// ISA IRQ.
     pub source: u8,
+    /// The IOAPIC line it arrives on.
     pub gsi: u32,
+    /// MPS INTI flags.
     pub flags: u16,
 }
 

@@ -34,7 +34,9 @@ const PAGE: u64 = 4096;
 /// A legacy port device as the DSDT describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SerialPortInfo {
+    /// First I/O port.
     pub port: u16,
+    /// Its interrupt line.
     pub gsi: u32,
 }
 
@@ -97,8 +99,11 @@ impl Default for AcpiPlacement {
 /// One table as placed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlacedTable {
+    /// `RSD ` for the RSDP, else the table's signature (`XSDT`, `FACP`, `DSDT`, `APIC`).
     pub signature: [u8; 4],
+    /// Guest-physical address.
     pub addr: u64,
+    /// The table as written, checksum included.
     pub bytes: Vec<u8>,
 }
 
@@ -116,22 +121,63 @@ pub struct AcpiTables {
 /// Why the tables could not be built or written.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AcpiError {
+    /// No vCPU, or more than the MADT describes.
     #[error("{vcpus} vCPUs: the MADT describes 1..={MAX_VCPUS}")]
-    VcpuCount { vcpus: u32 },
+    VcpuCount {
+        /// vCPUs asked for.
+        vcpus: u32,
+    },
+    /// The RSDP must be 16-byte aligned.
     #[error("RSDP address {0:#x} is not 16-byte aligned")]
     RsdpAlignment(u64),
+    /// The tables do not fit the area.
     #[error("ACPI tables need {need} bytes from {start:#x}; the area ends at {end:#x}")]
-    DoesNotFit { start: u64, need: u64, end: u64 },
+    DoesNotFit {
+        /// Start of the table area.
+        start: u64,
+        /// Bytes the tables take.
+        need: u64,
+        /// End of the area.
+        end: u64,
+    },
+    /// The RSDP lies inside the table area.
     #[error("the RSDP at {rsdp:#x} overlaps the table area {start:#x}..{end:#x}")]
-    RsdpOverlap { rsdp: u64, start: u64, end: u64 },
+    RsdpOverlap {
+        /// The RSDP's address.
+        rsdp: u64,
+        /// Start of the table area.
+        start: u64,
+        /// End of the area.
+        end: u64,
+    },
+    /// A device window above 4 GiB (the DSDT's resources are 32-bit).
     #[error("virtio-mmio device at {base:#x}+{size:#x} does not fit the 32-bit address space the DSDT describes")]
-    MmioAbove4G { base: u64, size: u64 },
+    MmioAbove4G {
+        /// The device's base address.
+        base: u64,
+        /// Its window size.
+        size: u64,
+    },
+    /// An interrupt line the IOAPIC does not have.
     #[error("interrupt line {gsi} is not an IOAPIC pin (0..=23)")]
-    Gsi { gsi: u32 },
+    Gsi {
+        /// The line asked for.
+        gsi: u32,
+    },
+    /// More devices than the DSDT has names for.
     #[error("{count} virtio-mmio devices: the DSDT names at most 4096")]
-    TooManyDevices { count: usize },
+    TooManyDevices {
+        /// Devices given.
+        count: usize,
+    },
+    /// Guest memory refused the write.
     #[error("writing ACPI table {table} at {addr:#x} into guest memory failed")]
-    GuestMemory { table: String, addr: u64 },
+    GuestMemory {
+        /// The table's signature.
+        table: String,
+        /// Where it was written.
+        addr: u64,
+    },
 }
 
 fn to_bytes(t: &dyn Aml) -> Vec<u8> {

@@ -63,29 +63,55 @@ pub struct BlockConfig {
 /// Why a disk could not be attached.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
+    /// The image cannot be opened.
     #[error("cannot open disk image {}: {source}", path.display())]
     Open {
+        /// The image.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
+    /// Not a regular file or block device.
     #[error("disk image {} is neither a regular file nor a block device", path.display())]
-    NotADisk { path: PathBuf },
+    NotADisk {
+        /// The image.
+        path: PathBuf,
+    },
+    /// Another process holds a lock on the image.
     #[error("disk image {} is in use: another process holds a lock on it", path.display())]
-    Locked { path: PathBuf },
+    Locked {
+        /// The image.
+        path: PathBuf,
+    },
+    /// Smaller than one sector.
     #[error("disk image {} is {len} bytes, smaller than one 512-byte sector", path.display())]
-    TooSmall { path: PathBuf, len: u64 },
+    TooSmall {
+        /// The image.
+        path: PathBuf,
+        /// Its size in bytes.
+        len: u64,
+    },
+    /// The serial does not fit the device's ID field.
     #[error("disk serial {serial:?} is longer than {ID_BYTES} bytes")]
-    SerialTooLong { serial: String },
+    SerialTooLong {
+        /// The serial given.
+        serial: String,
+    },
 }
 
 /// Request counters (for tests and metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockStats {
+    /// Read requests served.
     pub reads: u64,
+    /// Write requests served.
     pub writes: u64,
+    /// Flush requests served.
     pub flushes: u64,
+    /// Bytes read from the image.
     pub bytes_read: u64,
+    /// Bytes written to the image.
     pub bytes_written: u64,
     /// Requests answered with IOERR or UNSUPP, or that had no status byte.
     pub errors: u64,

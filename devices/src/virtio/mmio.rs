@@ -29,12 +29,17 @@ pub const MMIO_VERSION: u32 = 2;
 /// Vendor ID reported to the guest.
 pub const MMIO_VENDOR_ID: u32 = 0;
 
-/// Status bits (virtio 1.2, 2.1).
+/// Status bits (virtio 1.2, 2.1). The guest found the device.
 pub const STATUS_ACKNOWLEDGE: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;
+/// The driver knows how to drive the device.
 pub const STATUS_DRIVER: u32 = VIRTIO_CONFIG_S_DRIVER;
+/// The driver accepted the features it negotiated.
 pub const STATUS_FEATURES_OK: u32 = VIRTIO_CONFIG_S_FEATURES_OK;
+/// The driver is ready: the device may use its queues.
 pub const STATUS_DRIVER_OK: u32 = VIRTIO_CONFIG_S_DRIVER_OK;
+/// The device hit an error and needs a reset.
 pub const STATUS_NEEDS_RESET: u32 = VIRTIO_CONFIG_S_NEEDS_RESET;
+/// The driver gave up on the device.
 pub const STATUS_FAILED: u32 = VIRTIO_CONFIG_S_FAILED;
 /// The status bits a driver may set.
 const DRIVER_STATUS_BITS: u32 =
@@ -43,8 +48,15 @@ const DRIVER_STATUS_BITS: u32 =
 /// Why a transport could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum MmioError {
+    /// A queue size virtio does not allow.
     #[error("virtio device declares queue {index} with maximum size {size}; sizes must be powers of two up to 32768")]
-    QueueSize { index: usize, size: u16 },
+    QueueSize {
+        /// The queue.
+        index: usize,
+        /// The size declared.
+        size: u16,
+    },
+    /// A device with no queue.
     #[error("virtio device declares no queues")]
     NoQueues,
 }

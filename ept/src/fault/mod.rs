@@ -440,13 +440,12 @@ impl Handler {
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
         }
-        let key = self.learner.key_of(tid);
         let marker = w & st::F_MARKER != 0;
         // A marker (or probe) still in flight: the guest reached it, the very signal a
         // prefetcher's continuation waits for. Answer it now: otherwise a stream the guest
         // caught up with issues nothing more and restarts small at the next miss, and the
         // guest keeps catching up.
-        self.learner.hit(key, p, marker, now);
+        let key = self.learner.hit(self.learner.key_of(tid), p, marker, now);
         if marker {
             self.issue_candidates(key, now);
         }
@@ -479,10 +478,9 @@ impl Handler {
         }
         self.hist
             .record(Hist::Timeliness, now.saturating_sub(staged_at));
-        let key = self.learner.key_of(tid);
         // A marker hit may answer with the prefetcher's next window (like Linux's async
         // read-ahead marker); those candidates go out with this round's prefetch batch.
-        self.learner.hit(key, p, true, now);
+        let key = self.learner.hit(self.learner.key_of(tid), p, true, now);
         self.installer.publish_local(p, |_| st::F_CONSUMED, true);
         self.queues.offer_consumed(p);
         self.issue_candidates(key, now);

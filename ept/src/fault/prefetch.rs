@@ -47,12 +47,14 @@ impl Learner {
         }
     }
 
-    /// The prefetcher's process key for a fault by thread `tid` (its vCPU's agent slot).
+    /// The process key of a fault by thread `tid`: the CR3 its vCPU's agent slot published, as
+    /// the page space names processes (0 — the global history — without a vCPU or a slot).
     pub fn key_of(&self, tid: u32) -> u64 {
         let installer = &*self.installer;
         // SAFETY: registered slot pages are pinned resident (`Engine::set_agent_slot`) and in
         // bounds of the alias mapping, which lives as long as the installer.
-        unsafe { self.vcpus.attribute(tid, |page| installer.alias_ptr(page)) }.key()
+        let cr3 = unsafe { self.vcpus.attribute(tid, |page| installer.alias_ptr(page)) }.key();
+        self.space.process_key(cr3)
     }
 
     /// Remembers a demand fault of this round for the prefetcher (consulted after the round's
@@ -74,23 +76,26 @@ impl Learner {
     }
 
     /// Tells the prefetcher of the round's `i`-th fault; its answer is in the candidates.
-    /// Returns the fault's process key.
+    /// Returns the history the fault went to (the process's, or the global one for a page
+    /// the process's user mapping does not place).
     pub fn consult(&mut self, i: usize, now: u64) -> u64 {
         let (key, p) = self.round[i];
-        let pf = self.space.to_prefetch(&*self.installer, key, p);
+        let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
         self.prefetcher.on_fault(key, pf, now, &mut self.cands);
         key
     }
 
-    /// The guest reached page `p` of a prefetch: a marker (staged or still in flight) is
-    /// answered with the prefetcher's next window, in the candidates.
-    pub fn hit(&mut self, key: u64, p: u64, marker: bool, now: u64) {
-        let pf = self.space.to_prefetch(&*self.installer, key, p);
+    /// Process `key` reached page `p` of a prefetch: a marker (staged or still in flight) is
+    /// answered with the prefetcher's next window, in the candidates. Returns the history the
+    /// hit went to (as [`Learner::consult`]).
+    pub fn hit(&mut self, key: u64, p: u64, marker: bool, now: u64) -> u64 {
+        let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
         if marker {
             self.prefetcher.on_marker_hit(key, pf, now, &mut self.cands);
         } else {
             self.prefetcher.on_hit(key, pf, now);
         }
+        key
     }
 
     pub fn candidates(&self) -> usize {

@@ -36,6 +36,7 @@ unsafe impl Sync for GuestRam {}
 const MAX_IOV: usize = 1024;
 
 impl GuestRam {
+    /// Maps `len` bytes of guest RAM (a page multiple): a memfd, its guest view and its engine alias.
     pub fn new(len: usize) -> io::Result<Self> {
         if len == 0 || !len.is_multiple_of(PAGE_SIZE) {
             return Err(io::Error::new(
@@ -101,14 +102,17 @@ impl GuestRam {
         })
     }
 
+    /// Bytes of guest RAM.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it has no bytes (never: `new` refuses 0).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Guest RAM in pages.
     pub fn pages(&self) -> u64 {
         (self.len / PAGE_SIZE) as u64
     }
@@ -125,6 +129,7 @@ impl GuestRam {
         unsafe { self.alias.add(p as usize * PAGE_SIZE) }
     }
 
+    /// Host address of page `p` in the guest view.
     pub fn guest_page_addr(&self, p: u64) -> u64 {
         self.guest as u64 + p * PAGE_SIZE as u64
     }

@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub struct EventFd(OwnedFd);
 
 impl EventFd {
+    /// A new doorbell, not rung.
     pub fn new() -> io::Result<Self> {
         // SAFETY: plain syscall; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -33,6 +34,7 @@ impl EventFd {
         r == 8
     }
 
+    /// The fd, for an epoll set.
     pub fn raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
@@ -43,6 +45,7 @@ impl EventFd {
 pub struct Epoll(OwnedFd);
 
 impl Epoll {
+    /// An empty epoll set.
     pub fn new() -> io::Result<Self> {
         // SAFETY: plain syscall; the result is checked.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -53,6 +56,7 @@ impl Epoll {
         Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// Watches `fd` for input; its events come back tagged with `token`.
     pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,

@@ -19,14 +19,19 @@ const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
 /// `UFFD_FEATURE_*` bits this engine asks for.
 pub mod feature {
+    /// Shared-memory (memfd) regions may be registered in MISSING mode.
     pub const MISSING_SHMEM: u64 = 1 << 5;
+    /// Fault messages carry the faulting thread's id.
     pub const THREAD_ID: u64 = 1 << 8;
+    /// Shared-memory regions may be registered in MINOR mode (installs by UFFDIO_CONTINUE).
     pub const MINOR_SHMEM: u64 = 1 << 10;
 }
 
 /// `UFFDIO_REGISTER_MODE_*`
 pub mod mode {
+    /// Report faults on pages with no page cache page (never written).
     pub const MISSING: u64 = 1 << 0;
+    /// Report faults on pages present in the memfd but not mapped (installed by UFFDIO_CONTINUE).
     pub const MINOR: u64 = 1 << 2;
 }
 
@@ -87,6 +92,7 @@ const _: () = assert!(core::mem::size_of::<RawMsg>() == 32);
 /// One page fault as read from the uffd.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Fault {
+    /// Faulting host address (the guest view's).
     pub address: u64,
     /// Faulting thread (UFFD_FEATURE_THREAD_ID).
     pub tid: u32,
@@ -95,6 +101,7 @@ pub struct Fault {
 /// Outcome of an install ioctl.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Installed {
+    /// The whole range was installed.
     Done,
     /// The page was already mapped (EEXIST): someone else installed it.
     AlreadyMapped,
@@ -265,6 +272,7 @@ impl Uffd {
         Ok(k)
     }
 
+    /// The userfaultfd, for an epoll set.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }

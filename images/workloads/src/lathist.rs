@@ -51,12 +51,14 @@ fn floor_of(b: usize) -> u64 {
 }
 
 impl LatencyHistogram {
+    /// Counts one observation of `ns` nanoseconds.
     pub fn record(&mut self, ns: u64) {
         let b = bucket_of(ns).min(BUCKETS - 1);
         self.counts[b] = self.counts[b].saturating_add(1);
         self.total += 1;
     }
 
+    /// Observations so far.
     pub fn count(&self) -> u64 {
         self.total
     }

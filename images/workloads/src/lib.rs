@@ -51,19 +51,15 @@ pub trait Env {
     fn counter(&mut self, _index: usize, _value: u64) {}
 }
 
-/// Phase numbers passed to [`Env::phase`].
-pub mod phase {
-    pub const SETUP: u32 = 0;
-    pub const WARMUP: u32 = 1;
-    pub const MEASURE: u32 = 2;
-    pub const MEASURED: u32 = 3;
-}
+/// Phase numbers passed to [`Env::phase`]: the guest ABI's mailbox phases.
+pub use farvm_guest_agent::pv::phase;
 
 /// A workload's inputs (the test plan's `ProcessSpec` without the CPU).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Params {
     /// Working-set size in bytes; the heap passed to [`run`] must hold at least this much.
     pub ws_bytes: u64,
+    /// Seed of the workload's random numbers (same seed, same checksum).
     pub seed: u64,
     /// The workload's named parameters, in the order of [`WorkloadInfo::params`];
     /// 0 means "the default".
@@ -73,6 +69,7 @@ pub struct Params {
 /// A workload's result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
+    /// A checksum of what the workload computed, equal in the guest and natively.
     pub checksum: u64,
     /// Operations in the measured phase (words scanned, lines touched, keys, edges, ...).
     pub ops: u64,
@@ -83,21 +80,27 @@ pub struct Outcome {
 /// Why a workload refused to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
+    /// No workload has this id.
     UnknownWorkload(u32),
     /// The heap slice is shorter than the working set or the workload's minimum.
     HeapTooSmall {
+        /// Bytes needed.
         need: u64,
+        /// Bytes given.
         have: u64,
     },
     /// A parameter is out of range.
     BadParam {
+        /// The parameter.
         name: &'static str,
+        /// The value given.
         value: u64,
     },
     /// The workload only makes sense in the test guest (it faults on purpose).
     GuestOnly(u32),
     /// The isolation check found words that another process (or a wrong page) overwrote.
     Corrupted {
+        /// Words that differed from what this process wrote.
         mismatches: u64,
     },
 }

@@ -10,15 +10,18 @@ use crate::Params;
 /// One named parameter of a workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParamInfo {
+    /// Its key in a workload spec.
     pub name: &'static str,
     /// Used when the plan passes 0.
     pub default: u64,
+    /// One line for `--help`.
     pub help: &'static str,
 }
 
 /// One workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkloadInfo {
+    /// Its id in the guest ABI (`farvm_guest_agent::boot::workload`).
     pub id: u32,
     /// CLI name (`--workload NAME:...`).
     pub name: &'static str,

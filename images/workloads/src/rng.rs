@@ -23,6 +23,7 @@ impl Rng {
         }
     }
 
+    /// The next 64 random bits.
     #[inline(always)]
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);

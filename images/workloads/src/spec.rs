@@ -9,8 +9,11 @@ use crate::Params;
 /// A parsed `--workload` argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spec {
+    /// The workload named.
     pub workload: &'static WorkloadInfo,
+    /// `ws=`: working-set size in bytes (the workload's default if not given).
     pub ws_bytes: u64,
+    /// `seed=` ([`DEFAULT_SEED`] if not given).
     pub seed: u64,
     /// The vCPU to run on, if given.
     pub cpu: Option<u32>,
@@ -19,6 +22,7 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// The workload's inputs.
     pub fn params(&self) -> Params {
         Params {
             ws_bytes: self.ws_bytes,
@@ -34,17 +38,24 @@ pub const DEFAULT_SEED: u64 = 1;
 /// Why a spec did not parse. Borrows the offending text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpecError<'a> {
+    /// The spec is empty.
     Empty,
+    /// No workload has this name.
     UnknownWorkload(&'a str),
     /// `key` is not `ws`, `seed`, `cpu` or one of the workload's parameters.
     UnknownKey {
+        /// The workload's name.
         workload: &'static str,
+        /// The key given.
         key: &'a str,
     },
     /// An item without `=`.
     MissingValue(&'a str),
+    /// A value that is not a number (or size) in range.
     BadNumber {
+        /// Its key.
         key: &'a str,
+        /// The value given.
         value: &'a str,
     },
 }

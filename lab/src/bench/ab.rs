@@ -114,7 +114,7 @@ pub(super) fn reference(
     timeout: Duration,
     setup: CellSetup,
 ) -> Result<(ProcessRecord, Budget)> {
-    let (rec, st) = run_remote(w, Budget::Unlimited, "none", timeout, setup)?;
+    let (rec, st, _) = run_remote(w, Budget::Unlimited, "none", timeout, setup)?;
     let rec = rec.with_context(|| {
         format!(
             "{}: the reference run did not finish in {} s",

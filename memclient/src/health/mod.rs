@@ -36,8 +36,9 @@ pub struct ClientStats {
     /// Slab replicas moved to another server (off a full or draining server).
     pub replicas_moved: u64,
     /// Bytes of read pages (with their crc32c) the open connections copied through their
-    /// receive buffer, and received straight into their destination.
+    /// receive buffer (bytes that had already arrived there with what came before them).
     pub read_bytes_copied: u64,
+    /// Bytes of read pages received straight into their destination (no copy).
     pub read_bytes_in_place: u64,
 }
 

@@ -1,18 +1,23 @@
-//! Server metrics as lock-free atomics, rendered in the Prometheus text format, and the tiny
-//! HTTP responder serving them on `--metrics`.
+//! Server metrics: lock-free atomics the connection threads bump, and their Prometheus
+//! exposition on `--metrics` (farvm-httpd's HTTP server and prometheus-client encoding).
 //!
-//! Hand-rolled rather than a registry crate so the per-request path is a handful of relaxed
-//! atomic increments with no lock and no allocation.
+//! The counters are plain atomics rather than prometheus-client metric types so the
+//! per-request path is a handful of relaxed increments with no lock and no allocation; a
+//! [`Collector`] reads them on each scrape.
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::Store;
+use farvm_httpd::metrics::{router, Families, HistogramValue, SeriesLabels};
+use farvm_httpd::prometheus_client::collector::Collector;
+use farvm_httpd::prometheus_client::encoding::DescriptorEncoder;
+use farvm_httpd::{Exposition, HttpError, HttpServer, Listen};
 use farvm_memproto::{Status, PAGE_SIZE};
+
+use super::store::Store;
 
 /// Operations with their own counters and latency histogram.
 #[derive(Debug, Clone, Copy)]
@@ -107,161 +112,198 @@ impl Metrics {
     pub fn errors(&self, op: Op, status: Status) -> u64 {
         self.ops[op as usize].errors[status as usize].load(Relaxed)
     }
+}
 
-    /// Prometheus text exposition.
-    pub fn render(&self, store: &Store) -> String {
-        let mut o = String::with_capacity(8192);
-        let occ = store.occupancy();
-        let g = |o: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        };
-        g(
-            &mut o,
-            "farvm_memserver_pages_stored",
-            "Pages currently stored.",
-            "gauge",
-            occ.used_pages,
-        );
-        g(
-            &mut o,
-            "farvm_memserver_bytes_stored",
-            "Bytes of page data currently stored.",
-            "gauge",
-            occ.used_pages * PAGE_SIZE as u64,
-        );
-        g(
-            &mut o,
-            "farvm_memserver_capacity_pages",
-            "Capacity in pages.",
-            "gauge",
-            occ.capacity_pages,
-        );
-        g(
-            &mut o,
-            "farvm_memserver_connections",
-            "Open client connections.",
-            "gauge",
-            self.connections.load(Relaxed),
-        );
-        g(
-            &mut o,
-            "farvm_memserver_connections_total",
-            "Client connections accepted.",
-            "counter",
-            self.connections_total.load(Relaxed),
-        );
-        g(
-            &mut o,
-            "farvm_memserver_malformed_frames_total",
-            "Connections closed for a malformed frame.",
-            "counter",
-            self.malformed_frames.load(Relaxed),
-        );
-        g(
-            &mut o,
-            "farvm_memserver_pages_read_total",
-            "Present pages returned by READ.",
-            "counter",
-            self.pages_read.load(Relaxed),
-        );
-        g(
-            &mut o,
-            "farvm_memserver_pages_written_total",
-            "Pages stored by WRITE.",
-            "counter",
-            self.pages_written.load(Relaxed),
-        );
-        g(
-            &mut o,
-            "farvm_memserver_pages_discarded_total",
-            "Pages freed by DISCARD.",
-            "counter",
-            self.pages_discarded.load(Relaxed),
-        );
-        let _ = writeln!(o, "# HELP farvm_memserver_ops_total Requests handled.\n# TYPE farvm_memserver_ops_total counter");
-        for (i, name) in OPS.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "farvm_memserver_ops_total{{op=\"{name}\"}} {}",
-                self.ops[i].count.load(Relaxed)
-            );
-        }
-        let _ = writeln!(o, "# HELP farvm_memserver_errors_total Requests answered with an error status.\n# TYPE farvm_memserver_errors_total counter");
-        for (i, name) in OPS.iter().enumerate() {
-            for (j, st) in STATUSES.iter().enumerate().skip(1) {
-                let v = self.ops[i].errors[j].load(Relaxed);
-                if v > 0 {
-                    let _ = writeln!(
-                        o,
-                        "farvm_memserver_errors_total{{op=\"{name}\",status=\"{st}\"}} {v}"
-                    );
-                }
-            }
-        }
-        let _ = writeln!(o, "# HELP farvm_memserver_op_latency_seconds Server-side time per request.\n# TYPE farvm_memserver_op_latency_seconds histogram");
-        for (i, name) in OPS.iter().enumerate() {
-            let s = &self.ops[i];
-            let mut cum = 0;
-            for (b, ub) in BUCKETS_US.iter().enumerate() {
-                cum += s.buckets[b].load(Relaxed);
-                let _ = writeln!(
-                    o,
-                    "farvm_memserver_op_latency_seconds_bucket{{op=\"{name}\",le=\"{}\"}} {cum}",
-                    *ub as f64 / 1e6
-                );
-            }
-            let count = s.count.load(Relaxed);
-            let _ = writeln!(
-                o,
-                "farvm_memserver_op_latency_seconds_bucket{{op=\"{name}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                o,
-                "farvm_memserver_op_latency_seconds_sum{{op=\"{name}\"}} {}",
-                s.sum_ns.load(Relaxed) as f64 / 1e9
-            );
-            let _ = writeln!(
-                o,
-                "farvm_memserver_op_latency_seconds_count{{op=\"{name}\"}} {count}"
-            );
-        }
-        o
+/// What a scrape reads: the counters and the store's occupancy.
+struct Snapshot {
+    metrics: Arc<Metrics>,
+    store: Arc<Store>,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("memserver metrics")
     }
 }
 
-/// Serves `GET /metrics` (any path) until `stop` is set. One request per connection.
-pub fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    store: Arc<Store>,
-    stop: Arc<AtomicBool>,
-) {
-    // Nonblocking accept with a short sleep so shutdown is noticed without a wake-up connection.
-    if let Err(e) = listener.set_nonblocking(true) {
-        tracing::error!("metrics listener: {e}");
-        return;
-    }
-    while !stop.load(Relaxed) {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut req = [0u8; 2048];
-                let _ = s.read(&mut req);
-                let body = metrics.render(&store);
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => {
-                tracing::warn!("metrics accept: {e}");
-                std::thread::sleep(Duration::from_millis(50));
+impl Collector for Snapshot {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let m = &self.metrics;
+        let occ = self.store.occupancy();
+        let mut f = Families::new(encoder, &[]);
+        f.gauge(
+            "farvm_memserver_pages_stored",
+            "Pages currently stored.",
+            occ.used_pages,
+        )?;
+        f.gauge(
+            "farvm_memserver_bytes_stored",
+            "Bytes of page data currently stored.",
+            occ.used_pages * PAGE_SIZE as u64,
+        )?;
+        f.gauge(
+            "farvm_memserver_capacity_pages",
+            "Capacity in pages.",
+            occ.capacity_pages,
+        )?;
+        f.gauge(
+            "farvm_memserver_connections",
+            "Open client connections.",
+            m.connections.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_connections_accepted",
+            "Client connections accepted.",
+            m.connections_total.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_malformed_frames",
+            "Connections closed for a malformed frame.",
+            m.malformed_frames.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_pages_read",
+            "Present pages returned by READ.",
+            m.pages_read.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_pages_written",
+            "Pages stored by WRITE.",
+            m.pages_written.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_pages_discarded",
+            "Pages freed by DISCARD.",
+            m.pages_discarded.load(Relaxed),
+        )?;
+
+        let op_labels: Vec<[(&str, &str); 1]> = OPS.iter().map(|op| [("op", *op)]).collect();
+        let ops: Vec<(SeriesLabels<'_>, u64)> = op_labels
+            .iter()
+            .zip(&m.ops)
+            .map(|(l, s)| (&l[..], s.count.load(Relaxed)))
+            .collect();
+        f.counter_series("farvm_memserver_ops", "Requests handled.", &ops)?;
+
+        // Only the (op, status) pairs that happened: most never do.
+        let mut error_labels = Vec::new();
+        for (op, s) in OPS.iter().zip(&m.ops) {
+            for (status, n) in STATUSES.iter().zip(&s.errors).skip(1) {
+                let n = n.load(Relaxed);
+                if n > 0 {
+                    error_labels.push(([("op", *op), ("status", *status)], n));
+                }
             }
         }
+        let errors: Vec<(SeriesLabels<'_>, u64)> =
+            error_labels.iter().map(|(l, n)| (&l[..], *n)).collect();
+        f.counter_series(
+            "farvm_memserver_errors",
+            "Requests answered with an error status.",
+            &errors,
+        )?;
+
+        let buckets: Vec<Vec<(f64, u64)>> = m.ops.iter().map(OpStats::buckets).collect();
+        let latency: Vec<(SeriesLabels<'_>, HistogramValue<'_>)> = op_labels
+            .iter()
+            .zip(&m.ops)
+            .zip(&buckets)
+            .map(|((l, s), b)| {
+                let value = HistogramValue {
+                    sum: s.sum_ns.load(Relaxed) as f64 / 1e9,
+                    count: b.iter().map(|(_, n)| n).sum(),
+                    buckets: b,
+                };
+                (&l[..], value)
+            })
+            .collect();
+        f.histogram_series(
+            "farvm_memserver_op_latency_seconds",
+            "Server-side time per request.",
+            &latency,
+        )
+    }
+}
+
+impl OpStats {
+    /// Per-bucket counts `(upper bound in seconds, count)`, the last bound +Inf holding what
+    /// no finite bucket took.
+    fn buckets(&self) -> Vec<(f64, u64)> {
+        let mut out: Vec<(f64, u64)> = BUCKETS_US
+            .iter()
+            .zip(&self.buckets)
+            .map(|(ub, n)| (*ub as f64 / 1e6, n.load(Relaxed)))
+            .collect();
+        let finite: u64 = out.iter().map(|(_, n)| n).sum();
+        // `count` is bumped before the bucket: a request recorded mid-scrape may be in
+        // `count` and not yet in its bucket, which would only make +Inf one too big.
+        let beyond = self.count.load(Relaxed).saturating_sub(finite);
+        out.push((f64::INFINITY, beyond));
+        out
+    }
+}
+
+/// The exposition of one server's metrics.
+pub(crate) fn exposition(metrics: Arc<Metrics>, store: Arc<Store>) -> Exposition {
+    let mut e = Exposition::new();
+    e.register_collector(Snapshot { metrics, store });
+    e
+}
+
+/// Serves the metrics at `GET /metrics` on `addr` from a thread named `memserver-metrics`,
+/// until the returned server is dropped.
+pub(crate) fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    store: Arc<Store>,
+) -> Result<HttpServer, HttpError> {
+    let e = Arc::new(exposition(metrics, store));
+    HttpServer::start(&Listen::Tcp(addr), "memserver-metrics", router(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::arena::Arena;
+
+    #[test]
+    fn the_exposition_has_every_family_cumulative_buckets_and_only_errors_that_happened() {
+        let m = Arc::new(Metrics::default());
+        let store = Arc::new(Store::new(Arena::new(16).unwrap()));
+        m.conn_open();
+        m.conn_open();
+        m.conn_close();
+        m.record(Op::Read, Status::Ok, Duration::from_micros(3));
+        m.record(Op::Read, Status::Ok, Duration::from_micros(40));
+        m.record(Op::Read, Status::Ok, Duration::from_secs(1));
+        m.record(
+            Op::Write,
+            Status::CapacityExhausted,
+            Duration::from_micros(7),
+        );
+        m.pages(3, 1, 0);
+        let text = exposition(m, store).render();
+        for line in [
+            "farvm_memserver_capacity_pages 16",
+            "farvm_memserver_connections 1",
+            "farvm_memserver_connections_accepted_total 2",
+            "farvm_memserver_pages_read_total 3",
+            "farvm_memserver_ops_total{op=\"read\"} 3",
+            "farvm_memserver_ops_total{op=\"hello\"} 0",
+            "farvm_memserver_errors_total{op=\"write\",status=\"capacity_exhausted\"} 1",
+            "farvm_memserver_op_latency_seconds_bucket{le=\"0.000005\",op=\"read\"} 1",
+            "farvm_memserver_op_latency_seconds_bucket{le=\"0.00005\",op=\"read\"} 2",
+            "farvm_memserver_op_latency_seconds_bucket{le=\"0.1\",op=\"read\"} 2",
+            "farvm_memserver_op_latency_seconds_bucket{le=\"+Inf\",op=\"read\"} 3",
+            "farvm_memserver_op_latency_seconds_count{op=\"read\"} 3",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        assert_eq!(
+            text.matches("farvm_memserver_errors_total{").count(),
+            1,
+            "only the pair that happened:\n{text}"
+        );
     }
 }

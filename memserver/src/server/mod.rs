@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 use rustc_hash::FxHashMap;
 
 use arena::Arena;
+use farvm_httpd::{HttpError, HttpServer};
 use farvm_memproto::auth::Secret;
 use farvm_memproto::PAGE_SIZE;
 use metrics::Metrics;
@@ -77,6 +78,9 @@ pub enum ServerError {
         /// Why not.
         reason: String,
     },
+    /// The metrics endpoint could not be started.
+    #[error("metrics endpoint: {0}")]
+    Metrics(HttpError),
     /// Other socket or thread error.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -103,7 +107,8 @@ pub struct Server;
 /// A running server. Dropping it shuts it down.
 pub struct ServerHandle {
     addr: SocketAddr,
-    metrics_addr: Option<SocketAddr>,
+    /// The `--metrics` endpoint; stopped when dropped.
+    metrics_server: Option<HttpServer>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -134,31 +139,21 @@ impl Server {
             next_conn: AtomicU64::new(0),
             connection_cpu: cfg.connection_cpu,
         });
-        let mut threads = Vec::new();
-        let mut metrics_addr = None;
-        if let Some(maddr) = cfg.metrics {
-            let ml = TcpListener::bind(maddr).map_err(|source| ServerError::Bind {
-                addr: maddr,
-                source,
-            })?;
-            metrics_addr = Some(ml.local_addr()?);
-            let (m, s, st) = (shared.metrics.clone(), store.clone(), stop.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name("memserver-metrics".into())
-                    .spawn(move || metrics::serve(ml, m, s, st))?,
-            );
-        }
+        let metrics_server = match cfg.metrics {
+            Some(maddr) => Some(
+                metrics::serve(maddr, shared.metrics.clone(), store.clone())
+                    .map_err(ServerError::Metrics)?,
+            ),
+            None => None,
+        };
         let sh = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("memserver-accept".into())
-                .spawn(move || accept_loop(listener, sh))?,
-        );
+        let threads = vec![std::thread::Builder::new()
+            .name("memserver-accept".into())
+            .spawn(move || accept_loop(listener, sh))?];
         tracing::info!(%addr, pages, tenants = cfg.tokens.len(), "memserver listening");
         Ok(ServerHandle {
             addr,
-            metrics_addr,
+            metrics_server,
             shared,
             threads,
         })
@@ -228,12 +223,12 @@ impl ServerHandle {
 
     /// The bound metrics address, if enabled.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
+        self.metrics_server.as_ref().and_then(HttpServer::tcp_addr)
     }
 
-    /// Prometheus text of the current metrics.
+    /// The metrics as the endpoint serves them (OpenMetrics text).
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render(&self.shared.store)
+        metrics::exposition(self.shared.metrics.clone(), self.shared.store.clone()).render()
     }
 
     /// Errors counted for an op and status.
@@ -266,6 +261,7 @@ impl ServerHandle {
         if self.shared.stop.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.metrics_server = None;
         // Wake the blocking accept.
         let _ = TcpStream::connect(self.addr);
         for (_, c) in self

@@ -65,14 +65,17 @@ impl Default for EngineModelConfig {
 /// What one engine-model replay counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EngineModelStats {
+    /// Trace records replayed.
     pub accesses: u64,
     /// Touches of remote pages (a network read the guest waits for in full).
     pub demand_faults: u64,
+    /// First touches of never-written pages, filled with zeros locally (no read).
     pub zero_fills: u64,
     /// Touches of pages whose prefetch was still in flight.
     pub late_hits: u64,
     /// First touches of prefetched pages that had arrived (markers included).
     pub prefetch_hits: u64,
+    /// Of `prefetch_hits`, those on marker pages (the hits the prefetcher is told of).
     pub marker_hits: u64,
     /// Candidates the prefetcher proposed.
     pub proposals: u64,
@@ -80,6 +83,7 @@ pub struct EngineModelStats {
     pub redundant: u64,
     /// Prefetch reads issued.
     pub prefetch_issued: u64,
+    /// Candidates put off because the prefetch queue was full.
     pub deferred: u64,
     /// Deferred candidates dropped (queue full or stale).
     pub dropped: u64,

@@ -54,8 +54,11 @@ struct Node {
 /// A page pushed out by an insert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Evicted {
+    /// The process the page belongs to.
     pub key: ProcessKey,
+    /// The page.
     pub page: PageNo,
+    /// Its prefetch state when it was evicted (an unused prefetch counts as waste).
     pub meta: Meta,
 }
 
@@ -83,18 +86,22 @@ impl Lru {
         }
     }
 
+    /// Resident pages.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no page is resident.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    /// The node index of `page` of process `key`, if resident.
     pub fn get(&self, key: ProcessKey, page: PageNo) -> Option<u32> {
         self.map.get(&(key, page)).copied()
     }
 
+    /// The prefetch state of the page at node `idx` (an index [`Lru::get`] returned).
     pub fn meta(&mut self, idx: u32) -> &mut Meta {
         &mut self.nodes[idx as usize].meta
     }

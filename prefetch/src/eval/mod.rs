@@ -34,6 +34,7 @@ use crate::{Candidates, HitVisibility, Prefetcher};
 pub struct EvalConfig {
     /// Local memory in pages (at least 1).
     pub local_pages: usize,
+    /// Whether prefetch hits are visible to the prefetcher or only through markers.
     pub hits: HitVisibility,
     /// Leap's eager eviction of consumed prefetches.
     pub eager_eviction: bool,
@@ -46,26 +47,36 @@ pub struct EvalConfig {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EvalError {
     #[error("local memory must hold at least 1 page")]
+    /// [`EvalConfig::local_pages`] was 0.
     NoLocalMemory,
 }
 
 /// Counters and derived metrics of one replay.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Stats {
+    /// The prefetcher's registry name.
     pub prefetcher: String,
+    /// Trace records replayed.
     pub accesses: u64,
+    /// Accesses to pages not resident and not prefetched (a fault the guest waits for).
     pub demand_misses: u64,
     /// Pages added to local memory by prefetching.
     pub cache_adds: u64,
+    /// First uses of prefetched pages.
     pub prefetch_hits: u64,
     /// Of `prefetch_hits`, first uses of marker pages.
     pub marker_hits: u64,
     /// Prefetched pages evicted before any use.
     pub evicted_unused: u64,
+    /// Prefetch hits / pages prefetched (`None` when nothing was prefetched).
     pub accuracy: Option<f64>,
+    /// Prefetch hits / (prefetch hits + demand misses) (`None` for an empty trace).
     pub coverage: Option<f64>,
+    /// Prefetched pages never used / pages fetched.
     pub waste: Option<f64>,
+    /// Median accesses between a page's prefetch and its first use.
     pub timeliness_p50: Option<u64>,
+    /// 95th percentile of the same.
     pub timeliness_p95: Option<u64>,
 }
 

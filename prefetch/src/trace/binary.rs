@@ -49,6 +49,7 @@ pub struct Writer<W: Write> {
 }
 
 impl<W: Write> Writer<W> {
+    /// Starts a binary trace on `w` (writes the header); `timed` traces carry a time per record.
     pub fn new(mut w: W, timed: bool) -> std::io::Result<Self> {
         w.write_all(MAGIC)?;
         w.write_all(&[VERSION, if timed { FLAG_TIMED } else { 0 }])?;
@@ -60,6 +61,7 @@ impl<W: Write> Writer<W> {
         })
     }
 
+    /// Appends one record (delta- and varint-encoded).
     pub fn write(&mut self, r: &Record) -> std::io::Result<()> {
         put_varint(&mut self.w, r.key)?;
         put_varint(
@@ -77,6 +79,7 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// Flushes and returns the underlying writer.
     pub fn finish(mut self) -> std::io::Result<W> {
         self.w.flush()?;
         Ok(self.w)

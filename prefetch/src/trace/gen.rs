@@ -15,45 +15,85 @@ const PAGE: u64 = 4096;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     /// `passes` scans over pages `0..pages`.
-    Sequential { pages: u64, passes: u32 },
+    Sequential {
+        /// Pages scanned.
+        pages: u64,
+        /// Scans.
+        passes: u32,
+    },
     /// `count` accesses to pages `0, stride, 2·stride, ...`, repeated `passes` times.
     Stride {
+        /// Pages between accesses.
         stride: u64,
+        /// Accesses per pass.
         count: u64,
+        /// Passes.
         passes: u32,
     },
     /// `count` accesses uniformly at random in `0..pages`.
-    Random { pages: u64, count: u64, seed: u64 },
+    Random {
+        /// Pages drawn from.
+        pages: u64,
+        /// Accesses.
+        count: u64,
+        /// Random seed.
+        seed: u64,
+    },
     /// `count` accesses to page k with probability ∝ 1/(k+1)^θ in `0..pages`.
     Zipf {
+        /// Pages drawn from (page k has rank k).
         pages: u64,
+        /// Accesses.
         count: u64,
+        /// Skew θ (0: uniform).
         theta: f64,
+        /// Random seed.
         seed: u64,
     },
     /// C = A·B over n×n row-major f64 arrays; `block` = 0 for the naive i-j-k loop, else the
     /// tile size of the blocked loop.
-    MatMul { n: u64, block: u64 },
+    MatMul {
+        /// Matrix dimension.
+        n: u64,
+        /// Tile size (0: naive loop).
+        block: u64,
+    },
     /// Pull-based PageRank over a CSR graph whose edge sources follow a power law.
     PageRank {
+        /// Vertices of the graph.
         vertices: u64,
+        /// Mean in-degree.
         degree: u64,
+        /// Iterations.
         iters: u32,
+        /// Random seed of the graph.
         seed: u64,
     },
     /// Hoare-partition quicksort of `elements` random u32.
-    QuickSort { elements: u64, seed: u64 },
+    QuickSort {
+        /// Elements sorted.
+        elements: u64,
+        /// Random seed of the input.
+        seed: u64,
+    },
     /// Process 1 scans `scan_pages` sequentially while process 2 touches random pages of its own
     /// `polluter_pages`; each access is the polluter's with probability `polluter_share`.
     Mix {
+        /// Pages of the scanning process.
         scan_pages: u64,
+        /// Pages of the random polluter.
         polluter_pages: u64,
+        /// Probability that an access is the polluter's.
         polluter_share: f64,
+        /// Random seed.
         seed: u64,
     },
     /// One process, two threads each scanning its own array of `pages`, interleaved access by
     /// access.
-    TwoStream { pages: u64 },
+    TwoStream {
+        /// Pages of each array.
+        pages: u64,
+    },
 }
 
 /// Why a workload cannot be generated.

@@ -26,7 +26,9 @@ use crate::{Nanos, PageNo, ProcessKey};
 /// One access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
+    /// The process that made the access.
     pub key: ProcessKey,
+    /// The page accessed.
     pub page: PageNo,
     /// Nanoseconds if the trace is timed, else the record index.
     pub time: Nanos,
@@ -35,6 +37,7 @@ pub struct Record {
 /// A whole trace in memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trace {
+    /// The accesses in order.
     pub records: Vec<Record>,
     /// `true` if `time` is in nanoseconds, `false` if it is the record index.
     pub timed: bool,
@@ -62,7 +65,9 @@ impl Trace {
 /// On-disk trace format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// One `pid page [time_ns]` line per record.
     Text,
+    /// The `FVMTRACE` varint format (about two bytes per record on a scan).
     Binary,
 }
 
@@ -70,13 +75,24 @@ pub enum Format {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("trace I/O error: {0}")]
+    /// Reading or writing the file failed.
     Io(#[from] std::io::Error),
     #[error("line {line}: {msg}")]
-    Text { line: u64, msg: String },
+    /// A text trace line that does not parse.
+    Text {
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong.
+        msg: String,
+    },
     #[error("binary trace, record {record} (byte {offset}): {msg}")]
+    /// A binary trace record that does not decode.
     Binary {
+        /// Index of the record.
         record: u64,
+        /// Byte offset in the file.
         offset: u64,
+        /// What is wrong.
         msg: String,
     },
 }

@@ -8,10 +8,12 @@
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator whose stream is fixed by `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -37,6 +39,7 @@ pub struct Zipf {
 }
 
 impl Zipf {
+    /// The distribution over `n` ranks with exponent `theta` (builds the CDF once).
     pub fn new(n: usize, theta: f64) -> Self {
         let mut cdf = Vec::with_capacity(n);
         let mut sum = 0.0;
@@ -50,6 +53,7 @@ impl Zipf {
         Self { cdf }
     }
 
+    /// A rank in `0..n`.
     pub fn sample(&self, rng: &mut SplitMix64) -> u64 {
         let u = rng.unit();
         self.cdf

@@ -1,7 +1,8 @@
 //! Loading a guest kernel and building its entry state: the test-guest ELF (direct 64-bit entry,
 //! VMM-built page tables), recognising a kernel file as the test guest, and Linux (bzImage /
-//! vmlinux through linux-loader).
+//! vmlinux through linux-loader, with its ACPI tables).
 
+pub mod acpi;
 pub mod elf;
 pub mod linux;
 pub mod testguest;
@@ -12,12 +13,16 @@ use crate::vstate::memory::MemError;
 /// Errors while loading a kernel or building its boot data.
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
+    /// The kernel or initrd is not what it claims to be.
     #[error("kernel image is malformed: {0}")]
     Malformed(String),
+    /// The kernel or initrd does not fit guest RAM.
     #[error("kernel image does not fit guest RAM: {0}")]
     DoesNotFit(String),
+    /// Something else in the boot setup failed.
     #[error("boot setup: {0}")]
     Setup(String),
+    /// Writing guest memory failed.
     #[error(transparent)]
     Mem(#[from] MemError),
 }
@@ -46,14 +51,22 @@ pub fn sniff_kernel(image: &[u8]) -> Option<KernelKind> {
 /// The initial register state of one vCPU, as the boot path decided it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryState {
+    /// Instruction pointer.
     pub rip: u64,
+    /// `rsi` (Linux: `boot_params`; test guest: the vCPU index).
     pub rsi: u64,
+    /// `rdi` (test guest: `BootInfo`).
     pub rdi: u64,
+    /// Stack pointer.
     pub rsp: u64,
+    /// Page-table root.
     pub cr3: u64,
     /// Code and data selectors loaded in the hidden segment state.
     pub code_selector: u16,
+    /// See `code_selector`.
     pub data_selector: u16,
+    /// Base of the boot GDT.
     pub gdt_base: u64,
+    /// Its limit.
     pub gdt_limit: u16,
 }

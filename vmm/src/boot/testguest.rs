@@ -29,15 +29,20 @@ const WINDOW_PD: u64 = 0x4000;
 
 /// Selectors of the boot GDT.
 pub const CODE64_SELECTOR: u16 = 0x08;
+/// Data selector of the boot GDT.
 pub const DATA_SELECTOR: u16 = 0x10;
 const GDT: [u64; 3] = [0, 0x00af_9a00_0000_ffff, 0x00cf_9200_0000_ffff];
 
 /// The test plan written into [`BootInfo`].
 #[derive(Clone, Debug, Default)]
 pub struct TestPlan {
+    /// One entry per ring-3 process.
     pub procs: Vec<ProcessSpec>,
+    /// LAPIC timer rate (0: cooperative scheduling only).
     pub timer_hz: u32,
+    /// `boot::flags::*`.
     pub flags: u64,
+    /// Seed of the free-frame shuffle (0: frames in ascending order).
     pub frame_shuffle_seed: u64,
     /// Free-list fragmentation: runs of `1 << frame_run_shift` frames (0 = every frame shuffled).
     pub frame_run_shift: u32,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use farvm_devices::serial::{SerialIn, SerialOut};
 use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
 use farvm_httpd::{HttpError, HttpServer, Listen};
@@ -16,8 +17,9 @@ use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use farvm_vmm::boot::{sniff_kernel, KernelKind};
 use farvm_vmm::builder::{self, BootConfig, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
+use farvm_vmm::devices::board::DiskConfig;
+use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::devices::serial::SerialOut;
 use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
@@ -36,12 +38,24 @@ kernel (direct 64-bit entry), a bzImage (or an ELF given with --initrd/--cmdline
 Linux through the x86 64-bit boot protocol. The test guest itself (an ELF carrying farvm's
 test-guest note, as written by `farvm image export`) stays the test guest with --cmdline: each
 `farvm.workload=SPEC` word of the command line adds a workload, after those of --workload.
-Linux does not run at a usable speed on a host whose KVM emulates guest ring 0 (PVM); use
---stop-at-entry to check its boot setup.
 
-The console (16550 at 0x3F8) streams to stdout (or --serial FILE|none). When the guest shuts
-down, farvm prints one line per process: pid, workload, cpu, state, measured time, ops and
-checksum (or JSON with --json) and exits with the guest's status.
+The console (16550 at 0x3F8, IRQ 4) streams to stdout (or --serial FILE|none). When the test
+guest shuts down, farvm prints one line per process: pid, workload, cpu, state, measured time,
+ops and checksum (or JSON with --json) and exits with the guest's status.
+
+LINUX GUESTS
+A stock distribution kernel boots to userspace: farvm gives it ACPI tables (MADT with one
+local APIC per vCPU, a hardware-reduced FADT, a DSDT describing COM1 and the disks), an e820
+map, kvmclock, the in-kernel PIC/IOAPIC/LAPICs and PIT; the kernel starts the other vCPUs
+itself with INIT/SIPI. Each --disk PATH[,ro] is a virtio-blk disk on virtio-mmio, announced
+in the DSDT (device LNRO0005; /dev/vda, /dev/vdb, ... in order): a kernel that builds
+virtio_mmio, virtio_blk and its file system as modules needs them loaded from the initrd.
+Console input comes from --serial-in (stdin by default for Linux). On a terminal, stdin is put
+in raw mode while the VM runs, so every key (Ctrl-C too) goes to the guest; Ctrl-A x stops
+the VM (exit status 130), Ctrl-A Ctrl-A sends Ctrl-A. `poweroff` in the guest (ACPI S5) ends
+the run with status 0; a reboot (the ACPI reset register) stops the VM with status 75 — farvm
+does not restart guests. Linux does not run at a usable speed on a host whose KVM emulates
+guest ring 0 (PVM); --stop-at-entry checks the boot setup there.
 
 REMOTE MEMORY
 By default guest RAM is remote memory: only --local-memory of it (50% unless told) may be
@@ -51,8 +65,9 @@ on loopback (the binary next to farvm, or $FARVM_MEMSERVER_BIN), which ends with
 never-written pages are zero-filled locally, and --prefetcher (leap+stream unless told;
 none, next-n, stride, read-ahead, leap, stream, leap+stream) fetches and installs pages before
 the guest asks. A paging summary is printed at exit; `farvm stats --vm NAME` shows it live
-and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine);
-Linux guests always use local RAM (their loader writes RAM directly).
+and --metrics ADDR serves it to Prometheus. --local-only keeps all RAM local (no engine).
+The prefetcher learns per guest process from the CR3 the guest agent publishes; a guest
+without an agent (a stock Linux guest) has one global history of guest-physical pages.
 
 A memory server that stops answering (2 s request timeout; 60 s for the local one) is
 taken out of service; with --replicas 2 or more the VM goes on from the other copies and
@@ -90,6 +105,10 @@ EXAMPLES
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
   farvm image export /var/lib/farvm && farvm run --kernel /var/lib/farvm/farvm-testguest.elf \\
             --cmdline 'farvm.workload=seq:ws=32M farvm.workload=kv:ws=32M'
+  farvm run --kernel vmlinuz --initrd initrd.img --vcpus 2 --memory 1G --local-only \\
+            --disk rootfs.img --cmdline 'console=ttyS0 root=/dev/vda rw'
+  farvm run --kernel vmlinuz --initrd initrd.img --disk data.img,ro --local-memory 25% \\
+            --serial-in none --cmdline 'console=ttyS0'
   farvm run --kernel bzImage --initrd initrd.img --cmdline 'console=ttyS0' --stop-at-entry
 
 EXIT STATUS
@@ -99,14 +118,15 @@ EXIT STATUS
            2 = bad boot info, 3 = out of memory, 4 = bad user image)
   64       bad command-line arguments
   65       the kernel or initrd is malformed or does not fit in guest memory
-  66       the kernel or initrd file cannot be read
+  66       the kernel, initrd or a disk image cannot be read (or a disk is in use)
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
   74       guest memory was lost: the guest needed a page that every memory server holding it
            lost (they restarted empty)
+  75       the guest rebooted (farvm stopped it instead of restarting it)
   124      --timeout expired
-  130/143  stopped by SIGINT/SIGTERM (the VM was shut down cleanly)";
+  130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -152,6 +172,17 @@ pub struct RunArgs {
     /// Console destination: stdout, none, or a file path.
     #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
     pub serial: SerialOut,
+
+    /// Console input: stdin, none, or a file, FIFO or pty to read until its end [default:
+    /// stdin for a Linux guest, none for the test guest]. Stdin on a terminal is put in raw
+    /// mode while the VM runs; Ctrl-A x stops the VM.
+    #[arg(long, value_name = "stdin|FILE|none")]
+    pub serial_in: Option<SerialIn>,
+
+    /// A disk for a Linux guest: a raw image file or block device, read-only with `,ro`
+    /// (repeatable: /dev/vda, /dev/vdb, ... in order; virtio-blk on virtio-mmio).
+    #[arg(long = "disk", value_name = "PATH[,ro]")]
+    pub disks: Vec<DiskConfig>,
 
     /// Host backing of local guest RAM: anon (private anonymous memory, the only kind; remote
     /// memory is always the paging engine's).
@@ -383,7 +414,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             cmdline: a
                 .cmdline
                 .clone()
-                .unwrap_or_else(|| "console=ttyS0 reboot=k panic=1".into()),
+                .unwrap_or_else(|| "console=ttyS0 panic=1".into()),
         }
     } else {
         let max_cpus = farvm_guest_agent::boot::MAX_CPUS as u32;
@@ -400,6 +431,12 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
             return Err(Failure::new(
                 exit_code::USAGE,
                 "--initrd: the test guest takes no initial ramdisk",
+            ));
+        }
+        if !a.disks.is_empty() {
+            return Err(Failure::new(
+                exit_code::USAGE,
+                "--disk needs a Linux guest: the test guest has no disk driver",
             ));
         }
         let mut specs = a.workloads.clone();
@@ -446,6 +483,12 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
     };
     let mut cfg = VmConfig::new(&name, a.memory, a.vcpus, boot);
     cfg.serial = a.serial.clone();
+    cfg.serial_in = a.serial_in.clone().unwrap_or(if linux {
+        SerialIn::Stdin
+    } else {
+        SerialIn::None
+    });
+    cfg.disks = a.disks.clone();
     cfg.echo_guest_logs = a.guest_log;
     // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
     // from a file pages like the built-in one.
@@ -474,19 +517,6 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
         || cfg.mem_bytes < farvm_vmm::layout::MIN_RAM
         || cfg.mem_bytes > farvm_vmm::layout::MAX_RAM
     {
-        return Ok(None);
-    }
-    if matches!(cfg.boot, BootConfig::Linux { .. }) {
-        if a.fault_path_cpu.is_some() {
-            return Err(usage(
-                "--fault-path-cpu needs remote memory, which needs the test guest".into(),
-            ));
-        }
-        if !a.memservers.is_empty() {
-            return Err(usage(
-                "--memserver needs the test guest: Linux guests run on local RAM here".into(),
-            ));
-        }
         return Ok(None);
     }
     let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
@@ -591,7 +621,23 @@ pub fn run(a: RunArgs) -> Result<i32> {
                 .unwrap_or_else(|| default_socket_path(&cfg.name)),
         )
     };
-    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs))?;
+    // Interactive console: raw mode until the run ends (restored on every return path).
+    let raw = if cfg.serial_in == SerialIn::Stdin {
+        RawMode::stdin().map_err(|e| {
+            Failure::new(
+                exit_code::HOST_ERROR,
+                format!("cannot put the terminal in raw mode: {e}"),
+            )
+        })?
+    } else {
+        None
+    };
+    if raw.is_some() {
+        eprintln!("farvm: {}", console::ESCAPE_HELP);
+    }
+    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs));
+    drop(raw);
+    let report = report?;
     drop(metrics);
     print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
@@ -640,6 +686,9 @@ fn print_entry(vm: &Vm, json: bool) -> Result<()> {
             match l.initrd_gpa {
                 Some(g) => println!("  initrd at {g:#x} ({} bytes)", l.initrd_len),
                 None => println!("  no initrd"),
+            }
+            if let Some(r) = l.acpi_rsdp_addr {
+                println!("  ACPI RSDP at {r:#x}");
             }
             for (a, s, t) in &l.e820 {
                 println!("  e820 {a:#014x} +{:<8} type {t}", format_size(*s));

@@ -30,6 +30,7 @@ pub mod bulk_status {
 /// What the vCPU loop must do after a PV port write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PvAction {
+    /// Keep running the vCPU.
     Continue,
     /// The guest asked to power off with this status.
     Shutdown(u32),
@@ -40,10 +41,13 @@ pub enum PvAction {
 /// One mailbox doorbell, timestamped by the host.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct PhaseEvent {
+    /// The mailbox phase after the doorbell (`pv::phase::*`).
     pub phase: u32,
+    /// The mailbox state after the doorbell (`pv::state::*`).
     pub state: u32,
     /// Host monotonic time since the VM started, ns.
     pub host_ns: u64,
+    /// The vCPU that rang it.
     pub cpu: u32,
     /// The paging engine's counters at the doorbell (VMs with remote memory only), so each
     /// phase of a workload gets its own fault and prefetch counts.
@@ -57,19 +61,33 @@ pub type PagingCountersFn = Box<dyn Fn() -> Option<CounterValues> + Send + Sync>
 /// What the VMM knows about one guest process, from its mailbox.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessRecord {
+    /// Guest process id.
     pub pid: u32,
+    /// The vCPU it ran on.
     pub cpu: u32,
+    /// Its workload id.
     pub workload: u32,
+    /// Last mailbox state (`pv::state::*`).
     pub state: u32,
+    /// Last mailbox phase.
     pub phase: u32,
+    /// Guest-timed duration of the measured phase.
     pub elapsed_ns: u64,
+    /// The workload's checksum.
     pub checksum: u64,
+    /// Operations in the measured phase.
     pub ops: u64,
+    /// Its page-table root.
     pub cr3: u64,
+    /// Exception vector if it was killed.
     pub fault_vector: u64,
+    /// Exception error code if it was killed.
     pub fault_error: u64,
+    /// CR2 if it was killed.
     pub fault_cr2: u64,
+    /// RIP if it was killed.
     pub fault_rip: u64,
+    /// Workload-defined counters (e.g. page-access latency percentiles).
     pub counters: [u64; 8],
     /// `farvm_workloads::Error` code when `state == FAILED`.
     pub error: u64,
@@ -77,6 +95,7 @@ pub struct ProcessRecord {
     pub heap_bytes: u64,
     /// GPA of the mailbox page.
     pub mailbox_gpa: u64,
+    /// Every doorbell, in order, with its host timestamp.
     pub events: Vec<PhaseEvent>,
 }
 
@@ -117,26 +136,39 @@ impl ProcessRecord {
 /// Counters of PV traffic.
 #[derive(Debug, Default)]
 pub struct PvCounters {
+    /// Guest log lines received.
     pub logs: AtomicU64,
+    /// Mailbox doorbells handled.
     pub doorbells: AtomicU64,
+    /// Doorbells whose mailbox address or contents were refused.
     pub bad_doorbells: AtomicU64,
+    /// Bulk operations performed.
     pub bulk_ops: AtomicU64,
+    /// Bulk operations refused (bad range, unknown op).
     pub bulk_refused: AtomicU64,
+    /// Bytes the bulk operations covered.
     pub bulk_bytes: AtomicU64,
 }
 
 /// A snapshot of [`PvCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PvCounterValues {
+    /// Guest log lines received.
     pub logs: u64,
+    /// Mailbox doorbells handled.
     pub doorbells: u64,
+    /// Doorbells whose mailbox address or contents were refused.
     pub bad_doorbells: u64,
+    /// Bulk operations performed.
     pub bulk_ops: u64,
+    /// Bulk operations refused (bad range, unknown op).
     pub bulk_refused: u64,
+    /// Bytes the bulk operations covered.
     pub bulk_bytes: u64,
 }
 
 impl PvCounters {
+    /// The counts now.
     pub fn snapshot(&self) -> PvCounterValues {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PvCounterValues {
@@ -160,6 +192,7 @@ pub struct PvCtl {
     cpu_done: Vec<AtomicBool>,
     procs: Mutex<BTreeMap<u32, ProcessRecord>>,
     log_lines: Mutex<Vec<String>>,
+    /// PV traffic counters.
     pub counters: PvCounters,
     /// Print guest log lines on stderr (besides tracing).
     echo_logs: bool,
@@ -171,6 +204,7 @@ pub struct PvCtl {
 const MAX_KEPT_LOG_LINES: usize = 256;
 
 impl PvCtl {
+    /// The device for `ncpus` vCPUs over `ram`; `echo_logs` also prints guest log lines on stderr.
     pub fn new(ram: Arc<GuestRam>, ncpus: u32, echo_logs: bool) -> Self {
         let ram_ranges = ram
             .regions()

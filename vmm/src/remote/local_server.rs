@@ -27,20 +27,34 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Starting the local memory server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalServerError {
+    /// No `farvm-memserver` binary where it was looked for.
     #[error(
         "the memory server binary {path} does not exist (build it with `cargo build --release \
          -p farvm-memserver`, install it next to farvm, or name it with {BIN_ENV})"
     )]
-    Missing { path: PathBuf },
+    Missing {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// `/proc/self/exe` could not be read (the binary is looked for next to it).
     #[error("cannot locate the running executable: {0}")]
     Exe(std::io::Error),
+    /// The child process could not be started.
     #[error("cannot start {path}: {source}")]
     Spawn {
+        /// The binary.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// The child did not print its `listening ADDR` line in time (or exited).
     #[error("{path} did not report its address: {why}")]
-    NotReady { path: PathBuf, why: String },
+    NotReady {
+        /// The binary.
+        path: PathBuf,
+        /// What happened instead.
+        why: String,
+    },
 }
 
 /// The `farvm-memserver` binary to start: `FARVM_MEMSERVER_BIN`, else the one next to the

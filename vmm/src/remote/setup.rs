@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
+use farvm_ept::translate::{GuestPaging, VirtualPages};
 use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
@@ -29,18 +30,35 @@ use crate::vstate::memory::{GuestRam, MemError};
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
+    /// A remote-memory setting out of range or inconsistent.
     #[error("invalid remote-memory setting: {0}")]
     Config(String),
+    /// The `farvm-memserver` child could not be started.
     #[error("cannot start the local memory server: {0}")]
     LocalServer(#[from] super::local_server::LocalServerError),
+    /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
+    /// The token file cannot be read or holds no valid secret.
     #[error("cannot read --memserver-token-file {path}: {msg}")]
-    Token { path: PathBuf, msg: String },
+    Token {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The memory pool refused or failed (`--pool`).
     #[error("memory pool: {0}")]
     Pool(String),
+    /// `--fault-path-cpu` names a CPU this process may not run on.
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
-    Placement { cpu: usize, source: std::io::Error },
+    Placement {
+        /// The CPU.
+        cpu: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The paging engine refused its configuration or could not start.
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -71,6 +89,9 @@ pub struct RemoteSpec {
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
+    /// The guest is Linux: the CR3 values its agent publishes follow Linux's conventions
+    /// (`farvm_ept::translate::GuestPaging::root_of`).
+    pub linux_guest: bool,
     /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
     /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
     pub stage2_prefault: bool,
@@ -92,6 +113,7 @@ impl RemoteSpec {
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
             page_space: PageSpaceKind::Virtual,
+            linux_guest: false,
             stage2_prefault: true,
         }
     }
@@ -163,6 +185,7 @@ pub enum Stage2Prefault {
 /// Health of the memserver side, for stats.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteHealth {
+    /// The memory servers in use.
     pub servers: Vec<String>,
     /// The memory server is the one farvm started itself (no `--memserver` given).
     pub embedded: bool,
@@ -170,27 +193,38 @@ pub struct RemoteHealth {
     pub pool_vm: Option<String>,
     /// Slab replicas moved to another server (a drain, a rebalance, a full server).
     pub replicas_moved: u64,
+    /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
     pub dead_servers: u64,
     /// Times a memserver answered again and was put back in service.
     pub rejoined_servers: u64,
+    /// Reads served by another replica after one failed.
     pub read_failovers: u64,
+    /// Slabs copied to a new replica after one was lost.
     pub slabs_rereplicated: u64,
+    /// Slabs with fewer live replicas than asked for.
     pub degraded_slabs: u64,
     /// Slabs with no replica in service: the guest waits on their pages until one returns.
     pub suspended_slabs: u64,
+    /// Wire requests sent.
     pub wire_requests: u64,
+    /// Submissions that waited for a free request buffer.
     pub slot_waits: u64,
+    /// Submissions refused as busy.
     pub busy: u64,
+    /// Requests that failed.
     pub failed_requests: u64,
 }
 
 /// Everything `farvm stats` shows about paging.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemoteStats {
+    /// The paging engine's counters, latencies and page states.
     pub engine: Stats,
+    /// The memory servers' side.
     pub remote: RemoteHealth,
+    /// Whether stage-2 pre-fault is on, off or unsupported.
     pub stage2_prefault: Stage2Prefault,
 }
 
@@ -279,6 +313,7 @@ pub struct RemoteMemory {
     local: Option<LocalServer>,
     pool: Option<PoolVm>,
     fault_path_cpu: Option<usize>,
+    guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -422,8 +457,9 @@ impl RemoteMemory {
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
+        let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
         if spec.page_space == PageSpaceKind::Virtual {
-            parts.page_space = Box::new(farvm_ept::translate::VirtualPages::new());
+            parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
         let engine = match Engine::start(cfg, parts) {
             Ok(e) => Arc::new(e),
@@ -443,6 +479,7 @@ impl RemoteMemory {
             local,
             pool,
             fault_path_cpu: spec.fault_path_cpu,
+            guest_paging,
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
@@ -461,6 +498,12 @@ impl RemoteMemory {
     /// The engine (guest RAM, stats).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// How the guest's page tables look, as the engine's page space reads them (the VMM
+    /// sets the paging depth once it learns it).
+    pub fn guest_paging(&self) -> &Arc<GuestPaging> {
+        &self.guest_paging
     }
 
     /// The threads [`RemoteSpec::fault_path_cpu`] pins: the fault handler, the local

@@ -15,13 +15,20 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use farvm_ept::stage2::{PreFaultError, StageTwo};
-use kvm_bindings::{kvm_pre_fault_memory, KVMIO, KVM_CAP_PRE_FAULT_MEMORY};
+use kvm_bindings::{kvm_pre_fault_memory, KVM_CAP_PRE_FAULT_MEMORY};
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_val};
-use vmm_sys_util::{ioctl_io_nr, ioctl_iowr_nr};
 
-ioctl_iowr_nr!(KVM_PRE_FAULT_MEMORY, KVMIO, 0xd5, kvm_pre_fault_memory);
-ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
-ioctl_io_nr!(KVM_CREATE_VCPU, KVMIO, 0x41);
+use ioctls::{KVM_CHECK_EXTENSION, KVM_CREATE_VCPU, KVM_PRE_FAULT_MEMORY};
+
+/// The ioctl numbers this file issues (kvm-ioctls has no KVM_PRE_FAULT_MEMORY).
+mod ioctls {
+    use kvm_bindings::{kvm_pre_fault_memory, KVMIO};
+    use vmm_sys_util::{ioctl_io_nr, ioctl_iowr_nr};
+
+    ioctl_iowr_nr!(KVM_PRE_FAULT_MEMORY, KVMIO, 0xd5, kvm_pre_fault_memory);
+    ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
+    ioctl_io_nr!(KVM_CREATE_VCPU, KVMIO, 0x41);
+}
 
 /// Whether the VM's KVM supports KVM_PRE_FAULT_MEMORY.
 pub fn pre_fault_supported(vm_fd: RawFd) -> bool {

@@ -19,14 +19,21 @@
 //!
 //! Accesses are all-or-nothing: a range is checked to lie inside one region before anything is
 //! copied.
+//!
+//! Devices are the exception: a virtio device reads its rings and moves data through a
+//! vm-memory [`GuestMemory`](vm_memory::GuestMemory), which hands out host pointers, so it gets
+//! [`GuestRam::device_view`] — for paged RAM the guest view KVM maps. A device access there is
+//! a guest access like any other: a page that is not resident faults into the engine and the
+//! thread (a vCPU thread serving the device) waits until it is served; the evictor's dirty
+//! check by content sees what devices wrote.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use farvm_ept::{Engine, EngineError};
 use vm_memory::{
-    AtomicAccess, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, ReadVolatile,
-    VolatileMemoryError, VolatileSlice, WriteVolatile,
+    AtomicAccess, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap,
+    MmapRegion, ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile,
 };
 
 use crate::layout;
@@ -34,22 +41,47 @@ use crate::layout;
 /// Errors of guest-memory setup and access.
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
+    /// An access outside guest RAM.
     #[error("guest memory range {gpa:#x}+{len:#x} is outside guest RAM (or spans two regions)")]
-    OutOfRange { gpa: u64, len: u64 },
+    OutOfRange {
+        /// First guest-physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The RAM layout (sizes, holes) is invalid.
     #[error("guest memory layout is invalid: {0}")]
     Layout(String),
+    /// Guest RAM could not be mapped.
     #[error("cannot map {len} bytes of guest RAM: {reason}")]
-    Mmap { len: u64, reason: String },
+    Mmap {
+        /// Bytes asked for.
+        len: u64,
+        /// The OS error.
+        reason: String,
+    },
+    /// A guest memory access failed.
     #[error("guest memory access at {gpa:#x}: {reason}")]
-    Access { gpa: u64, reason: String },
+    Access {
+        /// Guest-physical address.
+        gpa: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The paging engine failed a VMM access to paged RAM.
     #[error("the paging engine could not copy {gpa:#x}+{len:#x}: {source}")]
     Engine {
+        /// First guest-physical address.
         gpa: u64,
+        /// Length in bytes.
         len: u64,
+        /// The engine's error.
         source: EngineError,
     },
+    /// The paging engine has shut down.
     #[error("the paging engine that owned guest RAM has stopped")]
     EngineStopped,
+    /// A direct (vm-memory) view was asked of engine-owned RAM.
     #[error("guest RAM belongs to the paging engine: it has no direct vm-memory view")]
     NotDirect,
 }
@@ -241,6 +273,45 @@ impl GuestRam {
         match &self.access {
             Access::Local(m) => Ok(m),
             Access::Paged(_) => Err(MemError::NotDirect),
+        }
+    }
+
+    /// A vm-memory view of all guest RAM for device DMA (see the module doc): local RAM's own
+    /// mapping, or paged RAM's guest view (the KVM memslot).
+    ///
+    /// # Safety
+    /// For paged RAM the view borrows the engine's mapping without keeping it alive: the
+    /// caller must use it only while the engine runs — in the VMM, from vCPU threads, which
+    /// are joined before the VM's remote memory is shut down.
+    pub unsafe fn device_view(&self) -> Result<GuestMemoryMmap, MemError> {
+        match &self.access {
+            Access::Local(m) => Ok(m.clone()),
+            Access::Paged(_) => {
+                let mut regions = Vec::with_capacity(self.regions.len());
+                for r in &self.regions {
+                    let map_err = |reason: String| MemError::Mmap { len: r.len, reason };
+                    // SAFETY: `host` is the engine's live, page-aligned guest view of `len`
+                    // bytes, readable and writable; vm-memory does not unmap a raw region on
+                    // drop, and the caller keeps the engine alive while the view is used.
+                    let mapping = unsafe {
+                        MmapRegion::build_raw(
+                            r.host as *mut u8,
+                            r.len as usize,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_SHARED,
+                        )
+                    }
+                    .map_err(|e| map_err(e.to_string()))?;
+                    regions.push(
+                        GuestRegionMmap::new(mapping, GuestAddress(r.gpa))
+                            .ok_or_else(|| map_err("the region end overflows".into()))?,
+                    );
+                }
+                GuestMemoryMmap::from_regions(regions).map_err(|e| MemError::Mmap {
+                    len: self.total_bytes(),
+                    reason: e.to_string(),
+                })
+            }
         }
     }
 
@@ -606,6 +677,20 @@ mod tests {
         assert_eq!(out, b"0123456789");
         assert!(engine.counters().vmm_accesses > before + 5);
         assert!(ram.write_slice(b"x", ga(8 << 20)).is_err(), "past the end");
+        // The device view is the guest view: a device write faults the page in through the
+        // engine like a guest write, and the engine's copies see it (and the other way round).
+        // SAFETY: the view is dropped before the engine shuts down.
+        let view = unsafe { ram.device_view() }.unwrap();
+        let faults = engine.counters().zero_fills;
+        view.write_obj(0xabcd_ef01u64, ga(0x50008)).unwrap();
+        assert_eq!(ram.read_obj::<u64>(ga(0x50008)).unwrap(), 0xabcd_ef01);
+        assert_eq!(view.read_obj::<u64>(ga(0x7ff8)).unwrap(), 0xfeed);
+        assert!(
+            engine.counters().zero_fills > faults,
+            "the device write was a fault"
+        );
+        assert!(view.write_obj(0u8, ga(8 << 20)).is_err(), "past the end");
+        drop(view);
         let engine = Arc::into_inner(engine).expect("GuestRam holds the engine weakly");
         engine.shutdown();
         assert!(matches!(

@@ -13,6 +13,7 @@ pub const CR4: u64 = 0x620;
 const EFER_LME: u64 = 1 << 8;
 const EFER_LMA: u64 = 1 << 10;
 const EFER_NXE: u64 = 1 << 11;
+/// EFER for 64-bit mode with NX: LME, LMA, NXE.
 pub const EFER: u64 = EFER_LME | EFER_LMA | EFER_NXE;
 
 fn code_segment(selector: u16) -> kvm_segment {

@@ -1,7 +1,8 @@
 //! vCPUs: creation with per-vCPU CPUID, the 64-bit entry registers, and the vCPU threads — one
 //! per vCPU, named `vcpu0`, `vcpu1`, … (libvirt and the paging engine rely on the names) — that
-//! run KVM_RUN and handle exits: port I/O to the serial console and the PV device; anything
-//! else stops the VM with a clear message. A thread leaves KVM_RUN when kicked (a signal whose
+//! run KVM_RUN and handle exits: port I/O to the PV device or the board's I/O bus (a port
+//! nobody owns reads all-ones, writes are dropped, as on an empty ISA bus), MMIO to the bus (a
+//! miss stops the VM); anything else stops the VM with a clear message. A thread leaves KVM_RUN when kicked (a signal whose
 //! handler sets `kvm_run.immediate_exit`, so no kick is lost), then stops, or parks while the
 //! VM is paused. With HLT exits disabled, a test-guest vCPU that has nothing left to run is
 //! put in KVM's halted state, so its thread blocks in the host kernel.
@@ -19,14 +20,27 @@ use super::vm::{ioctl, KvmError, KvmVm};
 use super::{cpuid, regs};
 use crate::boot::testguest;
 use crate::boot::EntryState;
+use crate::devices::board::Board;
 use crate::devices::pvctl::{PvAction, PvCtl};
-use crate::devices::serial::SerialConsole;
 use crate::signals;
 use crate::stats::ExitStats;
 use crate::vm::{VmOutcome, VmShared};
 
-/// Creates `ncpus` vCPUs with CPUID set (KVM's supported set, this vCPU's APIC id patched in).
-pub fn create(vm: &KvmVm, ncpus: u32) -> Result<Vec<VcpuFd>, KvmError> {
+/// How the guest brings up its vCPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApStart {
+    /// Every vCPU enters the kernel at the same entry point, `rsi` = its index (the test
+    /// guest, which has no INIT/SIPI code).
+    AllAtEntry,
+    /// Only vCPU 0 (the bootstrap processor) runs at the entry point; the others wait for
+    /// INIT/SIPI from the guest, which finds them in the MADT (Linux).
+    WaitForSipi,
+}
+
+/// Creates `ncpus` vCPUs with CPUID set (KVM's supported set, this vCPU's APIC id patched in,
+/// and without KVM's paravirtual async page faults if `hide_pv_async_pf`: see
+/// [`cpuid::hide_async_pf`]).
+pub fn create(vm: &KvmVm, ncpus: u32, hide_pv_async_pf: bool) -> Result<Vec<VcpuFd>, KvmError> {
     let max = vm.kvm.get_max_vcpus();
     if ncpus == 0 || ncpus as usize > max {
         return Err(KvmError::Unsupported(format!(
@@ -37,6 +51,12 @@ pub fn create(vm: &KvmVm, ncpus: u32) -> Result<Vec<VcpuFd>, KvmError> {
         .kvm
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+    if hide_pv_async_pf && !cpuid::has_kvmclock(&supported) {
+        tracing::warn!(
+            "KVM offers no kvmclock here: a Linux guest falls back to calibrating its clocks \
+             against the PIT"
+        );
+    }
     let mut vcpus = Vec::with_capacity(ncpus as usize);
     for i in 0..ncpus {
         let vcpu = vm
@@ -45,6 +65,9 @@ pub fn create(vm: &KvmVm, ncpus: u32) -> Result<Vec<VcpuFd>, KvmError> {
             .map_err(ioctl("KVM_CREATE_VCPU"))?;
         let mut c = supported.clone();
         cpuid::patch(&mut c, i, ncpus);
+        if hide_pv_async_pf {
+            cpuid::hide_async_pf(&mut c);
+        }
         vcpu.set_cpuid2(&c).map_err(ioctl("KVM_SET_CPUID2"))?;
         vcpus.push(vcpu);
     }
@@ -58,13 +81,17 @@ pub fn tsc_khz(vcpu: &VcpuFd) -> Result<u64, KvmError> {
     ))
 }
 
-/// Sets every vCPU's registers for `entry` (vCPU `i` gets `rsi = i` when `per_cpu_rsi`, the
-/// test-guest convention) and makes the APs runnable.
-pub fn set_entry(vcpus: &[VcpuFd], entry: &EntryState, per_cpu_rsi: bool) -> Result<(), KvmError> {
+/// Sets the entry registers per `start`: every vCPU's (vCPU `i` gets `rsi = i`) and the APs
+/// made runnable, or the bootstrap processor's only, the APs left in KVM's wait-for-SIPI state.
+pub fn set_entry(vcpus: &[VcpuFd], entry: &EntryState, start: ApStart) -> Result<(), KvmError> {
     for (i, vcpu) in vcpus.iter().enumerate() {
         let mut e = *entry;
-        if per_cpu_rsi {
-            e.rsi = i as u64;
+        match start {
+            ApStart::AllAtEntry => e.rsi = i as u64,
+            // With the in-kernel irqchip KVM creates APs in "wait for SIPI"
+            // (KVM_MP_STATE_UNINITIALIZED); the guest's INIT/SIPI starts them in real mode.
+            ApStart::WaitForSipi if i > 0 => break,
+            ApStart::WaitForSipi => {}
         }
         regs::set_entry(vcpu, &e)?;
         if i > 0 {
@@ -104,6 +131,8 @@ pub(crate) fn spawn(
 
 enum ExitAction {
     Continue,
+    /// The guest agent registered this vCPU's slot: learn the guest's paging depth from CR4.
+    AgentSlot,
     Interrupted,
     Stop(VmOutcome),
     InternalError,
@@ -146,6 +175,11 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
         };
         match action {
             ExitAction::Continue => {}
+            ExitAction::AgentSlot => {
+                if let Ok(sregs) = fd.get_sregs() {
+                    shared.note_guest_cr4(index, sregs.cr4);
+                }
+            }
             ExitAction::Interrupted => {
                 ExitStats::bump(&exits.interrupted);
                 fd.set_kvm_immediate_exit(0);
@@ -180,6 +214,14 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
             }
         }
     }
+    // A VM that ran out of time is usually stuck: say where each vCPU was.
+    if matches!(shared.outcome(), Some(VmOutcome::Timeout { .. })) {
+        let mp_state = fd.get_mp_state().map_or(u32::MAX, |m| m.mp_state);
+        tracing::warn!(
+            "vcpu{index} at the timeout: mp_state {mp_state}{}",
+            describe_position(&fd, &shared)
+        );
+    }
     signals::set_thread_kvm_run(std::ptr::null_mut());
 }
 
@@ -209,54 +251,60 @@ fn le_value(data: &[u8]) -> u32 {
 
 fn handle_exit(cpu: u32, exit: VcpuExit<'_>, shared: &VmShared) -> ExitAction {
     let exits = &shared.exits;
+    let bus = shared.board.bus();
+    let count_port = |port: u16| {
+        ExitStats::bump(if Board::is_console_port(port) {
+            &exits.io_serial
+        } else {
+            &exits.io_other
+        })
+    };
     match exit {
+        VcpuExit::IoOut(port, data) if PvCtl::owns(port) => {
+            ExitStats::bump(&exits.io_pv);
+            match shared.pv.write(cpu, port, le_value(data)) {
+                PvAction::Continue if port == farvm_guest_agent::pv::PORT_AGENT_SLOT => {
+                    ExitAction::AgentSlot
+                }
+                PvAction::Continue => ExitAction::Continue,
+                PvAction::Shutdown(status) => ExitAction::Stop(VmOutcome::GuestShutdown { status }),
+                PvAction::Panic(message) => ExitAction::Stop(VmOutcome::GuestPanic { message }),
+            }
+        }
         VcpuExit::IoOut(port, data) => {
-            if SerialConsole::owns(port) {
-                ExitStats::bump(&exits.io_serial);
-                for b in data {
-                    shared.serial.write(port, *b);
-                }
-            } else if PvCtl::owns(port) {
-                ExitStats::bump(&exits.io_pv);
-                match shared.pv.write(cpu, port, le_value(data)) {
-                    PvAction::Continue => {}
-                    PvAction::Shutdown(status) => {
-                        return ExitAction::Stop(VmOutcome::GuestShutdown { status })
-                    }
-                    PvAction::Panic(message) => {
-                        return ExitAction::Stop(VmOutcome::GuestPanic { message })
-                    }
-                }
-            } else {
-                ExitStats::bump(&exits.io_other);
+            count_port(port);
+            // A port nobody owns drops the write (as an empty ISA bus does).
+            let _ = bus.pio_write(port, data);
+            ExitAction::Continue
+        }
+        VcpuExit::IoIn(port, data) if PvCtl::owns(port) => {
+            ExitStats::bump(&exits.io_pv);
+            let v = shared.pv.read(port).to_le_bytes();
+            for (i, d) in data.iter_mut().enumerate() {
+                *d = v.get(i).copied().unwrap_or(0);
             }
             ExitAction::Continue
         }
         VcpuExit::IoIn(port, data) => {
-            if SerialConsole::owns(port) {
-                ExitStats::bump(&exits.io_serial);
-                let v = shared.serial.read(port);
-                data.fill(v);
-            } else if PvCtl::owns(port) {
-                ExitStats::bump(&exits.io_pv);
-                let v = shared.pv.read(port).to_le_bytes();
-                for (i, d) in data.iter_mut().enumerate() {
-                    *d = v.get(i).copied().unwrap_or(0);
-                }
-            } else {
-                ExitStats::bump(&exits.io_other);
+            count_port(port);
+            if bus.pio_read(port, data).is_err() {
                 data.fill(0xff);
             }
             ExitAction::Continue
         }
-        VcpuExit::MmioRead(addr, _) | VcpuExit::MmioWrite(addr, _) => {
+        VcpuExit::MmioRead(addr, data) => {
             ExitStats::bump(&exits.mmio);
-            ExitAction::Stop(VmOutcome::Crash {
-                cpu,
-                message: format!(
-                    "access to unmapped guest-physical address {addr:#x} (MMIO; no device there)"
-                ),
-            })
+            match bus.mmio_read(addr, data) {
+                Ok(()) => ExitAction::Continue,
+                Err(_) => unmapped(cpu, addr),
+            }
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            ExitStats::bump(&exits.mmio);
+            match bus.mmio_write(addr, data) {
+                Ok(()) => ExitAction::Continue,
+                Err(_) => unmapped(cpu, addr),
+            }
         }
         VcpuExit::Hlt => {
             // Only without an in-kernel irqchip; nothing will wake this vCPU but a stop.
@@ -276,6 +324,15 @@ fn handle_exit(cpu: u32, exit: VcpuExit<'_>, shared: &VmShared) -> ExitAction {
             })
         }
     }
+}
+
+fn unmapped(cpu: u32, addr: u64) -> ExitAction {
+    ExitAction::Stop(VmOutcome::Crash {
+        cpu,
+        message: format!(
+            "access to unmapped guest-physical address {addr:#x} (MMIO; no device there)"
+        ),
+    })
 }
 
 fn describe_position(fd: &VcpuFd, shared: &VmShared) -> String {

@@ -9,13 +9,18 @@ use super::memory::GuestRam;
 /// Errors from KVM setup and vCPU ioctls.
 #[derive(Debug, thiserror::Error)]
 pub enum KvmError {
+    /// `/dev/kvm` cannot be opened.
     #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
     Open(kvm_ioctls::Error),
+    /// A KVM ioctl failed.
     #[error("{what}: {source}")]
     Ioctl {
+        /// What was being done.
         what: &'static str,
+        /// KVM's error.
         source: kvm_ioctls::Error,
     },
+    /// This KVM lacks a capability farvm needs.
     #[error("{0}")]
     Unsupported(String),
 }
@@ -61,7 +66,9 @@ const TSS_ADDRESS: usize = 0xfffb_d000;
 
 /// A created KVM VM with guest RAM registered.
 pub struct KvmVm {
+    /// The `/dev/kvm` handle.
     pub kvm: Kvm,
+    /// The VM's fd.
     pub fd: VmFd,
     /// HLT exits are disabled: a guest HLT halts in guest mode (see
     /// `disable_async_page_faults`).
@@ -99,6 +106,20 @@ impl KvmVm {
             hlt_in_guest,
         })
     }
+}
+
+/// Whether this host's KVM runs guest kernels on the CPU with two-dimensional paging (AMD NPT
+/// or Intel EPT: `kvm_amd`'s `npt` or `kvm_intel`'s `ept` parameter is on). Where it does not
+/// (PVM, shadow paging), guest ring 0 is emulated and a stock Linux kernel boots too slowly to
+/// be useful.
+pub fn two_dimensional_paging() -> bool {
+    [
+        "/sys/module/kvm_amd/parameters/npt",
+        "/sys/module/kvm_intel/parameters/ept",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .any(|v| matches!(v.trim(), "Y" | "y" | "1"))
 }
 
 /// Fails with a clear message when /dev/kvm cannot be used.

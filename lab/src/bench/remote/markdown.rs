@@ -13,7 +13,7 @@ fn f(v: f64, prec: usize) -> String {
     }
 }
 
-/// The markdown report: floors, issue 5's targets checked against this run, the all-local
+/// The markdown report: floors, the remote-memory targets checked against this run, the all-local
 /// baselines, and the matrix.
 pub fn markdown(r: &Report) -> String {
     use std::fmt::Write;
@@ -91,6 +91,65 @@ pub fn markdown(r: &Report) -> String {
                 (false, true) => "ok",
                 (false, false) => "DIFFERS",
             }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nCPU per remote page in the measured phase (µs: the median run's CPU time by thread \
+         between the workload's MEASURE and MEASURED doorbells, divided by the pages read from \
+         the memserver meanwhile; memserver = the whole server process):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | local | prefetcher | pages read | total | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
+        let pages = c.cpu.measured_pages_read as f64;
+        let m = c.cpu.measured.unwrap_or_default();
+        let us = |ms: f64| f(ms * 1e3 / pages, 1);
+        let _ = writeln!(
+            s,
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.workload,
+            c.local_pct,
+            c.prefetcher,
+            c.cpu.measured_pages_read,
+            f(c.cpu_us_per_page, 1),
+            us(m.vcpu),
+            us(m.fault),
+            us(m.evict),
+            us(m.store_rx),
+            us(m.store_tx),
+            us(m.memserver),
+            us(m.other),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nContext switches per 100 remote pages in the measured phase (each a block and a \
+         wake-up, or a preemption; same runs):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | local | prefetcher | vCPU | fault | evict | store rx+install | store tx | memserver |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
+        let per = |n: f64| f(n * 100.0 / c.cpu.measured_pages_read as f64, 1);
+        let w = c.cpu.measured_switches.unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} |",
+            c.workload,
+            c.local_pct,
+            c.prefetcher,
+            per(w.vcpu),
+            per(w.fault),
+            per(w.evict),
+            per(w.store_rx),
+            per(w.store_tx),
+            per(w.memserver),
         );
     }
     // All-local runs, one footprint run per workload, the cells' runs — less the footprint

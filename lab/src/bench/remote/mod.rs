@@ -18,6 +18,7 @@ use farvm_vmm::remote::PageSpaceKind;
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod charts;
+mod cpu;
 mod floor;
 mod markdown;
 mod plan;
@@ -50,7 +51,9 @@ install p50 (UFFDIO_CONTINUE); ns per access (measured time / accesses); page ac
 only: the guest's own rdtsc timing of each page's first access in a pass: a fault, a prefetch
 hit or a resident page).
 
-A targets section above the table checks issue 5's goals against this run's numbers.
+A targets section above the table checks the remote-memory goals (coverage, time against
+all-local, stride page-access latency, no harm on Zipf KV, demand-fault latency against the
+TCP floor) against this run's numbers.
 
 Writes OUT/remote.md, OUT/remote.json and OUT/*.png (charts need a TrueType font, e.g.
 fonts-dejavu-core).

@@ -7,6 +7,8 @@ use anyhow::Result;
 use farvm_vmm::remote::PageSpaceKind;
 use serde::Serialize;
 
+use super::cpu::RunCpu;
+
 /// One cell of the matrix.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
@@ -44,6 +46,12 @@ pub struct Cell {
     /// Paging counts of the median run's measured phase alone (the counts above are the
     /// whole run's: setup and warm-up too). None if the run timed out.
     pub measured_phase: Option<PhaseCounts>,
+    /// CPU time of the median run by thread (this process's and the memserver child's): the
+    /// whole VM run, and its measured phase.
+    pub cpu: RunCpu,
+    /// The measured phase's CPU time summed over all threads, per page read from the
+    /// memserver in that phase (µs; NaN if none were read).
+    pub cpu_us_per_page: f64,
 }
 
 /// Paging counts between a workload's MEASURE and MEASURED doorbells.

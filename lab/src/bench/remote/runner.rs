@@ -15,6 +15,9 @@ use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteSpec, RemoteStats};
 use farvm_vmm::vm::{VmOutcome, VmReport};
 use farvm_vmm::workload_spec::PlacedWorkload;
 
+use super::cpu::CpuSampler;
+pub(crate) use super::cpu::RunCpu;
+
 fn ws_of(w: &PlacedWorkload) -> u64 {
     w.spec.ws_bytes
 }
@@ -113,16 +116,21 @@ impl Default for CellSetup {
     }
 }
 
-/// Runs one remote-memory VM; `None` for the process if it hit `timeout`.
+/// Runs one remote-memory VM; `None` for the process if it hit `timeout`. Also returns the
+/// CPU time the run took, by thread.
 pub(crate) fn run_remote(
     w: &PlacedWorkload,
     budget: Budget,
     pf: &str,
     timeout: Duration,
     setup: CellSetup,
-) -> Result<(Option<ProcessRecord>, RemoteStats)> {
+) -> Result<(Option<ProcessRecord>, RemoteStats, RunCpu)> {
+    let sampler = CpuSampler::start();
     let (report, stats) = run_remote_vm(w, budget, pf, timeout, setup)?;
-    Ok((finished_in_time(&report, &vm_name(w, pf))?, stats))
+    let series = sampler.finish();
+    let rec = finished_in_time(&report, &vm_name(w, pf))?;
+    let cpu = RunCpu::of(&series, rec.as_ref());
+    Ok((rec, stats, cpu))
 }
 
 fn vm_name(w: &PlacedWorkload, pf: &str) -> String {

@@ -10,11 +10,12 @@ use indicatif::ProgressBar;
 
 use super::plan::Matrix;
 use super::report::{Baseline, Cell, PhaseCounts};
-use super::runner::{budget_for, run_local, run_remote, times};
+use super::runner::{budget_for, run_local, run_remote, times, RunCpu};
 use super::runs::median_run;
 
-/// One run of a cell: its process record (`None`: it timed out) and the engine's stats.
-type Run = (Option<ProcessRecord>, RemoteStats);
+/// One run of a cell: its process record (`None`: it timed out), the engine's stats and the
+/// run's CPU time by thread.
+type Run = (Option<ProcessRecord>, RemoteStats, RunCpu);
 
 /// Runs workload `wi` of `m`: its baseline and its cells, in the matrix's order.
 pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Baseline, Vec<Cell>)> {
@@ -74,7 +75,7 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
         }
         for _round in 0..repeat {
             for (pf, runs) in m.prefetchers.iter().zip(all_runs.iter_mut()) {
-                if runs.len() >= repeat || runs.iter().any(|(r, _)| r.is_none()) {
+                if runs.len() >= repeat || runs.iter().any(|(r, _, _)| r.is_none()) {
                     continue;
                 }
                 if farvm_vmm::signals::termination_requested().is_some() {
@@ -122,9 +123,9 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
 fn row(b: &Baseline, base: &ProcessRecord, local: f64, pf: &str, runs: Vec<Run>) -> Cell {
     let runs_ms: Vec<f64> = runs
         .iter()
-        .map(|(r, _)| r.as_ref().map_or(f64::NAN, |r| times(r).0))
+        .map(|(r, _, _)| r.as_ref().map_or(f64::NAN, |r| times(r).0))
         .collect();
-    let (rec, st) = median_run(runs, |(r, _)| {
+    let (rec, st, cpu) = median_run(runs, |(r, _, _)| {
         r.as_ref().map_or(f64::INFINITY, |r| times(r).0)
     })
     .expect("at least one run");
@@ -170,6 +171,8 @@ fn row(b: &Baseline, base: &ProcessRecord, local: f64, pf: &str, runs: Vec<Run>)
         timed_out,
         runs_ms,
         measured_phase: phase_counts,
+        cpu,
+        cpu_us_per_page: cpu.us_per_page(),
     };
     if timed_out {
         cell.measured_ms = f64::NAN;
