@@ -271,6 +271,11 @@ fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
             r.slabs_rereplicated,
         ),
         (
+            "memserver_replicas_moved",
+            "Slab replicas moved to another server (drain, rebalance, a full server).",
+            r.replicas_moved,
+        ),
+        (
             "memserver_requests",
             "Requests sent to the memory servers.",
             r.wire_requests,
@@ -323,7 +328,7 @@ mod tests {
                 servers: vec!["127.0.0.1:1".into()],
                 embedded: true,
                 pool_vm: None,
-                replicas_moved: 0,
+                replicas_moved: 3,
                 replication: 1,
                 dead_servers: 2,
                 rejoined_servers: 1,
