@@ -237,12 +237,12 @@ mod tests {
             text.contains("farvm_pool_server_used_bytes{server=\"a\",rack=\"r1\"} 4096"),
             "{text}"
         );
-        assert!(text.contains("farvm_pool_servers{} 2"), "{text}");
-        assert!(text.contains("farvm_pool_racks{} 2"), "{text}");
+        assert!(text.contains("farvm_pool_servers 2"), "{text}");
+        assert!(text.contains("farvm_pool_racks 2"), "{text}");
         assert!(
-            text.contains("farvm_pool_capacity_bytes{} 2147483648"),
+            text.contains("farvm_pool_capacity_bytes 2147483648"),
             "{text}"
         );
-        assert!(text.contains("farvm_pool_etcd_up{} 1"), "{text}");
+        assert!(text.contains("farvm_pool_etcd_up 1"), "{text}");
     }
 }
