@@ -78,6 +78,10 @@ KV=$(ls "$KROOT/lib/modules")
 # The recipe (this script and busybox) names the output directory: a change rebuilds.
 recipe=$( (cat "$0" "$busybox" && echo "$KV") | sha256sum | cut -c1-12)
 OUT=$CACHE/$KV-$recipe
+# One builder at a time (tests run concurrently; a second caller waits, then finds it built).
+mkdir -p "$CACHE"
+exec 8>"$CACHE/.lock"
+flock 8
 if ((refresh)) || [[ ! -f $OUT/.done ]]; then
     say "building in $OUT"
     rm -rf "$OUT"

@@ -356,10 +356,10 @@ impl VirtualPages {
     /// absent must not forget the pages it maps (measured on Zipf KV at 25%: a walk every
     /// ~30 ms, each re-learning what the last one dropped). A page the guest has since
     /// remapped keeps a stale entry until a walk sees its new place; that costs accuracy only.
-    fn walk(&mut self, mem: &dyn GuestPages, i: usize) {
+    fn walk(&mut self, mem: &dyn GuestPages, i: usize, now: Instant) {
         self.counts.walks += 1;
         let root = (self.procs[i].cr3 & ADDR) >> 12;
-        self.procs[i].walked_at = Some(Instant::now());
+        self.procs[i].walked_at = Some(now);
         let levels = self.levels;
         let pm = &mut self.procs[i];
         let top = &mut self.bufs[levels as usize - 1];
@@ -439,29 +439,7 @@ impl PageSpace for VirtualPages {
         key: ProcessKey,
         gpn: u64,
     ) -> (ProcessKey, PageNo) {
-        self.check_paging();
-        if key == GLOBAL_KEY {
-            // Not attributed to a process: its history is the global guest-physical one.
-            return (GLOBAL_KEY, gpn | PHYSICAL_TAG);
-        }
-        let i = self.process(key);
-        if let Some(vpn) = self.procs[i].lookup(gpn) {
-            self.counts.translated += 1;
-            return (key, vpn);
-        }
-        let pm = &self.procs[i];
-        let may_walk = pm.walked_at.is_none_or(|t| t.elapsed() >= pm.rewalk_after);
-        if may_walk {
-            self.walk(mem, i);
-            let pm = &mut self.procs[i];
-            if let Some(vpn) = pm.lookup(gpn) {
-                pm.rewalk_after = REWALK_MIN;
-                self.counts.translated += 1;
-                return (key, vpn);
-            }
-            pm.rewalk_after = (pm.rewalk_after * 2).min(REWALK_MAX);
-        }
-        self.global(gpn)
+        self.to_prefetch_at(mem, key, gpn, &Instant::now)
     }
 
     fn to_guest(&mut self, mem: &dyn GuestPages, key: ProcessKey, page: PageNo) -> Option<u64> {
@@ -481,6 +459,46 @@ impl PageSpace for VirtualPages {
 
     fn counts(&self) -> WalkCounts {
         self.counts
+    }
+}
+
+impl VirtualPages {
+    /// [`PageSpace::to_prefetch`] with the clock as a parameter: `now` is read only when a
+    /// rewalk is considered (so the common, translated case reads no clock), and tests give
+    /// it a clock of their own instead of sleeping.
+    fn to_prefetch_at(
+        &mut self,
+        mem: &dyn GuestPages,
+        key: ProcessKey,
+        gpn: u64,
+        now: &dyn Fn() -> Instant,
+    ) -> (ProcessKey, PageNo) {
+        self.check_paging();
+        if key == GLOBAL_KEY {
+            // Not attributed to a process: its history is the global guest-physical one.
+            return (GLOBAL_KEY, gpn | PHYSICAL_TAG);
+        }
+        let i = self.process(key);
+        if let Some(vpn) = self.procs[i].lookup(gpn) {
+            self.counts.translated += 1;
+            return (key, vpn);
+        }
+        let pm = &self.procs[i];
+        let t = now();
+        let may_walk = pm
+            .walked_at
+            .is_none_or(|w| t.saturating_duration_since(w) >= pm.rewalk_after);
+        if may_walk {
+            self.walk(mem, i, t);
+            let pm = &mut self.procs[i];
+            if let Some(vpn) = pm.lookup(gpn) {
+                pm.rewalk_after = REWALK_MIN;
+                self.counts.translated += 1;
+                return (key, vpn);
+            }
+            pm.rewalk_after = (pm.rewalk_after * 2).min(REWALK_MAX);
+        }
+        self.global(gpn)
     }
 }
 
@@ -615,19 +633,22 @@ mod tests {
         let m = Mem::default();
         map(&m, 0x400, 0x9000);
         let mut s = VirtualPages::new();
-        assert_eq!(s.to_prefetch(&m, CR3, 0x9000), (CR3, 0x400));
+        // The test's own clock: a sleep on a loaded host can outlast the doubled interval.
+        let clock = std::cell::Cell::new(Instant::now());
+        let now = || clock.get();
+        let wait = |d: Duration| clock.set(clock.get() + d + Duration::from_millis(1));
+        assert_eq!(s.to_prefetch_at(&m, CR3, 0x9000, &now), (CR3, 0x400));
         // A page no walk will place (say, one of the process's own page tables).
-        let wait = |d: Duration| std::thread::sleep(d + Duration::from_millis(1));
         wait(REWALK_MIN);
-        s.to_prefetch(&m, CR3, 0x12);
+        s.to_prefetch_at(&m, CR3, 0x12, &now);
         assert_eq!(s.counts().walks, 2);
         // The interval doubled: REWALK_MIN later is too soon.
         wait(REWALK_MIN);
-        s.to_prefetch(&m, CR3, 0x12);
+        s.to_prefetch_at(&m, CR3, 0x12, &now);
         assert_eq!(s.counts().walks, 2);
         wait(REWALK_MIN);
         map(&m, 0x401, 0x7777);
-        assert_eq!(s.to_prefetch(&m, CR3, 0x7777), (CR3, 0x401));
+        assert_eq!(s.to_prefetch_at(&m, CR3, 0x7777, &now), (CR3, 0x401));
         assert_eq!(s.counts().walks, 3);
         assert_eq!(s.procs[0].rewalk_after, REWALK_MIN);
     }
