@@ -439,7 +439,7 @@ impl PageSpace for VirtualPages {
         key: ProcessKey,
         gpn: u64,
     ) -> (ProcessKey, PageNo) {
-        self.to_prefetch_at(mem, key, gpn, &Instant::now)
+        self.prefetch_page_at(mem, key, gpn, &Instant::now)
     }
 
     fn to_guest(&mut self, mem: &dyn GuestPages, key: ProcessKey, page: PageNo) -> Option<u64> {
@@ -466,7 +466,7 @@ impl VirtualPages {
     /// [`PageSpace::to_prefetch`] with the clock as a parameter: `now` is read only when a
     /// rewalk is considered (so the common, translated case reads no clock), and tests give
     /// it a clock of their own instead of sleeping.
-    fn to_prefetch_at(
+    fn prefetch_page_at(
         &mut self,
         mem: &dyn GuestPages,
         key: ProcessKey,
@@ -637,18 +637,18 @@ mod tests {
         let clock = std::cell::Cell::new(Instant::now());
         let now = || clock.get();
         let wait = |d: Duration| clock.set(clock.get() + d + Duration::from_millis(1));
-        assert_eq!(s.to_prefetch_at(&m, CR3, 0x9000, &now), (CR3, 0x400));
+        assert_eq!(s.prefetch_page_at(&m, CR3, 0x9000, &now), (CR3, 0x400));
         // A page no walk will place (say, one of the process's own page tables).
         wait(REWALK_MIN);
-        s.to_prefetch_at(&m, CR3, 0x12, &now);
+        s.prefetch_page_at(&m, CR3, 0x12, &now);
         assert_eq!(s.counts().walks, 2);
         // The interval doubled: REWALK_MIN later is too soon.
         wait(REWALK_MIN);
-        s.to_prefetch_at(&m, CR3, 0x12, &now);
+        s.prefetch_page_at(&m, CR3, 0x12, &now);
         assert_eq!(s.counts().walks, 2);
         wait(REWALK_MIN);
         map(&m, 0x401, 0x7777);
-        assert_eq!(s.to_prefetch_at(&m, CR3, 0x7777, &now), (CR3, 0x401));
+        assert_eq!(s.prefetch_page_at(&m, CR3, 0x7777, &now), (CR3, 0x401));
         assert_eq!(s.counts().walks, 3);
         assert_eq!(s.procs[0].rewalk_after, REWALK_MIN);
     }
