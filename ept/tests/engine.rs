@@ -235,6 +235,106 @@ fn dirty_pages_are_written_back_and_clean_pages_dropped_without_io() {
     assert_eq!(vm.store.get(p).unwrap()[24..32], 0xDEADu64.to_ne_bytes());
 }
 
+/// Write tracking (async uffd write-protection): pages mapped clean and only read are dropped
+/// at eviction without reading them; a page written by the guest after such an install, or
+/// by the VMM through the engine, is still written back with exactly its new content.
+#[test]
+fn writes_after_a_write_protected_install_are_never_lost() {
+    let vm = Vm::with(
+        16,
+        Budget::Bytes(2 << 20),
+        Box::new(Recorder::new(8, 0)),
+        MemStoreConfig::default(),
+        |_| {},
+    );
+    assert!(
+        vm.engine.tracks_writes(),
+        "write tracking needs async userfaultfd write-protection on shmem \
+         (UFFD_FEATURE_WP_ASYNC, Linux 6.7+) and /proc/self/pagemap"
+    );
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 5);
+    }
+    // Every page comes back (demand reads and injected prefetches, mapped write-protected)
+    // and is only read: evicted untouched, with no write and no fingerprint.
+    for _ in 0..2 {
+        for p in 0..g.pages {
+            assert_eq!(g.check(p, 5), None, "page {p}");
+        }
+    }
+    vm.settle();
+    let s1 = vm.engine.stats();
+    let w1 = vm.store.counts().writes;
+    assert_eq!(
+        w1, g.pages,
+        "each page written back once: {:?}",
+        s1.counters
+    );
+    assert!(
+        s1.counters.evict_untouched > g.pages / 2,
+        "read-only residencies evicted untouched: {:?}",
+        s1.counters
+    );
+    // Read, then write: the write lands on a write-protected mapping (the kernel resolves
+    // it). Every 7th page by the guest, every 11th by the VMM through the engine (its
+    // alias, which the page tables do not see).
+    let guest_written = |p: u64| p % 7 == 3;
+    let vmm_written = |p: u64| p % 11 == 5 && !guest_written(p);
+    let mut changed = 0;
+    for p in 0..g.pages {
+        let before = g.load(p, 9);
+        if guest_written(p) {
+            g.store(p, 9, before ^ 0xFFFF);
+            changed += 1;
+        } else if vmm_written(p) {
+            let v = (before ^ 0xAAAA).to_ne_bytes();
+            vm.engine
+                .write_bytes(p * PAGE_SIZE as u64 + 72, &v)
+                .unwrap();
+            changed += 1;
+        }
+    }
+    // Push everything out again, reading only.
+    for p in 0..g.pages {
+        let _ = g.load(p, 0);
+    }
+    vm.settle();
+    let want = |p: u64, w: usize| {
+        let x = match (w, guest_written(p), vmm_written(p)) {
+            (9, true, _) => 0xFFFF,
+            (9, _, true) => 0xAAAA,
+            _ => 0,
+        };
+        common::pattern(5, p, w) ^ x
+    };
+    // Remote copies hold the new words, and only changed pages were written.
+    let writes = vm.store.counts().writes - w1;
+    assert!(
+        writes <= changed,
+        "only changed pages written back: {writes} writes for {changed} changed pages"
+    );
+    let mut remote_changed = 0;
+    for p in (0..g.pages).filter(|&p| guest_written(p) || vmm_written(p)) {
+        if vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote) {
+            let data = vm.store.get(p).unwrap();
+            let word = u64::from_ne_bytes(data[72..80].try_into().unwrap());
+            assert_eq!(word, want(p, 9), "remote copy of page {p}");
+            remote_changed += 1;
+        }
+    }
+    assert!(
+        remote_changed > changed / 2,
+        "{remote_changed} of {changed}"
+    );
+    // And the guest reads every word back.
+    for p in 0..g.pages {
+        for w in 0..WORDS {
+            assert_eq!(g.load(p, w), want(p, w), "page {p} word {w}");
+        }
+    }
+}
+
 #[test]
 fn sequential_scan_is_mostly_served_by_prefetch() {
     let scan = |prefetcher: Box<dyn farvm_prefetch::Prefetcher>| {
