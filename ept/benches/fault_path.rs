@@ -164,8 +164,7 @@ fn run_steps(pages: u64) -> Vec<Stamps> {
                         .unwrap();
                     let t_reply = sink.reply_ns.load(Ordering::SeqCst);
                     let addr = ram.guest_page_addr(p);
-                    uffd.continue_range(addr, PAGE_SIZE as u64, true, false)
-                        .unwrap();
+                    uffd.continue_range(addr, PAGE_SIZE as u64, true).unwrap();
                     let t_inst = now();
                     let mut s = stamps.lock().unwrap();
                     let e = &mut s[p as usize];

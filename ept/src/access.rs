@@ -88,7 +88,7 @@ impl Access {
                 }
                 st::STAGED => {
                     if self.table.cas(p, w, demand).is_ok() {
-                        self.installer.publish_local(p, |_| 0, true, true);
+                        self.installer.publish_local(p, |_| 0, true);
                     }
                     continue;
                 }

@@ -220,7 +220,7 @@ impl Completer {
             // Map without waking, then wake, timing each apart: the woken vCPU often takes
             // this CPU before the wake call returns (2 cores), which is neither install cost
             // nor time the vCPU spent waiting.
-            self.installer.map_pinned(p, 1, false, true);
+            self.installer.map_pinned(p, 1, false);
             let mapped = self.clock.now();
             self.hist.record(Hist::Install, mapped.saturating_sub(now));
             let t0 = self.meta.fault_at(p);

@@ -132,14 +132,6 @@ pub struct EngineConfig {
     pub refault_protect: bool,
     /// Deferred prefetch candidates older than this (µs) are dropped as stale.
     pub prefetch_defer_max_us: u64,
-    /// Track guest writes with async userfaultfd write-protection where the kernel offers it,
-    /// so the evictor fingerprints only pages the guest may have written (`installer.rs`).
-    #[serde(default = "yes")]
-    pub track_writes: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 impl EngineConfig {
@@ -156,7 +148,6 @@ impl EngineConfig {
             retry_backoff_ms: 5,
             refault_protect: true,
             prefetch_defer_max_us: 1000,
-            track_writes: true,
         }
     }
 

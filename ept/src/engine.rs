@@ -130,13 +130,6 @@ impl Engine {
         self.parts.installer().guest_range()
     }
 
-    /// Whether guest writes are tracked by async userfaultfd write-protection
-    /// ([`EngineConfig::track_writes`] on a kernel that offers it): the evictor then reads only
-    /// pages the guest may have written.
-    pub fn tracks_writes(&self) -> bool {
-        self.parts.installer().tracks_writes()
-    }
-
     /// Kernel thread id of the fault-handler thread (0 if it did not start), for a VMM that
     /// places the fault path on CPUs: every demand fault is a hand-off between a vCPU thread
     /// and this one.

@@ -15,13 +15,11 @@
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
 //! 2. zap the guest view (one vectored MADV_DONTNEED): from here the guest cannot write the
 //!    page, its data stays in the memfd, and a guest touch faults (MINOR) and waits;
-//! 3. dirty check: a page the guest view has not written since it was mapped clean, and the
-//!    engine has not written through its alias (VMM accesses), still holds the remote copy —
-//!    known from the page-table entries *after* the zap (`Installer::untouched`: async uffd
-//!    write-protection leaves a marker of an unwritten write-protected entry), so no write can
-//!    slip in between the look and the zap. Every other page is checked by content: its memfd
-//!    page's fingerprint against the fingerprint of the remote copy taken at install, which
-//!    catches every write (also by the VMM and devices) and keeps silent stores clean;
+//! 3. dirty check by content: fingerprint the memfd page and compare with the fingerprint of
+//!    the remote copy taken at install. This is race-free — it looks at the final content after
+//!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
+//!    PAGEMAP_SCAN) harvested *before* the zap misses writes between harvest and zap. It also
+//!    catches writes by the VMM and devices, and silent stores stay clean;
 //! 4. write back the dirty ones straight from the memfd (no copy), without waiting: up to
 //!    [`ROUNDS_IN_FLIGHT`] rounds wait for their write-backs while the next ones are claimed,
 //!    zapped and hashed (a write-back waited for inline bounded a write-heavy scan at 25%
@@ -85,8 +83,6 @@ struct Round {
     /// Sorted by page.
     victims: Vec<Victim>,
     pages: Vec<u64>,
-    /// Per victim: not written since mapped clean (step 3).
-    untouched: Vec<bool>,
     writes: Vec<WriteReq>,
     /// Write-backs submitted and not completed yet.
     pending: usize,
@@ -100,7 +96,6 @@ impl Round {
         Self {
             victims: Vec::with_capacity(batch),
             pages: Vec::with_capacity(batch),
-            untouched: Vec::with_capacity(batch),
             writes: Vec::with_capacity(batch),
             pending: 0,
             started: 0,
@@ -377,27 +372,11 @@ impl Evictor {
             r.victims.clear();
             return;
         }
-        // 3. Verdicts, now that the guest cannot write: untouched pages by their page-table
-        // entries, the others by content.
-        r.untouched.clear();
-        r.untouched.resize(r.victims.len(), false);
-        if self.installer.tracks_writes() {
-            r.pages.clear();
-            r.pages.extend(r.victims.iter().map(|v| v.page));
-            if let Err(e) = self.installer.untouched(&r.pages, &mut r.untouched) {
-                tracing::warn!("reading the guest view's write-protect bits: {e}");
-                r.untouched.iter_mut().for_each(|u| *u = false);
-            }
-        }
+        // 3. Content verdicts, now that the guest cannot write.
         r.writes.clear();
-        for (v, &untouched) in r.victims.iter_mut().zip(r.untouched.iter()) {
+        for v in r.victims.iter_mut() {
+            v.fp = self.installer.fingerprint(v.page);
             let clean = self.meta.clean_fp(v.page);
-            v.fp = if untouched && !self.meta.alias_written(v.page) {
-                c.inc(Counter::EvictUntouched);
-                clean
-            } else {
-                self.installer.fingerprint(v.page)
-            };
             v.verdict = if v.fp != clean {
                 Verdict::Dirty
             } else if v.fp == self.meta.zero_fp() {
@@ -405,8 +384,6 @@ impl Evictor {
             } else {
                 Verdict::Clean
             };
-            self.meta
-                .set_written_last(v.page, v.verdict == Verdict::Dirty);
             if v.verdict == Verdict::Dirty {
                 // The memfd page is owned by the evictor (EVICTING) until its completion.
                 let src = self.installer.page_buf(v.page);
@@ -447,7 +424,7 @@ impl Evictor {
                     // The remote copy now holds exactly this content.
                     self.meta.set_clean_fp(v.page, v.fp);
                 }
-                self.installer.publish_local(v.page, |_| 0, true, false);
+                self.installer.publish_local(v.page, |_| 0, true);
                 c.inc(Counter::EvictRescued);
                 v.verdict = Verdict::Keep;
                 continue;
@@ -559,7 +536,7 @@ impl Evictor {
         });
         if state_of(self.table.load(p)) == st::EVICTING {
             // A fault waits: map it and wake.
-            self.installer.publish_local(p, |_| 0, true, false);
+            self.installer.publish_local(p, |_| 0, true);
         }
     }
 }

@@ -8,15 +8,6 @@
 //! cannot claim and zap a page between its state change and its UFFDIO_CONTINUE. Data is
 //! written and read through the alias, which is never registered: the engine's own loads and
 //! stores never fault into its own userfaultfd.
-//!
-//! Write tracking: where the kernel offers async userfaultfd write-protection on shmem
-//! (`UFFD_FEATURE_WP_ASYNC`, Linux 6.7+), pages whose content is the remote copy's are mapped
-//! write-protected. The guest's first write to one is resolved by the kernel (no message, no
-//! wait) and clears the entry's uffd-wp bit; a zap keeps the bit in a marker entry for a page
-//! never written. So after its zap the evictor can tell, one `pread` of the pagemap per run of
-//! victims, which pages the guest view has not written ([`Installer::untouched`]) and skip
-//! their fingerprint. Pages mapped with content that may differ from the remote copy
-//! (re-mapped, rescued) are mapped writable: no marker, so they are fingerprinted as before.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -42,43 +33,33 @@ pub(crate) struct Installer {
     table: Arc<PageTable>,
     meta: Arc<PageMeta>,
     counters: Arc<Counters>,
-    /// Clean pages are mapped write-protected and [`Installer::untouched`] works.
-    track_writes: bool,
 }
 
 impl Installer {
-    /// Creates guest RAM of `len` bytes and registers its guest view with a new userfaultfd,
-    /// tracking writes where the kernel can if `track_writes`.
+    /// Creates guest RAM of `len` bytes and registers its guest view with a new userfaultfd.
     pub fn new(
         len: usize,
-        track_writes: bool,
         stage2: Box<dyn StageTwo>,
         table: Arc<PageTable>,
         meta: Arc<PageMeta>,
         counters: Arc<Counters>,
     ) -> Result<Self, EngineError> {
         let ram = GuestRam::new(len).map_err(|e| EngineError::os("creating guest RAM", e))?;
-        let wp = uffd::feature::WP_HUGETLBFS_SHMEM | uffd::feature::WP_ASYNC;
-        let track_writes = track_writes
-            && ram.has_pagemap()
-            && Uffd::available_features().is_ok_and(|f| f & wp == wp);
-        let base =
-            uffd::feature::THREAD_ID | uffd::feature::MISSING_SHMEM | uffd::feature::MINOR_SHMEM;
-        let uffd = Uffd::open(base | if track_writes { wp } else { 0 }).map_err(|e| {
+        let uffd = Uffd::open(
+            uffd::feature::THREAD_ID | uffd::feature::MISSING_SHMEM | uffd::feature::MINOR_SHMEM,
+        )
+        .map_err(|e| {
             EngineError::os(
                 "opening userfaultfd (needs root or vm.unprivileged_userfaultfd=1)",
                 e,
             )
         })?;
-        let modes = uffd::mode::MISSING | uffd::mode::MINOR;
-        let (start, len) = (ram.guest_base(), ram.len() as u64);
-        let track_writes =
-            track_writes && uffd.register(start, len, modes | uffd::mode::WP).is_ok();
-        if !track_writes {
-            uffd.register(start, len, modes)
-                .map_err(|e| EngineError::os("registering guest RAM with userfaultfd", e))?;
-        }
-        tracing::debug!(track_writes, "guest RAM registered with userfaultfd");
+        uffd.register(
+            ram.guest_base(),
+            ram.len() as u64,
+            uffd::mode::MISSING | uffd::mode::MINOR,
+        )
+        .map_err(|e| EngineError::os("registering guest RAM with userfaultfd", e))?;
         Ok(Self {
             ram,
             uffd,
@@ -86,7 +67,6 @@ impl Installer {
             table,
             meta,
             counters,
-            track_writes,
         })
     }
 
@@ -141,18 +121,11 @@ impl Installer {
 
     /// Publishes `p` as `LOCAL | flags(word)` (from INFLIGHT / STAGED / EVICTING, which the
     /// caller owns) and maps it into the guest view, waking waiters if `wake` or if the replaced
-    /// word says a fault waits. `clean`: its content is the remote copy's (see
-    /// [`Installer::map_pinned`]). Returns the replaced word.
-    pub fn publish_local(
-        &self,
-        p: u64,
-        flags: impl Fn(u32) -> u32,
-        wake: bool,
-        clean: bool,
-    ) -> u32 {
+    /// word says a fault waits. Returns the replaced word.
+    pub fn publish_local(&self, p: u64, flags: impl Fn(u32) -> u32, wake: bool) -> u32 {
         let old = self.claim_local(p, flags);
         let wake = wake || old & (st::F_WAITERS | st::F_DEMAND) != 0;
-        self.map_pinned(p, 1, wake, clean);
+        self.map_pinned(p, 1, wake);
         old
     }
 
@@ -168,35 +141,13 @@ impl Installer {
     }
 
     /// Second half: maps `n` claimed pages from `p` with one UFFDIO_CONTINUE and drops the pins.
-    /// `clean`: their content is the remote copy's (just installed from the store), so where
-    /// writes are tracked they are mapped write-protected — except pages found dirty at their
-    /// last eviction, which are likely written again (a write to a write-protected page after
-    /// a read costs the guest a second shadow fault, ~5 µs here). A page whose content may
-    /// differ from the remote copy must be mapped with `clean` false.
-    pub fn map_pinned(&self, p: u64, n: u64, wake: bool, clean: bool) {
-        let protect = |q: u64| clean && self.track_writes && !self.meta.written_last(q);
-        // One call per run of pages with the same protection (one call for the whole range
-        // without write tracking).
-        let mut start = p;
-        while start < p + n {
-            let wp = protect(start);
-            let mut end = start + 1;
-            while end < p + n && protect(end) == wp {
-                end += 1;
-            }
-            if let Err(e) = self.uffd.continue_range(
-                self.ram.guest_page_addr(start),
-                (end - start) * PAGE_SIZE as u64,
-                wake,
-                wp,
-            ) {
-                // The pages stay LOCAL: the next guest fault on one retries its mapping.
-                tracing::error!(
-                    "UFFDIO_CONTINUE of guest pages {start:#x}+{}: {e}",
-                    end - start
-                );
-            }
-            start = end;
+    pub fn map_pinned(&self, p: u64, n: u64, wake: bool) {
+        if let Err(e) =
+            self.uffd
+                .continue_range(self.ram.guest_page_addr(p), n * PAGE_SIZE as u64, wake)
+        {
+            // The pages stay LOCAL: the next guest fault on one retries its mapping.
+            tracing::error!("UFFDIO_CONTINUE of guest pages {p:#x}+{n}: {e}");
         }
         for q in p..p + n {
             self.table.unpin(q);
@@ -210,8 +161,7 @@ impl Installer {
         self.meta.set_clean_fp(p, self.meta.zero_fp());
         // Counted before the wake, so a woken vCPU never observes a stale count.
         self.counters.inc(Counter::ZeroFills);
-        // Mapped writable: a never-written page is faulted in mostly to be written.
-        self.publish_local(p, |_| 0, wake, false);
+        self.publish_local(p, |_| 0, wake);
     }
 
     /// Injects claimed prefetched pages (LOCAL, pinned): maps them without a wake, one
@@ -221,7 +171,7 @@ impl Installer {
         pages.sort_unstable();
         let c = &self.counters;
         let _ = mem::for_runs(pages, |start, n| {
-            self.map_pinned(start, n, false, true);
+            self.map_pinned(start, n, false);
             c.add(Counter::PrefetchInjected, n);
             if let Some(r) = self
                 .stage2
@@ -245,9 +195,9 @@ impl Installer {
         if !self.table.try_pin(p) {
             return false;
         }
-        let r =
-            self.uffd
-                .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true, false);
+        let r = self
+            .uffd
+            .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true);
         self.table.unpin(p);
         if let Err(e) = r {
             tracing::error!("re-mapping guest page {p:#x}: {e}");
@@ -273,7 +223,7 @@ impl Installer {
         unsafe { core::ptr::write_bytes(self.ram.alias_page(p), 0, PAGE_SIZE) };
         if let Err(e) =
             self.uffd
-                .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true, false)
+                .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true)
         {
             tracing::error!("releasing vCPUs from lost guest page {p:#x}: {e}");
         }
@@ -282,21 +232,6 @@ impl Installer {
     /// Unmaps `pages` from the guest view only (the data stays in the memfd).
     pub fn zap(&self, pages: &[u64]) -> io::Result<()> {
         self.ram.zap_guest(pages)
-    }
-
-    /// Whether clean pages are mapped write-protected (see the module docs).
-    pub fn tracks_writes(&self) -> bool {
-        self.track_writes
-    }
-
-    /// After their zap: sets `out[i]` to whether `pages[i]` (sorted) was not written through
-    /// the guest view since it was last mapped clean. False everywhere without write tracking.
-    pub fn untouched(&self, pages: &[u64], out: &mut [bool]) -> io::Result<()> {
-        if !self.track_writes {
-            out.iter_mut().for_each(|o| *o = false);
-            return Ok(());
-        }
-        self.ram.guest_wp(pages, out)
     }
 
     /// Frees the memfd pages behind `pages`.
@@ -319,11 +254,10 @@ impl Installer {
         };
     }
 
-    /// Copies `src` into page `p` at offset `off` through the alias (recorded, so the eviction
-    /// fingerprints the page). The caller holds a pin on the page.
+    /// Copies `src` into page `p` at offset `off` through the alias (the eviction fingerprint
+    /// sees the write). The caller holds a pin on the page.
     pub fn copy_in(&self, p: u64, off: usize, src: &[u8]) {
         assert!(p < self.pages() && off + src.len() <= PAGE_SIZE);
-        self.meta.mark_alias_written(p);
         // SAFETY: as in `copy_out`.
         unsafe {
             core::ptr::copy_nonoverlapping(src.as_ptr(), self.ram.alias_page(p).add(off), src.len())

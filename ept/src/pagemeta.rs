@@ -2,15 +2,13 @@
 //! content, taken when its data is installed and compared at eviction (the dirty check, see
 //! `evict`), and when its demand fault was read and its read submitted / staged data arrived
 //! (latency histograms, prefetch timeliness), and which process a prefetch was issued for
-//! (per-process statistics, `procstats`), and whether the engine wrote the page through its
-//! alias since that fingerprint was taken (a VMM write, which the guest view's write tracking
-//! cannot see; see `evict`), and whether it was dirty at its last eviction (`installer`).
+//! (per-process statistics, `procstats`).
 //!
 //! Written only by the page's current owner in the state table (whoever moved it to
 //! `INFLIGHT` or `EVICTING`) before it publishes the next state, whose release/acquire CAS
 //! orders them for the next owner: plain relaxed atomics suffice.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::hash::{self, Fingerprint};
 use crate::procstats::ProcRef;
@@ -25,11 +23,6 @@ pub(crate) struct PageMeta {
     /// The process a prefetch read of the page was issued for ([`ProcRef`] bits), set when
     /// the read is issued; its outcome (staged, injected, hit, wasted) is counted for it.
     owner: Box<[AtomicU64]>,
-    /// Written through the alias since its clean fingerprint was set.
-    alias_written: Box<[AtomicBool]>,
-    /// Found dirty at its last eviction (a prediction: mapped writable, not write-protected,
-    /// next time; see `installer`).
-    written_last: Box<[AtomicBool]>,
     zero: Fingerprint,
 }
 
@@ -46,8 +39,6 @@ impl PageMeta {
             owner: (0..pages)
                 .map(|_| AtomicU64::new(ProcRef::NONE.bits()))
                 .collect(),
-            alias_written: (0..pages).map(|_| AtomicBool::new(false)).collect(),
-            written_last: (0..pages).map(|_| AtomicBool::new(false)).collect(),
             zero: hash::zero(),
         }
     }
@@ -65,39 +56,11 @@ impl PageMeta {
         lo | (hi << 64)
     }
 
-    /// Set by the page's owner (INFLIGHT / EVICTING) before it publishes a new state, when
-    /// the page's content is the remote copy's: clears [`PageMeta::alias_written`].
+    /// Set by the page's owner (INFLIGHT / EVICTING) before it publishes a new state.
     #[inline]
     pub fn set_clean_fp(&self, p: u64, fp: Fingerprint) {
         self.clean[2 * p as usize].store(fp as u64, Ordering::Relaxed);
         self.clean[2 * p as usize + 1].store((fp >> 64) as u64, Ordering::Relaxed);
-        self.alias_written[p as usize].store(false, Ordering::Relaxed);
-    }
-
-    /// Whether the engine wrote page `p` through its alias since its clean fingerprint was
-    /// set.
-    #[inline]
-    pub fn alias_written(&self, p: u64) -> bool {
-        self.alias_written[p as usize].load(Ordering::Relaxed)
-    }
-
-    /// Whether page `p` was found dirty at its last eviction.
-    #[inline]
-    pub fn written_last(&self, p: u64) -> bool {
-        self.written_last[p as usize].load(Ordering::Relaxed)
-    }
-
-    /// Set by the evictor with each victim's verdict.
-    #[inline]
-    pub fn set_written_last(&self, p: u64, dirty: bool) {
-        self.written_last[p as usize].store(dirty, Ordering::Relaxed);
-    }
-
-    /// Records a write through the alias to page `p` (by a holder of a pin on the resident
-    /// page; the pin's release orders it before the evictor's claim).
-    #[inline]
-    pub fn mark_alias_written(&self, p: u64) {
-        self.alias_written[p as usize].store(true, Ordering::Relaxed);
     }
 
     #[inline]

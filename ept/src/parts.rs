@@ -3,7 +3,7 @@
 //! | part | file | owns |
 //! |---|---|---|
 //! | [`PageTable`] | `state.rs` | one state word per page (CAS only): who owns each page |
-//! | [`PageMeta`] | `pagemeta.rs` | per page: clean fingerprint, fault and I/O timestamps, alias-written and dirty-last-time flags |
+//! | [`PageMeta`] | `pagemeta.rs` | per page: clean fingerprint, fault and I/O timestamps |
 //! | [`RefaultClock`] | `refault.rs` | the eviction clock and each page's last eviction |
 //! | [`Frames`] | `frames.rs` | resident count vs budget, reserve and eviction marks; the evictor's wake-up |
 //! | [`PrefetchSlots`] | `prefetch_slots.rs` | prefetch reads in flight vs their cap |
@@ -78,7 +78,6 @@ impl Parts {
         let counters = Arc::new(Counters::default());
         let installer = Arc::new(Installer::new(
             len,
-            cfg.track_writes,
             stage2,
             table.clone(),
             meta.clone(),

@@ -155,9 +155,6 @@ counters! {
     evict_zero: EvictZero,
     /// Evicted pages written back first.
     evict_dirty: EvictDirty,
-    /// Evicted pages known unwritten from their page-table entries (write tracking): dropped
-    /// without reading their content.
-    evict_untouched: EvictUntouched,
     /// Eviction cancelled because the guest faulted on the page meanwhile.
     evict_rescued: EvictRescued,
     /// Write-backs that failed (the page stays resident).

@@ -553,8 +553,7 @@ impl Handler {
         // A marker hit may answer with the prefetcher's next window (like Linux's async
         // read-ahead marker); those candidates go out with this round's prefetch batch.
         let key = self.learner.hit(key, p, true, now);
-        self.installer
-            .publish_local(p, |_| st::F_CONSUMED, true, true);
+        self.installer.publish_local(p, |_| st::F_CONSUMED, true);
         self.queues.offer_consumed(p);
         self.issue_candidates(key, entry, now);
         Step::Done

@@ -6,16 +6,9 @@
 //! into the guest view with UFFDIO_CONTINUE (6–7x cheaper than UFFDIO_COPY here, and the network
 //! reply can land in place); unmapping the guest view alone (MADV_DONTNEED) keeps the data, which
 //! makes eviction race-free (see `evict.rs`); MADV_REMOVE frees it.
-//!
-//! Written pages are told apart through the guest view's page-table entries, read from
-//! `/proc/self/pagemap`: a page mapped write-protected by userfaultfd (async WP mode) keeps its
-//! uffd-wp bit until the first write through the guest view clears it, and a zap of a page that
-//! still has it leaves a marker entry that keeps the bit ([`GuestRam::guest_wp`]).
 
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::PAGE_SIZE;
@@ -31,8 +24,6 @@ pub struct GuestRam {
     len: usize,
     /// process_madvise() on self works (Linux >= 6.13); otherwise fall back to one call per run.
     vectored: AtomicBool,
-    /// `/proc/self/pagemap`, if it could be opened (write tracking needs it).
-    pagemap: Option<File>,
 }
 
 // SAFETY: the raw pointers denote process-wide mappings owned by this struct; all access to the
@@ -43,12 +34,6 @@ unsafe impl Sync for GuestRam {}
 
 /// Upper bound of iovecs per process_madvise call (UIO_MAXIOV).
 const MAX_IOV: usize = 1024;
-
-/// Bit 57 of a pagemap entry (`PM_UFFD_WP`): the page-table entry is write-protected by
-/// userfaultfd — a present entry not written since, or the marker a zap left of one.
-const PM_UFFD_WP: u64 = 1 << 57;
-/// Pagemap entries read per `pread`.
-const PAGEMAP_CHUNK: usize = 64;
 
 impl GuestRam {
     /// Maps `len` bytes of guest RAM (a page multiple): a memfd, its guest view and its engine alias.
@@ -114,7 +99,6 @@ impl GuestRam {
             guest,
             alias,
             len,
-            pagemap: File::open("/proc/self/pagemap").ok(),
         })
     }
 
@@ -155,40 +139,6 @@ impl GuestRam {
         // SAFETY: `p` is in bounds; the alias is never uffd-registered, so this store allocates
         // a zeroed shmem page (or hits an existing one, whose first byte the caller owns).
         unsafe { core::ptr::write_volatile(self.alias_page(p), 0u8) };
-    }
-
-    /// Whether the guest view's page-table entries can be read (`/proc/self/pagemap`).
-    pub fn has_pagemap(&self) -> bool {
-        self.pagemap.is_some()
-    }
-
-    /// Sets `out[i]` to whether the guest view's entry of `pages[i]` carries the uffd-wp bit:
-    /// after a zap, true only for a page mapped write-protected and not written through the
-    /// guest view since. `out` must be at least as long as `pages`.
-    pub fn guest_wp(&self, pages: &[u64], out: &mut [bool]) -> io::Result<()> {
-        let Some(pagemap) = &self.pagemap else {
-            return Err(io::Error::from_raw_os_error(libc::ENOSYS));
-        };
-        let mut entries = [0u64; PAGEMAP_CHUNK];
-        let mut i = 0usize;
-        for_runs(pages, |start, n| {
-            let mut done = 0u64;
-            while done < n {
-                let k = (n - done).min(PAGEMAP_CHUNK as u64) as usize;
-                let first = self.guest_page_addr(start + done) / PAGE_SIZE as u64;
-                // SAFETY: viewing the u64 array as bytes of the same length for the read.
-                let bytes = unsafe {
-                    core::slice::from_raw_parts_mut(entries.as_mut_ptr().cast::<u8>(), k * 8)
-                };
-                pagemap.read_exact_at(bytes, first * 8)?;
-                for e in &entries[..k] {
-                    out[i] = e & PM_UFFD_WP != 0;
-                    i += 1;
-                }
-                done += k as u64;
-            }
-            Ok(())
-        })
     }
 
     /// Unmaps `pages` from the guest view only (the data stays in the memfd).

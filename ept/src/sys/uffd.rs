@@ -25,11 +25,6 @@ pub mod feature {
     pub const THREAD_ID: u64 = 1 << 8;
     /// Shared-memory regions may be registered in MINOR mode (installs by UFFDIO_CONTINUE).
     pub const MINOR_SHMEM: u64 = 1 << 10;
-    /// Shared-memory (and hugetlbfs) regions may be registered in WP mode.
-    pub const WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
-    /// Write-protect faults are resolved by the kernel itself (no message, no wait): a write
-    /// just clears the page's uffd-wp bit, which then tells written pages apart.
-    pub const WP_ASYNC: u64 = 1 << 15;
 }
 
 /// `UFFDIO_REGISTER_MODE_*`
@@ -38,16 +33,11 @@ pub mod mode {
     pub const MISSING: u64 = 1 << 0;
     /// Report faults on pages present in the memfd but not mapped (installed by UFFDIO_CONTINUE).
     pub const MINOR: u64 = 1 << 2;
-    /// Track writes to write-protected pages (with [`super::feature::WP_ASYNC`]: resolved by
-    /// the kernel, recorded in the page-table entry).
-    pub const WP: u64 = 1 << 1;
 }
 
 /// Bit of `_UFFDIO_CONTINUE` in the register reply's `ioctls`.
 const IOCTL_CONTINUE_BIT: u64 = 1 << 7;
 const MODE_DONTWAKE: u64 = 1;
-/// `UFFDIO_CONTINUE_MODE_WP`: map the pages write-protected.
-const MODE_CONTINUE_WP: u64 = 1 << 1;
 
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 
@@ -126,33 +116,6 @@ pub struct Uffd {
 impl Uffd {
     /// Opens a uffd (via /dev/userfaultfd, else the syscall) and negotiates `features`.
     pub fn open(features: u64) -> io::Result<Self> {
-        let fd = Self::new_fd()?;
-        Self::api(&fd, features)?;
-        Ok(Self { fd })
-    }
-
-    /// The `UFFD_FEATURE_*` bits this kernel offers (asked on a throw-away uffd: a uffd
-    /// negotiates its features once).
-    pub fn available_features() -> io::Result<u64> {
-        Self::api(&Self::new_fd()?, 0)
-    }
-
-    /// UFFDIO_API asking for `features`; returns the features the kernel offers.
-    fn api(fd: &OwnedFd, features: u64) -> io::Result<u64> {
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features,
-            ioctls: 0,
-        };
-        // SAFETY: UFFDIO_API takes a pointer to a live `uffdio_api` of the right layout.
-        let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(api.features)
-    }
-
-    fn new_fd() -> io::Result<OwnedFd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let fd = Self::open_dev(flags).or_else(|_| {
             // SAFETY: plain syscall with integer flags; the result is checked below.
@@ -164,7 +127,18 @@ impl Uffd {
             }
         })?;
         // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API takes a pointer to a live `uffdio_api` of the right layout.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd })
     }
 
     fn open_dev(flags: i32) -> io::Result<RawFd> {
@@ -208,8 +182,7 @@ impl Uffd {
     }
 
     /// Maps the page-cache pages already present under `[start, start+len)` (MINOR mode),
-    /// waking the threads that fault on them if `wake`, write-protected if `wp` (the range
-    /// must be registered in WP mode too).
+    /// waking the threads that fault on them if `wake`.
     ///
     /// The kernel stops at the first page that is mapped already: with nothing installed
     /// before it that is EEXIST, else EAGAIN with `mapped` = the bytes it did install (EAGAIN
@@ -217,14 +190,7 @@ impl Uffd {
     /// resumes right after, as a range: a guest fault that mapped one page of an injected run
     /// (a race the fault handler wins often on a sequential scan) costs one extra call, not
     /// one call per remaining page.
-    pub fn continue_range(
-        &self,
-        start: u64,
-        len: u64,
-        wake: bool,
-        wp: bool,
-    ) -> io::Result<Installed> {
-        let wp_mode = if wp { MODE_CONTINUE_WP } else { 0 };
+    pub fn continue_range(&self, start: u64, len: u64, wake: bool) -> io::Result<Installed> {
         let mut done = 0;
         let mut outcome = Installed::Done;
         while done < len {
@@ -233,7 +199,7 @@ impl Uffd {
                     start: start + done,
                     len: len - done,
                 },
-                mode: wp_mode | if wake { 0 } else { MODE_DONTWAKE },
+                mode: if wake { 0 } else { MODE_DONTWAKE },
                 mapped: 0,
             };
             // SAFETY: pointer to a live `uffdio_continue`; the range lies in a registered VMA
@@ -346,7 +312,7 @@ mod tests {
         // Pages 0 and 3 are mapped first, as a racing guest fault would have.
         for p in [0, 3] {
             assert_eq!(
-                uffd.continue_range(at(p), PAGE, false, false).unwrap(),
+                uffd.continue_range(at(p), PAGE, false).unwrap(),
                 Installed::Done
             );
         }
@@ -357,12 +323,12 @@ mod tests {
         // The kernel stops at page 0 (EEXIST), then after pages 1-2 at page 3 (EAGAIN with
         // partial progress): both are skipped and the rest is mapped.
         assert_eq!(
-            uffd.continue_range(at(0), 8 * PAGE, false, false).unwrap(),
+            uffd.continue_range(at(0), 8 * PAGE, false).unwrap(),
             Installed::AlreadyMapped
         );
         assert!((0..8).all(|p| mapped(at(p))), "every page mapped");
         assert_eq!(
-            uffd.continue_range(at(2), 2 * PAGE, true, false).unwrap(),
+            uffd.continue_range(at(2), 2 * PAGE, true).unwrap(),
             Installed::AlreadyMapped
         );
     }
