@@ -347,6 +347,10 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     );
     assert_eq!(total, 128.0 * 256.0, "{}", m.body);
     assert_eq!(budget * 4.0, total, "25% local");
+    eprintln!(
+        "lv-a paused: {total} guest pages, {budget} local, {} demand faults from its memory server",
+        metric(&m.body, "farvm_ept_demand_faults_total")
+    );
     let sock_a = lv.runtime().join("runtime/libvirt/ch/run/lv-a-socket");
     assert!(sock_a.exists(), "{} while lv-a runs", sock_a.display());
     // Console input through libvirt: a line typed on the pty it reports reaches the guest
