@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # libvirt with its Cloud Hypervisor ("ch") driver, for running farvm under real libvirt.
 #
-# Debian bookworm's libvirt 9.0 is built without the ch driver (no virtchd), so this script builds
-# Debian's own libvirt source with `-Ddriver_ch=enabled` once, into a cache directory outside the
-# repository, and then runs virtchd as an unprivileged per-user daemon (`ch:///session`) whose PATH
-# holds farvm under the name `cloud-hypervisor`.
+# Debian builds libvirt without the ch driver (no virtchd), so this script builds Debian's own
+# libvirt source with `-Ddriver_ch=enabled` once, into a cache directory outside the repository,
+# and then runs virtchd as an unprivileged per-user daemon (`ch:///session`) whose PATH holds farvm
+# under the name `cloud-hypervisor`. The source is that of Debian trixie (libvirt 11.3), whose ch
+# driver follows its VMM through `--event-monitor` (a guest powering off, `virsh shutdown`: the
+# domain goes "shut off"); it builds on bookworm as well. FARVM_LIBVIRT_SUITE=bookworm builds
+# bookworm's libvirt 9.0 instead, whose driver does not watch its VMM.
 #
 # Usage: scripts/libvirt-ch.sh build | start | env | virsh ARGS... | stop | status
 #
@@ -19,7 +22,10 @@
 #   status  say whether the cache is built and whether a daemon is running.
 #
 # Environment:
-#   FARVM_LIBVIRT_CACHE  cache directory (default: $HOME/.cache/farvm/libvirt-ch)
+#   FARVM_LIBVIRT_SUITE  the Debian release whose libvirt source is built (default: trixie); the
+#                        deb-src list takes this machine's Debian sources with their release
+#                        replaced (bookworm, bookworm-updates -> trixie, trixie-updates)
+#   FARVM_LIBVIRT_CACHE  cache directory (default: $HOME/.cache/farvm/libvirt-ch-<suite>)
 #   FARVM_BIN            the farvm binary to expose as cloud-hypervisor (default: the workspace's
 #                        target/release/farvm, else `farvm` on PATH)
 #   FARVM_LIBVIRT_USER   user to run the daemon as when invoked as root (default: nobody); when
@@ -39,7 +45,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-cache=${FARVM_LIBVIRT_CACHE:-$HOME/.cache/farvm/libvirt-ch}
+suite=${FARVM_LIBVIRT_SUITE:-trixie}
+[[ $suite =~ ^[a-z]+$ ]] || { echo "libvirt-ch: FARVM_LIBVIRT_SUITE must be a Debian release name (trixie, bookworm)" >&2; exit 2; }
+cache=${FARVM_LIBVIRT_CACHE:-$HOME/.cache/farvm/libvirt-ch-$suite}
 prefix=$cache/prefix
 stamp=$cache/built.stamp
 state=${FARVM_LIBVIRT_STATE:-$cache/session} # path of the running session's runtime directory
@@ -56,7 +64,8 @@ as_root() {
 
 # --- build -----------------------------------------------------------------------------------
 
-build_deps=(dpkg-dev meson ninja-build pkg-config gcc libglib2.0-dev libyajl-dev
+# JSON: libvirt 9 uses yajl, libvirt 10 and later json-c.
+build_deps=(dpkg-dev meson ninja-build pkg-config gcc libglib2.0-dev libyajl-dev libjson-c-dev
     libcurl4-gnutls-dev xsltproc python3-docutils libxml2-dev libxml2-utils libgnutls28-dev
     libtirpc-dev libdevmapper-dev libnl-3-dev libnl-route-3-dev libpciaccess-dev
     libselinux1-dev libacl1-dev libattr1-dev libcap-ng-dev libudev-dev libparted-dev
@@ -73,7 +82,8 @@ install_build_deps() {
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 }
 
-# Writes deb-src entries for every enabled apt source of this release into "$1" (a deb822 file).
+# Writes deb-src entries for every enabled apt source of this release into "$1" (a deb822 file),
+# with the release in each suite name replaced by $suite (bookworm-security -> trixie-security).
 # Only sources whose suite belongs to this machine's release are taken: third-party repositories
 # rarely publish Sources indexes.
 write_src_list() {
@@ -85,12 +95,13 @@ write_src_list() {
     # One-line format: "deb [options] URI SUITE COMPONENTS..."
     for f in "$list" "$parts"/*.list; do
         [[ -f $f ]] || continue
-        awk -v cn="$codename" '
+        awk -v cn="$codename" -v to="$suite" '
             $1 == "deb" {
                 i = 2; opts = ""
                 if ($2 ~ /^\[/) { while ($i !~ /\]$/) { opts = opts " " $i; i++ }; opts = opts " " $i; i++ }
                 uri = $i; suite = $(i + 1)
                 if (index(suite, cn) != 1) next
+                suite = to substr(suite, length(cn) + 1)
                 comps = ""; for (j = i + 2; j <= NF; j++) comps = comps " " $j
                 gsub(/^ *\[|\] *$/, "", opts)
                 n = split(opts, o, " "); signed = ""
@@ -103,11 +114,11 @@ write_src_list() {
     # deb822 format: paragraphs with Types/URIs/Suites/Components/Signed-By.
     for f in "$parts"/*.sources; do
         [[ -f $f ]] || continue
-        awk -v cn="$codename" '
+        awk -v cn="$codename" -v to="$suite" '
             function flush() {
                 if (types ~ /(^| )deb( |$)/ && enabled != "no" && suites != "") {
                     n = split(suites, s, " "); keep = ""
-                    for (k = 1; k <= n; k++) if (index(s[k], cn) == 1) keep = keep " " s[k]
+                    for (k = 1; k <= n; k++) if (index(s[k], cn) == 1) keep = keep " " to substr(s[k], length(cn) + 1)
                     if (keep != "") {
                         printf "Types: deb-src\nURIs: %s\nSuites:%s\nComponents: %s\n", uris, keep, comps
                         if (signed != "") printf "Signed-By: %s\n", signed
@@ -135,10 +146,32 @@ fetch_source() {
         -o "Dir::Etc::sourceparts=$work/apt/sources.list.d"
         -o "Dir::State::lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache"
         -o "APT::Sandbox::User=root")
-    note "fetching Debian's libvirt source"
+    note "fetching Debian $suite's libvirt source"
     "${apt[@]}" update >"$work/apt/update.log" 2>&1 || note "apt-get update reported errors (see $work/apt/update.log)"
-    (cd "$work" && "${apt[@]}" source libvirt) >"$work/apt/source.log" 2>&1 ||
-        die "apt-get source libvirt failed; see $work/apt/source.log"
+    (cd "$work" && "${apt[@]}" source libvirt) >"$work/apt/source.log" 2>&1 && return 0
+    # apt-get source unpacks with dpkg-source, which needs the .dsc. A mirror that serves the
+    # tarballs but not the .dsc (seen behind caching proxies) leaves the tarballs apt fetched,
+    # each checked against the signed Sources index: unpack those and apply Debian's patch series.
+    local orig deb ver src p
+    orig=$(find "$work" -maxdepth 1 -name 'libvirt_*.orig.tar.*' ! -name '*.asc' | head -n1)
+    deb=$(find "$work" -maxdepth 1 -name 'libvirt_*.debian.tar.*' | head -n1)
+    [[ -n $orig && -n $deb ]] || die "apt-get source libvirt failed; see $work/apt/source.log"
+    ver=$(basename "$orig")
+    ver=${ver#libvirt_}
+    ver=${ver%.orig.tar.*}
+    note "apt-get source could not unpack (see $work/apt/source.log); unpacking $(basename "$orig") and $(basename "$deb")"
+    src=$work/libvirt-$ver
+    rm -rf "$src"
+    mkdir -p "$src"
+    tar -xf "$orig" -C "$src" --strip-components=1
+    tar -xf "$deb" -C "$src"
+    if [[ -f $src/debian/patches/series ]]; then
+        while read -r p _; do
+            [[ -z $p || $p == \#* ]] && continue
+            patch -d "$src" -p1 -s --no-backup-if-mismatch <"$src/debian/patches/$p" >>"$work/apt/source.log" 2>&1 ||
+                die "Debian patch $p does not apply to $(basename "$orig"); see $work/apt/source.log"
+        done <"$src/debian/patches/series"
+    fi
 }
 
 cmd_build() {
@@ -168,7 +201,7 @@ cmd_build() {
         -Ddriver_bhyve=disabled -Ddocs=disabled -Dtests=disabled \
         -Dnls=disabled -Dinit_script=none >"$work/meson-setup.log" 2>&1 ||
         die "meson setup failed; see $work/meson-setup.log"
-    note "compiling (about 10-15 minutes on 2 cores)"
+    note "compiling (about 8-15 minutes on 2 cores)"
     ninja -C "$work/build" -j "${FARVM_LIBVIRT_JOBS:-$(nproc)}" >"$work/ninja.log" 2>&1 ||
         die "build failed; see $work/ninja.log"
     ninja -C "$work/build" install >"$work/install.log" 2>&1 || die "install failed; see $work/install.log"
@@ -177,7 +210,7 @@ cmd_build() {
     mkdir -p "$cache/logs"
     cp "$work"/*.log "$work"/apt/*.log "$cache/logs/"
     rm -rf "$work"
-    echo "$(basename "$src") built in $(($(date +%s) - started)) s on $(date -u +%FT%TZ)" >"$stamp"
+    echo "$(basename "$src") (Debian $suite source) built in $(($(date +%s) - started)) s on $(date -u +%FT%TZ)" >"$stamp"
     note "built: $(cat "$stamp"); installed tree $(du -sh "$prefix" | cut -f1)"
 }
 
@@ -264,6 +297,8 @@ cmd_start() {
     dir=$(mktemp -d "${TMPDIR:-/tmp}/farvm-libvirt-ch.XXXXXX")
     chmod 0755 "$dir"
     mkdir -p "$dir/bin" "$dir/home" "$dir/runtime" "$dir/config" "$dir/cache"
+    # The ch driver writes each VMM's output to its domain log there but does not create it.
+    mkdir -p "$dir/cache/libvirt/ch/log"
     run_prefix=$prefix
     if ! readable_by "$uid" "$prefix/sbin/virtchd"; then
         note "$prefix is not reachable by $user; using a copy in $dir/prefix"

@@ -3,7 +3,8 @@
 //! Cloud Hypervisor's status codes and error bodies in every wrong state, a pty console whose
 //! path vm.info reports and on which the test guest prints its results, pause/resume, the
 //! host config's per-domain section and defaults, shutdown/reboot/delete, vmm.shutdown and
-//! SIGTERM.
+//! SIGTERM, and the `--event-monitor` records of each transition (on a file, and on a FIFO as
+//! libvirt gives it).
 
 mod common;
 #[path = "common/guest_console.rs"]
@@ -33,10 +34,17 @@ struct Api {
 }
 
 impl Api {
-    fn start(dir: &Path, name: &str, config: &Path) -> Api {
+    /// With `events`, farvm writes its `--event-monitor` records there (a FIFO's reader must
+    /// be opening it already: farvm's open waits for one, as Cloud Hypervisor's does).
+    fn start(dir: &Path, name: &str, config: &Path, events: Option<&Path>) -> Api {
         let sock = dir.join(format!("{name}.sock"));
-        let child = Command::new(env!("CARGO_BIN_EXE_farvm"))
-            .args(["api", "--api-socket", &format!("path={}", sock.display())])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_farvm"));
+        cmd.args(["api", "--api-socket", &format!("path={}", sock.display())]);
+        if let Some(ev) = events {
+            cmd.arg("--event-monitor")
+                .arg(format!("path={}", ev.display()));
+        }
+        let child = cmd
             .env("FARVM_CONFIG", config)
             .env("FARVM_LOG", "info")
             .stdout(Stdio::null())
@@ -112,6 +120,31 @@ fn error_messages(body: &str) -> Vec<String> {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("error body {body:?}: {e}"))
 }
 
+/// The `--event-monitor` records in `text` (pretty-printed JSON objects, one after another) as
+/// `source:event`, as libvirt's ch driver names them; checks each record's shape and that the
+/// timestamps never go back.
+fn events(text: &str) -> Vec<String> {
+    let mut last = (0, 0);
+    serde_json::Deserializer::from_str(text)
+        .into_iter::<Value>()
+        .map(|r| {
+            let r = r.unwrap_or_else(|e| panic!("event record: {e}\n{text}"));
+            assert_eq!(r["properties"], Value::Null, "{r}");
+            let t = (
+                r["timestamp"]["secs"].as_u64().expect("timestamp.secs"),
+                r["timestamp"]["nanos"].as_u64().expect("timestamp.nanos"),
+            );
+            assert!(t >= last, "timestamps go back: {text}");
+            last = t;
+            format!(
+                "{}:{}",
+                r["source"].as_str().expect("source"),
+                r["event"].as_str().expect("event")
+            )
+        })
+        .collect()
+}
+
 fn export_guest(dir: &Path) -> PathBuf {
     let kernel = dir.join("farvm-testguest.elf");
     std::fs::write(&kernel, farvm_vmm::builtin::test_guest_elf()).unwrap();
@@ -146,7 +179,8 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
         "[defaults]\nlocal_only = true\n\n[domain.\"web-1\"]\nlocal_only = false\nlocal_memory = \"25%\"\n",
     )
     .unwrap();
-    let api = Api::start(&dir, "web-1", &config);
+    let event_file = dir.join("events");
+    let api = Api::start(&dir, "web-1", &config, Some(&event_file));
 
     let (s, ping) = api.get("vmm.ping");
     assert_eq!(
@@ -229,11 +263,20 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
         "the domain's section gives 25% local: {paging}"
     );
     std::thread::sleep(Duration::from_millis(300));
+    // What is typed on the pty reaches the guest, which writes the line back (typed while the
+    // VM is paused, so its process is certainly still running to be interrupted).
+    guest_console::type_line(&pty, "hello from the pty");
     api.put("vm.resume", None, 204);
     assert_eq!(api.state(), "Running");
-
+    let mut text = String::new();
+    guest_console::console_until(
+        &console,
+        &mut text,
+        "farvm-testguest: console hello from the pty",
+        Duration::from_secs(60),
+    );
     // The guest prints its results on the pty and powers off by itself.
-    let text = guest_console::console_until_poweroff(&console, Duration::from_secs(300));
+    text += &guest_console::console_until_poweroff(&console, Duration::from_secs(300));
     let (procs, end) = guest_console::parse(&text);
     assert_eq!(end, Some((1, 0, 0)), "{text}");
     for l in guest_console::check_against_native(&workloads, 1, &procs) {
@@ -274,6 +317,31 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     let status = api.child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     assert!(!api.sock.exists(), "socket left behind");
+    // Every transition above, in order, as Cloud Hypervisor's event monitor reports it.
+    let text = std::fs::read_to_string(&event_file).unwrap();
+    assert_eq!(
+        events(&text),
+        [
+            "vmm:starting",
+            "vm:booting",
+            "vm:booted",
+            "vm:pausing",
+            "vm:paused",
+            "vm:resuming",
+            "vm:resumed",
+            "vm:shutdown", // the guest powered off
+            "vm:booting",
+            "vm:booted",
+            "vm:rebooting",
+            "vm:booting",
+            "vm:booted",
+            "vm:rebooted",
+            "vm:shutdown", // vm.shutdown
+            "vm:deleted",
+            "vmm:shutdown",
+        ],
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -290,7 +358,16 @@ fn a_domain_without_a_section_gets_the_defaults_and_sigterm_stops_it() {
         "[defaults]\nlocal_only = true\n\n[domain.\"other\"]\nlocal_memory = \"25%\"\n",
     )
     .unwrap();
-    let mut api = Api::start(&dir, "plain", &config);
+    // The event monitor on a FIFO, as libvirt gives it: its reader opens it while farvm starts.
+    let fifo = dir.join("events.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).expect("read the event FIFO"))
+    };
+    let mut api = Api::start(&dir, "plain", &config, Some(&fifo));
     let body = create_body(&kernel, &["seq:ws=32M,passes=1000"], 128 << 20);
     api.put("vm.create", Some(&body), 204);
     api.put("vm.boot", None, 204);
@@ -312,6 +389,66 @@ fn a_domain_without_a_section_gets_the_defaults_and_sigterm_stops_it() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert!(!api.sock.exists(), "socket left behind");
+    // The FIFO ends with the process; vm:shutdown then vmm:shutdown is what makes libvirt mark
+    // the domain shut off.
+    let text = reader.join().unwrap();
+    assert_eq!(
+        events(&text),
+        [
+            "vmm:starting",
+            "vm:booting",
+            "vm:booted",
+            "vm:shutdown",
+            "vmm:shutdown"
+        ],
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_vmm_ends_when_its_event_monitor_reader_closes_it() {
+    // libvirt's ch driver daemonizes the VMM, so it cannot signal it; it closes the event
+    // monitor's FIFO when it is done with the domain (shut off, destroyed), and farvm ends.
+    let dir = scratch_dir("evclose");
+    let config = dir.join("farvm.toml");
+    std::fs::write(&config, "[defaults]\nlocal_only = true\n").unwrap();
+    let fifo = dir.join("events.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut f = std::fs::File::open(fifo).expect("open the event FIFO");
+            let mut text = Vec::new();
+            let mut buf = [0u8; 256];
+            while !text.ends_with(b"}\n\n") {
+                let n = f.read(&mut buf).expect("read the event FIFO");
+                assert!(n > 0, "the event FIFO ended early");
+                text.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8(text).unwrap()
+            // The reader's end closes here.
+        })
+    };
+    let mut api = Api::start(&dir, "watched", &config, Some(&fifo));
+    let text = reader.join().unwrap();
+    assert_eq!(events(&text), ["vmm:starting"], "{text}");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = api.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the VMM outlived its event monitor's reader"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
     assert!(!api.sock.exists(), "socket left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,15 +1,17 @@
 //! farvm under real libvirt: `scripts/libvirt-ch.sh` starts libvirt's Cloud Hypervisor driver
-//! (virtchd, an unprivileged per-user daemon) with this build's `farvm` on its PATH as
+//! (virtchd 11.3, an unprivileged per-user daemon) with this build's `farvm` on its PATH as
 //! `cloud-hypervisor`, and `virsh` drives domains booting the test guest on remote memory (the
 //! embedded memory server, 25% local from the host config's per-domain section):
-//! define → start → list → dominfo → suspend (the VM's metrics show it paused at 25% local) →
-//! resume → the guest prints the native checksum on the pty libvirt reports, and vm.counters on
-//! the socket libvirt bound shows it and the demand faults → shutdown ("in
-//! shutdown": libvirt 9.0 waits for a destroy) → destroy; a second domain running at the same time is destroyed mid-run and leaves no process or
-//! socket behind.
+//! define → start → list → dominfo → suspend (the VM's metrics show it paused at 25% local,
+//! paging from its memory server) → a line typed on the pty libvirt reports reaches the guest →
+//! resume → the guest writes the line back, prints the native checksum and powers off, and
+//! libvirt (following farvm's `--event-monitor` events) marks the domain shut off and ends its
+//! VMM; a second domain running at the same time is shut down with `virsh shutdown` (shut off),
+//! started again and destroyed mid-run, leaving no process or socket behind.
 //!
-//! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, a few
-//! minutes; `.ci/run` does it when the cache is missing): without it this test fails saying so.
+//! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, about
+//! 10 minutes; `.ci/run` does it when the cache is missing): without it this test fails saying
+//! so.
 
 mod common;
 #[path = "common/guest_console.rs"]
@@ -35,20 +37,24 @@ fn script() -> PathBuf {
     repo_root().join("scripts/libvirt-ch.sh")
 }
 
-/// The build cache scripts/libvirt-ch.sh uses; panics when libvirt is not built there.
-fn require_libvirt_built() {
-    let cache = std::env::var_os("FARVM_LIBVIRT_CACHE")
-        .map(PathBuf::from)
+/// Panics unless scripts/libvirt-ch.sh has built libvirt (its `status`); returns what it built.
+fn require_libvirt_built() -> String {
+    let out = Command::new("bash")
+        .arg(script())
+        .arg("status")
+        .output()
+        .expect("run scripts/libvirt-ch.sh status");
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    let built = status
+        .lines()
+        .find_map(|l| l.strip_prefix("built: "))
         .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/farvm/libvirt-ch")
+            panic!(
+                "libvirt with the Cloud Hypervisor driver is not built: run `scripts/libvirt-ch.sh \
+                 build` once (about 10 minutes; .ci/run does it when the cache is missing)\n{status}"
+            )
         });
-    assert!(
-        cache.join("built.stamp").is_file(),
-        "libvirt with the Cloud Hypervisor driver is not built in {}: run `scripts/libvirt-ch.sh \
-         build` once (about 4 minutes; .ci/run does it when the cache is missing)",
-        cache.display()
-    );
+    built.to_string()
 }
 
 /// A virtchd started by scripts/libvirt-ch.sh for this test alone; stopped on drop (which
@@ -56,6 +62,8 @@ fn require_libvirt_built() {
 struct Libvirt {
     state: PathBuf,
     config: PathBuf,
+    /// What scripts/libvirt-ch.sh built (version, source, date).
+    built: String,
 }
 
 impl Libvirt {
@@ -71,10 +79,11 @@ impl Libvirt {
             .expect("run scripts/libvirt-ch.sh")
     }
 
-    fn start(dir: &Path, config: &Path) -> Libvirt {
+    fn start(dir: &Path, config: &Path, built: String) -> Libvirt {
         let lv = Libvirt {
             state: dir.join("libvirt-session"),
             config: config.to_path_buf(),
+            built,
         };
         let out = lv.script(&["start"]);
         assert!(
@@ -116,13 +125,37 @@ impl Libvirt {
         self.virsh(&["domstate", name]).trim().to_string()
     }
 
-    /// Whether libvirt stopped domain `name`: it is shut off, or (libvirt 9.0's ch driver
-    /// forgets a defined domain once it stops) no longer listed.
-    fn stopped(&self, name: &str) -> bool {
-        let list = self.virsh(&["list", "--all"]);
-        list.lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(name))
-            .is_none_or(|l| l.contains("shut off"))
+    /// Waits for `virsh domstate --reason NAME` to be `want` (libvirt changes it when farvm's
+    /// event monitor reports the VM's end).
+    fn wait_domstate(&self, name: &str, want: &str) {
+        let t0 = Instant::now();
+        loop {
+            let state = self
+                .virsh(&["domstate", "--reason", name])
+                .trim()
+                .to_string();
+            if state == want {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{name} is `{state}`, never `{want}` (libvirt {}: a ch driver older than \
+                 libvirt 11 does not follow its VMM's events)\nVMM log:\n{}\nvirtchd log:\n{}",
+                self.built,
+                self.domain_log(name),
+                self.daemon_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What the domain's VMM wrote on its standard output and error (libvirt's domain log).
+    fn domain_log(&self, name: &str) -> String {
+        std::fs::read_to_string(
+            self.runtime()
+                .join(format!("cache/libvirt/ch/log/{name}.log")),
+        )
+        .unwrap_or_default()
     }
 
     /// The field `key` of `virsh dominfo`.
@@ -222,7 +255,8 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     if !kvm_available() {
         return;
     }
-    require_libvirt_built();
+    let built = require_libvirt_built();
+    eprintln!("libvirt: {built}");
     // Everything the daemon's (unprivileged) user reads must be readable by it.
     let dir = std::env::temp_dir().join(format!("farvm-libvirt-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -246,13 +280,13 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
         ),
     )
     .unwrap();
-    let lv = Libvirt::start(&dir, &config);
+    let lv = Libvirt::start(&dir, &config, built);
 
     // lv-a: long enough to be suspended mid-run; remote memory, 48 MiB working set in 128 MiB.
-    let workloads_a = ["seq:ws=48M,passes=8"];
+    let workloads_a = ["seq:ws=48M,passes=12"];
     let xml_a = dir.join("lv-a.xml");
     std::fs::write(&xml_a, domain_xml("lv-a", &kernel, 128, &workloads_a)).unwrap();
-    // lv-b: runs until it is destroyed.
+    // lv-b: runs until it is shut down or destroyed.
     let xml_b = dir.join("lv-b.xml");
     std::fs::write(
         &xml_b,
@@ -264,9 +298,25 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     assert_eq!(lv.domstate("lv-a"), "shut off");
 
     lv.virsh(&["start", "lv-a"]);
+    // Suspended once it pages from its memory server (its working set is over its local share,
+    // so every pass after the first faults remotely and the workload is far from its end).
+    let t0 = Instant::now();
+    loop {
+        let m = get(&BoundAddr::Tcp(metrics), "/metrics").expect("lv-a's metrics endpoint");
+        if metric(&m.body, "farvm_ept_demand_faults_total") > 0.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no demand fault yet:\n{}",
+            m.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     lv.virsh(&["suspend", "lv-a"]);
     assert_eq!(lv.domstate("lv-a"), "paused");
-    let console = guest_console::read_pty(&lv.console_pty("lv-a"));
+    let pty_a = lv.console_pty("lv-a");
+    let console = guest_console::read_pty(&pty_a);
     let list = lv.virsh(&["list"]);
     assert!(
         list.lines()
@@ -297,6 +347,15 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     );
     assert_eq!(total, 128.0 * 256.0, "{}", m.body);
     assert_eq!(budget * 4.0, total, "25% local");
+    eprintln!(
+        "lv-a paused: {total} guest pages, {budget} local, {} demand faults from its memory server",
+        metric(&m.body, "farvm_ept_demand_faults_total")
+    );
+    let sock_a = lv.runtime().join("runtime/libvirt/ch/run/lv-a-socket");
+    assert!(sock_a.exists(), "{} while lv-a runs", sock_a.display());
+    // Console input through libvirt: a line typed on the pty it reports reaches the guest
+    // (typed while paused, so the guest's process is certainly still running).
+    guest_console::type_line(&pty_a, "hello through libvirt");
 
     // Two domains at once: lv-b runs while lv-a is paused and after it resumes.
     lv.virsh(&["start", "lv-b"]);
@@ -312,65 +371,57 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     lv.virsh(&["resume", "lv-a"]);
     assert_eq!(lv.domstate("lv-a"), "running");
 
-    // lv-a's guest prints its results on the console libvirt reports and powers off.
-    let text = guest_console::console_until_poweroff(&console, GUEST_TIMEOUT);
+    // lv-a's guest writes the typed line back, prints its results on the console libvirt
+    // reports and powers off.
+    let mut text = String::new();
+    guest_console::console_until(
+        &console,
+        &mut text,
+        "farvm-testguest: console hello through libvirt",
+        Duration::from_secs(60),
+    );
+    text += &guest_console::console_until_poweroff(&console, GUEST_TIMEOUT);
     eprintln!("lv-a console:\n{text}");
     let (procs, end) = guest_console::parse(&text);
     assert_eq!(end, Some((1, 0, 0)), "{text}");
     for l in guest_console::check_against_native(&workloads_a, 1, &procs) {
         eprintln!("{l}");
     }
-    // vm.counters on the socket libvirt bound: the guest's final report, paged remotely.
-    let api = BoundAddr::Unix(lv.runtime().join("runtime/libvirt/ch/run/lv-a-socket"));
-    let t0 = Instant::now();
-    let counters = loop {
-        let info = get(&api, "/api/v1/vm.info").expect("lv-a's vm.info");
-        let info: serde_json::Value = serde_json::from_str(&info.body).unwrap();
-        if info["state"] == "Shutdown" {
-            let c = get(&api, "/api/v1/vm.counters").expect("lv-a's vm.counters");
-            break serde_json::from_str::<serde_json::Value>(&c.body).unwrap();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "{info}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(
-        counters["process.1"]["checksum"].as_u64(),
-        Some(procs[0].checksum),
-        "{counters}"
-    );
-    assert!(
-        counters["paging"]["counters.demand_faults"].as_u64() > Some(0),
-        "paged from the memory server: {counters}"
-    );
-    // The guest powered off: farvm finished the VM, its memory server with it.
+    // The guest powered off: farvm reports vm:shutdown on its event monitor, libvirt marks the
+    // domain shut off and ends its VMM; the memory server and the socket go with it.
+    lv.wait_domstate("lv-a", "shut off (shutdown)");
+    let mut procs_a = memserver_a;
+    procs_a.push(pid_a);
     wait_gone(
-        &memserver_a,
-        "lv-a's memory server after the guest powered off",
+        &procs_a,
+        "lv-a's VMM and memory server after the guest powered off",
     );
-    // lv-b destroyed mid-run: its VMM and socket are gone.
+    assert!(!sock_a.exists(), "{} left behind", sock_a.display());
+    eprintln!("{}", lv.domain_log("lv-a"));
+
+    // lv-b shut down through libvirt (vm.shutdown): shut off, its VMM ended.
     assert_eq!(lv.domstate("lv-b"), "running");
     let sock_b = lv.runtime().join("runtime/libvirt/ch/run/lv-b-socket");
     assert!(sock_b.exists(), "{} while lv-b runs", sock_b.display());
     let mut procs_b = memserver_children(pid_b);
     assert!(!procs_b.is_empty(), "lv-b's embedded memory server");
     procs_b.push(pid_b);
+    lv.virsh(&["shutdown", "lv-b"]);
+    lv.wait_domstate("lv-b", "shut off (shutdown)");
+    wait_gone(&procs_b, "virsh shutdown lv-b (its VMM and memory server)");
+    assert!(!sock_b.exists(), "{} left behind", sock_b.display());
+
+    // lv-b started again and destroyed mid-run: its VMM and socket are gone.
+    lv.virsh(&["start", "lv-b"]);
+    let pid_b: u32 = lv.dominfo("lv-b", "Id").parse().unwrap();
+    let mut procs_b = memserver_children(pid_b);
+    assert!(!procs_b.is_empty(), "lv-b's embedded memory server");
+    procs_b.push(pid_b);
     lv.virsh(&["destroy", "lv-b"]);
-    assert!(lv.stopped("lv-b"));
+    lv.wait_domstate("lv-b", "shut off (destroyed)");
     wait_gone(&procs_b, "virsh destroy lv-b (its VMM and memory server)");
     assert!(!sock_b.exists(), "{} left behind", sock_b.display());
 
-    // lv-a shut down through libvirt (vm.shutdown): the VMM stays for libvirt, as Cloud
-    // Hypervisor's does; libvirt 9.0 shows "in shutdown" until the domain is destroyed, which
-    // ends the VMM.
-    lv.virsh(&["shutdown", "lv-a"]);
-    assert_eq!(lv.domstate("lv-a"), "in shutdown");
-    assert!(
-        alive(pid_a),
-        "lv-a's VMM waits for libvirt after vm.shutdown"
-    );
-    lv.virsh(&["destroy", "lv-a"]);
-    assert!(lv.stopped("lv-a"));
-    wait_gone(&[pid_a], "virsh destroy lv-a (its VMM)");
     assert!(lv.virsh(&["list", "--name"]).trim().is_empty());
     for name in lv.virsh(&["list", "--all", "--name"]).split_whitespace() {
         lv.virsh(&["undefine", name]);

@@ -79,13 +79,28 @@ impl ApiServer {
         &self.state
     }
 
-    /// Blocks until `vmm.shutdown` (true) or, when `watch_signals`, SIGINT/SIGTERM (false).
+    /// Blocks until `vmm.shutdown` (true) or, when `watch_signals`, SIGINT/SIGTERM or the
+    /// event monitor's reader closing it (false): a manager that follows the VMM through its
+    /// events (libvirt's ch driver) closes them when it is done with the domain.
     pub fn wait(&self, watch_signals: bool) -> bool {
+        let mut tick = 0u64;
         loop {
+            tick += 1;
             if self.state.wait_exit(Duration::from_millis(100)) {
                 return true;
             }
+            // About once a second.
+            if watch_signals && tick.is_multiple_of(10) {
+                self.state.event_keepalive();
+            }
             if watch_signals && crate::signals::termination_requested().is_some() {
+                return false;
+            }
+            if watch_signals && self.state.event_reader_gone() {
+                tracing::info!(
+                    vm = self.state.name(),
+                    "the event monitor's reader closed it: stopping"
+                );
                 return false;
             }
         }

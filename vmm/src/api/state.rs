@@ -436,6 +436,18 @@ impl ApiState {
         }
     }
 
+    /// Whether the event monitor's reader closed it (see [`EventMonitor::reader_gone`]).
+    pub fn event_reader_gone(&self) -> bool {
+        self.events.as_ref().is_some_and(EventMonitor::reader_gone)
+    }
+
+    /// [`EventMonitor::keepalive`], if there is an event monitor.
+    pub fn event_keepalive(&self) {
+        if let Some(m) = &self.events {
+            m.keepalive();
+        }
+    }
+
     pub(super) fn emit_vmm(&self, event: &str) {
         self.emit(Source::Vmm, event);
     }

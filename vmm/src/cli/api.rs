@@ -193,8 +193,10 @@ fn init_logging(verbose: u8) {
         }
         .into()
     });
+    // Colours only on a terminal: libvirt sends the VMM's output to the domain's log file.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

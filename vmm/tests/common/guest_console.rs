@@ -143,16 +143,41 @@ pub fn read_pty(path: &Path) -> mpsc::Receiver<String> {
 /// Collects console lines until the guest's power-off line.
 pub fn console_until_poweroff(rx: &mpsc::Receiver<String>, timeout: Duration) -> String {
     let mut text = String::new();
+    console_until(rx, &mut text, "powering off", timeout);
+    text
+}
+
+/// Appends console lines to `text` until one contains `needle`.
+pub fn console_until(
+    rx: &mpsc::Receiver<String>,
+    text: &mut String,
+    needle: &str,
+    timeout: Duration,
+) {
     let t0 = Instant::now();
-    while !text.contains("powering off") {
+    loop {
         let left = timeout.saturating_sub(t0.elapsed());
         match rx.recv_timeout(left) {
             Ok(l) => {
                 text.push_str(&l);
                 text.push('\n');
+                if l.contains(needle) {
+                    return;
+                }
             }
-            Err(e) => panic!("console ({e}) so far:\n{text}"),
+            Err(e) => panic!("console ({e}) before `{needle}`; so far:\n{text}"),
         }
     }
-    text
+}
+
+/// Types `line` and Enter (a carriage return, as a terminal sends it) on the pty at `path`:
+/// the test guest writes it back as `farvm-testguest: console LINE`.
+pub fn type_line(path: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(format!("{line}\r").as_bytes())
+        .unwrap_or_else(|e| panic!("typing on {}: {e}", path.display()));
 }

@@ -9,6 +9,8 @@ const X2APIC_ENABLE: u64 = (1 << 10) | (1 << 11);
 const MSR_EOI: u32 = 0x80B;
 const MSR_SVR: u32 = 0x80F;
 const MSR_LVT_TIMER: u32 = 0x832;
+const MSR_LVT_LINT0: u32 = 0x835;
+const LVT_EXTINT: u64 = 0x700;
 const MSR_TIMER_INIT: u32 = 0x838;
 const MSR_TIMER_DIV: u32 = 0x83E;
 const LVT_PERIODIC: u64 = 1 << 17;
@@ -33,6 +35,11 @@ pub fn arm(hz: u32) {
 pub fn disarm() {
     wrmsr(MSR_TIMER_INIT, 0);
     wrmsr(MSR_LVT_TIMER, VEC_TIMER | LVT_PERIODIC | LVT_MASKED);
+}
+
+/// LINT0 as ExtINT, unmasked: the legacy PIC's interrupts reach this vCPU (the BSP).
+pub fn route_extint() {
+    wrmsr(MSR_LVT_LINT0, LVT_EXTINT);
 }
 
 pub fn eoi() {

@@ -132,6 +132,9 @@ pub fn start(cpu_no: usize) -> ! {
     pc.cpu = cpu_no as u32;
     cpu::init(cpu_no, pc.self_ptr);
     lapic::init();
+    if cpu_no == 0 {
+        crate::console::init_input();
+    }
     // SAFETY: this vCPU's own slot page.
     unsafe {
         let s = addr_of_mut!((*SLOTS.get())[cpu_no].0);

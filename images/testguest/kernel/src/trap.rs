@@ -43,6 +43,9 @@ pub const FRAME_SIZE: u64 = core::mem::size_of::<TrapFrame>() as u64;
 const _: () = assert!(FRAME_SIZE == 176 && FRAME_SIZE.is_multiple_of(16));
 
 pub const VEC_TIMER: u64 = 0x20;
+/// COM1's receive interrupt (the PIC's IRQ 4), and the master PIC's spurious IRQ 7.
+pub const VEC_CONSOLE: u64 = 0x2C;
+const VEC_PIC_SPURIOUS: u64 = 0x2F;
 pub const VEC_SYSCALL: u64 = 0x80;
 pub const VEC_SPURIOUS: u64 = 0xFF;
 const VEC_NMI: u64 = 2;
@@ -93,6 +96,8 @@ TRAP_STUB 19, 0
 TRAP_STUB 20, 0
 TRAP_STUB 21, 1
 TRAP_STUB 32, 0
+TRAP_STUB 44, 0
+TRAP_STUB 47, 0
 TRAP_STUB 128, 0
 TRAP_STUB 255, 0
     .section .rodata.trap_stub_table, "a"
@@ -175,8 +180,12 @@ extern "C" fn trap_dispatch(f: *mut TrapFrame) -> *mut TrapFrame {
     }
     match fr.vector {
         VEC_TIMER => sched::timer_tick(f),
+        VEC_CONSOLE => {
+            crate::console::input_interrupt();
+            f
+        }
         // Spurious interrupts and NMIs are not the process's doing: resume it.
-        VEC_SPURIOUS | VEC_NMI => f,
+        VEC_SPURIOUS | VEC_PIC_SPURIOUS | VEC_NMI => f,
         VEC_BP | VEC_SYSCALL => sched::syscall(f),
         VEC_UD if is_int80(fr.rip) => {
             // PVM's emulator cannot do `int n` from ring 3 and raises #UD at the instruction.
@@ -218,7 +227,7 @@ fn is_int80(rip: u64) -> bool {
 fn kernel_trap(f: *mut TrapFrame) -> *mut TrapFrame {
     // SAFETY: as in trap_dispatch.
     let fr = unsafe { &*f };
-    if fr.vector == VEC_SPURIOUS || fr.vector == VEC_NMI {
+    if fr.vector == VEC_SPURIOUS || fr.vector == VEC_PIC_SPURIOUS || fr.vector == VEC_NMI {
         return f;
     }
     pv::Msg::new(sched::cpu_index())
