@@ -37,6 +37,7 @@ fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
         flags: flags::RAM_IS_ZERO,
         frame_shuffle_seed: 1,
         frame_run_shift: run_shift,
+        blob: Vec::new(),
     };
     let mut cfg = VmConfig::test_guest(name, guest_mem(w), 1, plan);
     // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
