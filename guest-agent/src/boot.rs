@@ -109,6 +109,9 @@ pub mod user {
     pub const HEAP_MAX: u64 = 64 << 30;
     /// The process's own mailbox page.
     pub const MAILBOX_VA: u64 = 0x7FFF_0000_0000;
+    /// The boot blob ([`super::BootInfo::blob_gpa`]), mapped read-only into every `replay`
+    /// process; its length is in the mailbox (`Mailbox::blob_bytes`).
+    pub const BLOB_VA: u64 = 0x5000_0000_0000;
     /// Top of the user stack (grows down, [`STACK_BYTES`] bytes).
     pub const STACK_TOP: u64 = 0x7FFF_FFFF_F000;
     /// Size of the user stack.
@@ -140,6 +143,8 @@ pub mod workload {
     pub const CRASH: u32 = 101;
     /// Pure integer work, no memory: a CPU-bound process for preemption tests.
     pub const INT_OPS: u32 = 102;
+    /// Replays one process of a page-access trace from the boot blob (`param[0]`: its section).
+    pub const REPLAY: u32 = 9;
 }
 
 /// One process of the test plan.
@@ -196,6 +201,13 @@ pub struct BootInfo {
     /// Guest RAM ranges, ascending, page aligned (the VMM leaves an MMIO hole below 4 GiB).
     /// `mem_bytes` is their total.
     pub ram: [MemRange; MAX_RAM_RANGES],
+    // ---- appended (0 in a BootInfo without a blob) ----
+    /// Guest-physical address of the boot blob (page aligned; below `first_free_gpa`), or 0.
+    /// The replay workload's trace (`farvm_workloads::replay`), loaded by the VMM like an
+    /// initrd; the kernel maps it read-only at [`user::BLOB_VA`] into `replay` processes.
+    pub blob_gpa: u64,
+    /// Its length in bytes (0 = no blob).
+    pub blob_len: u64,
 }
 
 /// Maximum RAM ranges in [`BootInfo::ram`].

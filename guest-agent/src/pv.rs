@@ -121,6 +121,11 @@ pub struct Mailbox {
     pub tsc_begin: u64,
     /// See `tsc_begin`.
     pub tsc_end: u64,
+    // ---- appended ----
+    /// Where the boot blob is mapped (read-only) in this process (`boot::user::BLOB_VA`), or 0.
+    pub blob_va: u64,
+    /// Its length in bytes (0 = not mapped).
+    pub blob_bytes: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<Mailbox>() <= crate::PAGE_SIZE as usize);

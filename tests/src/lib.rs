@@ -8,7 +8,7 @@ use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::builder::{build, VmConfig};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::vm::{RunningVm, VmReport};
-use farvm_vmm::workload_spec::{place, PlacedWorkload};
+use farvm_vmm::workload_spec::{plan, PlacedWorkload};
 use farvm_workloads::Outcome;
 
 /// Sends the engine's and client's `tracing` output (warnings by default; `FARVM_LOG` as for
@@ -87,17 +87,25 @@ impl GuestSetup {
 
     /// The placed workloads (as `farvm run` would place them).
     pub fn placed(&self) -> Vec<PlacedWorkload> {
-        place(&self.workloads, self.vcpus).expect("valid workload specs")
+        self.placement().0
+    }
+
+    /// The placed workloads and the boot blob (a `replay:trace=` spec's trace, else empty).
+    pub fn placement(&self) -> (Vec<PlacedWorkload>, Vec<u8>) {
+        let p = plan(&self.workloads, self.vcpus).expect("valid workload specs");
+        (p.workloads, p.blob)
     }
 
     /// The VM configuration for this setup (local RAM; set `remote` for remote memory).
     pub fn config(&self) -> VmConfig {
+        let (placed, blob) = self.placement();
         let plan = TestPlan {
-            procs: self.placed().iter().map(|p| p.process_spec()).collect(),
+            procs: placed.iter().map(|p| p.process_spec()).collect(),
             timer_hz: self.timer_hz,
             flags: self.flags,
             frame_shuffle_seed: self.frame_shuffle_seed,
             frame_run_shift: self.frame_run_shift,
+            blob,
         };
         let mut cfg = VmConfig::test_guest(&self.name, self.mem_bytes, self.vcpus, plan);
         cfg.echo_guest_logs = std::env::var_os("FARVM_TEST_GUEST_LOG").is_some();
@@ -128,14 +136,25 @@ impl GuestSetup {
 
 /// Runs a placed workload natively with the same parameters.
 pub fn native(w: &PlacedWorkload) -> Outcome {
-    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
+    native_blob(w, &[])
+}
+
+/// Runs a placed workload natively with the same parameters and boot blob (the native twin of
+/// a `replay` process).
+pub fn native_blob(w: &PlacedWorkload, blob: &[u8]) -> Outcome {
+    farvm_workloads::run_native_blob(w.spec.workload.id, &w.spec.params(), blob)
         .unwrap_or_else(|e| panic!("native {}: {e}", w.name()))
 }
 
 /// Runs `w` natively, prints one guest-vs-native line for it and returns the native outcome;
 /// the caller asserts on the checksums (each test says what a mismatch means for it).
 pub fn compare_with_native(w: &PlacedWorkload, rec: &ProcessRecord) -> Outcome {
-    let nat = native(w);
+    compare_with_native_blob(w, &[], rec)
+}
+
+/// [`compare_with_native`] with the VM's boot blob.
+pub fn compare_with_native_blob(w: &PlacedWorkload, blob: &[u8], rec: &ProcessRecord) -> Outcome {
+    let nat = native_blob(w, blob);
     eprintln!(
         "{:<15} ws {:>10} guest {:>10.3} ms native {:>10.3} ms  checksum {:#018x} {}",
         w.name(),

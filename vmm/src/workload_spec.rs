@@ -3,6 +3,11 @@
 //! The syntax and the workload table belong to `farvm-workloads` (shared with the guest); this
 //! module only places processes on vCPUs (round-robin unless `cpu=` is given) and checks them
 //! against the VM.
+//!
+//! One spec is the VMM's own: `replay:trace=FILE[,records=N,seed=S,passes=P,cpu=C]` reads a
+//! page-access trace (farvm's binary or `pid page` text format, zstd or not), turns it into the
+//! guest's boot blob (`farvm_workloads::replay`) and becomes one `replay` process per trace
+//! process, each with a heap of its footprint (`records=N`: only the first N records).
 
 use farvm_guest_agent::boot::{ProcessSpec, MAX_PROCS};
 use farvm_workloads::{parse_spec, Spec};
@@ -34,9 +39,97 @@ impl PlacedWorkload {
     }
 }
 
-/// Parses every spec and assigns CPUs: explicit `cpu=` is kept (and must be < `vcpus`), the
-/// others go round-robin over the vCPUs in argument order.
+/// The processes of a test plan and the boot blob they need.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// One entry per process, in plan order.
+    pub workloads: Vec<PlacedWorkload>,
+    /// The boot blob (a `replay:` spec's trace; empty without one).
+    pub blob: Vec<u8>,
+}
+
+/// [`plan`] without the boot blob: for callers that only look at the processes (a VM booted
+/// from these without the blob fails its `replay` processes with "replay blob missing").
 pub fn place(specs: &[String], vcpus: u32) -> Result<Vec<PlacedWorkload>, String> {
+    plan(specs, vcpus).map(|p| p.workloads)
+}
+
+/// Parses every spec (expanding a `replay:trace=FILE` spec into one process per trace
+/// process and the boot blob) and assigns CPUs: explicit `cpu=` is kept (and must be <
+/// `vcpus`), the others go round-robin over the vCPUs in argument order.
+pub fn plan(specs: &[String], vcpus: u32) -> Result<Placement, String> {
+    let mut blob = Vec::new();
+    let mut expanded = Vec::with_capacity(specs.len());
+    for s in specs {
+        match s.strip_prefix("replay:") {
+            Some(rest) if rest.contains("trace=") => {
+                if !blob.is_empty() {
+                    return Err(format!(
+                        "--workload {s}: one replay trace per VM (the boot blob holds one)"
+                    ));
+                }
+                let (b, procs) = replay_specs(rest).map_err(|e| format!("--workload {s}: {e}"))?;
+                blob = b;
+                expanded.extend(procs);
+            }
+            _ => expanded.push(s.clone()),
+        }
+    }
+    Ok(Placement {
+        workloads: place_specs(&expanded, vcpus)?,
+        blob,
+    })
+}
+
+/// `trace=FILE[,records=N,...]` → the boot blob and one `replay:section=i,ws=...` spec per
+/// trace process (the other keys passed through).
+fn replay_specs(rest: &str) -> Result<(Vec<u8>, Vec<String>), String> {
+    let mut file = None;
+    let mut records = None;
+    let mut keep = Vec::new();
+    for kv in rest.split(',').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("trace", f)) => file = Some(f),
+            Some(("records", n)) => {
+                records = Some(
+                    farvm_workloads::parse_size(n)
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("records={n} is not a positive number"))?,
+                )
+            }
+            Some(("section" | "ws", _)) => {
+                return Err(format!(
+                    "`{kv}`: the VMM sets section and ws from the trace"
+                ))
+            }
+            _ => keep.push(kv),
+        }
+    }
+    let file = file.ok_or("replay needs trace=FILE")?;
+    let f = std::fs::File::open(file).map_err(|e| format!("trace {file}: {e}"))?;
+    let trace = farvm_prefetch::trace::read_trace(f).map_err(|e| format!("trace {file}: {e}"))?;
+    let n = records.map_or(trace.records.len(), |r| {
+        (r as usize).min(trace.records.len())
+    });
+    let (blob, _keys) = farvm_workloads::replay::encode(
+        trace.records[..n].iter().map(|r| (r.key, r.page, r.write)),
+    )
+    .map_err(|e| format!("trace {file}: {e}"))?;
+    let sections = farvm_workloads::replay::sections(&blob).unwrap_or(0);
+    let mut specs = Vec::new();
+    for i in 0..sections {
+        let fp = farvm_workloads::replay::section(&blob, i).map_or(0, |s| s.footprint_pages);
+        let mut spec = format!("replay:section={i},ws={}", fp * 4096);
+        for kv in &keep {
+            spec.push(',');
+            spec.push_str(kv);
+        }
+        specs.push(spec);
+    }
+    Ok((blob, specs))
+}
+
+fn place_specs(specs: &[String], vcpus: u32) -> Result<Vec<PlacedWorkload>, String> {
     if specs.len() > MAX_PROCS {
         return Err(format!(
             "{} workloads given; the test guest runs at most {MAX_PROCS} processes",
@@ -95,5 +188,32 @@ mod tests {
         assert!(e.contains("cpu=3"), "{e}");
         let e = place(&["seq:bogus=1".to_string()], 2).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
+        let e = place(&["replay:trace=/nonexistent/t".to_string()], 1).unwrap_err();
+        assert!(e.contains("/nonexistent/t"), "{e}");
+        let e = place(&["replay:trace=x,ws=1M".to_string()], 1).unwrap_err();
+        assert!(e.contains("sets section and ws"), "{e}");
+    }
+
+    #[test]
+    fn a_replay_trace_becomes_one_process_per_trace_process_and_the_blob() {
+        let path = std::env::temp_dir().join(format!("farvm-replay-{}.txt", std::process::id()));
+        // `pid page` text: pid 5 touches 3 pages, pid 9 two.
+        std::fs::write(&path, "5 100\n9 7\n5 101\n5 100\n9 8\n5 300\n").unwrap();
+        let spec = format!("replay:trace={},seed=4", path.display());
+        let p = plan(&[spec.clone(), "seq:ws=1M".into()], 2).unwrap();
+        let short = plan(&[format!("{spec},records=2")], 2).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(p.workloads.len(), 3);
+        let (a, b) = (p.workloads[0].process_spec(), p.workloads[1].process_spec());
+        assert_eq!(
+            (a.params[0], a.ws_bytes, a.seed, a.cpu),
+            (0, 3 * 4096, 4, 0)
+        );
+        assert_eq!((b.params[0], b.ws_bytes, b.cpu), (1, 2 * 4096, 1));
+        assert_eq!(p.workloads[2].name(), "seq");
+        let s0 = farvm_workloads::replay::section(&p.blob, 0).unwrap();
+        assert_eq!((s0.len(), s0.footprint_pages), (4, 3));
+        assert_eq!(farvm_workloads::replay::sections(&short.blob), Some(2));
+        assert_eq!(short.workloads[0].process_spec().ws_bytes, 4096);
     }
 }

@@ -21,6 +21,7 @@ pub mod fold;
 pub mod lathist;
 pub mod math;
 pub mod meta;
+pub mod replay;
 pub mod rng;
 pub mod spec;
 
@@ -103,6 +104,11 @@ pub enum Error {
         /// Words that differed from what this process wrote.
         mismatches: u64,
     },
+    /// The replay blob is missing, malformed, or has no such section.
+    BadBlob {
+        /// The section asked for.
+        section: u64,
+    },
 }
 
 impl Error {
@@ -114,6 +120,7 @@ impl Error {
             Error::BadParam { .. } => 3,
             Error::GuestOnly(_) => 4,
             Error::Corrupted { .. } => 5,
+            Error::BadBlob { .. } => 6,
         }
     }
 
@@ -125,6 +132,7 @@ impl Error {
             3 => "parameter out of range",
             4 => "workload runs only in the test guest",
             5 => "isolation check found foreign data in the heap",
+            6 => "replay blob missing or malformed",
             _ => "unknown error",
         }
     }
@@ -147,6 +155,12 @@ impl core::fmt::Display for Error {
                     "isolation check failed: {mismatches} words held foreign data"
                 )
             }
+            Error::BadBlob { section } => {
+                write!(
+                    f,
+                    "replay blob missing, malformed or without section {section}"
+                )
+            }
         }
     }
 }
@@ -157,6 +171,18 @@ impl core::error::Error for Error {}
 ///
 /// `heap` must hold at least `p.ws_bytes` bytes; only the first `ws_bytes` are used.
 pub fn run(id: u32, p: &Params, heap: &mut [u64], env: &mut dyn Env) -> Result<Outcome, Error> {
+    run_blob(id, p, heap, &[], env)
+}
+
+/// [`run`] with the boot blob `blob` (the `replay` workload's trace, [`replay`]; empty if
+/// there is none).
+pub fn run_blob(
+    id: u32,
+    p: &Params,
+    heap: &mut [u64],
+    blob: &[u8],
+    env: &mut dyn Env,
+) -> Result<Outcome, Error> {
     let info = find_by_id(id).ok_or(Error::UnknownWorkload(id))?;
     let have = heap.len() as u64 * 8;
     if p.ws_bytes > have {
@@ -185,6 +211,7 @@ pub fn run(id: u32, p: &Params, heap: &mut [u64], env: &mut dyn Env) -> Result<O
         QUICKSORT => quicksort::run(heap, p.seed, env),
         ISOLATION => isolation::run(heap, p.seed, arg(0), env),
         INT_OPS => Ok(intops::run(p.seed, arg(0), env)),
+        REPLAY => replay::run(heap, blob, p.params[0], p.seed, arg(1), env),
         CRASH => Err(Error::GuestOnly(id)),
         _ => Err(Error::UnknownWorkload(id)),
     }
@@ -220,6 +247,14 @@ fn as_u32(words: &mut [u64]) -> &mut [u32] {
 pub fn run_native(id: u32, p: &Params) -> Result<Outcome, Error> {
     let mut heap = std::vec![0u64; (p.ws_bytes / 8).max(1) as usize];
     run(id, p, &mut heap, &mut StdEnv::default())
+}
+
+/// Runs workload `id` natively like [`run_native`], with `blob` as the boot blob (the
+/// `replay` workload's trace): the native twin of a guest run with that blob (feature `std`).
+#[cfg(feature = "std")]
+pub fn run_native_blob(id: u32, p: &Params, blob: &[u8]) -> Result<Outcome, Error> {
+    let mut heap = std::vec![0u64; (p.ws_bytes / 8).max(1) as usize];
+    run_blob(id, p, &mut heap, blob, &mut StdEnv::default())
 }
 
 /// A native [`Env`] on `std::time::Instant` (feature `std`).

@@ -163,6 +163,20 @@ pub static WORKLOADS: &[WorkloadInfo] = &[
         native: true,
     },
     WorkloadInfo {
+        id: id::REPLAY,
+        name: "replay",
+        summary: "replays one process of a page-access trace (the boot blob) over its footprint",
+        pattern: "the traced program's own: its pages in trace order, reads and writes as \
+                  recorded (`farvm run --workload replay:trace=FILE` makes the blob)",
+        params: &[
+            p("section", 0, "the trace process to replay (set by the VMM, one per process)"),
+            p("passes", 1, "times the trace is replayed in the measured phase"),
+        ],
+        default_ws: 0,
+        min_ws: 0,
+        native: true,
+    },
+    WorkloadInfo {
         id: id::ISOLATION,
         name: "isolation",
         summary: "writes a per-process tag over the heap, yields, verifies it (isolation check)",

@@ -129,6 +129,7 @@ fn guest_run(w: &PlacedWorkload, a: &LocalArgs) -> Result<(f64, f64, u64)> {
         flags: f,
         frame_shuffle_seed: 1,
         frame_run_shift: 0,
+        blob: Vec::new(),
     };
     let cfg = VmConfig::test_guest(&format!("bench-{}", std::process::id()), mem, 1, plan);
     let vm = build(&cfg).context("building the guest VM")?;

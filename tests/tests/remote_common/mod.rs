@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use farvm_guest_agent::pv::state;
-use farvm_tests::{compare_with_native, record_for, GuestSetup};
+use farvm_tests::{compare_with_native_blob, record_for, GuestSetup};
 use farvm_vmm::remote::{RemoteMemory, RemoteSpec, RemoteStats};
 use farvm_vmm::vm::{VmOutcome, VmReport};
 
@@ -72,13 +72,13 @@ pub fn assert_native_checksums(setup: &GuestSetup, report: &VmReport, stats: &Re
         VmOutcome::GuestShutdown { status: 0 },
         "guest did not finish cleanly: {report:#?}\npaging: {stats:#?}"
     );
-    let placed = setup.placed();
+    let (placed, blob) = setup.placement();
     assert_eq!(report.processes.len(), placed.len(), "{report:#?}");
     for (i, w) in placed.iter().enumerate() {
         let rec = record_for(report, &placed, i)
             .unwrap_or_else(|| panic!("no mailbox for {}: {report:#?}", w.name()));
         assert_eq!(rec.state, state::DONE, "{}: state {}", w.name(), rec.state);
-        let nat = compare_with_native(w, rec);
+        let nat = compare_with_native_blob(w, &blob, rec);
         assert_eq!(
             rec.checksum,
             nat.checksum,

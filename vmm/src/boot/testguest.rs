@@ -46,6 +46,9 @@ pub struct TestPlan {
     pub frame_shuffle_seed: u64,
     /// Free-list fragmentation: runs of `1 << frame_run_shift` frames (0 = every frame shuffled).
     pub frame_run_shift: u32,
+    /// The boot blob (the `replay` workload's trace), loaded page aligned right after the
+    /// kernel like an initrd; empty for none.
+    pub blob: Vec<u8>,
 }
 
 /// Loads the test-guest ELF and writes page tables, GDT and BootInfo. Returns the entry state
@@ -73,7 +76,21 @@ pub fn setup(
     let loaded = elf::load(ram, kernel, KERNEL_PHYS_BASE)?;
     write_page_tables(ram)?;
     write_gdt(ram)?;
-    let first_free = (loaded.phys_end + 0xfff) & !0xfff;
+    let mut first_free = (loaded.phys_end + 0xfff) & !0xfff;
+    let blob_gpa = first_free;
+    if !plan.blob.is_empty() {
+        let end = blob_gpa + plan.blob.len() as u64;
+        let low_ram_end = ram.regions().first().map_or(0, |r| r.gpa() + r.len());
+        if end > low_ram_end {
+            return Err(BootError::Setup(format!(
+                "the boot blob ({} bytes) does not fit in the guest's RAM below {:#x}",
+                plan.blob.len(),
+                low_ram_end
+            )));
+        }
+        ram.write_slice(&plan.blob, GuestAddress(blob_gpa))?;
+        first_free = (end + 0xfff) & !0xfff;
+    }
     // Filled field by field from zero so fields the ABI appends later start out 0.
     let mut info = BootInfo::zeroed();
     info.magic = BOOT_MAGIC;
@@ -89,6 +106,10 @@ pub fn setup(
     info.procs[..plan.procs.len()].copy_from_slice(&plan.procs);
     info.frame_run_shift = plan.frame_run_shift;
     info.nram = ram.regions().len() as u32;
+    if !plan.blob.is_empty() {
+        info.blob_gpa = blob_gpa;
+        info.blob_len = plan.blob.len() as u64;
+    }
     for (slot, r) in info.ram.iter_mut().zip(ram.regions()) {
         *slot = MemRange {
             gpa: r.gpa(),
@@ -217,6 +238,7 @@ mod tests {
             flags: boot::flags::RAM_IS_ZERO,
             frame_shuffle_seed: 42,
             frame_run_shift: 0,
+            blob: Vec::new(),
         };
         let entry = setup(&ram, &kernel, 2, 2_445_000, &plan).unwrap();
         assert_eq!(entry.rip, KERNEL_WINDOW_BASE + 0x100000);
@@ -253,5 +275,36 @@ mod tests {
         let t = |va| translate(&ram, e.cr3, va);
         assert_eq!(t(DIRECT_MAP_BASE + (4 << 30) + 5), Some((4 << 30) + 5));
         assert_eq!(t(DIRECT_MAP_BASE + (1 << 30)), None, "hole unmapped");
+        assert_eq!((info.blob_gpa, info.blob_len), (0, 0), "no blob");
+    }
+
+    #[test]
+    fn the_boot_blob_sits_after_the_kernel_below_the_free_frames() {
+        let ram = GuestRam::local(&[(0, 64 << 20)]).unwrap();
+        let kernel = elf::build_test_elf(&[0xf4], 0x100000, 0x100000);
+        let blob: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let plan = TestPlan {
+            blob: blob.clone(),
+            ..TestPlan::default()
+        };
+        setup(&ram, &kernel, 1, 1, &plan).unwrap();
+        let info: BootInfo = ram.read_obj(GuestAddress(BOOT_INFO_GPA)).unwrap();
+        assert_eq!((info.blob_gpa, info.blob_len), (0x101000, 10_000));
+        assert_eq!(
+            info.first_free_gpa,
+            0x101000 + 3 * 4096,
+            "rounded up to a page"
+        );
+        let mut back = vec![0u8; blob.len()];
+        ram.read_slice(&mut back, GuestAddress(info.blob_gpa))
+            .unwrap();
+        assert_eq!(back, blob);
+        let small = GuestRam::local(&[(0, 2 << 20)]).unwrap();
+        let huge = TestPlan {
+            blob: vec![0; 2 << 20],
+            ..TestPlan::default()
+        };
+        let e = setup(&small, &kernel, 1, 1, &huge).unwrap_err();
+        assert!(e.to_string().contains("boot blob"), "{e}");
     }
 }

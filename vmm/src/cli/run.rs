@@ -23,7 +23,7 @@ use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
-use farvm_vmm::workload_spec::{place, workload_name};
+use farvm_vmm::workload_spec::{plan, workload_name};
 use farvm_vmm::{exit_code, signals};
 
 use super::Failure;
@@ -104,7 +104,14 @@ line (exit status 64). The domain decides --name, --memory, --vcpus, --kernel, -
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
   workload's own parameters. Names: seq, stride, random, matmul, matmul-blocked, kv, pagerank,
-  quicksort, isolation, crash, intops. Processes without cpu= go round-robin over the vCPUs.
+  quicksort, replay, isolation, crash, intops. Processes without cpu= go round-robin over the
+  vCPUs.
+  --workload replay:trace=FILE[,records=N,seed=S,passes=P,cpu=C]   replays a page-access trace
+  (farvm's binary format or `pid page` text lines, zstd-compressed or not; e.g. traces/*.trace.zst):
+  one process per trace pid, each touching its own pages in trace order over a heap the size of
+  its footprint, reads and writes as recorded. The trace is loaded as a boot blob next to the
+  kernel. records=N replays only the first N records; passes=P replays them P times. One replay
+  trace per VM.
 
 EXAMPLES
   farvm run                                   # test guest, 50% local, local memserver
@@ -114,6 +121,7 @@ EXAMPLES
   farvm run --pool http://10.77.0.2:2379 --memory 64G --local-memory 2G --replicas 2
   farvm run --local-only --memory 1G --vcpus 2 --workload seq:ws=256M --workload kv:ws=256M
   farvm run --vcpus 2 --workload isolation --workload isolation --workload isolation:cpu=1
+  farvm run --local-memory 25% --workload replay:trace=traces/sqlite.trace.zst,records=200000
   farvm run --kernel ./guest.elf --memory 512M --serial console.log --json
   farvm image export /var/lib/farvm && farvm run --kernel /var/lib/farvm/farvm-testguest.elf \\
             --cmdline 'farvm.workload=seq:ws=32M farvm.workload=kv:ws=32M'
@@ -469,7 +477,8 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
         if specs.is_empty() {
             specs = default_workloads(a);
         }
-        let placed = place(&specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        let placement = plan(&specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
+        let placed = &placement.workloads;
         let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
         if total_ws >= a.memory {
             return Err(Failure::new(
@@ -499,6 +508,7 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
                 frame_run_shift: a
                     .frame_run_shift
                     .unwrap_or(if a.local_only { 0 } else { 9 }),
+                blob: placement.blob,
             },
         }
     };

@@ -99,6 +99,10 @@ fn bsp_boot(boot_gpa: u64) {
     }
     let boot_flags = field!(flags);
     let first_free = field!(first_free_gpa);
+    let blob = (field!(blob_gpa), field!(blob_len));
+    if blob.1 != 0 && (blob.0 % PAGE_SIZE != 0 || blob.0.saturating_add(blob.1) > first_free) {
+        bad(b"blob_gpa (page aligned, below first_free_gpa)", blob.0);
+    }
     // Only the address of the linker-script symbol is taken (no read).
     let kernel_end = image_gpa(core::ptr::addr_of!(KERNEL_END));
     if first_free % PAGE_SIZE != 0 || first_free < kernel_end {
@@ -114,6 +118,12 @@ fn bsp_boot(boot_gpa: u64) {
             bad_proc(b"ws_bytes above 64 GiB", i);
         }
         pool_pages += proc::pool_pages(ws);
+        // SAFETY: as above.
+        let w = unsafe { addr_of!((*bi).procs[i].workload).read_volatile() };
+        if w == farvm_guest_agent::boot::workload::REPLAY {
+            // Page tables of the blob mapping: a PDPT, a PD and one table per 2 MiB.
+            pool_pages += 2 + blob.1.div_ceil(2 << 20);
+        }
     }
     let pool_end = first_free + pool_pages * PAGE_SIZE;
     if pool_end > (ram[0].gpa + ram[0].len).min(1 << 32) {
@@ -145,7 +155,7 @@ fn bsp_boot(boot_gpa: u64) {
         if spec.cpu >= ncpus {
             bad_proc(b"cpu >= ncpus", i);
         }
-        if proc::create(i, spec, boot_flags, tsc_khz, &img, img_gpa).is_err() {
+        if proc::create(i, spec, boot_flags, tsc_khz, &img, img_gpa, blob).is_err() {
             oom(b"creating pid", i as u64 + 1);
         }
         sched::enqueue(spec.cpu as usize, i);

@@ -3,11 +3,12 @@
 //! Address space of a process (`farvm_guest_agent::boot::user`): its own PML4 whose kernel half
 //! (entries 256 = direct map, 511 = kernel window) is copied from the boot tables; the program's
 //! segments with 4 KiB PTEs (text RX, rodata R, data RW, NX where not executable); a 256 KiB
-//! stack; the mailbox page; the heap (premapped, or demand-paged by the #PF handler).
+//! stack; the mailbox page; the heap (premapped, or demand-paged by the #PF handler); for a
+//! `replay` process, the boot blob read-only at `BLOB_VA`.
 
 use core::ptr::addr_of_mut;
 
-use farvm_guest_agent::boot::{flags, user, ProcessSpec, BOOT_PML4_GPA};
+use farvm_guest_agent::boot::{flags, user, workload, ProcessSpec, BOOT_PML4_GPA};
 use farvm_guest_agent::pv::{state, Mailbox, MAILBOX_MAGIC};
 use farvm_guest_agent::PAGE_SIZE;
 
@@ -89,6 +90,7 @@ pub fn create(
     tsc_khz: u64,
     img: &Image,
     img_gpa: u64,
+    blob: (u64, u64),
 ) -> Result<(), Oom> {
     let c = 0; // the BSP's PV records
     let pml4 = mm::pool_alloc(1)?;
@@ -147,6 +149,16 @@ pub fn create(
         PTE_W | PTE_U | PTE_NX,
     )?;
     mm::map_page(pml4, user::MAILBOX_VA, mbox, PTE_W | PTE_U | PTE_NX)?;
+    // The boot blob (a replay trace), read-only, for the processes that replay it.
+    let (blob_gpa, blob_len) = blob;
+    let blob_mapped = spec.workload == workload::REPLAY && blob_len > 0;
+    if blob_mapped {
+        let mut off = 0;
+        while off < blob_len {
+            mm::map_page(pml4, user::BLOB_VA + off, blob_gpa + off, PTE_U | PTE_NX)?;
+            off += PAGE_SIZE;
+        }
+    }
     let heap_bytes = spec.ws_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
     if boot_flags & flags::PREMAP_HEAP != 0 && heap_bytes > 0 {
         mm::map_fresh(c, pml4, user::HEAP_BASE, heap_bytes, PTE_W | PTE_U | PTE_NX)?;
@@ -163,6 +175,10 @@ pub fn create(
     put!(mb, heap_va, user::HEAP_BASE);
     put!(mb, heap_bytes, heap_bytes);
     put!(mb, tsc_khz, tsc_khz);
+    if blob_mapped {
+        put!(mb, blob_va, user::BLOB_VA);
+        put!(mb, blob_bytes, blob_len);
+    }
     // Field by field: a struct copy would become an emulated `rep movsb`.
     // SAFETY: as in put!.
     unsafe {

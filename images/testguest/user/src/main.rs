@@ -136,14 +136,16 @@ fn crash(kind: u64) -> ! {
 #[link_section = ".text._start"]
 pub extern "C" fn _start(mailbox_va: u64, mailbox_gpa: u64) -> ! {
     let mb = mailbox_va as *mut Mailbox;
-    // SAFETY: the kernel mapped the mailbox at `mailbox_va` and filled `spec`, `heap_*` and
-    // `tsc_khz` before starting the process; the VMM does not write these fields.
-    let (spec, heap_va, heap_bytes, tsc_khz) = unsafe {
+    // SAFETY: the kernel mapped the mailbox at `mailbox_va` and filled `spec`, `heap_*`,
+    // `tsc_khz` and `blob_*` before starting the process; the VMM does not write these fields.
+    let (spec, heap_va, heap_bytes, tsc_khz, blob_va, blob_bytes) = unsafe {
         (
             addr_of!((*mb).spec).read_volatile(),
             addr_of!((*mb).heap_va).read_volatile(),
             addr_of!((*mb).heap_bytes).read_volatile(),
             addr_of!((*mb).tsc_khz).read_volatile(),
+            addr_of!((*mb).blob_va).read_volatile(),
+            addr_of!((*mb).blob_bytes).read_volatile(),
         )
     };
     let mut g = Guest {
@@ -165,7 +167,15 @@ pub extern "C" fn _start(mailbox_va: u64, mailbox_gpa: u64) -> ! {
         seed: spec.seed,
         params: spec.params,
     };
-    match farvm_workloads::run(spec.workload, &params, heap, &mut g) {
+    let blob: &[u8] = if blob_va != 0 && blob_bytes != 0 {
+        // SAFETY: the kernel mapped the boot blob's `blob_bytes` (rounded up to 4 KiB)
+        // read-only at `blob_va` for this process and wrote both fields before starting it;
+        // nothing writes the blob while the guest runs.
+        unsafe { core::slice::from_raw_parts(blob_va as *const u8, blob_bytes as usize) }
+    } else {
+        &[]
+    };
+    match farvm_workloads::run_blob(spec.workload, &params, heap, blob, &mut g) {
         Ok(o) => {
             put!(g, checksum, o.checksum);
             put!(g, ops, o.ops);

@@ -63,6 +63,11 @@ EXAMPLES
   farvm-lab bench remote --quick            # seq, stride, kv x {100,25}% x {none, leap+stream, next-n}
   farvm-lab bench remote --workload stride --local 25 --prefetcher none --prefetcher leap+stream
   farvm-lab bench remote --quick --repeat 5 # medians of 5 runs per cell
+  farvm-lab bench remote --workload replay:trace=traces/sqlite.trace.zst,records=300000 \
+            --local 50 --local 25 --prefetcher none --prefetcher next-n --prefetcher leap+stream
+                                            # a real program's page accesses (single-process
+                                            # traces; the trace is the VM's boot blob and
+                                            # counts in its footprint)
 
 EXIT STATUS
   0 every run completed with the all-local checksum; 1 a run failed or a checksum differed";
@@ -72,7 +77,8 @@ pub struct RemoteArgs {
     /// Workload (repeatable; NAME[:key=value,...]) [default: the 8 workloads:
     /// seq/stride/random/kv/pagerank 32M, quicksort 16M, matmul 8M. On 2 cores most cells take
     /// seconds, but naive matmul at 25% and pagerank at 50% and 25% of their footprint thrash
-    /// until --cell-timeout, which makes the full matrix last over an hour].
+    /// until --cell-timeout, which makes the full matrix last over an hour]. A single-process
+    /// trace replays with `replay:trace=FILE[,records=N]` (see `farvm run --help`).
     #[arg(long = "workload", value_name = "SPEC")]
     pub workloads: Vec<String>,
     /// Local memory, percent of guest RAM (repeatable) [default: 100 50 25].

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use farvm_vmm::workload_spec::{place, PlacedWorkload};
+use farvm_vmm::workload_spec::{plan, PlacedWorkload};
 
 use super::runner::CellSetup;
 use super::RemoteArgs;
@@ -38,6 +38,8 @@ pub(super) struct Matrix {
     /// The workloads as given (or defaulted), for the report.
     pub specs: Vec<String>,
     pub placed: Vec<PlacedWorkload>,
+    /// Each workload's boot blob (a `replay:trace=` spec's trace; empty otherwise).
+    pub blobs: Vec<&'static [u8]>,
     /// Local memory shares, percent of the footprint.
     pub locals: Vec<f64>,
     pub prefetchers: Vec<String>,
@@ -86,10 +88,26 @@ impl Matrix {
             page_space: a.page_space,
             ..CellSetup::default()
         };
-        let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
+        // One VM per workload: each spec is placed alone, a replayed trace with its blob.
+        let mut placed = Vec::with_capacity(specs.len());
+        let mut blobs = Vec::with_capacity(specs.len());
+        for s in &specs {
+            let p = plan(std::slice::from_ref(s), 1).map_err(anyhow::Error::msg)?;
+            if p.workloads.len() != 1 {
+                bail!(
+                    "--workload {s}: the trace has {} processes; bench remote runs one process \
+                     per VM (replay a single-process trace)",
+                    p.workloads.len()
+                );
+            }
+            placed.extend(p.workloads);
+            // Leaked once per bench invocation: the cells of this workload share it.
+            blobs.push(&*Box::leak(p.blob.into_boxed_slice()));
+        }
         Ok(Matrix {
             specs,
             placed,
+            blobs,
             locals,
             prefetchers,
             repeat,

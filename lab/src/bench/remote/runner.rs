@@ -30,15 +30,17 @@ pub(crate) fn guest_mem(w: &PlacedWorkload) -> u64 {
     (ws + ws / 256 + (40 << 20) + (16 << 20) - 1) & !((16 << 20) - 1)
 }
 
-fn config(w: &PlacedWorkload, name: &str, run_shift: u32) -> VmConfig {
+fn config(w: &PlacedWorkload, name: &str, run_shift: u32, blob: &[u8]) -> VmConfig {
+    let mem = guest_mem(w) + (blob.len() as u64).next_multiple_of(16 << 20);
     let plan = TestPlan {
         procs: vec![w.process_spec()],
         timer_hz: 100,
         flags: flags::RAM_IS_ZERO,
         frame_shuffle_seed: 1,
         frame_run_shift: run_shift,
+        blob: blob.to_vec(),
     };
-    let mut cfg = VmConfig::test_guest(name, guest_mem(w), 1, plan);
+    let mut cfg = VmConfig::test_guest(name, mem, 1, plan);
     // As `farvm run` with remote memory, for the all-local baseline too (same KVM setup).
     cfg.kvm_async_pf = false;
     cfg
@@ -70,11 +72,13 @@ fn finished(report: &VmReport, what: &str) -> Result<ProcessRecord> {
         .with_context(|| format!("{what}: no finished process"))
 }
 
-pub(super) fn run_local(w: &PlacedWorkload) -> Result<ProcessRecord> {
+/// The all-local run of `w` (`blob`: its boot blob, for a replayed trace).
+pub(super) fn run_local(w: &PlacedWorkload, blob: &[u8]) -> Result<ProcessRecord> {
     let vm = build(&config(
         w,
         &format!("bench-local-{}", std::process::id()),
         9,
+        blob,
     ))
     .context("building the all-local VM")?;
     let running = vm.start()?;
@@ -92,7 +96,7 @@ pub(crate) fn budget_for(local: f64, footprint: u64) -> Budget {
 }
 
 /// How a remote-memory VM of a cell is set up beyond its budget and prefetcher.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) struct CellSetup {
     /// `--fault-path-cpu`.
     pub fault_path_cpu: Option<usize>,
@@ -102,6 +106,9 @@ pub(crate) struct CellSetup {
     pub frame_run_shift: u32,
     /// `--stage2-prefault on|off`.
     pub stage2_prefault: bool,
+    /// The workload's boot blob (a replayed trace, `replay:trace=`); empty otherwise. Static:
+    /// a bench reads each trace once for the whole run.
+    pub blob: &'static [u8],
 }
 
 impl Default for CellSetup {
@@ -112,6 +119,7 @@ impl Default for CellSetup {
             page_space: PageSpaceKind::Virtual,
             frame_run_shift: 9,
             stage2_prefault: true,
+            blob: &[],
         }
     }
 }
@@ -147,7 +155,7 @@ pub(crate) fn run_remote_vm(
     setup: CellSetup,
 ) -> Result<(VmReport, RemoteStats)> {
     let name = vm_name(w, pf);
-    let mut cfg = config(w, &name, setup.frame_run_shift);
+    let mut cfg = config(w, &name, setup.frame_run_shift, setup.blob);
     let mut spec = RemoteSpec::new(&name);
     spec.budget = budget;
     spec.prefetcher = pf.to_string();

@@ -10,7 +10,7 @@ use indicatif::ProgressBar;
 
 use super::plan::Matrix;
 use super::report::{Baseline, Cell, PhaseCounts};
-use super::runner::{budget_for, run_local, run_remote, times, RunCpu};
+use super::runner::{budget_for, run_local, run_remote, times, CellSetup, RunCpu};
 use super::runs::median_run;
 
 /// One run of a cell: its process record (`None`: it timed out), the engine's stats and the
@@ -20,6 +20,10 @@ type Run = (Option<ProcessRecord>, RemoteStats, RunCpu);
 /// Runs workload `wi` of `m`: its baseline and its cells, in the matrix's order.
 pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Baseline, Vec<Cell>)> {
     let w = &m.placed[wi];
+    let setup = CellSetup {
+        blob: m.blobs[wi],
+        ..m.setup
+    };
     let repeat = m.repeat;
     let cell_timeout = m.cell_timeout();
     // Without a terminal the bar is hidden: print one line per cell instead.
@@ -27,7 +31,7 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
     bar.set_message(format!("{} all-local", w.name()));
     let mut local_runs = Vec::with_capacity(repeat);
     for _ in 0..repeat {
-        local_runs.push(run_local(w)?);
+        local_runs.push(run_local(w, setup.blob)?);
         bar.inc(1);
     }
     let base_runs_ms: Vec<f64> = local_runs.iter().map(|r| times(r).0).collect();
@@ -35,7 +39,7 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
     // The footprint run: all memory local to the engine, no prefetching. It is also the
     // matrix's (100%, none) cell.
     bar.set_message(format!("{} footprint", w.name()));
-    let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout, m.setup)?;
+    let probe = run_remote(w, Budget::Unlimited, "none", cell_timeout, setup)?;
     bar.inc(1);
     if probe.0.is_none() {
         bail!(
@@ -47,7 +51,7 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
     let footprint = probe.1.engine.resident_pages;
     let (bm, bt) = times(&base);
     let baseline = Baseline {
-        workload: w.name().to_string(),
+        workload: display_name(w.name(), &m.specs[wi]),
         spec: m.specs[wi].clone(),
         measured_ms: bm,
         total_ms: bt,
@@ -82,7 +86,7 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
                     bail!("interrupted");
                 }
                 bar.set_message(format!("{} {local}% {pf}", w.name()));
-                let r = run_remote(w, budget, pf, cell_timeout, m.setup)?;
+                let r = run_remote(w, budget, pf, cell_timeout, setup)?;
                 bar.inc(1);
                 if r.0.is_none() {
                     // It would time out again: one TIMEOUT run stands for the cell.
@@ -120,6 +124,19 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
 /// The row of one cell: its median run (by measured time) against the all-local baseline `b`
 /// (whose median run is `base`). A cell that timed out keeps the metrics at its stop and has
 /// no times.
+/// The workload's name in the report: a replayed trace is named after its file
+/// (`replay:sqlite.trace.zst`), so several traces stay apart.
+fn display_name(name: &str, spec: &str) -> String {
+    let trace = spec
+        .split([':', ','])
+        .find_map(|kv| kv.strip_prefix("trace="))
+        .map(|f| f.rsplit('/').next().unwrap_or(f));
+    match trace {
+        Some(file) => format!("{name}:{file}"),
+        None => name.to_string(),
+    }
+}
+
 fn row(b: &Baseline, base: &ProcessRecord, local: f64, pf: &str, runs: Vec<Run>) -> Cell {
     let runs_ms: Vec<f64> = runs
         .iter()
@@ -204,5 +221,19 @@ fn counter_or_nan(r: &ProcessRecord, i: usize) -> f64 {
         f64::NAN
     } else {
         r.counters[i] as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replayed_traces_are_named_after_their_file() {
+        assert_eq!(
+            display_name("replay", "replay:trace=traces/xz.trace.zst,records=9"),
+            "replay:xz.trace.zst"
+        );
+        assert_eq!(display_name("seq", "seq:ws=32M"), "seq");
     }
 }
