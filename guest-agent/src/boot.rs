@@ -133,6 +133,8 @@ pub mod workload {
     pub const PAGERANK: u32 = 7;
     /// Quicksort of random u32s.
     pub const QUICKSORT: u32 = 8;
+    /// Writes and rewrites a few pages spread over a large heap, leaving the rest untouched.
+    pub const SPARSE: u32 = 9;
     /// Writes its pid over its heap, yields, verifies: address-space isolation check.
     pub const ISOLATION: u32 = 100;
     /// Deliberately faults in ring 3 (`param[0]`: 0 = #PF, 1 = #UD, 2 = #DE, 3 = #GP).

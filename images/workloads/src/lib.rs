@@ -31,6 +31,7 @@ mod matmul;
 mod pagerank;
 mod quicksort;
 mod scan;
+mod sparse;
 mod zipf;
 
 pub use meta::{find_by_id, find_by_name, ParamInfo, WorkloadInfo, WORKLOADS};
@@ -183,6 +184,7 @@ pub fn run(id: u32, p: &Params, heap: &mut [u64], env: &mut dyn Env) -> Result<O
         ZIPF_KV => kv::run(heap, p.seed, arg(0), arg(1), arg(2), arg(3), env),
         PAGERANK => pagerank::run(heap, p.seed, arg(0), arg(1), arg(2), env),
         QUICKSORT => quicksort::run(heap, p.seed, env),
+        SPARSE => sparse::run(heap, p.seed, arg(0), arg(1), env),
         ISOLATION => isolation::run(heap, p.seed, arg(0), env),
         INT_OPS => Ok(intops::run(p.seed, arg(0), env)),
         CRASH => Err(Error::GuestOnly(id)),
