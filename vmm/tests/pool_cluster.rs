@@ -27,7 +27,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::kvm_available;
+use common::{kvm_available, native_checksum};
 use serde_json::Value;
 
 /// Bound for things that follow a lease TTL or a copy (never a timing assertion: the tests
@@ -267,14 +267,6 @@ impl Vm {
         );
         v
     }
-}
-
-fn native_checksum(workload: &str) -> u64 {
-    let placed = farvm_vmm::workload_spec::place(&[workload.to_string()], 1).unwrap();
-    let w = &placed[0];
-    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
-        .unwrap()
-        .checksum
 }
 
 fn servers(s: &Value) -> Vec<&Value> {
