@@ -66,7 +66,14 @@ fn help_documents_commands_outputs_and_exit_status() {
             stdout(&o)
         );
     }
-    for cmd in ["local", "placement", "page-space", "stage2", "compare", "pool"] {
+    for cmd in [
+        "local",
+        "placement",
+        "page-space",
+        "stage2",
+        "compare",
+        "pool",
+    ] {
         let o = run(&["bench", cmd, "--help"]);
         assert!(o.status.success(), "{cmd}: {}", stderr(&o));
         assert!(stdout(&o).contains("EXIT STATUS"), "{cmd}: {}", stdout(&o));

@@ -240,6 +240,11 @@ impl Drop for Cluster {
             eprintln!("cluster.sh down: {}", text(&o));
         }
         let _ = std::fs::remove_file(&self.token);
+        if std::thread::panicking() {
+            eprintln!("the VMs' logs are in {}", self.run.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.run);
+        }
     }
 }
 
