@@ -4,9 +4,10 @@
 # namespace.
 #
 #   scripts/cluster.sh up [--racks 3] [--servers-per-rack 2] [--hosts 4] [--delay-us 250]
-#                         [--capacity 2G] [--name fvc]
+#                         [--capacity 2G] [--token-file FILE] [--name fvc]
 #   scripts/cluster.sh status [--name fvc]
 #   scripts/cluster.sh exec host1 -- target/release/farvm run --memserver ADDR ...
+#   scripts/cluster.sh etcd-stop|etcd-start [--name fvc]   (an etcd outage, same data dir)
 #   scripts/cluster.sh down [--name fvc]
 #
 # Layout (NAME = --name, default fvc; addresses exist only inside the namespaces):
@@ -36,12 +37,12 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN=${FARVM_BIN:-$ROOT/target/release}
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
 cmd=${1:-}; [[ -n $cmd ]] || usage 64
 shift
-NAME=fvc RACKS=3 SPR=2 HOSTS=4 DELAY_US=250 CAPACITY=2G
+NAME=fvc RACKS=3 SPR=2 HOSTS=4 DELAY_US=250 CAPACITY=2G TOKEN_FILE=""
 EXEC_NS="" EXEC_ARGS=()
 if [[ $cmd == exec ]]; then
     [[ $# -ge 1 ]] || die "exec needs a namespace (e.g. host1) and a command"
@@ -55,6 +56,7 @@ while [[ $# -gt 0 ]]; do
         --hosts) HOSTS=$2; shift 2 ;;
         --delay-us) DELAY_US=$2; shift 2 ;;
         --capacity) CAPACITY=$2; shift 2 ;;
+        --token-file) TOKEN_FILE=$2; shift 2 ;;
         --) shift; EXEC_ARGS=("$@"); break ;;
         -h|--help) usage 0 ;;
         *) die "unknown option $1 (see --help)" ;;
@@ -113,13 +115,16 @@ wait_tcp() { # wait_tcp NS HOST PORT SECONDS
 }
 
 start_memserver() { # start_memserver NS RACK ID ADDR
-    local ns=$1 rack=$2 id=$3 addr=$4
+    local ns=$1 rack=$2 id=$3 addr=$4 auth=()
+    [[ -z $TOKEN_FILE ]] || auth=(--token-file "$TOKEN_FILE")
     if "$BIN/farvm-memserver" --help 2>&1 | grep -q -- '--pool'; then
         # The memory server registers itself (integration hook).
         spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
-            --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" --advertise "$addr:17070" >/dev/null
+            "${auth[@]}" --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" \
+            --advertise "$addr:17070" >/dev/null
     else
-        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" >/dev/null
+        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
+            "${auth[@]}" >/dev/null
         wait_tcp "$ns" "$addr" 7070 10 || die "memory server $id did not start; see $RUN/$id.log"
         spawn "$ns" "$id-announce" "$BIN/farvm-pool" --etcd "$ETCD_URL" announce-server \
             --id "$id" --address "$addr:17070" --probe "$addr:7070" --rack "$rack" \
@@ -129,6 +134,39 @@ start_memserver() { # start_memserver NS RACK ID ADDR
         --connect "$addr:7070" --delay-us "$DELAY_US" >/dev/null
 }
 
+start_etcd() { # etcd in its namespace, on the cluster's data dir (a restart keeps the data)
+    spawn "$NAME-etcd" etcd etcd --name "$NAME" --data-dir "$RUN/etcd" \
+        --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+        --listen-peer-urls "http://$ETCD_ADDR:2380" --initial-advertise-peer-urls "http://$ETCD_ADDR:2380" \
+        --initial-cluster "$NAME=http://$ETCD_ADDR:2380" --logger zap --log-level warn >/dev/null
+    wait_tcp "$NAME-etcd" "$ETCD_ADDR" 2379 30 || die "etcd did not start; see $RUN/etcd.log"
+}
+
+etcd_pid() { awk '$1 == "pid" && $3 == "etcd" { p = $2 } END { print p }' "$RUN/state"; }
+
+etcd_stop() { # stops the cluster's etcd (SIGTERM, then SIGKILL) and forgets its PID
+    need_root
+    load_shape
+    local pid i
+    pid=$(etcd_pid)
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || die "etcd of cluster '$NAME' is not running"
+    kill -TERM "$pid"
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    sed -i "/^pid $pid etcd\$/d" "$RUN/state"
+    echo "cluster '$NAME': etcd stopped (pid $pid)"
+}
+
+etcd_start() {
+    need_root
+    load_shape
+    local pid
+    pid=$(etcd_pid)
+    [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null || die "etcd of cluster '$NAME' is running already (pid $pid)"
+    start_etcd
+    echo "cluster '$NAME': etcd started (pid $(etcd_pid))"
+}
+
 up() {
     need_root
     [[ ! -e $RUN/state ]] || die "cluster '$NAME' is up already ($RUN/state); run: $0 down --name $NAME"
@@ -136,6 +174,7 @@ up() {
     for b in farvm farvm-memserver farvm-pool farvm-delay-proxy; do
         [[ -x $BIN/$b ]] || die "missing $BIN/$b: build with cargo build --release --workspace --bins"
     done
+    [[ -z $TOKEN_FILE || -r $TOKEN_FILE ]] || die "cannot read --token-file $TOKEN_FILE"
     for ns in $(ip netns list | awk '{print $1}'); do
         [[ $ns != "$NAME"-* ]] || die "namespace $ns exists but no cluster state does; remove it or pick another --name"
     done
@@ -149,11 +188,7 @@ up() {
 
     add_ns "$NAME-etcd" "$ETCD_ADDR"
     mkdir -p "$RUN/etcd"
-    spawn "$NAME-etcd" etcd etcd --name "$NAME" --data-dir "$RUN/etcd" \
-        --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
-        --listen-peer-urls "http://$ETCD_ADDR:2380" --initial-advertise-peer-urls "http://$ETCD_ADDR:2380" \
-        --initial-cluster "$NAME=http://$ETCD_ADDR:2380" --logger zap --log-level warn >/dev/null
-    wait_tcp "$NAME-etcd" "$ETCD_ADDR" 2379 30 || die "etcd did not start; see $RUN/etcd.log"
+    start_etcd
 
     local k i n
     for ((k = 1; k <= RACKS; k++)); do
@@ -251,6 +286,8 @@ case $cmd in
     up) up ;;
     down) down ;;
     status) status ;;
+    etcd-stop) etcd_stop ;;
+    etcd-start) etcd_start ;;
     exec)
         need_root
         load_shape
@@ -261,5 +298,5 @@ case $cmd in
         esac
         exec ip netns exec "$ns" "${EXEC_ARGS[@]}" ;;
     -h|--help|help) usage 0 ;;
-    *) die "unknown command '$cmd' (up, down, status, exec)" ;;
+    *) die "unknown command '$cmd' (up, down, status, exec, etcd-stop, etcd-start)" ;;
 esac

@@ -136,6 +136,10 @@ pub mod workload {
     pub const PAGERANK: u32 = 7;
     /// Quicksort of random u32s.
     pub const QUICKSORT: u32 = 8;
+    /// Writes and rewrites a few pages spread over a large heap, leaving the rest untouched.
+    pub const SPARSE: u32 = 9;
+    /// Replays one process of a page-access trace from the boot blob (`param[0]`: its section).
+    pub const REPLAY: u32 = 10;
     /// Writes its pid over its heap, yields, verifies: address-space isolation check.
     pub const ISOLATION: u32 = 100;
     /// Deliberately faults in ring 3 (`param[0]`: 0 = #PF, 1 = #UD, 2 = #DE, 3 = #GP).
@@ -143,8 +147,6 @@ pub mod workload {
     pub const CRASH: u32 = 101;
     /// Pure integer work, no memory: a CPU-bound process for preemption tests.
     pub const INT_OPS: u32 = 102;
-    /// Replays one process of a page-access trace from the boot blob (`param[0]`: its section).
-    pub const REPLAY: u32 = 9;
 }
 
 /// One process of the test plan.

@@ -66,11 +66,25 @@ fn help_documents_commands_outputs_and_exit_status() {
             stdout(&o)
         );
     }
-    for cmd in ["local", "placement", "page-space", "stage2", "compare"] {
+    for cmd in [
+        "local",
+        "placement",
+        "page-space",
+        "stage2",
+        "compare",
+        "pool",
+    ] {
         let o = run(&["bench", cmd, "--help"]);
         assert!(o.status.success(), "{cmd}: {}", stderr(&o));
         assert!(stdout(&o).contains("EXIT STATUS"), "{cmd}: {}", stdout(&o));
     }
+}
+
+#[test]
+fn pool_bench_refuses_empty_counts_before_starting_anything() {
+    let o = run(&["bench", "pool", "--vms", "0", "--out", "/nonexistent/pool"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("each at least 1"), "{}", stderr(&o));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kvm_available;
+use common::{kvm_available, native_checksum};
 use farvm_pool::local_etcd::LocalEtcd;
 use farvm_pool::{Directory, DirectoryConfig, PoolView, ServerId};
 
@@ -126,14 +126,6 @@ fn run_args(pool: &Pool, workload: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-fn native_checksum(workload: &str) -> u64 {
-    let placed = farvm_vmm::workload_spec::place(&[workload.to_string()], 1).unwrap();
-    let w = &placed[0];
-    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
-        .unwrap()
-        .checksum
 }
 
 fn assert_checksum(o: &Output, workload: &str) {

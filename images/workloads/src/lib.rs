@@ -32,6 +32,7 @@ mod matmul;
 mod pagerank;
 mod quicksort;
 mod scan;
+mod sparse;
 mod zipf;
 
 pub use meta::{find_by_id, find_by_name, ParamInfo, WorkloadInfo, WORKLOADS};
@@ -209,6 +210,7 @@ pub fn run_blob(
         ZIPF_KV => kv::run(heap, p.seed, arg(0), arg(1), arg(2), arg(3), env),
         PAGERANK => pagerank::run(heap, p.seed, arg(0), arg(1), arg(2), env),
         QUICKSORT => quicksort::run(heap, p.seed, env),
+        SPARSE => sparse::run(heap, p.seed, arg(0), arg(1), env),
         ISOLATION => isolation::run(heap, p.seed, arg(0), env),
         INT_OPS => Ok(intops::run(p.seed, arg(0), env)),
         REPLAY => replay::run(heap, blob, p.params[0], p.seed, arg(1), env),

@@ -177,6 +177,21 @@ pub static WORKLOADS: &[WorkloadInfo] = &[
         native: true,
     },
     WorkloadInfo {
+        id: id::SPARSE,
+        name: "sparse",
+        summary: "writes `pages` pages spread over the working set, then rewrites them; \
+                  the rest of the working set is never touched",
+        pattern: "one page in each of `pages` equal stretches of the working set, at a \
+                  seeded offset; ascending and descending passes",
+        params: &[
+            p("pages", 1024, "pages touched (at most ws / 4096)"),
+            p("passes", 2, "measured read-modify-write passes over those pages"),
+        ],
+        default_ws: 64 * MIB,
+        min_ws: 4096,
+        native: true,
+    },
+    WorkloadInfo {
         id: id::ISOLATION,
         name: "isolation",
         summary: "writes a per-process tag over the heap, yields, verifies it (isolation check)",

@@ -26,6 +26,7 @@ const GOLDEN: &[(&str, u64)] = &[
     ("kv:ws=1M,seed=7,ops=100000", 0x37c082ce636d3689),
     ("pagerank:ws=1M,seed=7,iters=3", 0x67fbb9af4bc5f86c),
     ("quicksort:ws=1M,seed=7", 0x45a646a7fff3b1e1),
+    ("sparse:ws=4M,seed=7,pages=100,passes=3", 0x95eee9dacb759ca6),
     ("isolation:ws=64K,seed=7", 0x97939bb822c5a9b2),
     ("intops:seed=7,iters=1000000", 0xa0c6f3516ab8456c),
 ];

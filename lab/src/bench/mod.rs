@@ -7,6 +7,7 @@ mod compare;
 mod local;
 mod page_space;
 mod placement;
+mod pool;
 mod remote;
 mod stage2;
 
@@ -39,6 +40,9 @@ pub enum BenchCmd {
     /// farvm vs kernel swap (zram, loop swapfile) under a memory cgroup, and all-local.
     #[command(long_about = compare::COMPARE_ABOUT)]
     Compare(compare::CompareArgs),
+    /// A memory pool: 1..8 concurrent VMs on 1..4 memory servers, paging rate and latency.
+    #[command(long_about = pool::POOL_ABOUT)]
+    Pool(pool::PoolArgs),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -49,5 +53,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::PageSpace(p) => page_space::run(p),
         BenchCmd::Stage2(s) => stage2::run(s),
         BenchCmd::Compare(c) => compare::run(c),
+        BenchCmd::Pool(p) => pool::run(p),
     }
 }

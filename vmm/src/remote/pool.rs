@@ -6,6 +6,13 @@
 //! The data path never waits on etcd: admission happens before the guest starts; afterwards
 //! the lease is kept alive by the pool library's own runtime and moves are made by the
 //! follower thread, which copies slabs through the memserver client like a re-replication.
+//!
+//! When a memory server leaves the pool (its lease expired: the server or its rack is gone),
+//! the follower repairs this VM's slabs that had a replica there: the pool's repair plan
+//! picks, per slab, a server in a rack holding none of the slab's other replicas; the
+//! follower has the client's copy of the slab end up there (the client re-replicates from a
+//! surviving replica as soon as it sees the server die; a copy it put elsewhere is moved) and
+//! then commits the new replica to the pool, so `farvm pool status` shows no degraded slab.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,8 +24,8 @@ use std::time::{Duration, Instant};
 use farvm_memclient::{Client, RelocateError};
 use farvm_memproto::PROTOCOL_VERSION;
 use farvm_pool::{
-    AdmissionRequest, Directory, DirectoryConfig, PoolError, RegistrationState, ServerHealth,
-    ServerId, VmId, VmRegistration,
+    AdmissionRequest, Directory, DirectoryConfig, Move, PoolError, PoolView, RegistrationState,
+    ServerHealth, ServerId, SlabRef, VmId, VmRegistration,
 };
 
 use super::setup::RemoteError;
@@ -241,6 +248,7 @@ impl PoolVm {
             servers: self.servers.iter().cloned().collect(),
             client,
             stop: self.stop.clone(),
+            repairs: BTreeMap::new(),
         };
         match std::thread::Builder::new()
             .name("farvm-pool".into())
@@ -304,10 +312,13 @@ struct Follower {
     servers: BTreeMap<ServerId, SocketAddr>,
     client: Weak<Client>,
     stop: Arc<AtomicBool>,
+    /// The server chosen for each lost replica being repaired ((slab, lost server) → new),
+    /// kept so that a repair in progress does not change its target.
+    repairs: BTreeMap<(SlabRef, ServerId), ServerId>,
 }
 
 impl Follower {
-    fn run(self) {
+    fn run(mut self) {
         let mut watch = self.dir.watch();
         let mut lost_noted = false;
         while !self.stop.load(Ordering::Acquire) {
@@ -335,6 +346,7 @@ impl Follower {
                 lost_noted = true;
                 tracing::error!(vm = %self.vm, "memory pool: this VM's placement was reclaimed; its remote pages are gone");
             }
+            self.repair(&view, &client);
             for m in view.move_requests.values().filter(|m| m.slab.vm == self.vm) {
                 if self.stop.load(Ordering::Acquire) {
                     return;
@@ -362,5 +374,89 @@ impl Follower {
                 }
             }
         }
+    }
+
+    /// Re-replicates this VM's slabs that had a replica on a server gone from the pool (see
+    /// the module doc). Each round makes what progress it can; a slab is committed only once
+    /// the client holds it on its surviving replicas and the new server and nowhere else.
+    fn repair(&mut self, view: &PoolView, client: &Client) {
+        let lost = |m: &Move| m.slab.vm == self.vm && !view.servers.contains_key(&m.from);
+        if !view
+            .vm_slabs(self.vm)
+            .any(|(_, r)| r.replicas.iter().any(|id| !view.servers.contains_key(id)))
+        {
+            self.repairs.clear();
+            return;
+        }
+        let plan = farvm_pool::placement::repair_plan(view, PROTOCOL_VERSION);
+        let moves: Vec<Move> = plan.moves.into_iter().filter(lost).collect();
+        for mut m in moves {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let key = (m.slab, m.from.clone());
+            match self.repairs.get(&key) {
+                Some(to) if view.servers.contains_key(to) => m.to = to.clone(),
+                _ => {
+                    self.repairs.insert(key.clone(), m.to.clone());
+                }
+            }
+            match self.repair_slab(view, client, &m) {
+                Ok(true) => match self.dir.commit_move(&m) {
+                    Ok(()) => {
+                        self.repairs.remove(&key);
+                        tracing::info!(%m, "memory pool: lost replica re-replicated");
+                    }
+                    Err(e) => tracing::warn!(%m, "memory pool: committing the repair: {e}"),
+                },
+                Ok(false) => {} // the client's copy is not there yet: next round
+                Err(e) => tracing::warn!(%m, "memory pool: repair: {e}"),
+            }
+        }
+    }
+
+    /// Brings the client's replicas of pool slab `m.slab` to its surviving replicas plus
+    /// `m.to`; whether they are there now.
+    fn repair_slab(&self, view: &PoolView, client: &Client, m: &Move) -> Result<bool, String> {
+        let Some(&to) = self.servers.get(&m.to) else {
+            return Err(format!("{} is not one of this VM's servers", m.to));
+        };
+        let Some(rec) = view.slabs.get(&m.slab) else {
+            return Ok(false);
+        };
+        let keep: Vec<SocketAddr> = rec
+            .replicas
+            .iter()
+            .filter(|id| **id != m.from)
+            .filter_map(|id| self.servers.get(id).copied())
+            .chain([to])
+            .collect();
+        let j = m.slab.index as u64;
+        let n = self.slabs;
+        let ours = |k: &u64| k % n == j;
+        // A copy on a server outside the slab's new replica set (the dead one, if the client
+        // has not noticed yet, or where the client re-replicated on its own) moves to `to`.
+        for addr in self.servers.values().filter(|a| !keep.contains(a)) {
+            if client.slabs_on(self.ns, *addr).iter().any(ours) {
+                match client.move_replicas(self.ns, *addr, to, &|k| k % n == j) {
+                    Ok(_)
+                    | Err(RelocateError::Busy { .. })
+                    | Err(RelocateError::Changed { .. }) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+        let on_to = client.slabs_on(self.ns, to);
+        let elsewhere = self
+            .servers
+            .values()
+            .filter(|a| !keep.contains(a))
+            .any(|a| client.slabs_on(self.ns, *a).iter().any(ours));
+        let missing = keep
+            .iter()
+            .flat_map(|a| client.slabs_on(self.ns, *a))
+            .filter(ours)
+            .any(|k| on_to.binary_search(&k).is_err());
+        Ok(!elsewhere && !missing)
     }
 }

@@ -133,3 +133,13 @@ pub fn alive(pid: u32) -> bool {
             .is_some_and(|r| !r.trim_start().starts_with('Z'))
     })
 }
+
+/// The checksum of `workload` (a `--workload` spec) run natively: what a guest run must
+/// reproduce.
+pub fn native_checksum(workload: &str) -> u64 {
+    let placed = farvm_vmm::workload_spec::place(&[workload.to_string()], 1).unwrap();
+    let w = &placed[0];
+    farvm_workloads::run_native(w.spec.workload.id, &w.spec.params())
+        .unwrap()
+        .checksum
+}
