@@ -16,13 +16,15 @@
 #                                 libvirt's schema
 #   acpica-tools                  iasl: the generated ACPI tables are checked with ACPICA's
 #                                 disassembler
+#   qemu-system-x86               QEMU: the KVM lab (scripts/kvm-lab), the test guest under QEMU
+#                                 (tests/tests/qemu_guest.rs) and bench compare's QEMU setups
 #   gcc-12, make, dwarves         the Linux guest agent module (guest-agent/linux/build.sh) is
 #                                 built against the lab kernel's headers (pahole for its BTF)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
+for pkg in qemu-system-x86 libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
     libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

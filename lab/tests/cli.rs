@@ -111,7 +111,7 @@ fn compare_refuses_bad_options_before_touching_the_host() {
     for (args, needle) in [
         (
             vec!["--swap", "nfs"],
-            "--swap nfs: expected zram, loop, both or none",
+            "--swap nfs: expected zram, loop, nbd, both (zram and loop), all or none",
         ),
         (
             vec!["--local", "100"],
@@ -124,6 +124,10 @@ fn compare_refuses_bad_options_before_touching_the_host() {
         (
             vec!["--farvm", "/nonexistent/farvm", "--swap", "none"],
             "no farvm binary at /nonexistent/farvm",
+        ),
+        (
+            vec!["--qemu-limit", "half", "--swap", "none"],
+            "--qemu-limit half: expected own or farvm",
         ),
     ] {
         let mut all = vec!["bench", "compare"];
@@ -138,6 +142,8 @@ fn compare_refuses_bad_options_before_touching_the_host() {
         "loop device backed by tmpfs",
         "memory.oom_control",
         "--swap none",
+        "QEMU + kernel swap",
+        "nbd-server",
     ] {
         assert!(
             stdout(&o).contains(needle),

@@ -135,6 +135,14 @@ fn parse(image: &[u8]) -> Result<(u64, Vec<Segment>), BootError> {
     Ok((entry, segs))
 }
 
+/// The guest-physical range `[start, end)` the PT_LOAD segments of `image` occupy once loaded.
+pub fn phys_range(image: &[u8]) -> Result<(u64, u64), BootError> {
+    let (_, segs) = parse(image)?;
+    let start = segs.iter().map(|s| s.paddr).min().unwrap_or(0);
+    let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
+    Ok((start, end))
+}
+
 /// Loads `image` into guest RAM; every segment must land at or above `min_paddr`.
 pub fn load(ram: &GuestRam, image: &[u8], min_paddr: u64) -> Result<LoadedElf, BootError> {
     let (entry, segs) = parse(image)?;

@@ -1,10 +1,12 @@
 //! Loading a guest kernel and building its entry state: the test-guest ELF (direct 64-bit entry,
 //! VMM-built page tables), recognising a kernel file as the test guest, and Linux (bzImage /
-//! vmlinux through linux-loader, with its ACPI tables).
+//! vmlinux through linux-loader, with its ACPI tables); and the test guest's boot data for VMMs
+//! other than farvm (`pvh`: QEMU).
 
 pub mod acpi;
 pub mod elf;
 pub mod linux;
+pub mod pvh;
 pub mod testguest;
 pub mod testguest_file;
 

@@ -60,7 +60,6 @@ pub fn setup(
     tsc_khz: u64,
     plan: &TestPlan,
 ) -> Result<EntryState, BootError> {
-    let mem = ram.total_bytes();
     if ram.regions().len() > MAX_RAM_RANGES {
         return Err(BootError::Setup(format!(
             "{} RAM ranges; the test guest takes at most {MAX_RAM_RANGES}",
@@ -91,30 +90,18 @@ pub fn setup(
         ram.write_slice(&plan.blob, GuestAddress(blob_gpa))?;
         first_free = (end + 0xfff) & !0xfff;
     }
-    // Filled field by field from zero so fields the ABI appends later start out 0.
-    let mut info = BootInfo::zeroed();
-    info.magic = BOOT_MAGIC;
-    info.abi_version = ABI_VERSION;
-    info.ncpus = ncpus;
-    info.mem_bytes = mem;
-    info.first_free_gpa = first_free;
-    info.tsc_khz = tsc_khz;
-    info.timer_hz = plan.timer_hz;
-    info.nprocs = plan.procs.len() as u32;
-    info.flags = plan.flags;
-    info.frame_shuffle_seed = plan.frame_shuffle_seed;
-    info.procs[..plan.procs.len()].copy_from_slice(&plan.procs);
-    info.frame_run_shift = plan.frame_run_shift;
-    info.nram = ram.regions().len() as u32;
+    let ranges: Vec<MemRange> = ram
+        .regions()
+        .iter()
+        .map(|r| MemRange {
+            gpa: r.gpa(),
+            len: r.len(),
+        })
+        .collect();
+    let mut info = boot_info(&ranges, first_free, ncpus, tsc_khz, plan);
     if !plan.blob.is_empty() {
         info.blob_gpa = blob_gpa;
         info.blob_len = plan.blob.len() as u64;
-    }
-    for (slot, r) in info.ram.iter_mut().zip(ram.regions()) {
-        *slot = MemRange {
-            gpa: r.gpa(),
-            len: r.len(),
-        };
     }
     ram.write_obj(info, GuestAddress(BOOT_INFO_GPA))?;
     Ok(EntryState {
@@ -128,6 +115,35 @@ pub fn setup(
         gdt_base: BOOT_GDT_GPA,
         gdt_limit: (GDT.len() * 8 - 1) as u16,
     })
+}
+
+/// The [`BootInfo`] of `plan` on a machine with RAM `ranges` (at most [`MAX_RAM_RANGES`], and
+/// the plan at most [`MAX_PROCS`] processes: callers check), the kernel's frames starting at
+/// `first_free`.
+pub(crate) fn boot_info(
+    ranges: &[MemRange],
+    first_free: u64,
+    ncpus: u32,
+    tsc_khz: u64,
+    plan: &TestPlan,
+) -> BootInfo {
+    // Filled field by field from zero so fields the ABI appends later start out 0.
+    let mut info = BootInfo::zeroed();
+    info.magic = BOOT_MAGIC;
+    info.abi_version = ABI_VERSION;
+    info.ncpus = ncpus;
+    info.mem_bytes = ranges.iter().map(|r| r.len).sum();
+    info.first_free_gpa = first_free;
+    info.tsc_khz = tsc_khz;
+    info.timer_hz = plan.timer_hz;
+    info.nprocs = plan.procs.len() as u32;
+    info.flags = plan.flags;
+    info.frame_shuffle_seed = plan.frame_shuffle_seed;
+    info.procs[..plan.procs.len()].copy_from_slice(&plan.procs);
+    info.frame_run_shift = plan.frame_run_shift;
+    info.nram = ranges.len() as u32;
+    info.ram[..ranges.len()].copy_from_slice(ranges);
+    info
 }
 
 fn write_gdt(ram: &GuestRam) -> Result<(), BootError> {

@@ -75,6 +75,17 @@ pub fn read_cr2() -> u64 {
     v
 }
 
+/// The current CR3 (at boot: the boot page tables, farvm's or the PVH entry's).
+#[inline(always)]
+pub fn read_cr3() -> u64 {
+    let v;
+    // SAFETY: reading CR3 has no side effects.
+    unsafe {
+        core::arch::asm!("mov {}, cr3", out(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
 /// Loads `pml4_gpa` into CR3 (flushes non-global TLB entries).
 #[inline(always)]
 pub fn write_cr3(pml4_gpa: u64) {

@@ -8,7 +8,7 @@
 //! process. See images/README.md for the whole design.
 //!
 //! Entry (every vCPU): 64-bit mode, paging on (boot tables), `rdi` = BootInfo GPA,
-//! `rsi` = vCPU index.
+//! `rsi` = vCPU index; or, from VMMs other than farvm, the PVH entry (`pvh`), BSP only.
 #![no_std]
 #![no_main]
 
@@ -23,6 +23,7 @@ mod mm;
 mod num;
 mod proc;
 mod pv;
+mod pvh;
 mod sched;
 mod trap;
 

@@ -8,7 +8,7 @@
 
 use core::ptr::addr_of_mut;
 
-use farvm_guest_agent::boot::{flags, user, workload, ProcessSpec, BOOT_PML4_GPA};
+use farvm_guest_agent::boot::{flags, user, workload, ProcessSpec};
 use farvm_guest_agent::pv::{state, Mailbox, MAILBOX_MAGIC};
 use farvm_guest_agent::PAGE_SIZE;
 
@@ -94,10 +94,12 @@ pub fn create(
 ) -> Result<(), Oom> {
     let c = 0; // the BSP's PV records
     let pml4 = mm::pool_alloc(1)?;
+    // The boot tables: farvm's at BOOT_PML4_GPA, or the PVH entry's.
+    let boot_pml4 = crate::arch::read_cr3() & 0x000f_ffff_ffff_f000;
     for e in [256usize, 511] {
         // SAFETY: both tables are direct-mapped pages; e < 512.
         unsafe {
-            let v = (phys(BOOT_PML4_GPA) as *const u64).add(e).read_volatile();
+            let v = (phys(boot_pml4) as *const u64).add(e).read_volatile();
             (phys(pml4) as *mut u64).add(e).write_volatile(v);
         }
     }

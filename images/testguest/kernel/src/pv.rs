@@ -80,21 +80,49 @@ impl Msg {
         image_gpa(self.rec) as u32
     }
 
-    /// Sends the line to the VMM's log.
+    /// Sends the line to the VMM's log (to the serial console without the PV device).
     pub fn log(self) {
+        if crate::pvh::booted() {
+            self.to_console();
+            return;
+        }
         outl(pv::PORT_LOG, self.finish());
     }
 
     /// Reports a kernel panic with this text; the VMM stops the VM.
     pub fn panic(self) -> ! {
+        if crate::pvh::booted() {
+            self.to_console();
+            shutdown(PANIC_STATUS);
+        }
         outl(pv::PORT_PANIC, self.finish());
         crate::arch::halt_forever()
     }
+
+    /// Writes the line on the serial console.
+    fn to_console(&self) {
+        let mut line = crate::console::Line::start();
+        for i in 0..self.len {
+            // SAFETY: i < len <= LOG_MAX; the record belongs to this vCPU.
+            line = line.s(&[unsafe { (*self.rec).bytes[i] }]);
+        }
+    }
 }
 
-/// Powers the VM off with `status` (`farvm_guest_agent::boot::exit::*`).
+/// QEMU's `isa-debug-exit` device (`-device isa-debug-exit,iobase=0xf4,iosize=4`): QEMU exits
+/// with status `(value << 1) | 1` when the guest writes `value` here.
+pub const DEBUG_EXIT_PORT: u16 = 0xf4;
+/// The power-off status of a kernel panic without the PV device (above every `boot::exit`).
+pub const PANIC_STATUS: u32 = 64;
+
+/// Powers the VM off with `status` (`farvm_guest_agent::boot::exit::*`): through the PV device,
+/// or, entered through PVH, through `isa-debug-exit`.
 pub fn shutdown(status: u32) -> ! {
-    outl(pv::PORT_SHUTDOWN, status);
+    if crate::pvh::booted() {
+        outl(DEBUG_EXIT_PORT, status);
+    } else {
+        outl(pv::PORT_SHUTDOWN, status);
+    }
     crate::arch::halt_forever()
 }
 

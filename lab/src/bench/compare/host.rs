@@ -1,6 +1,7 @@
 //! The host setup `farvm-lab bench compare` needs for its kernel-swap baselines, made and undone
-//! here: a cgroup-v1 memory cgroup for the VMM process, a zram swap device and a swapfile on a
-//! loop device backed by tmpfs. Every piece is a guard whose `Drop` tears it down (swapoff,
+//! here: a cgroup-v1 memory cgroup for the VMM process, a zram swap device, a swapfile on a
+//! loop device backed by tmpfs, and an NBD device served by `nbd-server` over loopback TCP from
+//! a file on tmpfs (kernel swap over the network, where the kernel has `nbd`). Every piece is a guard whose `Drop` tears it down (swapoff,
 //! device reset and removal, unmount, rmdir), so an error or Ctrl-C mid-run leaves the host as
 //! it was. Preconditions are checked up front and refused with a message naming what is
 //! missing.
@@ -13,6 +14,28 @@ use anyhow::{bail, Context, Result};
 
 /// Where the cgroup-v1 memory controller is mounted.
 const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
+/// Where a cgroup-v2 hierarchy is mounted (kernels without cgroup-v1 memory, e.g. the KVM
+/// lab's).
+const CGROUP2_ROOT: &str = "/sys/fs/cgroup";
+
+/// Which memory-cgroup interface the host has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CgroupVersion {
+    V1,
+    V2,
+}
+
+fn cgroup_version() -> Option<CgroupVersion> {
+    if Path::new(MEMCG_ROOT).join("memory.limit_in_bytes").exists() {
+        return Some(CgroupVersion::V1);
+    }
+    let controllers =
+        std::fs::read_to_string(Path::new(CGROUP2_ROOT).join("cgroup.controllers")).ok()?;
+    controllers
+        .split_whitespace()
+        .any(|c| c == "memory")
+        .then_some(CgroupVersion::V2)
+}
 /// zram's hot-add/remove interface.
 const ZRAM_CONTROL: &str = "/sys/class/zram-control";
 
@@ -26,10 +49,11 @@ pub fn check_preconditions() -> Result<()> {
              a loop device and turn swap on): run farvm-lab as root, or pass --swap none"
         );
     }
-    if !Path::new(MEMCG_ROOT).join("memory.limit_in_bytes").exists() {
+    if cgroup_version().is_none() {
         bail!(
-            "no cgroup-v1 memory controller at {MEMCG_ROOT} (the kernel-swap baselines limit \
-             the VMM with memory.limit_in_bytes); pass --swap none"
+            "no memory cgroup: neither the cgroup-v1 memory controller at {MEMCG_ROOT} nor a \
+             cgroup-v2 hierarchy with the memory controller at {CGROUP2_ROOT} (mount one: \
+             `mount -t cgroup2 none {CGROUP2_ROOT}`); pass --swap none"
         );
     }
     for tool in [
@@ -103,35 +127,66 @@ fn write(path: &Path, value: &str) -> Result<()> {
     std::fs::write(path, value).with_context(|| format!("writing `{value}` to {}", path.display()))
 }
 
-/// A cgroup-v1 memory cgroup of our own; removed on drop (its processes have ended by then).
+/// A memory cgroup of our own; removed on drop (its processes have ended by then).
 pub struct MemCgroup {
     path: PathBuf,
+    version: CgroupVersion,
 }
 
 impl MemCgroup {
-    /// Creates `/sys/fs/cgroup/memory/NAME` with its OOM killer off: at a limit of a few MiB
-    /// the memory cgroup's reclaim gives up on a KVM guest's pages (they are mapped by the
-    /// vCPU and keep coming back young) and the OOM killer would kill the VMM; with it off the
-    /// VMM waits until reclaim frees a page, which is the cost kernel swap then has.
+    /// Creates the cgroup NAME. Under cgroup v1 (`/sys/fs/cgroup/memory/NAME`) its OOM killer is
+    /// turned off: at a limit of a few MiB the memory cgroup's reclaim gives up on a KVM guest's
+    /// pages (they are mapped by the vCPU and keep coming back young) and the OOM killer would
+    /// kill the VMM; with it off the VMM waits until reclaim frees a page, which is the cost
+    /// kernel swap then has. Cgroup v2 (`/sys/fs/cgroup/NAME`) has no such switch: the limit is
+    /// `memory.high` (reclaim and throttling above it, never the OOM killer).
     pub fn create(name: &str) -> Result<Self> {
-        let path = Path::new(MEMCG_ROOT).join(name);
+        let version = cgroup_version().context("no memory cgroup controller")?;
+        let root = match version {
+            CgroupVersion::V1 => MEMCG_ROOT,
+            CgroupVersion::V2 => {
+                write(
+                    &Path::new(CGROUP2_ROOT).join("cgroup.subtree_control"),
+                    "+memory",
+                )?;
+                CGROUP2_ROOT
+            }
+        };
+        let path = Path::new(root).join(name);
         std::fs::create_dir(&path)
             .with_context(|| format!("creating the memory cgroup {}", path.display()))?;
-        let cg = Self { path };
-        write(&cg.path.join("memory.oom_control"), "1")?;
+        let cg = Self { path, version };
+        if version == CgroupVersion::V1 {
+            write(&cg.path.join("memory.oom_control"), "1")?;
+        }
         Ok(cg)
     }
 
-    /// Sets the memory limit (`None`: unlimited) and resets the peak usage.
+    /// Sets the memory limit (`None`: unlimited) and resets the peak usage (cgroup v2: by
+    /// making the cgroup anew, which has no processes between runs).
     pub fn set_limit(&self, bytes: Option<u64>) -> Result<()> {
-        let v = bytes.map_or("-1".to_string(), |b| b.to_string());
-        write(&self.path.join("memory.limit_in_bytes"), &v)?;
-        write(&self.path.join("memory.max_usage_in_bytes"), "0")
+        match self.version {
+            CgroupVersion::V1 => {
+                let v = bytes.map_or("-1".to_string(), |b| b.to_string());
+                write(&self.path.join("memory.limit_in_bytes"), &v)?;
+                write(&self.path.join("memory.max_usage_in_bytes"), "0")
+            }
+            CgroupVersion::V2 => {
+                std::fs::remove_dir(&self.path)
+                    .and_then(|_| std::fs::create_dir(&self.path))
+                    .with_context(|| format!("re-creating {}", self.path.display()))?;
+                let v = bytes.map_or("max".to_string(), |b| b.to_string());
+                write(&self.path.join("memory.high"), &v)
+            }
+        }
     }
 
     /// Peak memory charged to the cgroup since the last [`Self::set_limit`].
     pub fn max_usage(&self) -> Result<u64> {
-        let p = self.path.join("memory.max_usage_in_bytes");
+        let p = self.path.join(match self.version {
+            CgroupVersion::V1 => "memory.max_usage_in_bytes",
+            CgroupVersion::V2 => "memory.peak",
+        });
         let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         s.trim()
             .parse()
@@ -161,7 +216,7 @@ impl Drop for MemCgroup {
     }
 }
 
-/// The two kernel-swap devices.
+/// The kernel-swap devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SwapKind {
@@ -169,6 +224,9 @@ pub enum SwapKind {
     Zram,
     /// A swapfile on a loop device backed by tmpfs.
     Loop,
+    /// An NBD device (`nbd-client -swap`) served by `nbd-server` on 127.0.0.1 from a file on
+    /// tmpfs: swap over the same loopback TCP farvm's memserver uses.
+    Nbd,
 }
 
 impl SwapKind {
@@ -176,16 +234,185 @@ impl SwapKind {
         match self {
             SwapKind::Zram => "kernel swap, zram",
             SwapKind::Loop => "kernel swap, loop on tmpfs",
+            SwapKind::Nbd => "kernel swap, NBD over TCP",
         }
     }
 }
 
-/// An active swap device of ours; swapped off and removed on drop.
+/// A tmpfs mount of ours (noswap), unmounted and removed on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a `bytes` noswap tmpfs at a fresh directory named after `tag`.
+    fn mount(bytes: u64, tag: &str) -> Result<Self> {
+        let mnt = std::env::temp_dir().join(format!("farvm-compare-{tag}"));
+        std::fs::create_dir_all(&mnt).with_context(|| format!("creating {}", mnt.display()))?;
+        // noswap: the tmpfs pages holding the swap file must never be swapped themselves, or a
+        // swap-out to the device can wait for a swap-in from it (a kernel deadlock: the loop
+        // worker blocks on a tmpfs page whose read is queued behind it).
+        let size = format!("size={},noswap", bytes + (4 << 20));
+        if let Err(e) = run(
+            "mount",
+            &[
+                OsStr::new("-t"),
+                OsStr::new("tmpfs"),
+                OsStr::new("-o"),
+                OsStr::new(&size),
+                OsStr::new("tmpfs"),
+                mnt.as_os_str(),
+            ],
+        ) {
+            let _ = std::fs::remove_dir(&mnt);
+            return Err(e);
+        }
+        Ok(Tmpfs(mnt))
+    }
+
+    /// A file of `bytes` allocated up front (charged to farvm-lab, not to the VM's cgroup): a
+    /// sparse file would allocate tmpfs pages as the kernel swaps out, charged to the cgroup
+    /// that is out of memory, so swapping would free nothing there.
+    fn file(&self, bytes: u64) -> Result<PathBuf> {
+        let file = self.0.join("swapfile");
+        run(
+            "fallocate",
+            &[
+                OsStr::new("-l"),
+                OsStr::new(&bytes.to_string()),
+                file.as_os_str(),
+            ],
+        )?;
+        Ok(file)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if let Err(e) = run("umount", &[self.0.as_os_str()]) {
+            eprintln!("farvm-lab: unmounting {}: {e:#}", self.0.display());
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The first NBD device not connected to a server.
+fn free_nbd_device() -> Result<PathBuf> {
+    (0..16)
+        .map(|i| PathBuf::from(format!("/dev/nbd{i}")))
+        .find(|d| {
+            let name = d
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            d.exists() && !Path::new(&format!("/sys/block/{name}/pid")).exists()
+        })
+        .context(
+            "no free NBD device (/dev/nbd*): the kernel needs the nbd module (`modprobe nbd`; in \
+             the KVM lab: scripts/kvm-lab run --modules nbd ...), or pass --swap zram",
+        )
+}
+
+/// Refuses unless NBD swap can be set up: a free NBD device and Debian's nbd-server and
+/// nbd-client.
+pub fn check_nbd() -> Result<()> {
+    free_nbd_device()?;
+    for tool in ["nbd-server", "nbd-client"] {
+        if which(tool).is_none() {
+            bail!(
+                "`{tool}` not found (Debian: nbd-server, nbd-client; scripts/compare-lab.sh \
+                 installs them), or pass --swap zram"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `nbd-server` in the foreground on 127.0.0.1, exporting one file, and the NBD device
+/// `nbd-client` connected to it; disconnected and stopped on drop.
+struct NbdLink {
+    server: std::process::Child,
+    dev: Option<PathBuf>,
+}
+
+/// The TCP port of the NBD export (loopback only).
+const NBD_PORT: u16 = 10_909;
+
+impl NbdLink {
+    fn start(file: &Path, dir: &Path) -> Result<Self> {
+        check_nbd()?;
+        let dev = free_nbd_device()?;
+        let cfg = dir.join("nbd-server.conf");
+        write(
+            &cfg,
+            &format!(
+                "[generic]\n    listenaddr = 127.0.0.1\n    port = {NBD_PORT}\n[swap]\n    \
+                 exportname = {}\n",
+                file.display()
+            ),
+        )?;
+        let server = Command::new(which("nbd-server").unwrap_or_default())
+            .arg("-d")
+            .arg("-C")
+            .arg(&cfg)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting nbd-server")?;
+        let mut link = NbdLink { server, dev: None };
+        // The server listens within moments; nbd-client retries are bounded.
+        let port = NBD_PORT.to_string();
+        let mut last = None;
+        for _ in 0..50 {
+            match run(
+                "nbd-client",
+                &[
+                    OsStr::new("-N"),
+                    OsStr::new("swap"),
+                    OsStr::new("-swap"),
+                    OsStr::new("-b"),
+                    OsStr::new("4096"),
+                    OsStr::new("127.0.0.1"),
+                    OsStr::new(&port),
+                    dev.as_os_str(),
+                ],
+            ) {
+                Ok(_) => {
+                    link.dev = Some(dev);
+                    return Ok(link);
+                }
+                Err(e) => last = Some(e),
+            }
+            if let Ok(Some(st)) = link.server.try_wait() {
+                bail!("nbd-server exited ({st}) before a client connected");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("nbd-client did not connect")))
+    }
+}
+
+impl Drop for NbdLink {
+    fn drop(&mut self) {
+        if let Some(dev) = self.dev.take() {
+            if let Err(e) = run("nbd-client", &[OsStr::new("-d"), dev.as_os_str()]) {
+                eprintln!("farvm-lab: disconnecting {}: {e:#}", dev.display());
+            }
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// An active swap device of ours; swapped off and removed on drop (fields drop in order:
+/// swap off first, then the device, then its backing).
 pub struct SwapDevice {
     dev: PathBuf,
     zram_id: Option<u32>,
-    /// (loop device, tmpfs mount point) for [`SwapKind::Loop`].
-    loop_on: Option<(PathBuf, PathBuf)>,
+    /// The loop device for [`SwapKind::Loop`].
+    loop_dev: Option<PathBuf>,
+    nbd: Option<NbdLink>,
+    tmpfs: Option<Tmpfs>,
     swapped_on: bool,
 }
 
@@ -196,6 +423,7 @@ impl SwapDevice {
         let mut d = match kind {
             SwapKind::Zram => Self::zram(bytes)?,
             SwapKind::Loop => Self::loop_on_tmpfs(bytes, tag)?,
+            SwapKind::Nbd => Self::nbd(bytes, tag)?,
         };
         run("mkswap", &[d.dev.as_os_str()])?;
         run("swapon", &[d.dev.as_os_str()])?;
@@ -220,7 +448,9 @@ impl SwapDevice {
         let d = Self {
             dev: PathBuf::from(format!("/dev/zram{id}")),
             zram_id: Some(id),
-            loop_on: None,
+            loop_dev: None,
+            nbd: None,
+            tmpfs: None,
             swapped_on: false,
         };
         let sys = PathBuf::from(format!("/sys/block/zram{id}"));
@@ -236,58 +466,34 @@ impl SwapDevice {
     }
 
     fn loop_on_tmpfs(bytes: u64, tag: &str) -> Result<Self> {
-        let mnt = std::env::temp_dir().join(format!("farvm-compare-{tag}"));
-        std::fs::create_dir_all(&mnt).with_context(|| format!("creating {}", mnt.display()))?;
-        // noswap: the tmpfs pages holding the swapfile must never be swapped themselves, or a
-        // swap-out to the loop device can wait for a swap-in from it (a kernel deadlock: the
-        // loop worker blocks on a tmpfs page whose read is queued behind it).
-        let size = format!("size={},noswap", bytes + (4 << 20));
-        if let Err(e) = run(
-            "mount",
-            &[
-                OsStr::new("-t"),
-                OsStr::new("tmpfs"),
-                OsStr::new("-o"),
-                OsStr::new(&size),
-                OsStr::new("tmpfs"),
-                mnt.as_os_str(),
-            ],
-        ) {
-            let _ = std::fs::remove_dir(&mnt);
-            return Err(e);
-        }
-        let file = mnt.join("swapfile");
-        let attach = || -> Result<PathBuf> {
-            // Allocated up front (charged to farvm-lab, not to the VM's cgroup): a sparse file
-            // would allocate tmpfs pages as the kernel swaps out, charged to the cgroup that is
-            // out of memory, so swapping would free nothing there.
-            run(
-                "fallocate",
-                &[
-                    OsStr::new("-l"),
-                    OsStr::new(&bytes.to_string()),
-                    file.as_os_str(),
-                ],
-            )?;
-            let dev = run(
-                "losetup",
-                &[OsStr::new("--find"), OsStr::new("--show"), file.as_os_str()],
-            )?;
-            Ok(PathBuf::from(dev))
-        };
-        match attach() {
-            Ok(dev) => Ok(Self {
-                dev: dev.clone(),
-                zram_id: None,
-                loop_on: Some((dev, mnt)),
-                swapped_on: false,
-            }),
-            Err(e) => {
-                let _ = run("umount", &[mnt.as_os_str()]);
-                let _ = std::fs::remove_dir(&mnt);
-                Err(e)
-            }
-        }
+        let tmpfs = Tmpfs::mount(bytes, tag)?;
+        let file = tmpfs.file(bytes)?;
+        let dev = PathBuf::from(run(
+            "losetup",
+            &[OsStr::new("--find"), OsStr::new("--show"), file.as_os_str()],
+        )?);
+        Ok(Self {
+            dev: dev.clone(),
+            zram_id: None,
+            loop_dev: Some(dev),
+            nbd: None,
+            tmpfs: Some(tmpfs),
+            swapped_on: false,
+        })
+    }
+
+    fn nbd(bytes: u64, tag: &str) -> Result<Self> {
+        let tmpfs = Tmpfs::mount(bytes, tag)?;
+        let file = tmpfs.file(bytes)?;
+        let link = NbdLink::start(&file, &tmpfs.0)?;
+        Ok(Self {
+            dev: link.dev.clone().unwrap_or_default(),
+            zram_id: None,
+            loop_dev: None,
+            nbd: Some(link),
+            tmpfs: Some(tmpfs),
+            swapped_on: false,
+        })
     }
 }
 
@@ -312,11 +518,12 @@ impl Drop for SwapDevice {
                     .map(|_| String::new()),
             );
         }
-        if let Some((dev, mnt)) = self.loop_on.take() {
+        if let Some(dev) = self.loop_dev.take() {
             report(run("losetup", &[OsStr::new("-d"), dev.as_os_str()]));
-            report(run("umount", &[mnt.as_os_str()]));
-            let _ = std::fs::remove_dir(&mnt);
         }
+        // Then the NBD link and the tmpfs (in that order) as the fields drop.
+        drop(self.nbd.take());
+        drop(self.tmpfs.take());
     }
 }
 

@@ -3,10 +3,11 @@
 //! on farvm remote memory (loopback memserver) with each prefetcher, and with all RAM local but
 //! its VMM process in a memory cgroup limited to the same budget, the kernel swapping it to
 //! zram or to a swapfile on a tmpfs-backed loop device (Linux swap read-ahead at the host's
-//! `vm.page-cluster`). Host setup and teardown live in [`host`]; the table and charts in
-//! [`report`].
+//! `vm.page-cluster`). QEMU boots the same guest, all-local and in the same cgroup and swap
+//! ([`qemu`]). Host setup and teardown live in [`host`]; the table and charts in [`report`].
 
 mod host;
+mod qemu;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -32,19 +33,29 @@ in every setup), and the workload's measured phase as the guest times it is comp
   kernel swap, zram  --local-only, the VMM process in a cgroup-v1 memory cgroup limited to
                      BUDGET + the VMM's own memory, the kernel swapping to a zram device (lz4)
   kernel swap, loop  the same, swapping to a swapfile on a loop device backed by tmpfs
+  kernel swap, NBD   the same, swapping to an NBD device (nbd-client -swap) served by nbd-server
+                     on 127.0.0.1 from a file on tmpfs: swap over the loopback TCP farvm's
+                     memserver uses (--swap nbd or all; the nbd module: the KVM lab has it)
+  QEMU all-local     qemu-system-x86_64 -accel kvm -machine microvm booting the same test guest
+                     (its PVH entry; results on the serial console), no limit
+  QEMU + kernel swap QEMU in the same memory cgroup, limited to BUDGET + QEMU's own memory,
+                     swapping to each kernel-swap device (what operators run today)
 
 Linux's swap read-ahead runs at the host's vm.page-cluster (printed; left as found). BUDGET is
 --local percent of the workload's footprint (pages the VM touches, from a farvm run with all
 memory local to its paging engine). The VMM's own memory (the cgroup's peak in the all-local
 run less the footprint) is added to the cgroup limit, so both setups give the guest the same
-number of resident pages. The cgroup's OOM killer is off (memory.oom_control): at such limits
-the cgroup's reclaim gives up on pages a vCPU keeps mapped and would kill the VMM; without the
-OOM killer the VMM waits until reclaim frees a page, and that wait is part of kernel swap's time.
+number of resident pages (QEMU: see --qemu-limit; QEMU runs with transparent huge pages off,
+4 KiB guest pages like farvm's). Under cgroup v1 the cgroup's OOM killer is off
+(memory.oom_control): at such limits the cgroup's reclaim gives up on pages a vCPU keeps mapped
+and would kill the VMM; without the OOM killer the VMM waits until reclaim frees a page, and
+that wait is part of kernel swap's time. Under cgroup v2 (kernels without v1 memory, such as
+the KVM lab's) the limit is memory.high: reclaim and throttling above it, no OOM killer.
 
 farvm-lab sets up and tears down the cgroup, the zram device, the tmpfs mount, the swapfile and
 its loop device itself (also on errors and Ctrl-C), and refuses to start when it is not root,
 the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
-the kernel-swap setups (no root needed).
+the kernel-swap setups (no root needed); --qemu none skips QEMU.
 
 Every run must reproduce the all-local checksum; a run that hits --cell-timeout or is killed
 (e.g. by the kernel's OOM killer) is reported as such. Each cell runs --repeat times, setups taking
@@ -70,8 +81,13 @@ pub struct CompareArgs {
     /// farvm prefetcher (repeatable) [default: leap+stream and none].
     #[arg(long = "prefetcher", value_name = "NAME")]
     pub prefetchers: Vec<String>,
-    /// Kernel-swap devices: zram, loop, both, or none.
-    #[arg(long, value_name = "zram|loop|both|none", default_value = "both")]
+    /// Kernel-swap devices: zram, loop, nbd (NBD over loopback TCP; needs the nbd module),
+    /// both (zram and loop), all, or none.
+    #[arg(
+        long,
+        value_name = "zram|loop|nbd|both|all|none",
+        default_value = "both"
+    )]
     pub swap: String,
     /// Runs per cell and setup (median reported).
     #[arg(long, value_name = "N", default_value_t = 3,
@@ -80,6 +96,14 @@ pub struct CompareArgs {
     /// Seconds one VM may run.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub cell_timeout: u64,
+    /// QEMU (a path, or a name on PATH), or `none` to leave QEMU out.
+    #[arg(long, value_name = "PATH|none", default_value = "qemu-system-x86_64")]
+    pub qemu: String,
+    /// QEMU's cgroup limit: BUDGET + QEMU's own memory (`own`: its all-local peak less the
+    /// footprint, most of it cold and swapped out first, so the guest keeps more than BUDGET),
+    /// or BUDGET + farvm's VMM's own memory (`farvm`: the guest gets at most BUDGET).
+    #[arg(long, value_name = "own|farvm", default_value = "own")]
+    pub qemu_limit: String,
     /// The farvm binary [default: `farvm` next to farvm-lab].
     #[arg(long, value_name = "PATH")]
     pub farvm: Option<PathBuf>,
@@ -93,6 +117,8 @@ pub struct CompareArgs {
 enum Setup {
     Farvm(String),
     Swap(SwapKind),
+    /// QEMU all-local (`None`) or in the cgroup with kernel swap.
+    Qemu(Option<SwapKind>),
 }
 
 impl Setup {
@@ -100,6 +126,8 @@ impl Setup {
         match self {
             Setup::Farvm(pf) => format!("farvm {pf}"),
             Setup::Swap(k) => k.label().to_string(),
+            Setup::Qemu(None) => "QEMU all-local".to_string(),
+            Setup::Qemu(Some(k)) => format!("QEMU + {}", k.label()),
         }
     }
 }
@@ -174,6 +202,8 @@ pub struct Cell {
     pub budget_bytes: u64,
     /// Memory-cgroup limit of the kernel-swap setups (budget + the VMM's own memory).
     pub cgroup_limit_bytes: u64,
+    /// The same for QEMU (budget + QEMU's own memory), when QEMU runs.
+    pub qemu_cgroup_limit_bytes: Option<u64>,
     pub all_local_ms: f64,
     /// The all-local checksum every run reproduced.
     pub checksum: u64,
@@ -336,8 +366,10 @@ pub fn run(a: CompareArgs) -> Result<()> {
         "both" => vec![SwapKind::Zram, SwapKind::Loop],
         "zram" => vec![SwapKind::Zram],
         "loop" => vec![SwapKind::Loop],
+        "nbd" => vec![SwapKind::Nbd],
+        "all" => vec![SwapKind::Zram, SwapKind::Loop, SwapKind::Nbd],
         "none" => vec![],
-        s => bail!("--swap {s}: expected zram, loop, both or none"),
+        s => bail!("--swap {s}: expected zram, loop, nbd, both (zram and loop), all or none"),
     };
     let specs: Vec<String> = if a.workloads.is_empty() {
         ["seq:ws=32M", "stride:ws=32M", "kv:ws=32M"]
@@ -367,10 +399,16 @@ pub fn run(a: CompareArgs) -> Result<()> {
             );
         }
     }
+    if !["own", "farvm"].contains(&a.qemu_limit.as_str()) {
+        bail!("--qemu-limit {}: expected own or farvm", a.qemu_limit);
+    }
     let placed = place(&specs, 1).map_err(anyhow::Error::msg)?;
     let farvm = farvm_binary(&a.farvm)?;
     if !swaps.is_empty() {
         host::check_preconditions()?;
+    }
+    if swaps.contains(&SwapKind::Nbd) {
+        host::check_nbd()?;
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let runner = Runner {
@@ -383,6 +421,12 @@ pub fn run(a: CompareArgs) -> Result<()> {
     } else {
         Some(MemCgroup::create(&format!("farvm-compare-{tag}"))?)
     };
+    let qemu = match a.qemu.as_str() {
+        "none" => None,
+        exe => Some(qemu::Qemu::new(exe, &tag, runner.timeout)?),
+    };
+    // QEMU all-local runs, per workload (filled with the baselines below).
+    let mut qemu_local: Vec<Vec<RunResult>> = Vec::new();
 
     let mut cells = Vec::new();
     for (spec, w) in specs.iter().zip(&placed) {
@@ -417,6 +461,31 @@ pub fn run(a: CompareArgs) -> Result<()> {
             );
         }
         let all_local_ms = median(local_runs.iter().map(|r| r.measured_ms).collect());
+        // QEMU all-local, in the (unlimited) cgroup when there is one, for QEMU's own memory.
+        let mut qemu_own = None;
+        let mut q_runs = Vec::new();
+        if let Some(q) = &qemu {
+            let mut own = 0u64;
+            for _ in 0..a.repeat {
+                interrupted()?;
+                if let Some(cg) = &cgroup {
+                    cg.set_limit(None)?;
+                }
+                let r = q.run(spec, w, cgroup.as_ref())?;
+                if let Some(cg) = &cgroup {
+                    own = own.max(cg.max_usage()?.saturating_sub(footprint * 4096));
+                }
+                if r.checksum.is_some_and(|x| x != checksum) {
+                    bail!(
+                        "{spec}: QEMU's checksum {:?} differs from farvm all-local's {checksum:#x}",
+                        r.checksum
+                    );
+                }
+                eprintln!("{spec} QEMU all-local: {:.1} ms", r.measured_ms);
+                q_runs.push(r);
+            }
+            qemu_own = Some(own);
+        }
         for &local in &locals {
             let budget = ((footprint as f64 * local / 100.0).ceil() as u64).max(1) * 4096;
             cells.push(Cell {
@@ -425,17 +494,30 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 footprint_pages: footprint,
                 budget_bytes: budget,
                 cgroup_limit_bytes: budget + vmm_own,
+                qemu_cgroup_limit_bytes: qemu_own.map(|o| match a.qemu_limit.as_str() {
+                    "farvm" => budget + vmm_own,
+                    _ => budget + o,
+                }),
                 all_local_ms,
                 checksum,
                 setups: Vec::new(),
             });
+            qemu_local.push(q_runs.clone());
         }
     }
 
     // farvm setups, all cells, taking turns within a cell.
     let mut setups: Vec<Setup> = prefetchers.iter().cloned().map(Setup::Farvm).collect();
     let farvm_setups = setups.len();
-    setups.extend(swaps.iter().map(|&k| Setup::Swap(k)));
+    if qemu.is_some() {
+        setups.push(Setup::Qemu(None));
+    }
+    for &k in &swaps {
+        setups.push(Setup::Swap(k));
+        if qemu.is_some() {
+            setups.push(Setup::Qemu(Some(k)));
+        }
+    }
     let mut results: Vec<Vec<Vec<RunResult>>> = cells
         .iter()
         .map(|_| setups.iter().map(|_| Vec::new()).collect())
@@ -450,12 +532,22 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 "--prefetcher".into(),
                 pf.clone(),
             ],
-            Setup::Swap(_) => vec!["--local-only".into()],
+            Setup::Swap(_) | Setup::Qemu(_) => vec!["--local-only".into()],
         };
-        if let Some(cg) = cg {
-            cg.set_limit(Some(c.cgroup_limit_bytes))?;
-        }
-        let (r, _) = runner.run(&c.workload, &placed[wi], &extra, cg)?;
+        let r = match (&setups[si], &qemu) {
+            (Setup::Qemu(_), Some(q)) => {
+                if let Some(cg) = cg {
+                    cg.set_limit(c.qemu_cgroup_limit_bytes)?;
+                }
+                q.run(&c.workload, &placed[wi], cg)?
+            }
+            _ => {
+                if let Some(cg) = cg {
+                    cg.set_limit(Some(c.cgroup_limit_bytes))?;
+                }
+                runner.run(&c.workload, &placed[wi], &extra, cg)?.0
+            }
+        };
         if r.checksum.is_some_and(|x| x != c.checksum) {
             bail!(
                 "{} {}% {}: checksum {:?} differs from all-local's {:#x}",
@@ -484,9 +576,18 @@ pub fn run(a: CompareArgs) -> Result<()> {
             }
         }
     }
-    // Kernel swap: one device at a time, every cell.
-    for (k, &kind) in swaps.iter().enumerate() {
-        let si = farvm_setups + k;
+    if let Some(si) = setups.iter().position(|s| *s == Setup::Qemu(None)) {
+        for (ci, cell_runs) in results.iter_mut().enumerate() {
+            cell_runs[si] = qemu_local[ci].clone();
+        }
+    }
+    // Kernel swap: one device at a time, every cell; farvm (local only) and QEMU take turns.
+    for &kind in &swaps {
+        let si = setups
+            .iter()
+            .position(|s| *s == Setup::Swap(kind))
+            .unwrap_or(farvm_setups);
+        let qi = setups.iter().position(|s| *s == Setup::Qemu(Some(kind)));
         let largest = cells
             .iter()
             .map(|c| c.footprint_pages * 4096)
@@ -497,6 +598,10 @@ pub fn run(a: CompareArgs) -> Result<()> {
             for _ in 0..a.repeat {
                 interrupted()?;
                 cell_runs[si].push(run_cell(ci, si, cgroup.as_ref())?);
+                if let Some(qi) = qi {
+                    interrupted()?;
+                    cell_runs[qi].push(run_cell(ci, qi, cgroup.as_ref())?);
+                }
             }
         }
     }
@@ -519,6 +624,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
         }
     }
     drop(cgroup);
+    drop(qemu);
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         cell_timeout_secs: a.cell_timeout,

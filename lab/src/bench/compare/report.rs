@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use super::Report;
 use crate::plot::{grouped_bars, RefLine, Series};
 
-/// The farvm setup the farvm ÷ kernel-swap columns use: the first one listed.
+/// The farvm setup the farvm ÷ kernel-swap columns use: the first one listed. The kernel-swap
+/// setups are farvm's VMM (local only) and QEMU, each in the memory cgroup.
 fn farvm_setup(r: &Report) -> Option<String> {
     r.cells
         .first()?
@@ -23,7 +24,7 @@ fn swap_setups(r: &Report) -> Vec<String> {
     r.cells.first().map_or(Vec::new(), |c| {
         c.setups
             .iter()
-            .filter(|s| s.setup.starts_with("kernel swap"))
+            .filter(|s| s.setup.contains("kernel swap"))
             .map(|s| s.setup.clone())
             .collect()
     })
@@ -83,7 +84,7 @@ pub fn markdown(r: &Report) -> String {
         s.push('\n');
     }
     s.push_str("\nFaults in the measured phase (farvm: demand faults; kernel swap: pages swapped in, host-wide, during the run) and budgets:\n\n");
-    s.push_str("| workload | local | footprint pages | budget | cgroup limit |");
+    s.push_str("| workload | local | footprint pages | budget | cgroup limit (farvm, QEMU) |");
     for n in &names {
         let _ = write!(s, " {n} |");
     }
@@ -93,12 +94,17 @@ pub fn markdown(r: &Report) -> String {
     for c in &r.cells {
         let _ = write!(
             s,
-            "| {} | {}% | {} | {:.1} MiB | {:.1} MiB |",
+            "| {} | {}% | {} | {:.1} MiB | {:.1} MiB, {} |",
             c.workload,
             c.local_pct,
             c.footprint_pages,
             c.budget_bytes as f64 / 1048576.0,
-            c.cgroup_limit_bytes as f64 / 1048576.0
+            c.cgroup_limit_bytes as f64 / 1048576.0,
+            c.qemu_cgroup_limit_bytes
+                .map_or("-".to_string(), |b| format!(
+                    "{:.1} MiB",
+                    b as f64 / 1048576.0
+                ))
         );
         for x in &c.setups {
             let _ = write!(s, " {} |", x.faults);
@@ -222,6 +228,7 @@ mod tests {
                 footprint_pages: 8412,
                 budget_bytes: 2103 * 4096,
                 cgroup_limit_bytes: 2103 * 4096 + (2 << 20),
+                qemu_cgroup_limit_bytes: Some(2103 * 4096 + (40 << 20)),
                 all_local_ms: 10.0,
                 checksum: 1,
                 setups: vec![
@@ -229,12 +236,14 @@ mod tests {
                     setup("farvm none", f64::NAN),
                     setup("kernel swap, zram", 100.0),
                     setup("kernel swap, loop on tmpfs", 25.0),
+                    setup("QEMU + kernel swap, zram", 200.0),
                 ],
             }],
         };
         let md = markdown(&r);
-        assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs |"), "{md}");
-        assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | **0.50** | **2.00** |"), "{md}");
+        assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs | farvm leap+stream ÷ QEMU + kernel swap, zram |"), "{md}");
+        assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | 200.0 (20.0×) | **0.50** | **2.00** | **0.25** |"), "{md}");
+        assert!(md.contains("| 10.2 MiB, 48.2 MiB |"), "{md}");
         assert!(md.contains("vm.page-cluster 3"), "{md}");
     }
 }

@@ -1,0 +1,166 @@
+//! QEMU booting the same test guest as `farvm run` does (its PVH entry, `-machine microvm`,
+//! `-accel kvm`; see `farvm_vmm::boot::pvh`): the "QEMU + kernel swap" setups of `bench
+//! compare`. The guest gets the same RAM for its frames, the same plan (one process on vCPU 0,
+//! timer 100 Hz, frame runs of 2 MiB, shuffle seed 1) and reports on its serial console. QEMU
+//! runs with transparent huge pages off (`PR_SET_THP_DISABLE`), like farvm's 4 KiB guest RAM.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use farvm_guest_agent::boot::flags;
+use farvm_vmm::boot::pvh::{self, ConsoleOutcome};
+use farvm_vmm::boot::testguest::TestPlan;
+use farvm_vmm::workload_spec::PlacedWorkload;
+
+use super::host::{self, MemCgroup};
+use super::{output_within, RunResult};
+use crate::bench::remote::runner::guest_mem;
+
+/// QEMU and the files it boots (in a scratch directory removed on drop).
+pub struct Qemu {
+    exe: PathBuf,
+    dir: PathBuf,
+    kernel: PathBuf,
+    tsc_khz: u64,
+    timeout: Duration,
+}
+
+/// `qemu-system-x86_64` as given: a path, or a name looked up on PATH.
+fn resolve(exe: &str) -> Result<PathBuf> {
+    let p = Path::new(exe);
+    if p.components().count() > 1 {
+        return match p.is_file() {
+            true => Ok(p.to_path_buf()),
+            false => bail!("--qemu {exe}: no such file"),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(exe))
+        .find(|c| c.is_file())
+        .with_context(|| {
+            format!(
+                "--qemu {exe}: not found on PATH (Debian: qemu-system-x86), or pass --qemu none"
+            )
+        })
+}
+
+impl Qemu {
+    /// Writes the built-in test-guest kernel into a scratch directory named after `tag`; a run
+    /// is killed once it has taken `timeout` (QEMU has no timer of its own).
+    pub fn new(exe: &str, tag: &str, timeout: Duration) -> Result<Self> {
+        let exe = resolve(exe)?;
+        let dir = std::env::temp_dir().join(format!("farvm-compare-qemu-{tag}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let kernel = dir.join("testguest.elf");
+        std::fs::write(&kernel, farvm_vmm::builtin::test_guest_elf())
+            .with_context(|| format!("writing {}", kernel.display()))?;
+        let tsc_khz = pvh::host_tsc_khz()?;
+        Ok(Qemu {
+            exe,
+            dir,
+            kernel,
+            tsc_khz,
+            timeout,
+        })
+    }
+
+    /// One QEMU run of `w` (in `cgroup` if given) to its power-off; the result parsed from its
+    /// console.
+    pub fn run(
+        &self,
+        spec: &str,
+        w: &PlacedWorkload,
+        cgroup: Option<&MemCgroup>,
+    ) -> Result<RunResult> {
+        let mut one = *w;
+        one.cpu = 0;
+        let plan = TestPlan {
+            procs: vec![one.process_spec()],
+            timer_hz: 100,
+            flags: flags::RAM_IS_ZERO,
+            frame_shuffle_seed: 1,
+            frame_run_shift: 9,
+        };
+        let mem = guest_mem(w);
+        let module = self.dir.join("bootinfo.bin");
+        std::fs::write(
+            &module,
+            pvh::boot_module(
+                farvm_vmm::builtin::test_guest_elf(),
+                mem,
+                self.tsc_khz,
+                &plan,
+            )?,
+        )
+        .with_context(|| format!("writing {}", module.display()))?;
+        let mut cmd = match cgroup {
+            Some(cg) => cg.command(&self.exe),
+            None => Command::new(&self.exe),
+        };
+        // QEMU madvises its guest RAM MADV_HUGEPAGE; farvm's is 4 KiB pages (this host's THP
+        // mode is `madvise`). PR_SET_THP_DISABLE (inherited across exec) gives QEMU's guest the
+        // same page size, so both VMMs are charged and swapped page by page.
+        // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2),
+        // which is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.args(pvh::qemu_args(&self.kernel, &module, mem))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let what = format!("QEMU --workload {spec}");
+        let swaps_before = host::swap_counters();
+        let t0 = Instant::now();
+        let out = output_within(cmd, self.timeout)?;
+        let swaps_after = host::swap_counters();
+        let console = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        let Some(status) = code.and_then(pvh::exit_status) else {
+            let ended = match std::os::unix::process::ExitStatusExt::signal(&out.status) {
+                Some(_) if t0.elapsed() >= self.timeout => {
+                    format!("timeout (> {} s)", self.timeout.as_secs())
+                }
+                Some(sig) => format!("killed by signal {sig}"),
+                None => bail!("{what}: QEMU exited {}: {}", out.status, stderr.trim()),
+            };
+            eprintln!("{what}: {ended}: {}", stderr.trim());
+            return Ok(RunResult {
+                measured_ms: f64::NAN,
+                checksum: None,
+                ended: Some(ended),
+                faults: 0,
+            });
+        };
+        let procs = pvh::parse_console(&console);
+        match procs.first().map(|p| &p.outcome) {
+            Some(ConsoleOutcome::Done {
+                checksum,
+                elapsed_ns,
+                ..
+            }) if status == 0 => Ok(RunResult {
+                measured_ms: *elapsed_ns as f64 / 1e6,
+                checksum: Some(*checksum),
+                ended: None,
+                faults: swaps_after.0.saturating_sub(swaps_before.0),
+            }),
+            _ => bail!("{what}: the guest powered off with status {status}:\n{console}"),
+        }
+    }
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
