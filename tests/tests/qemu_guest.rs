@@ -82,6 +82,7 @@ fn workloads_under_qemu_match_native() {
         flags: flags::RAM_IS_ZERO,
         frame_shuffle_seed: 1,
         frame_run_shift: 9,
+        blob: Vec::new(),
     };
     let mem = 256 << 20;
     let kernel = farvm_vmm::builtin::test_guest_elf();

@@ -242,6 +242,7 @@ mod tests {
             flags: flags::RAM_IS_ZERO,
             frame_shuffle_seed: 1,
             frame_run_shift: 9,
+            blob: Vec::new(),
         };
         let m = boot_module(&kernel, 64 << 20, 2_445_000, &plan).unwrap();
         let mut info = BootInfo::zeroed();

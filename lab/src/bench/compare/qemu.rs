@@ -84,6 +84,8 @@ impl Qemu {
             flags: flags::RAM_IS_ZERO,
             frame_shuffle_seed: 1,
             frame_run_shift: 9,
+            // The PVH boot module carries no boot blob: replayed traces run under farvm only.
+            blob: Vec::new(),
         };
         let mem = guest_mem(w);
         let module = self.dir.join("bootinfo.bin");
