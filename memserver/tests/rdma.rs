@@ -27,6 +27,7 @@ fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
 fn rdma_config(addr: SocketAddr) -> ClientConfig {
     let mut c = config(&[addr]);
     c.rdma_servers = vec![addr];
+    c.rdma_one_sided = true;
     c
 }
 

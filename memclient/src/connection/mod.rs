@@ -92,6 +92,9 @@ pub(crate) struct LinkSpec<'a> {
     pub connect_timeout: Duration,
     /// An RDMA link (`addr` is the server's RDMA bootstrap listener), else TCP.
     pub rdma: bool,
+    /// An RDMA link moves pages one-sided (`ClientConfig::rdma_one_sided`).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub one_sided: bool,
 }
 
 thread_local! {

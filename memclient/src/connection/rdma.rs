@@ -195,6 +195,8 @@ pub(crate) struct RdmaLink {
     /// Held while a grant is asked for on `ctl` (its reply is not a close).
     grant_lock: Mutex<()>,
     grants: RwLock<Grants>,
+    /// Pages may travel one-sided (else every request is a SEND).
+    one_sided: bool,
     landed_copied: AtomicU64,
     one_sided_reads: AtomicU64,
     one_sided_writes: AtomicU64,
@@ -361,6 +363,7 @@ impl RdmaLink {
                     .map_err(|_| ClientError::Protocol("grant slab size"))?,
                 refused: FxHashSet::default(),
             }),
+            one_sided: spec.one_sided,
             landed_copied: AtomicU64::new(0),
             one_sided_reads: AtomicU64::new(0),
             one_sided_writes: AtomicU64::new(0),
@@ -751,6 +754,9 @@ impl RdmaLink {
     /// How `ticket` travels: one-sided when it reads or writes pages whose slabs are all
     /// granted. With `may_block`, grants missing for it are asked for first.
     fn kind_of(&self, ticket: u32, may_block: bool) -> Kind {
+        if !self.one_sided {
+            return Kind::TwoSided;
+        }
         let mut missing = [(0u64, 0u64); GRANTS_PER_SUBMIT];
         let mut nmissing = 0;
         let ns;
