@@ -31,7 +31,6 @@
 //! one-sided accesses take effect on arrival, so a one-sided request waits until no two-sided
 //! request is in flight (a DISCARD sent first must not be applied after a later WRITE).
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -52,6 +51,7 @@ use rustc_hash::FxHashSet;
 use sideway::ibverbs::memory_region::MemoryRegion;
 
 use super::handshake::{handshake, io_err};
+use super::sched::Sched;
 use super::wire::{apply_response, encode_request};
 use super::{ConnLimits, Link, LinkSpec, ReceivingGuard, SendMode, Sink};
 use crate::rdma::wc::map_status;
@@ -86,55 +86,25 @@ const GRANTS_PER_SUBMIT: usize = 4;
 enum Kind {
     /// As a SEND, answered by a SEND.
     TwoSided,
-    /// As RDMA READ/WRITE on granted slabs.
+    /// As RDMA READ/WRITE on granted slabs: *ordered* in the scheduler's sense, it waits for
+    /// the SENDs in flight.
     OneSided,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SlotState {
-    Free,
-    Queued,
-    InFlight,
-    Receiving,
-}
-
-#[derive(Clone, Copy)]
-struct Slot {
-    state: SlotState,
-    req_id: u64,
-    ticket: u32,
-    deadline: Instant,
-    kind: Kind,
-}
-
-struct Sched {
-    slots: Vec<Slot>,
-    free: Vec<u16>,
-    demand: VecDeque<u16>,
-    prefetch: VecDeque<u16>,
-    /// Send buffers not in use.
-    send_free: Vec<u16>,
-    inflight: usize,
-    /// Two-sided requests in flight (one-sided ones wait while any is).
-    two_sided: usize,
-    generation: u64,
-    broken: bool,
-}
-
-impl Sched {
-    /// Takes in-flight slot `i` out of the counts (it finished, failed or timed out).
-    fn retire(&mut self, i: usize) {
-        self.inflight -= 1;
-        if self.slots[i].kind == Kind::TwoSided {
-            self.two_sided -= 1;
+impl Kind {
+    fn of(ordered: bool) -> Self {
+        if ordered {
+            Kind::OneSided
+        } else {
+            Kind::TwoSided
         }
     }
+}
 
-    /// Whether slot `i` may be sent now (window permitting): a one-sided request waits for
-    /// the two-sided ones in flight.
-    fn ordered(&self, i: u16) -> bool {
-        self.slots[i as usize].kind == Kind::TwoSided || self.two_sided == 0
-    }
+/// The link's scheduler and its free send buffers (one per request being sent).
+struct LinkSched {
+    q: Sched,
+    send_free: Vec<u16>,
 }
 
 /// The slabs granted on this link, and those the server refused (never asked again).
@@ -179,7 +149,7 @@ pub(crate) struct RdmaLink {
     _dev: RdmaDevice,
     server: u16,
     limits: ConnLimits,
-    sched: Mutex<Sched>,
+    sched: Mutex<LinkSched>,
     tickets: Arc<Tickets>,
     sink: Arc<dyn Sink>,
     broken: AtomicBool,
@@ -319,7 +289,6 @@ impl RdmaLink {
             QpEndpoint::from_bytes(&eb).ok_or(ClientError::Protocol("malformed RDMA endpoint"))?;
         qp.connect(&remote).map_err(&rerr)?;
         tracing::info!(%addr, device = dev.name(), window, "RDMA link up");
-        let now = Instant::now();
         let link = Arc::new(Self {
             qp,
             send,
@@ -327,25 +296,9 @@ impl RdmaLink {
             _dev: dev,
             server,
             limits,
-            sched: Mutex::new(Sched {
-                slots: vec![
-                    Slot {
-                        state: SlotState::Free,
-                        req_id: 0,
-                        ticket: 0,
-                        deadline: now,
-                        kind: Kind::TwoSided,
-                    };
-                    depth
-                ],
-                free: (0..depth as u16).rev().collect(),
-                demand: VecDeque::with_capacity(depth),
-                prefetch: VecDeque::with_capacity(depth),
+            sched: Mutex::new(LinkSched {
+                q: Sched::new(limits),
                 send_free: (0..nsend as u16).rev().collect(),
-                inflight: 0,
-                two_sided: 0,
-                generation: 1,
-                broken: false,
             }),
             tickets,
             sink,
@@ -376,7 +329,7 @@ impl RdmaLink {
         Ok(link)
     }
 
-    fn sched(&self) -> MutexGuard<'_, Sched> {
+    fn sched(&self) -> MutexGuard<'_, LinkSched> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -520,33 +473,14 @@ impl RdmaLink {
     fn dispatch(&self) {
         loop {
             let mut s = self.sched();
-            if s.broken || s.send_free.is_empty() {
+            if s.send_free.is_empty() {
                 return;
             }
-            let demand = s.demand.front().copied();
-            let prefetch = s.prefetch.front().copied();
-            let next = match (demand, prefetch) {
-                (Some(d), _) if s.inflight < self.limits.window => {
-                    s.ordered(d).then(|| s.demand.pop_front()).flatten()
-                }
-                (_, Some(p)) if s.inflight < self.limits.window - self.limits.demand_reserve => {
-                    s.ordered(p).then(|| s.prefetch.pop_front()).flatten()
-                }
-                _ => None,
-            };
-            let Some(slot) = next else { return };
+            let Some(go) = s.q.next() else { return };
             let sb = s.send_free.pop().unwrap_or_default();
-            let sl = &mut s.slots[slot as usize];
-            sl.state = SlotState::InFlight;
-            sl.deadline = Instant::now() + self.limits.timeout;
-            let (req_id, ticket, kind) = (sl.req_id, sl.ticket, sl.kind);
-            s.inflight += 1;
-            if kind == Kind::TwoSided {
-                s.two_sided += 1;
-            }
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
-            self.post(req_id, ticket, sb, kind);
+            self.post(go.req_id, go.ticket, sb, Kind::of(go.ordered));
             self.wake_poller();
         }
     }
@@ -557,30 +491,11 @@ impl RdmaLink {
         let mut failed: Vec<u32> = Vec::new();
         {
             let mut s = self.sched();
-            if s.broken {
+            if s.q.fail_all(&mut failed).already {
                 return;
             }
-            s.broken = true;
             self.broken.store(true, Ordering::Release);
-            let (mut receiving, mut two_sided) = (0, 0);
-            for sl in s.slots.iter_mut() {
-                match sl.state {
-                    SlotState::Free => {}
-                    SlotState::Receiving => {
-                        receiving += 1;
-                        two_sided += (sl.kind == Kind::TwoSided) as usize;
-                    }
-                    SlotState::Queued | SlotState::InFlight => {
-                        failed.push(sl.ticket);
-                        sl.state = SlotState::Free;
-                    }
-                }
-            }
-            s.demand.clear();
-            s.prefetch.clear();
-            s.inflight = receiving;
-            s.two_sided = two_sided;
-            self.inflight_hint.store(receiving, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
         }
         let _ = self.ctl.shutdown(std::net::Shutdown::Both);
         self.wake_poller();
@@ -594,32 +509,16 @@ impl RdmaLink {
     /// Claims the slot of response `req_id` for landing: its ticket, or `None` for a late
     /// answer to a request that already timed out (dropped).
     fn claim(&self, req_id: u64) -> Option<(usize, u32)> {
-        self.claim_masked(req_id, u64::MAX)
-    }
-
-    /// As `claim`, comparing only the bits of `mask` (one-sided completions carry 46).
-    fn claim_masked(&self, req_id: u64, mask: u64) -> Option<(usize, u32)> {
-        let slot = (req_id & 0xffff) as usize;
-        let mut s = self.sched();
-        match s.slots.get_mut(slot) {
-            Some(sl) if sl.req_id & mask == req_id & mask && sl.state == SlotState::InFlight => {
-                sl.state = SlotState::Receiving;
-                Some((slot, sl.ticket))
-            }
-            _ => None,
-        }
+        self.sched().q.claim(req_id, u64::MAX)
     }
 
     /// Frees a landed slot, reports its ticket's outcome, and sends what waited for the window.
     fn finish_slot(&self, slot: usize, ticket: u32, outcome: Result<u32, ClientError>) {
         let owned = {
             let mut s = self.sched();
-            let owned = s.slots[slot].state == SlotState::Receiving;
+            let owned = s.q.finish(slot);
             if owned {
-                s.retire(slot);
-                s.slots[slot].state = SlotState::Free;
-                s.free.push(slot as u16);
-                self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+                self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             }
             owned
         };
@@ -876,7 +775,9 @@ impl RdmaLink {
                 let sb = (wc.wr_id & 0xffff) as u16;
                 let req = (wc.wr_id >> 16) & REQ_MASK;
                 let landed = self
-                    .claim_masked(req, REQ_MASK)
+                    .sched()
+                    .q
+                    .claim(req, REQ_MASK)
                     .map(|(slot, ticket)| (slot, ticket, self.land_one_sided(sb, ticket)));
                 // The batch is done with the buffer once landed.
                 self.sched().send_free.push(sb);
@@ -949,29 +850,22 @@ impl RdmaLink {
         r > 0
     }
 
-    /// Fails requests in flight past their deadline.
-    fn expire(&self) {
-        let now = Instant::now();
-        let mut expired = [0u32; 64];
-        let mut n = 0;
+    /// Fails requests in flight past their deadline (`expired`: scratch space, its capacity
+    /// bounding how many per call).
+    fn expire(&self, expired: &mut Vec<u32>) {
         {
             let mut s = self.sched();
-            for i in 0..s.slots.len() {
-                let sl = s.slots[i];
-                if sl.state == SlotState::InFlight && sl.deadline <= now && n < expired.len() {
-                    s.retire(i);
-                    s.slots[i].state = SlotState::Free;
-                    s.free.push(i as u16);
-                    expired[n] = sl.ticket;
-                    n += 1;
-                }
-            }
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+            s.q.expire(Instant::now(), expired);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
         }
-        if n > 0 {
-            tracing::warn!(server = self.server, n, "requests timed out");
+        if !expired.is_empty() {
+            tracing::warn!(
+                server = self.server,
+                n = expired.len(),
+                "requests timed out"
+            );
             self.dispatch();
-            for &t in &expired[..n] {
+            for t in expired.drain(..) {
                 self.sink
                     .complete(t, self.server, Err(ClientError::Timeout));
             }
@@ -984,6 +878,7 @@ impl RdmaLink {
         let idle = Duration::from_millis(5);
         let mut last_check = Instant::now();
         let mut quiet = 0u32;
+        let mut expired = Vec::with_capacity(self.limits.depth);
         loop {
             if self.is_broken() {
                 return;
@@ -997,7 +892,7 @@ impl RdmaLink {
                     self.fail_all();
                     return;
                 }
-                self.expire();
+                self.expire(&mut expired);
             }
             let busy = self.inflight_hint.load(Ordering::SeqCst) > 0;
             if !busy || self.inline_active.load(Ordering::SeqCst) > 0 {
@@ -1046,50 +941,13 @@ impl Link for RdmaLink {
         let may_block = mode != SendMode::Deferred && !super::on_receive_side();
         let kind = self.kind_of(ticket, may_block);
         let mut s = self.sched();
-        if s.broken {
-            return Err(ClientError::Disconnected);
-        }
-        let Some(slot) = s.free.pop() else {
-            return Err(ClientError::QueueFull);
-        };
-        s.generation += 1;
-        let req_id = s.generation << 16 | slot as u64;
-        let can_go = !s.send_free.is_empty()
-            && (kind == Kind::TwoSided || s.two_sided == 0)
-            && match prio {
-                Priority::Demand => s.demand.is_empty() && s.inflight < self.limits.window,
-                Priority::Prefetch => {
-                    s.demand.is_empty()
-                        && s.prefetch.is_empty()
-                        && s.inflight < self.limits.window - self.limits.demand_reserve
-                }
-            };
-        s.slots[slot as usize] = Slot {
-            state: if can_go {
-                SlotState::InFlight
-            } else {
-                SlotState::Queued
-            },
-            req_id,
-            ticket,
-            deadline: Instant::now() + self.limits.timeout,
-            kind,
-        };
-        if can_go {
+        let may_go = !s.send_free.is_empty();
+        if let Some(go) = s.q.admit(ticket, prio, kind == Kind::OneSided, may_go)? {
             let sb = s.send_free.pop().unwrap_or_default();
-            s.inflight += 1;
-            if kind == Kind::TwoSided {
-                s.two_sided += 1;
-            }
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
-            self.post(req_id, ticket, sb, kind);
+            self.post(go.req_id, go.ticket, sb, kind);
             self.wake_poller();
-        } else {
-            match prio {
-                Priority::Demand => s.demand.push_back(slot),
-                Priority::Prefetch => s.prefetch.push_back(slot),
-            }
         }
         Ok(())
     }
@@ -1130,8 +988,7 @@ impl Link for RdmaLink {
     }
 
     fn outstanding(&self) -> usize {
-        let s = self.sched();
-        self.limits.depth - s.free.len()
+        self.sched().q.outstanding()
     }
 
     fn is_broken(&self) -> bool {
@@ -1144,27 +1001,14 @@ impl Link for RdmaLink {
 
     fn stall_report(&self, stale: Duration) -> Option<String> {
         let s = self.sched();
-        let now = Instant::now();
-        let oldest = s
-            .slots
-            .iter()
-            .filter(|sl| matches!(sl.state, SlotState::InFlight | SlotState::Receiving))
-            .map(|sl| {
-                self.limits
-                    .timeout
-                    .saturating_sub(sl.deadline.saturating_duration_since(now))
-            })
-            .max()?;
+        let oldest = s.q.oldest(Instant::now())?;
         if oldest < stale {
             return None;
         }
         Some(format!(
-            "RDMA link: oldest request in flight for {oldest:.1?}; {} in flight, {} demand + {} \
-             prefetch queued, {} send buffers free; completion queue {} ({} polling inline, \
-             poller {})",
-            s.inflight,
-            s.demand.len(),
-            s.prefetch.len(),
+            "RDMA link: oldest request in flight for {oldest:.1?}; {}, {} send buffers free; \
+             completion queue {} ({} polling inline, poller {})",
+            s.q.summary(),
             s.send_free.len(),
             if self.poll.try_lock().is_ok() {
                 "idle"
