@@ -310,6 +310,7 @@ fn bench_client(cfg: &BenchConfig, server: SocketAddr, rdma: bool) -> Result<Cli
     let mut ccfg = ClientConfig::new(vec![server]);
     if rdma {
         ccfg.rdma_servers = vec![server];
+        ccfg.rdma_one_sided = true;
     }
     ccfg.conns_per_server = 1;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);

@@ -14,6 +14,7 @@ use common::*;
 use farvm_memclient::{Client, ClientConfig, ClientError, IoBuf, Op, ReplyTo};
 use farvm_memproto::PAGE_SIZE;
 use farvm_memserver::process::rdma_test_ip;
+use farvm_memserver::server::metrics::Op as ServerOp;
 use farvm_memserver::server::{Server, ServerConfig, ServerHandle};
 
 fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
@@ -26,6 +27,7 @@ fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
 fn rdma_config(addr: SocketAddr) -> ClientConfig {
     let mut c = config(&[addr]);
     c.rdma_servers = vec![addr];
+    c.rdma_one_sided = true;
     c
 }
 
@@ -56,6 +58,15 @@ fn pages_round_trip_over_rdma_and_match_tcp() {
         back[..600 * PAGE_SIZE] == data[..],
         "pages read over RDMA differ"
     );
+    // One-sided: pages 700..1400 lie in four 256-page slabs (2..=5), granted to each of the
+    // client's links that touched them; no READ or WRITE reached the server as a request.
+    let grants = srv.rdma_grants();
+    assert!(
+        (4..=8).contains(&grants),
+        "4 slabs, up to 2 links: {grants} grants"
+    );
+    assert_eq!(srv.requests(ServerOp::Write), 0, "writes were one-sided");
+    assert_eq!(srv.requests(ServerOp::Read), 0, "reads were one-sided");
 
     // The same store behind the TCP listener: a client's slab placement is its own, so
     // another client asks the server itself (STAT) what the namespace holds.
@@ -108,6 +119,71 @@ fn pages_round_trip_over_rdma_and_match_tcp() {
     assert!(
         s.read_bytes_copied > 0 && s.dead_servers == 0,
         "reads landed through the RDMA link: {s:?}"
+    );
+    assert_eq!(
+        srv.requests(ServerOp::Read),
+        0,
+        "prefetch reads were one-sided"
+    );
+    assert_eq!(srv.requests(ServerOp::Discard), 1, "the discard was a SEND");
+    c.close();
+}
+
+/// Reads on granted slabs are RDMA READs the server never handles, and they agree with what
+/// the server's own index holds: one-sided writes are counted by the server's STAT, and a
+/// namespace dropped on the server reads back absent over one-sided READ, as over TCP.
+#[test]
+fn reads_on_granted_slabs_are_one_sided() {
+    let Some(ip) = rdma_test_ip("reads_on_granted_slabs_are_one_sided") else {
+        return;
+    };
+    let srv = rdma_server(ip, 1 << 14);
+    let raddr = srv.rdma_addr().expect("RDMA listener");
+    let c = Client::connect(rdma_config(raddr)).expect("client connects over RDMA");
+    let ns = 11;
+    let mut data = vec![0u8; 300 * PAGE_SIZE];
+    for (i, p) in data.chunks_mut(PAGE_SIZE).enumerate() {
+        page_content(ns, i as u64, 3, p);
+    }
+    c.write(ns, 0, &data).expect("write over RDMA");
+    assert!(srv.rdma_grants() >= 2, "pages 0..300 lie in two slabs");
+    let before = srv.requests(ServerOp::Read);
+    let mut back = vec![0u8; 300 * PAGE_SIZE];
+    let mut grants = 0;
+    for round in 0..3 {
+        let present = c.read(ns, 0, &mut back).expect("read over RDMA");
+        assert!(present.iter().all(|&p| p), "round {round}: all present");
+        assert!(back == data, "round {round}: pages differ");
+        if round == 0 {
+            // Every link that reads has its grants now.
+            grants = srv.rdma_grants();
+        }
+    }
+    assert_eq!(
+        srv.requests(ServerOp::Read),
+        before,
+        "no READ reached the server as a SEND"
+    );
+    assert_eq!(srv.requests(ServerOp::Write), 0, "no WRITE either");
+    assert_eq!(
+        srv.rdma_grants(),
+        grants,
+        "a link asks for a slab's grant once"
+    );
+    let st = c.stat(ns);
+    let info = st[0].expect("stat answered").expect("stat ok");
+    assert_eq!(
+        info.namespace_pages, 300,
+        "the server counts one-sided pages"
+    );
+
+    // The server drops the namespace (as the pool's collector does): one-sided reads now
+    // find the pages absent, never the old bytes as if stored.
+    assert_eq!(srv.drop_namespace(ns), 300);
+    let present = c.read(ns, 0, &mut back).expect("read after the drop");
+    assert!(
+        present.iter().all(|&p| !p),
+        "dropped pages read back absent"
     );
     c.close();
 }

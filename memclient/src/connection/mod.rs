@@ -4,13 +4,15 @@
 //! The client sees each connection as a [`Link`]: it submits tickets (at a priority) and is
 //! told through a [`Sink`] when each finished, or when the link failed. A link reads a ticket's
 //! request from the ticket table and writes a read's pages straight into the ticket's buffer.
-//! [`tcp`] is the pipelined TCP link; `rdma` (feature `rdma`) carries the same frames as
-//! SEND/RECV messages over an RDMA queue pair (its verbs layer is [`crate::rdma`]).
+//! [`tcp`] is the pipelined TCP link; `rdma` (feature `rdma`) moves pages by one-sided RDMA and
+//! carries the other frames as SEND/RECV messages over an RDMA queue pair (its verbs layer is
+//! [`crate::rdma`]). Both schedule their requests with [`sched`].
 
 pub(crate) mod handshake;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;
 pub(crate) mod recv;
+pub(crate) mod sched;
 pub(crate) mod tcp;
 pub(crate) mod wire;
 
@@ -92,6 +94,9 @@ pub(crate) struct LinkSpec<'a> {
     pub connect_timeout: Duration,
     /// An RDMA link (`addr` is the server's RDMA bootstrap listener), else TCP.
     pub rdma: bool,
+    /// An RDMA link moves pages one-sided (`ClientConfig::rdma_one_sided`).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub one_sided: bool,
 }
 
 thread_local! {

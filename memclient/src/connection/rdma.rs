@@ -16,26 +16,46 @@
 //!
 //! As on TCP, a slot whose response is being landed is *receiving*: only the thread landing it
 //! finishes it, so a failure elsewhere never hands the buffer back while pages are copied in.
+//!
+//! One-sided pages: READ and WRITE requests whose pages all lie in slabs the server granted
+//! (`farvm_memproto::rdma::grant`, asked for on the control connection the first time a
+//! thread that may block touches a slab) become RDMA READ/WRITE work requests on the server's
+//! registered slab, and the server's CPU never sees them. A read fetches the pages and their
+//! page-table entries (presence, crc32c) into the request's registered send buffer, checks
+//! each present page's crc32c and copies it once into the engine's page; a write copies the
+//! pages there and writes them, then their entries. Guest memory itself is not registered:
+//! registration pins pages, and the engine evicts and refills guest pages one by one (without
+//! on-demand paging, which `rdma_rxe` lacks, a registration would go stale). Only the last work
+//! request of a batch is signaled; on a reliable-connected queue pair its completion means
+//! the whole batch is done. A SEND is only acted on when the server's thread gets to it, while
+//! one-sided accesses take effect on arrival, so a one-sided request waits until no two-sided
+//! request is in flight (a DISCARD sent first must not be applied after a later WRITE).
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use farvm_memproto::frame::{decode_body, decode_header, Body, Opcode, HEADER_LEN};
 use farvm_memproto::rdma::bootstrap::{ClientHello, SLOT_BYTES};
 use farvm_memproto::rdma::endpoint::{QpEndpoint, ENDPOINT_WIRE_LEN};
-use farvm_memproto::{page_crc, Status, PAGE_SIZE};
+use farvm_memproto::rdma::grant::{
+    meta_addr, parse_reply, GrantRequest, MetaWord, GRANT_REPLY_LEN, GRANT_SLAB_PAGES, META_BYTES,
+};
+use farvm_memproto::rdma::plan::{plan, WorkRequest};
+use farvm_memproto::rdma::region::RegionMap;
+use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
+use rustc_hash::FxHashSet;
 use sideway::ibverbs::memory_region::MemoryRegion;
 
 use super::handshake::{handshake, io_err};
+use super::sched::Sched;
 use super::wire::{apply_response, encode_request};
 use super::{ConnLimits, Link, LinkSpec, ReceivingGuard, SendMode, Sink};
 use crate::rdma::wc::map_status;
-use crate::rdma::{Completion, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH};
+use crate::rdma::{Completion, OneSided, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH};
 use crate::tickets::{TicketOp, Tickets};
 use crate::{ClientError, Priority};
 
@@ -47,40 +67,65 @@ pub(crate) const MAX_RDMA_WINDOW: usize = 16;
 const SPARE_SEND_BUFFERS: usize = 2;
 /// `wr_id` bit of a send (else a receive slot).
 const SEND_BIT: u64 = 1 << 63;
+/// `wr_id` bit of a one-sided batch's last work request (with [`SEND_BIT`]): bits 16..62 hold
+/// the request id's low 46 bits, bits 0..16 the send buffer.
+const ONE_BIT: u64 = 1 << 62;
+const REQ_MASK: u64 = (1 << 46) - 1;
+/// Where a one-sided batch's page-table entries sit in its send buffer (pages come first).
+const META_OFF: usize = MAX_PAGES_PER_FRAME * PAGE_SIZE;
+/// Send-queue work requests one one-sided batch may post: a page and its entry per page.
+const WRS_PER_BATCH: usize = 2 * MAX_PAGES_PER_FRAME;
+/// Bytes one RDMA READ/WRITE moves at most: a READ's response is a train of path-MTU packets,
+/// and a short train is retried cheaply if a packet of it is lost.
+const MAX_WR_BYTES: u32 = 64 * 1024;
+/// Slabs one submission may ask grants for before it falls back to SEND/RECV.
+const GRANTS_PER_SUBMIT: usize = 4;
 
+/// How a request travels.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum SlotState {
-    Free,
-    Queued,
-    InFlight,
-    Receiving,
+enum Kind {
+    /// As a SEND, answered by a SEND.
+    TwoSided,
+    /// As RDMA READ/WRITE on granted slabs: *ordered* in the scheduler's sense, it waits for
+    /// the SENDs in flight.
+    OneSided,
 }
 
-#[derive(Clone, Copy)]
-struct Slot {
-    state: SlotState,
-    req_id: u64,
-    ticket: u32,
-    deadline: Instant,
+impl Kind {
+    fn of(ordered: bool) -> Self {
+        if ordered {
+            Kind::OneSided
+        } else {
+            Kind::TwoSided
+        }
+    }
 }
 
-struct Sched {
-    slots: Vec<Slot>,
-    free: Vec<u16>,
-    demand: VecDeque<u16>,
-    prefetch: VecDeque<u16>,
-    /// Send buffers not in use.
+/// The link's scheduler and its free send buffers (one per request being sent).
+struct LinkSched {
+    q: Sched,
     send_free: Vec<u16>,
-    inflight: usize,
-    generation: u64,
-    broken: bool,
+}
+
+/// The slabs granted on this link, and those the server refused (never asked again).
+struct Grants {
+    map: RegionMap,
+    refused: FxHashSet<(u64, u64)>,
 }
 
 /// A registered send buffer. The vector never grows past the capacity it was registered with
-/// (a frame is at most [`SLOT_BYTES`]), so its memory stays the registered memory.
+/// (a frame is at most [`SLOT_BYTES`]), so its memory stays the registered memory. A one-sided
+/// batch uses it as its bounce buffer: pages from offset 0, page-table entries from
+/// [`META_OFF`].
 struct SendBuf {
-    buf: Mutex<Vec<u8>>,
+    buf: Mutex<SendState>,
     mr: Arc<MemoryRegion>,
+}
+
+struct SendState {
+    bytes: Vec<u8>,
+    /// A one-sided batch's planned work requests (capacity for a whole batch: no allocation).
+    plan: Vec<WorkRequest>,
 }
 
 /// The receive slots: one registered region, slot `i` at `i × SLOT_BYTES`.
@@ -104,7 +149,7 @@ pub(crate) struct RdmaLink {
     _dev: RdmaDevice,
     server: u16,
     limits: ConnLimits,
-    sched: Mutex<Sched>,
+    sched: Mutex<LinkSched>,
     tickets: Arc<Tickets>,
     sink: Arc<dyn Sink>,
     broken: AtomicBool,
@@ -117,7 +162,14 @@ pub(crate) struct RdmaLink {
     parked: AtomicBool,
     /// The TCP control connection: open while the session lives.
     ctl: TcpStream,
+    /// Held while a grant is asked for on `ctl` (its reply is not a close).
+    grant_lock: Mutex<()>,
+    grants: RwLock<Grants>,
+    /// Pages may travel one-sided (else every request is a SEND).
+    one_sided: bool,
     landed_copied: AtomicU64,
+    one_sided_reads: AtomicU64,
+    one_sided_writes: AtomicU64,
 }
 
 // SAFETY: `recv.base` points into `recv._mem`, owned by the link; the slot memory is written by
@@ -166,7 +218,8 @@ impl RdmaLink {
             timeout: spec.limits.timeout,
         };
         let nsend = window + SPARE_SEND_BUFFERS;
-        let mut qp = RcQueuePair::new(&dev, nsend as u32, window as u32).map_err(&rerr)?;
+        let mut qp = RcQueuePair::new(&dev, (nsend * WRS_PER_BATCH) as u32, window as u32, false)
+            .map_err(&rerr)?;
         let mut mem = vec![0u8; window * SLOT_BYTES].into_boxed_slice();
         let base = mem.as_mut_ptr();
         // SAFETY: `mem` is owned by the link next to its registration and outlives it (field
@@ -180,13 +233,18 @@ impl RdmaLink {
         };
         let mut send = Vec::with_capacity(nsend);
         for _ in 0..nsend {
-            let mut v: Vec<u8> = Vec::with_capacity(SLOT_BYTES);
+            // Zero-filled, then emptied: every byte of the capacity is initialised.
+            let mut v: Vec<u8> = vec![0u8; SLOT_BYTES];
+            v.clear();
             // SAFETY: the vector's allocation (its capacity) is registered; it lives in the
             // same `SendBuf` as the registration, which drops first, and never reallocates
             // (frames are at most SLOT_BYTES, checked before each post).
             let mr = unsafe { dev.register(v.as_mut_ptr(), SLOT_BYTES) }.map_err(&rerr)?;
             send.push(SendBuf {
-                buf: Mutex::new(v),
+                buf: Mutex::new(SendState {
+                    bytes: v,
+                    plan: Vec::with_capacity(MAX_PAGES_PER_FRAME),
+                }),
                 mr,
             });
         }
@@ -231,7 +289,6 @@ impl RdmaLink {
             QpEndpoint::from_bytes(&eb).ok_or(ClientError::Protocol("malformed RDMA endpoint"))?;
         qp.connect(&remote).map_err(&rerr)?;
         tracing::info!(%addr, device = dev.name(), window, "RDMA link up");
-        let now = Instant::now();
         let link = Arc::new(Self {
             qp,
             send,
@@ -239,23 +296,9 @@ impl RdmaLink {
             _dev: dev,
             server,
             limits,
-            sched: Mutex::new(Sched {
-                slots: vec![
-                    Slot {
-                        state: SlotState::Free,
-                        req_id: 0,
-                        ticket: 0,
-                        deadline: now,
-                    };
-                    depth
-                ],
-                free: (0..depth as u16).rev().collect(),
-                demand: VecDeque::with_capacity(depth),
-                prefetch: VecDeque::with_capacity(depth),
+            sched: Mutex::new(LinkSched {
+                q: Sched::new(limits),
                 send_free: (0..nsend as u16).rev().collect(),
-                inflight: 0,
-                generation: 1,
-                broken: false,
             }),
             tickets,
             sink,
@@ -267,7 +310,16 @@ impl RdmaLink {
             park_cv: Condvar::new(),
             parked: AtomicBool::new(false),
             ctl,
+            grant_lock: Mutex::new(()),
+            grants: RwLock::new(Grants {
+                map: RegionMap::new(GRANT_SLAB_PAGES)
+                    .map_err(|_| ClientError::Protocol("grant slab size"))?,
+                refused: FxHashSet::default(),
+            }),
+            one_sided: spec.one_sided,
             landed_copied: AtomicU64::new(0),
+            one_sided_reads: AtomicU64::new(0),
+            one_sided_writes: AtomicU64::new(0),
         });
         let l = link.clone();
         std::thread::Builder::new()
@@ -277,68 +329,158 @@ impl RdmaLink {
         Ok(link)
     }
 
-    fn sched(&self) -> MutexGuard<'_, Sched> {
+    fn sched(&self) -> MutexGuard<'_, LinkSched> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Encodes and posts the request of `slot` in send buffer `sb`.
-    fn post(&self, req_id: u64, ticket: u32, sb: u16) {
+    /// Posts request `req_id` of `ticket` from send buffer `sb`: encoded as one SEND, or as a
+    /// one-sided batch.
+    fn post(&self, req_id: u64, ticket: u32, sb: u16, kind: Kind) {
         let b = &self.send[sb as usize];
-        let mut buf = b.buf.lock().unwrap_or_else(|e| e.into_inner());
-        buf.clear();
-        {
-            let t = self.tickets.lock(ticket);
-            encode_request(&mut buf, req_id, &t);
-        }
-        let fits = buf.len() <= SLOT_BYTES && buf.capacity() == SLOT_BYTES;
-        let rc = if fits {
-            // SAFETY: the buffer is registered (`b.mr`) over its whole capacity, has not grown
-            // (checked), and stays untouched until the send completes: the buffer index is
-            // back in `send_free` only then.
-            unsafe {
-                self.qp.post_send(
-                    SEND_BIT | sb as u64,
-                    b.mr.lkey(),
-                    buf.as_ptr(),
-                    buf.len() as u32,
-                )
+        let mut st = b.buf.lock().unwrap_or_else(|e| e.into_inner());
+        let rc = match kind {
+            Kind::TwoSided => {
+                let buf = &mut st.bytes;
+                buf.clear();
+                {
+                    let t = self.tickets.lock(ticket);
+                    encode_request(buf, req_id, &t);
+                }
+                let fits = buf.len() <= SLOT_BYTES && buf.capacity() == SLOT_BYTES;
+                if fits {
+                    // SAFETY: the buffer is registered (`b.mr`) over its whole capacity, has
+                    // not grown (checked), and stays untouched until the send completes: the
+                    // buffer index is back in `send_free` only then.
+                    unsafe {
+                        self.qp.post_send(
+                            SEND_BIT | sb as u64,
+                            b.mr.lkey(),
+                            buf.as_ptr(),
+                            buf.len() as u32,
+                        )
+                    }
+                } else {
+                    -1
+                }
             }
-        } else {
-            -1
+            Kind::OneSided => {
+                let wr_id = SEND_BIT | ONE_BIT | (req_id & REQ_MASK) << 16 | sb as u64;
+                self.post_one_sided(&mut st, b.mr.lkey(), ticket, wr_id)
+            }
         };
-        drop(buf);
+        drop(st);
         if rc != 0 {
             tracing::warn!(server = self.server, rc, "posting a send failed");
             self.fail_all();
         }
     }
 
+    /// Posts a one-sided batch for `ticket` from the send buffer `st` (registered with
+    /// `lkey`): a write's pages and entries are copied in first; the last work request is
+    /// signaled with `wr_id`.
+    fn post_one_sided(&self, st: &mut SendState, lkey: u32, ticket: u32, wr_id: u64) -> i32 {
+        let SendState { bytes, plan: wrs } = st;
+        if bytes.capacity() != SLOT_BYTES
+            || META_OFF + MAX_PAGES_PER_FRAME * META_BYTES > SLOT_BYTES
+        {
+            return -1;
+        }
+        let base = bytes.as_mut_ptr();
+        let t = self.tickets.lock(ticket);
+        let Some(io) = t.io.as_ref() else { return -1 };
+        let write = t.op == TicketOp::Write;
+        let ns = t.ns;
+        {
+            let g = self.grants.read().unwrap_or_else(|e| e.into_inner());
+            if plan(&g.map, ns, io.indices(), 0, MAX_WR_BYTES, wrs).is_err() {
+                return -1;
+            }
+        }
+        if write {
+            for k in 0..io.len() {
+                let m = MetaWord::present(io.crc(k)).0.to_le_bytes();
+                // SAFETY: page k and entry k lie inside the buffer's capacity (k < 256; the
+                // layout is checked above), which nothing else touches while we hold it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        io.page(k).as_ptr(),
+                        base.add(k * PAGE_SIZE),
+                        PAGE_SIZE,
+                    );
+                    std::ptr::copy_nonoverlapping(
+                        m.as_ptr(),
+                        base.add(META_OFF + k * META_BYTES),
+                        META_BYTES,
+                    );
+                }
+            }
+        }
+        let op = if write {
+            OneSided::Write
+        } else {
+            OneSided::Read
+        };
+        let g = self.grants.read().unwrap_or_else(|e| e.into_inner());
+        // Pages first, then their entries: a reader never sees a present entry before its
+        // page (a writer's batch lands in order), and a torn overwrite fails its crc32c.
+        for w in wrs.iter() {
+            // SAFETY: the planned range lies in the buffer (local offsets < 256 pages) and is
+            // the device's until the batch's signaled completion.
+            let rc = unsafe {
+                self.qp.post_one_sided(
+                    op,
+                    0,
+                    lkey,
+                    base.add(w.local_offset),
+                    w.len,
+                    w.rkey,
+                    w.remote_addr,
+                    false,
+                )
+            };
+            if rc != 0 {
+                return rc;
+            }
+        }
+        let last = wrs.len() - 1;
+        for (n, w) in wrs.iter().enumerate() {
+            let first = w.local_offset / PAGE_SIZE;
+            let pages = w.len as usize / PAGE_SIZE;
+            let Ok(loc) = g.map.region(ns, io.page_index(first)) else {
+                return -1;
+            };
+            // SAFETY: as above, for the entries' range from META_OFF.
+            let rc = unsafe {
+                self.qp.post_one_sided(
+                    op,
+                    wr_id,
+                    lkey,
+                    base.add(META_OFF + first * META_BYTES),
+                    (pages * META_BYTES) as u32,
+                    w.rkey,
+                    meta_addr(&loc, io.page_index(first)),
+                    n == last,
+                )
+            };
+            if rc != 0 {
+                return rc;
+            }
+        }
+        0
+    }
+
     /// Sends queued requests while the window and the send buffers allow.
     fn dispatch(&self) {
         loop {
             let mut s = self.sched();
-            if s.broken || s.send_free.is_empty() {
+            if s.send_free.is_empty() {
                 return;
             }
-            let next = if !s.demand.is_empty() && s.inflight < self.limits.window {
-                s.demand.pop_front()
-            } else if !s.prefetch.is_empty()
-                && s.inflight < self.limits.window - self.limits.demand_reserve
-            {
-                s.prefetch.pop_front()
-            } else {
-                None
-            };
-            let Some(slot) = next else { return };
+            let Some(go) = s.q.next() else { return };
             let sb = s.send_free.pop().unwrap_or_default();
-            let sl = &mut s.slots[slot as usize];
-            sl.state = SlotState::InFlight;
-            sl.deadline = Instant::now() + self.limits.timeout;
-            let (req_id, ticket) = (sl.req_id, sl.ticket);
-            s.inflight += 1;
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
-            self.post(req_id, ticket, sb);
+            self.post(go.req_id, go.ticket, sb, Kind::of(go.ordered));
             self.wake_poller();
         }
     }
@@ -349,26 +491,11 @@ impl RdmaLink {
         let mut failed: Vec<u32> = Vec::new();
         {
             let mut s = self.sched();
-            if s.broken {
+            if s.q.fail_all(&mut failed).already {
                 return;
             }
-            s.broken = true;
             self.broken.store(true, Ordering::Release);
-            let mut receiving = 0;
-            for sl in s.slots.iter_mut() {
-                match sl.state {
-                    SlotState::Free => {}
-                    SlotState::Receiving => receiving += 1,
-                    SlotState::Queued | SlotState::InFlight => {
-                        failed.push(sl.ticket);
-                        sl.state = SlotState::Free;
-                    }
-                }
-            }
-            s.demand.clear();
-            s.prefetch.clear();
-            s.inflight = receiving;
-            self.inflight_hint.store(receiving, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
         }
         let _ = self.ctl.shutdown(std::net::Shutdown::Both);
         self.wake_poller();
@@ -382,27 +509,16 @@ impl RdmaLink {
     /// Claims the slot of response `req_id` for landing: its ticket, or `None` for a late
     /// answer to a request that already timed out (dropped).
     fn claim(&self, req_id: u64) -> Option<(usize, u32)> {
-        let slot = (req_id & 0xffff) as usize;
-        let mut s = self.sched();
-        match s.slots.get_mut(slot) {
-            Some(sl) if sl.req_id == req_id && sl.state == SlotState::InFlight => {
-                sl.state = SlotState::Receiving;
-                Some((slot, sl.ticket))
-            }
-            _ => None,
-        }
+        self.sched().q.claim(req_id, u64::MAX)
     }
 
     /// Frees a landed slot, reports its ticket's outcome, and sends what waited for the window.
     fn finish_slot(&self, slot: usize, ticket: u32, outcome: Result<u32, ClientError>) {
         let owned = {
             let mut s = self.sched();
-            let owned = s.slots[slot].state == SlotState::Receiving;
+            let owned = s.q.finish(slot);
             if owned {
-                s.slots[slot].state = SlotState::Free;
-                s.free.push(slot as u16);
-                s.inflight -= 1;
-                self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+                self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             }
             owned
         };
@@ -478,6 +594,149 @@ impl RdmaLink {
         Ok(Some((slot, ticket, outcome)))
     }
 
+    /// The outcome of the finished one-sided batch of `ticket` in send buffer `sb`: a read's
+    /// present pages are checked (crc32c) and copied into the request's buffer.
+    fn land_one_sided(&self, sb: u16, ticket: u32) -> Result<u32, ClientError> {
+        let st = self.send[sb as usize]
+            .buf
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let base = st.bytes.as_ptr();
+        let mut t = self.tickets.lock(ticket);
+        let op = t.op;
+        let Some(io) = t.io.as_mut() else {
+            return Err(ClientError::Protocol("one-sided request without a buffer"));
+        };
+        let n = io.len();
+        if op == TicketOp::Write {
+            self.one_sided_writes.fetch_add(n as u64, Ordering::Relaxed);
+            return Ok(n as u32);
+        }
+        let mut bitmap = [0u8; MAX_PAGES_PER_FRAME / 8];
+        let (mut present, mut intact) = (0u32, true);
+        for k in 0..n.min(MAX_PAGES_PER_FRAME) {
+            let mut m = [0u8; META_BYTES];
+            // SAFETY: entry k and page k lie in the buffer's initialised capacity (see
+            // `connect`); the device finished writing them (the batch's last, signaled work
+            // request completed) and nobody else touches the buffer while we hold it.
+            let page = unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add(META_OFF + k * META_BYTES),
+                    m.as_mut_ptr(),
+                    META_BYTES,
+                );
+                std::slice::from_raw_parts(base.add(k * PAGE_SIZE), PAGE_SIZE)
+            };
+            let m = MetaWord(u64::from_le_bytes(m));
+            if !m.is_present() {
+                continue;
+            }
+            intact &= page_crc(page) == m.crc();
+            // SAFETY: the request's buffer, which nobody else touches while its slot is
+            // receiving; 4 KiB of source and destination.
+            unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), io.page_ptr(k), PAGE_SIZE) };
+            bitmap[k / 8] |= 1 << (k % 8);
+            present += 1;
+        }
+        self.landed_copied
+            .fetch_add(present as u64 * PAGE_SIZE as u64, Ordering::Relaxed);
+        self.one_sided_reads.fetch_add(n as u64, Ordering::Relaxed);
+        if intact {
+            io.set_present_from(&bitmap[..n.div_ceil(8)]);
+            Ok(present)
+        } else {
+            io.clear_present();
+            Err(ClientError::ChecksumMismatch)
+        }
+    }
+
+    /// How `ticket` travels: one-sided when it reads or writes pages whose slabs are all
+    /// granted. With `may_block`, grants missing for it are asked for first.
+    fn kind_of(&self, ticket: u32, may_block: bool) -> Kind {
+        if !self.one_sided {
+            return Kind::TwoSided;
+        }
+        let mut missing = [(0u64, 0u64); GRANTS_PER_SUBMIT];
+        let mut nmissing = 0;
+        let ns;
+        {
+            let t = self.tickets.lock(ticket);
+            let Some(io) = t.io.as_ref() else {
+                return Kind::TwoSided;
+            };
+            if !matches!(t.op, TicketOp::Read | TicketOp::Write) {
+                return Kind::TwoSided;
+            }
+            ns = t.ns;
+            let g = self.grants.read().unwrap_or_else(|e| e.into_inner());
+            for &p in io.indices() {
+                if g.map.contains(ns, p) {
+                    continue;
+                }
+                let slab = p / GRANT_SLAB_PAGES;
+                if !may_block || g.refused.contains(&(ns, slab)) {
+                    return Kind::TwoSided;
+                }
+                if missing[..nmissing].iter().any(|&(_, s)| s == slab) {
+                    continue;
+                }
+                if nmissing == GRANTS_PER_SUBMIT {
+                    return Kind::TwoSided;
+                }
+                missing[nmissing] = (ns, slab);
+                nmissing += 1;
+            }
+        }
+        for &(ns, slab) in &missing[..nmissing] {
+            if !self.request_grant(ns, slab) {
+                return Kind::TwoSided;
+            }
+        }
+        Kind::OneSided
+    }
+
+    /// Asks the server for the grant of `slab` of `ns` on the control connection; true once
+    /// it is granted. A refusal is remembered (that slab stays two-sided); a broken control
+    /// connection fails the link.
+    fn request_grant(&self, ns: u64, slab: u64) -> bool {
+        let _g = self.grant_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let page = slab * GRANT_SLAB_PAGES;
+        {
+            let g = self.grants.read().unwrap_or_else(|e| e.into_inner());
+            if g.map.contains(ns, page) {
+                return true;
+            }
+            if g.refused.contains(&(ns, slab)) || self.is_broken() {
+                return false;
+            }
+        }
+        let mut reply = [0u8; GRANT_REPLY_LEN];
+        let io = (&self.ctl)
+            .write_all(&GrantRequest { ns, slab }.to_bytes())
+            .and_then(|()| (&self.ctl).read_exact(&mut reply));
+        if let Err(e) = io {
+            tracing::warn!(server = self.server, "asking for a slab grant: {e}");
+            self.fail_all();
+            return false;
+        }
+        let mut g = self.grants.write().unwrap_or_else(|e| e.into_inner());
+        match parse_reply(&reply) {
+            Ok(r) => match g.map.insert(ns, slab, r) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(server = self.server, "bad slab grant: {e}");
+                    g.refused.insert((ns, slab));
+                    false
+                }
+            },
+            Err(st) => {
+                tracing::debug!(server = self.server, ns, slab, st, "slab grant refused");
+                g.refused.insert((ns, slab));
+                false
+            }
+        }
+    }
+
     /// Polls the completion queue once (the caller holds `poll`); returns how many completions
     /// were handled, or `None` when the link failed.
     fn poll_once(&self) -> Option<usize> {
@@ -511,6 +770,22 @@ impl RdmaLink {
                 }
                 self.fail_all();
                 return None;
+            }
+            if wc.wr_id & (SEND_BIT | ONE_BIT) == SEND_BIT | ONE_BIT {
+                let sb = (wc.wr_id & 0xffff) as u16;
+                let req = (wc.wr_id >> 16) & REQ_MASK;
+                let landed = self
+                    .sched()
+                    .q
+                    .claim(req, REQ_MASK)
+                    .map(|(slot, ticket)| (slot, ticket, self.land_one_sided(sb, ticket)));
+                // The batch is done with the buffer once landed.
+                self.sched().send_free.push(sb);
+                match landed {
+                    Some((slot, ticket, outcome)) => self.finish_slot(slot, ticket, outcome),
+                    None => self.dispatch(),
+                }
+                continue;
             }
             if wc.wr_id & SEND_BIT != 0 {
                 self.sched().send_free.push((wc.wr_id & !SEND_BIT) as u16);
@@ -561,6 +836,10 @@ impl RdmaLink {
     /// Whether the control connection says the server went away (it never sends after the
     /// bootstrap: readable means closed or broken).
     fn control_closed(&self) -> bool {
+        // A grant being asked for: its reply is what makes the socket readable.
+        let Ok(_g) = self.grant_lock.try_lock() else {
+            return false;
+        };
         let mut p = libc::pollfd {
             fd: self.ctl.as_raw_fd(),
             events: libc::POLLIN,
@@ -571,34 +850,22 @@ impl RdmaLink {
         r > 0
     }
 
-    /// Fails requests in flight past their deadline.
-    fn expire(&self) {
-        let now = Instant::now();
-        let mut expired = [0u32; 64];
-        let mut n = 0;
+    /// Fails requests in flight past their deadline (`expired`: scratch space, its capacity
+    /// bounding how many per call).
+    fn expire(&self, expired: &mut Vec<u32>) {
         {
             let mut s = self.sched();
-            let Sched {
-                slots,
-                free,
-                inflight,
-                ..
-            } = &mut *s;
-            for (i, sl) in slots.iter_mut().enumerate() {
-                if sl.state == SlotState::InFlight && sl.deadline <= now && n < expired.len() {
-                    *inflight -= 1;
-                    sl.state = SlotState::Free;
-                    free.push(i as u16);
-                    expired[n] = sl.ticket;
-                    n += 1;
-                }
-            }
-            self.inflight_hint.store(*inflight, Ordering::SeqCst);
+            s.q.expire(Instant::now(), expired);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
         }
-        if n > 0 {
-            tracing::warn!(server = self.server, n, "requests timed out");
+        if !expired.is_empty() {
+            tracing::warn!(
+                server = self.server,
+                n = expired.len(),
+                "requests timed out"
+            );
             self.dispatch();
-            for &t in &expired[..n] {
+            for t in expired.drain(..) {
                 self.sink
                     .complete(t, self.server, Err(ClientError::Timeout));
             }
@@ -611,6 +878,7 @@ impl RdmaLink {
         let idle = Duration::from_millis(5);
         let mut last_check = Instant::now();
         let mut quiet = 0u32;
+        let mut expired = Vec::with_capacity(self.limits.depth);
         loop {
             if self.is_broken() {
                 return;
@@ -624,7 +892,7 @@ impl RdmaLink {
                     self.fail_all();
                     return;
                 }
-                self.expire();
+                self.expire(&mut expired);
             }
             let busy = self.inflight_hint.load(Ordering::SeqCst) > 0;
             if !busy || self.inline_active.load(Ordering::SeqCst) > 0 {
@@ -666,48 +934,20 @@ impl RdmaLink {
 }
 
 impl Link for RdmaLink {
-    fn submit(&self, ticket: u32, prio: Priority, _mode: SendMode) -> Result<(), ClientError> {
-        // Posting never blocks, so every mode sends from the calling thread.
+    fn submit(&self, ticket: u32, prio: Priority, mode: SendMode) -> Result<(), ClientError> {
+        // Posting never blocks, so every mode sends from the calling thread. Asking for a
+        // grant does (one round trip on the control connection): only a thread that may wait
+        // does it, never a receiving one.
+        let may_block = mode != SendMode::Deferred && !super::on_receive_side();
+        let kind = self.kind_of(ticket, may_block);
         let mut s = self.sched();
-        if s.broken {
-            return Err(ClientError::Disconnected);
-        }
-        let Some(slot) = s.free.pop() else {
-            return Err(ClientError::QueueFull);
-        };
-        s.generation += 1;
-        let req_id = s.generation << 16 | slot as u64;
-        let can_go = !s.send_free.is_empty()
-            && match prio {
-                Priority::Demand => s.demand.is_empty() && s.inflight < self.limits.window,
-                Priority::Prefetch => {
-                    s.demand.is_empty()
-                        && s.prefetch.is_empty()
-                        && s.inflight < self.limits.window - self.limits.demand_reserve
-                }
-            };
-        s.slots[slot as usize] = Slot {
-            state: if can_go {
-                SlotState::InFlight
-            } else {
-                SlotState::Queued
-            },
-            req_id,
-            ticket,
-            deadline: Instant::now() + self.limits.timeout,
-        };
-        if can_go {
+        let may_go = !s.send_free.is_empty();
+        if let Some(go) = s.q.admit(ticket, prio, kind == Kind::OneSided, may_go)? {
             let sb = s.send_free.pop().unwrap_or_default();
-            s.inflight += 1;
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+            self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
-            self.post(req_id, ticket, sb);
+            self.post(go.req_id, go.ticket, sb, kind);
             self.wake_poller();
-        } else {
-            match prio {
-                Priority::Demand => s.demand.push_back(slot),
-                Priority::Prefetch => s.prefetch.push_back(slot),
-            }
         }
         Ok(())
     }
@@ -748,8 +988,7 @@ impl Link for RdmaLink {
     }
 
     fn outstanding(&self) -> usize {
-        let s = self.sched();
-        self.limits.depth - s.free.len()
+        self.sched().q.outstanding()
     }
 
     fn is_broken(&self) -> bool {
@@ -762,27 +1001,14 @@ impl Link for RdmaLink {
 
     fn stall_report(&self, stale: Duration) -> Option<String> {
         let s = self.sched();
-        let now = Instant::now();
-        let oldest = s
-            .slots
-            .iter()
-            .filter(|sl| matches!(sl.state, SlotState::InFlight | SlotState::Receiving))
-            .map(|sl| {
-                self.limits
-                    .timeout
-                    .saturating_sub(sl.deadline.saturating_duration_since(now))
-            })
-            .max()?;
+        let oldest = s.q.oldest(Instant::now())?;
         if oldest < stale {
             return None;
         }
         Some(format!(
-            "RDMA link: oldest request in flight for {oldest:.1?}; {} in flight, {} demand + {} \
-             prefetch queued, {} send buffers free; completion queue {} ({} polling inline, \
-             poller {})",
-            s.inflight,
-            s.demand.len(),
-            s.prefetch.len(),
+            "RDMA link: oldest request in flight for {oldest:.1?}; {}, {} send buffers free; \
+             completion queue {} ({} polling inline, poller {})",
+            s.q.summary(),
             s.send_free.len(),
             if self.poll.try_lock().is_ok() {
                 "idle"

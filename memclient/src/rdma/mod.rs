@@ -11,4 +11,4 @@ pub mod wc;
 #[cfg(feature = "rdma")]
 pub use sideway::ibverbs::memory_region::MemoryRegion;
 #[cfg(feature = "rdma")]
-pub use verbs::{Completion, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH};
+pub use verbs::{Completion, OneSided, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH};

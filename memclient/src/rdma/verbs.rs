@@ -158,6 +158,34 @@ impl RdmaDevice {
         unsafe { self.pd.reg_mr(ptr as usize, len, AccessFlags::LocalWrite) }
             .map_err(verbs("ibv_reg_mr"))
     }
+
+    /// Registers `len` bytes at `ptr` for local writes and for remote reads and writes by the
+    /// peers of this device's queue pairs (a granted slab).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay mapped for the lifetime of the returned region, and may be
+    /// read and written by the remote peer at any time while it lives.
+    pub unsafe fn register_remote(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Arc<MemoryRegion>, RdmaError> {
+        let access = AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite;
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.pd.reg_mr(ptr as usize, len, access) }.map_err(verbs("ibv_reg_mr"))
+    }
+}
+
+/// RDMA READs a queue pair keeps in flight as initiator, and accepts as responder.
+const RD_ATOMIC: u8 = 16;
+
+/// A one-sided operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneSided {
+    /// RDMA READ: remote memory into the local buffer.
+    Read,
+    /// RDMA WRITE: the local buffer into remote memory.
+    Write,
 }
 
 /// One completion, as the data path needs it.
@@ -196,9 +224,15 @@ unsafe impl Send for RcQueuePair {}
 unsafe impl Sync for RcQueuePair {}
 
 impl RcQueuePair {
-    /// Creates a QP for `send_depth` outstanding sends and `recv_depth` posted receives, and
-    /// moves it to INIT.
-    pub fn new(dev: &RdmaDevice, send_depth: u32, recv_depth: u32) -> Result<Self, RdmaError> {
+    /// Creates a QP for `send_depth` outstanding send-queue work requests and `recv_depth`
+    /// posted receives, and moves it to INIT. `remote_access`: the peer may RDMA READ and
+    /// WRITE memory registered for it (the server's side).
+    pub fn new(
+        dev: &RdmaDevice,
+        send_depth: u32,
+        recv_depth: u32,
+        remote_access: bool,
+    ) -> Result<Self, RdmaError> {
         let cq = dev
             .ctx
             .create_cq_builder()
@@ -221,7 +255,11 @@ impl RcQueuePair {
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
             .setup_port(dev.port)
-            .setup_access_flags(AccessFlags::LocalWrite);
+            .setup_access_flags(if remote_access {
+                AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite
+            } else {
+                AccessFlags::LocalWrite
+            });
         qp.modify(&attr).map_err(verbs("ibv_modify_qp(INIT)"))?;
         let lid = dev
             .ctx
@@ -261,7 +299,7 @@ impl RcQueuePair {
             .setup_path_mtu(self.mtu)
             .setup_dest_qp_num(remote.qpn)
             .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(1)
+            .setup_max_dest_read_atomic(RD_ATOMIC)
             .setup_min_rnr_timer(12);
         let mut ah = AddressHandleAttribute::new();
         let gid = Gid { raw: remote.gid };
@@ -274,15 +312,17 @@ impl RcQueuePair {
         attr.setup_address_vector(&ah);
         self.qp.modify(&attr).map_err(verbs("ibv_modify_qp(RTR)"))?;
         let mut attr = QueuePairAttribute::new();
-        // Timeout 14 (4.096 µs × 2^14 ≈ 67 ms) × 7 retries: a peer gone silent fails the QP
-        // within about half a second; receiver-not-ready retries forever (7), which is flow
-        // control, not failure (the receive queue is sized to the window).
+        // Timeout 18 (4.096 µs × 2^18 ≈ 1.07 s) × 7 retries: long enough that a slow path (an
+        // RDMA READ's response of many packets under emulation) is not retried while it still
+        // streams in; a peer that died is seen sooner through the control connection, which
+        // the kernel closes. Receiver-not-ready retries forever (7), which is flow control,
+        // not failure (the receive queue is sized to the window).
         attr.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(self.local.psn)
-            .setup_timeout(14)
+            .setup_timeout(18)
             .setup_retry_cnt(7)
             .setup_rnr_retry(7)
-            .setup_max_read_atomic(1);
+            .setup_max_read_atomic(RD_ATOMIC);
         self.qp.modify(&attr).map_err(verbs("ibv_modify_qp(RTS)"))
     }
 
@@ -292,18 +332,77 @@ impl RcQueuePair {
     /// `addr..addr+len` must lie in memory registered with `lkey` and stay untouched until the
     /// send's completion is polled.
     pub unsafe fn post_send(&self, wr_id: u64, lkey: u32, addr: *const u8, len: u32) -> i32 {
-        let mut sge = ibv_sge {
+        let sge = ibv_sge {
             addr: addr as u64,
             length: len,
             lkey,
         };
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.post(wr_id, ibv_wr_opcode::IBV_WR_SEND, sge, None, true) }
+    }
+
+    /// Posts a one-sided READ or WRITE of `len` bytes between local `addr` (registered with
+    /// `lkey`) and `remote_addr` (granted with `rkey`). Only a `signaled` request produces a
+    /// completion; on a reliable-connected queue pair it also tells that every earlier one
+    /// finished.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must lie in memory registered with `lkey` and be left to the device
+    /// (not read for a READ, not written for a WRITE) until a later signaled completion of
+    /// this queue pair is polled.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn post_one_sided(
+        &self,
+        op: OneSided,
+        wr_id: u64,
+        lkey: u32,
+        addr: *mut u8,
+        len: u32,
+        rkey: u32,
+        remote_addr: u64,
+        signaled: bool,
+    ) -> i32 {
+        let sge = ibv_sge {
+            addr: addr as u64,
+            length: len,
+            lkey,
+        };
+        let opcode = match op {
+            OneSided::Read => ibv_wr_opcode::IBV_WR_RDMA_READ,
+            OneSided::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        };
+        let remote = rdma_mummy_sys::rdma_t { remote_addr, rkey };
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.post(wr_id, opcode, sge, Some(remote), signaled) }
+    }
+
+    /// Posts one send-queue work request with one scatter-gather entry.
+    ///
+    /// # Safety
+    /// The callers' contracts: `sge` names registered memory left to the device until the
+    /// request (or a later signaled one) completes.
+    unsafe fn post(
+        &self,
+        wr_id: u64,
+        opcode: rdma_mummy_sys::ibv_wr_opcode::Type,
+        mut sge: ibv_sge,
+        remote: Option<rdma_mummy_sys::rdma_t>,
+        signaled: bool,
+    ) -> i32 {
         // SAFETY: an all-zero ibv_send_wr is a valid "no options" request (C callers memset it).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.opcode = opcode;
+        wr.send_flags = if signaled {
+            ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        if let Some(r) = remote {
+            wr.wr.rdma = r;
+        }
         let mut bad = std::ptr::null_mut();
         // SAFETY: `wr` and `sge` live on the stack for the call; the QP is ours and alive; the
         // buffer contract is the caller's.

@@ -128,6 +128,19 @@ impl RegionMap {
         before - self.map.len()
     }
 
+    /// The grant of the slab holding `page` of `ns`.
+    pub fn region(&self, ns: u64, page: u64) -> Result<RemoteRegion, RegionError> {
+        self.map
+            .get(&(ns, page / self.slab_pages))
+            .copied()
+            .ok_or(RegionError::Unmapped { ns, page })
+    }
+
+    /// Whether the slab holding `page` of `ns` is granted.
+    pub fn contains(&self, ns: u64, page: u64) -> bool {
+        self.map.contains_key(&(ns, page / self.slab_pages))
+    }
+
     /// Remote location of `page` of `ns`.
     pub fn locate(&self, ns: u64, page: u64) -> Result<RemotePage, RegionError> {
         let slab = page / self.slab_pages;
@@ -179,6 +192,8 @@ mod tests {
             Err(RegionError::Unmapped { ns: 7, page: 3072 })
         );
         assert!(m.locate(8, 2048).is_err());
+        assert_eq!(m.region(7, 2 * 1024 + 9), Ok(region(0x10_0000)));
+        assert!(m.contains(7, 2048) && !m.contains(7, 3072));
         assert_eq!(m.remove_server(1), 1);
         assert!(m.locate(7, 2048).is_err());
     }

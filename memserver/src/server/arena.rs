@@ -37,6 +37,8 @@ pub struct Arena {
     fresh: AtomicU32,
     /// Slots given back; reused first. Only touched when pages are created or discarded.
     freed: Mutex<Vec<Slot>>,
+    /// Extents (contiguous runs of slots, see [`Arena::take_extent`]) given back, by length.
+    freed_extents: Mutex<Vec<(Slot, u32)>>,
     /// Slots reserved or in use; never above `slots`.
     used: AtomicU64,
 }
@@ -78,6 +80,7 @@ impl Arena {
             slots: pages as u32,
             fresh: AtomicU32::new(0),
             freed: Mutex::new(Vec::new()),
+            freed_extents: Mutex::new(Vec::new()),
             used: AtomicU64::new(0),
         })
     }
@@ -107,20 +110,61 @@ impl Arena {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
 
-    /// Takes a slot covered by an earlier `reserve`. Never fails: reservations bound the count.
+    /// Takes a slot covered by an earlier `reserve`: a freed slot, else a never-used one, else
+    /// one cut from a freed extent. Never fails: reservations bound the count.
     pub fn take(&self) -> Slot {
-        if let Some(s) = self.freed.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        let mut freed = self.freed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = freed.pop() {
             return s;
         }
-        let s = self.fresh.fetch_add(1, Ordering::Relaxed);
-        debug_assert!(s < self.slots, "take() without reserve()");
-        s
+        if let Ok(s) = self
+            .fresh
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |f| {
+                (f < self.slots).then_some(f + 1)
+            })
+        {
+            return s;
+        }
+        let (first, n) = self
+            .freed_extents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .expect("take() without reserve(): no slot left anywhere in the arena");
+        freed.extend(first + 1..first + n);
+        first
     }
 
     /// Returns a slot and its reservation.
     pub fn free(&self, s: Slot) {
         self.freed.lock().unwrap_or_else(|e| e.into_inner()).push(s);
         self.used.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes `n` contiguous slots covered by an earlier `reserve(n)`: a freed extent of that
+    /// length, else never-used slots. `None` when neither exists (the never-used slots ran
+    /// out while single freed slots remain): the caller gives the reservation back.
+    pub fn take_extent(&self, n: u32) -> Option<Slot> {
+        {
+            let mut fe = self.freed_extents.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = fe.iter().position(|&(_, len)| len == n) {
+                return Some(fe.swap_remove(i).0);
+            }
+        }
+        self.fresh
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |f| {
+                f.checked_add(n).filter(|&end| end <= self.slots)
+            })
+            .ok()
+    }
+
+    /// Returns an extent of `n` slots taken with [`Arena::take_extent`], and its reservation.
+    pub fn free_extent(&self, first: Slot, n: u32) {
+        self.freed_extents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((first, n));
+        self.used.fetch_sub(n as u64, Ordering::AcqRel);
     }
 
     /// Raw pointer to a slot's first byte.
@@ -164,5 +208,34 @@ mod tests {
         assert_eq!(a.take(), s1);
         let _ = s2;
         assert!(Arena::new(0).is_err());
+    }
+
+    #[test]
+    fn extents_are_contiguous_reused_and_bounded() {
+        let a = Arena::new(10).unwrap();
+        assert!(a.reserve(1));
+        let single = a.take();
+        assert!(a.reserve(4));
+        let e = a.take_extent(4).unwrap();
+        assert!(e > single);
+        assert!(a.reserve(4));
+        let e2 = a.take_extent(4).unwrap();
+        assert_eq!(e2, e + 4, "extents are cut from never-used slots");
+        assert_eq!(a.used(), 9);
+        a.free_extent(e, 4);
+        assert_eq!(a.used(), 5);
+        assert!(a.reserve(4));
+        assert_eq!(a.take_extent(4), Some(e), "a freed extent is reused");
+        a.free(single);
+        assert!(a.reserve(1));
+        // One slot left, but not contiguous with room for 2 more.
+        assert_eq!(a.take_extent(2), None);
+        a.unreserve(1);
+        // Single slots are cut from freed extents once the never-used ones ran out.
+        a.free_extent(e2, 4);
+        assert!(a.reserve(5));
+        let mut got: Vec<Slot> = (0..5).map(|_| a.take()).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![single, e2, e2 + 2, e2 + 3, 9]);
     }
 }

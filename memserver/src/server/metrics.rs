@@ -67,6 +67,7 @@ pub struct Metrics {
     connections: AtomicU64,
     connections_total: AtomicU64,
     malformed_frames: AtomicU64,
+    rdma_grants: AtomicU64,
 }
 
 impl Metrics {
@@ -106,6 +107,22 @@ impl Metrics {
     /// A connection was closed for a malformed frame.
     pub fn malformed(&self) {
         self.malformed_frames.fetch_add(1, Relaxed);
+    }
+
+    /// A slab was granted to an RDMA session for one-sided access.
+    pub fn grant(&self) {
+        self.rdma_grants.fetch_add(1, Relaxed);
+    }
+
+    /// Requests of `op` handled (over TCP or as RDMA SENDs; one-sided accesses are not
+    /// requests).
+    pub fn requests(&self, op: Op) -> u64 {
+        self.ops[op as usize].count.load(Relaxed)
+    }
+
+    /// Slabs granted to RDMA sessions.
+    pub fn grants(&self) -> u64 {
+        self.rdma_grants.load(Relaxed)
     }
 
     /// Count of errors with `status` for `op` (tests and the bench use it).
@@ -160,6 +177,11 @@ impl Collector for Snapshot {
             "farvm_memserver_malformed_frames",
             "Connections closed for a malformed frame.",
             m.malformed_frames.load(Relaxed),
+        )?;
+        f.counter(
+            "farvm_memserver_rdma_slab_grants",
+            "Slabs granted to RDMA sessions for one-sided READ/WRITE.",
+            m.rdma_grants.load(Relaxed),
         )?;
         f.counter(
             "farvm_memserver_pages_read",

@@ -282,6 +282,16 @@ impl ServerHandle {
         self.shared.metrics.errors(op, st)
     }
 
+    /// Requests of `op` handled, over TCP or as RDMA SENDs (one-sided accesses are none).
+    pub fn requests(&self, op: metrics::Op) -> u64 {
+        self.shared.metrics.requests(op)
+    }
+
+    /// Slabs granted to RDMA sessions for one-sided access.
+    pub fn rdma_grants(&self) -> u64 {
+        self.shared.metrics.grants()
+    }
+
     /// Pages stored, all namespaces.
     pub fn pages_stored(&self) -> u64 {
         self.shared.store.occupancy().used_pages

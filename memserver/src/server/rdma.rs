@@ -8,6 +8,12 @@
 //! have in flight (the client says how many); each response is copied into a registered send
 //! buffer and posted as one SEND. The session ends when the client closes the control
 //! connection, a completion fails (the client died: retries exhausted), or the server stops.
+//!
+//! One-sided pages: the client asks on the control connection for the grant of a slab
+//! (`farvm_memproto::rdma::grant`); the store moves the slab into a contiguous extent, the
+//! session registers it for remote read and write and answers its address and rkey. The
+//! client then reads and writes the slab's pages and page table with RDMA READ/WRITE, which
+//! this thread never sees. The registrations live as long as the session.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -20,8 +26,13 @@ use std::time::{Duration, Instant};
 use farvm_memclient::rdma::{Completion, MemoryRegion, RcQueuePair, RdmaDevice, POLL_BATCH};
 use farvm_memproto::frame::{decode_body, decode_header, Body, HEADER_LEN};
 use farvm_memproto::rdma::bootstrap::{ClientHello, CLIENT_HELLO_LEN, SLOT_BYTES};
+use farvm_memproto::rdma::grant::{reply_bytes, GrantRequest, GRANT_REQUEST_LEN, GRANT_SLAB_PAGES};
+use farvm_memproto::rdma::region::RemoteRegion;
+use farvm_memproto::Status;
+use rustc_hash::FxHashMap;
 
 use super::conn::{handle, ConnEnd, Session};
+use super::store::Extent;
 use super::Shared;
 
 /// `wr_id` bit of a send (else a receive slot).
@@ -101,7 +112,7 @@ pub(crate) fn serve(mut ctl: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> 
     let window = hello.slots as usize;
     let nsend = window + SPARE_SEND_BUFFERS;
     let mut rig = Rig {
-        qp: RcQueuePair::new(&dev, nsend as u32, window as u32)
+        qp: RcQueuePair::new(&dev, nsend as u32, window as u32, true)
             .map_err(|e| ConnEnd::Rdma(e.to_string()))?,
         recv: Slots::new(&dev, window)?,
         send: Slots::new(&dev, nsend)?,
@@ -138,8 +149,9 @@ struct Rig {
     _dev: RdmaDevice,
 }
 
-/// Whether the client closed (or broke) the control connection.
-fn control_closed(ctl: &TcpStream) -> bool {
+/// Whether the control connection has something to read: a grant request, or the client's
+/// close.
+fn control_readable(ctl: &TcpStream) -> bool {
     let mut p = libc::pollfd {
         fd: ctl.as_raw_fd(),
         events: libc::POLLIN,
@@ -147,6 +159,73 @@ fn control_closed(ctl: &TcpStream) -> bool {
     };
     // SAFETY: one valid pollfd on the stack; the socket is open (borrowed).
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
+}
+
+/// A session's granted slabs: their registration (dropped first) and their memory.
+type Grants = FxHashMap<(u64, u64), (Arc<MemoryRegion>, Arc<Extent>)>;
+
+/// Answers one grant request from the control connection. `Ok(false)`: the client closed it.
+fn serve_grant(
+    mut ctl: &TcpStream,
+    sh: &Shared,
+    sess: &Session,
+    dev: &RdmaDevice,
+    grants: &mut Grants,
+) -> Result<bool, ConnEnd> {
+    let mut b = [0u8; GRANT_REQUEST_LEN];
+    match ctl.read_exact(&mut b) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    let q = GrantRequest::from_bytes(&b).ok_or(ConnEnd::Protocol("malformed grant request"))?;
+    let tenant = sess.tenant.ok_or(ConnEnd::Protocol("grant before HELLO"))?;
+    let granted = match grants.get(&(q.ns, q.slab)) {
+        Some((mr, x)) => Ok((mr.rkey(), x.ptr())),
+        None => sh
+            .store
+            .namespace(q.ns, tenant, true)
+            .and_then(|ns| ns.ok_or(Status::Denied))
+            .and_then(|ns| sh.store.grant(&ns, q.slab))
+            .and_then(|x| {
+                // SAFETY: the extent stays mapped while `grants` holds it next to its
+                // registration (dropped first); the client may access it at any time,
+                // which is what a granted slab is for (its page table carries crc32c).
+                let mr = unsafe { dev.register_remote(x.ptr(), x.len()) }.map_err(|e| {
+                    tracing::warn!("registering a granted slab: {e}");
+                    Status::CapacityExhausted
+                })?;
+                let r = (mr.rkey(), x.ptr());
+                grants.insert((q.ns, q.slab), (mr, x));
+                sh.metrics.grant();
+                Ok(r)
+            }),
+    };
+    let reply = match granted {
+        Ok((rkey, ptr)) => reply_bytes(
+            0,
+            &RemoteRegion {
+                server: 0,
+                addr: ptr as u64,
+                rkey,
+                pages: GRANT_SLAB_PAGES,
+            },
+        ),
+        Err(st) => {
+            tracing::debug!(ns = q.ns, slab = q.slab, ?st, "grant refused");
+            reply_bytes(
+                st as u8,
+                &RemoteRegion {
+                    server: 0,
+                    addr: 0,
+                    rkey: 0,
+                    pages: 0,
+                },
+            )
+        }
+    };
+    ctl.write_all(&reply)?;
+    Ok(true)
 }
 
 fn serve_queue_pair(
@@ -170,6 +249,7 @@ fn serve_queue_pair(
     let mut last_work = Instant::now();
     let mut last_check = Instant::now();
     let mut quiet = 0u32;
+    let mut grants = Grants::default();
     loop {
         let n = qp
             .poll(&mut wcs)
@@ -237,16 +317,22 @@ fn serve_queue_pair(
             res?;
             worked = true;
         }
+        if last_check.elapsed() >= Duration::from_millis(2) {
+            last_check = Instant::now();
+            if sh.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            while control_readable(ctl) {
+                if !serve_grant(ctl, sh, sess, &rig._dev, &mut grants)? {
+                    return Ok(());
+                }
+                last_work = Instant::now();
+            }
+        }
         if worked {
             quiet = 0;
             last_work = Instant::now();
             continue;
-        }
-        if last_check.elapsed() >= Duration::from_millis(2) {
-            last_check = Instant::now();
-            if sh.stop.load(Ordering::Acquire) || control_closed(ctl) {
-                return Ok(());
-            }
         }
         // Nothing arrived: spin briefly (a pipelined client sends again within microseconds),
         // then sleep in short steps, longer once the session has been idle for a while.

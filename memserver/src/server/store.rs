@@ -6,13 +6,20 @@
 //! inserting a *new* page may grow it (amortised allocation), reading and overwriting do not.
 //! The crc32c sent by the writer is stored and returned verbatim, so corruption anywhere
 //! between the writer and the reader (including in this server's memory) is detected end to end.
+//!
+//! A slab granted for one-sided RDMA (`grant`) lives in an [`Extent`] instead: its pages
+//! contiguous in the arena, followed by a page table of [`MetaWord`]s (presence and crc32c)
+//! that the client reads and writes directly. Every path (TCP, two-sided RDMA, one-sided
+//! RDMA) then stores and finds that slab's pages there.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use rustc_hash::FxHashMap;
 
 use super::arena::{Arena, Slot};
 use farvm_memproto::frame::WIRE_PAGE;
+use farvm_memproto::rdma::grant::{MetaWord, GRANT_EXTENT_PAGES, GRANT_SLAB_PAGES};
 use farvm_memproto::{page_crc, PageSel, StatInfo, Status, PAGE_SIZE};
 
 /// Identity of a tenant: the key id of its secret (all zero when the server runs without
@@ -25,15 +32,83 @@ struct Entry {
     crc: u32,
 }
 
+/// A granted slab's memory: [`GRANT_SLAB_PAGES`] contiguous arena slots and a page-table
+/// slot. Returned to the arena when the last holder (the namespace, or an RDMA session that
+/// registered it) drops it, so registered memory is never handed to another namespace.
+pub struct Extent {
+    arena: Arc<Arena>,
+    first: Slot,
+}
+
+impl Extent {
+    /// The slab's first byte; `len()` bytes follow (pages, then the page table).
+    pub fn ptr(&self) -> *mut u8 {
+        self.arena.slot_ptr(self.first)
+    }
+
+    /// Bytes of the extent.
+    pub fn len(&self) -> usize {
+        GRANT_EXTENT_PAGES as usize * PAGE_SIZE
+    }
+
+    /// Never empty (an extent has a fixed size).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn page(&self, off: u64) -> *mut u8 {
+        self.arena.slot_ptr(self.first + off as u32)
+    }
+
+    fn meta(&self, off: u64) -> &AtomicU64 {
+        let table = self.arena.slot_ptr(self.first + GRANT_SLAB_PAGES as u32);
+        // SAFETY: the page-table slot belongs to this extent for its lifetime; entry `off` <
+        // GRANT_SLAB_PAGES is 8-byte aligned (slots are page aligned) and inside the slot.
+        // Remote writes by the NIC are plain stores to the same words.
+        unsafe { &*(table.cast::<AtomicU64>().add(off as usize)) }
+    }
+
+    fn present_count(&self) -> u64 {
+        (0..GRANT_SLAB_PAGES)
+            .filter(|&o| MetaWord(self.meta(o).load(Ordering::Acquire)).is_present())
+            .count() as u64
+    }
+}
+
+impl Drop for Extent {
+    fn drop(&mut self) {
+        self.arena
+            .free_extent(self.first, GRANT_EXTENT_PAGES as u32);
+    }
+}
+
+/// A namespace's index: pages in single slots, and granted slabs.
+#[derive(Default)]
+struct Index {
+    pages: FxHashMap<u64, Entry>,
+    slabs: FxHashMap<u64, Arc<Extent>>,
+}
+
+impl Index {
+    /// The extent and offset holding page `idx`, if its slab is granted.
+    fn granted(&self, idx: u64) -> Option<(&Extent, u64)> {
+        if self.slabs.is_empty() {
+            return None;
+        }
+        let x = self.slabs.get(&(idx / GRANT_SLAB_PAGES))?;
+        Some((x, idx % GRANT_SLAB_PAGES))
+    }
+}
+
 /// One VM's pages.
 pub struct Namespace {
     owner: TenantId,
-    index: RwLock<FxHashMap<u64, Entry>>,
+    index: RwLock<Index>,
 }
 
 /// All namespaces plus the arena.
 pub struct Store {
-    arena: Arena,
+    arena: Arc<Arena>,
     /// This process's instance id (see [`StatInfo::instance`]).
     instance: u64,
     namespaces: RwLock<FxHashMap<u64, Arc<Namespace>>>,
@@ -43,7 +118,7 @@ impl Store {
     /// A store over `arena`.
     pub fn new(arena: Arena) -> Self {
         Self {
-            arena,
+            arena: Arc::new(arena),
             instance: u64::from_le_bytes(farvm_memproto::auth::random_bytes::<8>()),
             namespaces: RwLock::new(FxHashMap::default()),
         }
@@ -84,7 +159,7 @@ impl Store {
         let ns = map.entry(id).or_insert_with(|| {
             Arc::new(Namespace {
                 owner: tenant,
-                index: RwLock::new(FxHashMap::default()),
+                index: RwLock::new(Index::default()),
             })
         });
         if ns.owner == tenant {
@@ -104,7 +179,20 @@ impl Store {
         let index = ns.index.read().unwrap_or_else(|e| e.into_inner());
         let mut present = 0;
         for i in 0..n {
-            if let Some(e) = index.get(&sel.index(i)) {
+            let idx = sel.index(i);
+            if let Some((x, off)) = index.granted(idx) {
+                let m = MetaWord(x.meta(off).load(Ordering::Acquire));
+                if m.is_present() {
+                    out[bm_at + i / 8] |= 1 << (i % 8);
+                    out.extend_from_slice(&m.crc().to_le_bytes());
+                    // SAFETY: the extent's page, 4 KiB inside it, held alive by the index we
+                    // have read-locked. A concurrent one-sided write may change the bytes; the
+                    // crc32c, checked by the reader, tells.
+                    let page = unsafe { std::slice::from_raw_parts(x.page(off), PAGE_SIZE) };
+                    out.extend_from_slice(page);
+                    present += 1;
+                }
+            } else if let Some(e) = index.pages.get(&idx) {
                 out[bm_at + i / 8] |= 1 << (i % 8);
                 out.extend_from_slice(&e.crc.to_le_bytes());
                 // SAFETY: the slot belongs to this namespace's index and we hold its read lock,
@@ -142,7 +230,7 @@ impl Store {
         for i in 0..n {
             let idx = sel.index(i);
             let repeated = scatter && (0..i).any(|j| sel.index(j) == idx);
-            if !index.contains_key(&idx) && !repeated {
+            if index.granted(idx).is_none() && !index.pages.contains_key(&idx) && !repeated {
                 new += 1;
             }
         }
@@ -154,7 +242,19 @@ impl Store {
             let wp = &pages[i * WIRE_PAGE..(i + 1) * WIRE_PAGE];
             let crc = u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]);
             let idx = sel.index(i);
-            let slot = match index.get_mut(&idx) {
+            if let Some((x, off)) = index.granted(idx) {
+                let meta = x.meta(off);
+                if if_absent && MetaWord(meta.load(Ordering::Acquire)).is_present() {
+                    continue;
+                }
+                // SAFETY: the extent's page, held alive by the write-locked index; the source
+                // is a distinct buffer of exactly PAGE_SIZE bytes.
+                unsafe { std::ptr::copy_nonoverlapping(wp[4..].as_ptr(), x.page(off), PAGE_SIZE) };
+                meta.store(MetaWord::present(crc).0, Ordering::Release);
+                written += 1;
+                continue;
+            }
+            let slot = match index.pages.get_mut(&idx) {
                 Some(_) if if_absent => continue,
                 Some(e) => {
                     e.crc = crc;
@@ -162,7 +262,7 @@ impl Store {
                 }
                 None => {
                     let slot = self.arena.take();
-                    index.insert(idx, Entry { slot, crc });
+                    index.pages.insert(idx, Entry { slot, crc });
                     slot
                 }
             };
@@ -185,7 +285,11 @@ impl Store {
         let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
         let mut freed = 0;
         for i in 0..sel.len() {
-            if let Some(e) = index.remove(&sel.index(i)) {
+            let idx = sel.index(i);
+            if let Some((x, off)) = index.granted(idx) {
+                let was = x.meta(off).swap(MetaWord::ABSENT.0, Ordering::AcqRel);
+                freed += MetaWord(was).is_present() as u32;
+            } else if let Some(e) = index.pages.remove(&idx) {
                 self.arena.free(e.slot);
                 freed += 1;
             }
@@ -206,9 +310,17 @@ impl Store {
             return 0;
         };
         let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
-        let freed = index.len() as u64;
-        for (_, e) in index.drain() {
+        let mut freed = index.pages.len() as u64;
+        for (_, e) in index.pages.drain() {
             self.arena.free(e.slot);
+        }
+        for (_, x) in index.slabs.drain() {
+            freed += x.present_count();
+            // An RDMA session may still hold the extent registered: its client now finds the
+            // pages absent, as over TCP.
+            for off in 0..GRANT_SLAB_PAGES {
+                x.meta(off).store(MetaWord::ABSENT.0, Ordering::Release);
+            }
         }
         freed
     }
@@ -216,7 +328,130 @@ impl Store {
     /// Pages in a namespace.
     pub fn namespace_pages(&self, ns: Option<&Namespace>) -> u64 {
         ns.map_or(0, |ns| {
-            ns.index.read().unwrap_or_else(|e| e.into_inner()).len() as u64
+            let index = ns.index.read().unwrap_or_else(|e| e.into_inner());
+            index.pages.len() as u64 + index.slabs.values().map(|x| x.present_count()).sum::<u64>()
         })
+    }
+
+    /// Grants slab `slab` of `ns` for one-sided access: moves its pages into a contiguous
+    /// [`Extent`] (reserving the whole extent's capacity) the first time, and returns it.
+    pub fn grant(&self, ns: &Namespace, slab: u64) -> Result<Arc<Extent>, Status> {
+        if slab > u64::MAX / GRANT_SLAB_PAGES {
+            return Err(Status::BadRequest);
+        }
+        let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = index.slabs.get(&slab) {
+            return Ok(x.clone());
+        }
+        let n = GRANT_EXTENT_PAGES as u32;
+        if !self.arena.reserve(n as u64) {
+            return Err(Status::CapacityExhausted);
+        }
+        let Some(first) = self.arena.take_extent(n) else {
+            self.arena.unreserve(n as u64);
+            return Err(Status::CapacityExhausted);
+        };
+        let x = Arc::new(Extent {
+            arena: self.arena.clone(),
+            first,
+        });
+        for off in 0..GRANT_SLAB_PAGES {
+            let m = match index.pages.remove(&(slab * GRANT_SLAB_PAGES + off)) {
+                Some(e) => {
+                    // SAFETY: the page's slot is owned by this index (write-locked) and the
+                    // extent's page is ours; both are 4 KiB and distinct.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.arena.slot_ptr(e.slot),
+                            x.page(off),
+                            PAGE_SIZE,
+                        )
+                    };
+                    self.arena.free(e.slot);
+                    MetaWord::present(e.crc)
+                }
+                None => MetaWord::ABSENT,
+            };
+            x.meta(off).store(m.0, Ordering::Release);
+        }
+        index.slabs.insert(slab, x.clone());
+        Ok(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(pages: &[u64], tag: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &p in pages {
+            let page = vec![tag ^ p as u8; PAGE_SIZE];
+            out.extend_from_slice(&page_crc(&page).to_le_bytes());
+            out.extend_from_slice(&page);
+        }
+        out
+    }
+
+    /// A granted slab keeps the pages stored before the grant, serves later writes, reads,
+    /// discards and counts through its page table, and its capacity comes back with the
+    /// namespace.
+    #[test]
+    fn granted_slabs_hold_their_pages_for_every_path() {
+        let store = Store::new(Arena::new(5 * GRANT_EXTENT_PAGES).unwrap());
+        let ns = store.namespace(1, [0; 8], true).unwrap().unwrap();
+        let run = |start, count| PageSel::Run { start, count };
+        store
+            .write(
+                &ns,
+                &run(250, 10),
+                &wire(&(250..260).collect::<Vec<_>>(), 1),
+                false,
+            )
+            .unwrap();
+        assert_eq!(store.occupancy().used_pages, 10);
+        let x = store.grant(&ns, 0).unwrap();
+        assert!(
+            Arc::ptr_eq(&x, &store.grant(&ns, 0).unwrap()),
+            "one extent per slab"
+        );
+        // Pages 250..256 moved into the extent, 256..260 stay single.
+        assert_eq!(store.occupancy().used_pages, 4 + GRANT_EXTENT_PAGES);
+        assert_eq!(store.namespace_pages(Some(&ns)), 10);
+        assert!(MetaWord(x.meta(255).load(Ordering::Relaxed)).is_present());
+        assert!(!MetaWord(x.meta(0).load(Ordering::Relaxed)).is_present());
+        // Overwrite through the extent; if_absent leaves present pages alone.
+        store
+            .write(&ns, &run(254, 2), &wire(&[254, 255], 2), false)
+            .unwrap();
+        assert_eq!(
+            store.write(&ns, &run(254, 3), &wire(&[254, 255, 256], 3), true),
+            Ok(0)
+        );
+        let mut out = Vec::new();
+        assert_eq!(store.read(Some(&ns), &run(249, 11), &mut out), 10);
+        assert_eq!(out[0], 0b1111_1110);
+        let body = &out[2..];
+        for (k, p) in (250..260u64).enumerate() {
+            let wp = &body[k * WIRE_PAGE..(k + 1) * WIRE_PAGE];
+            let tag = if p == 254 || p == 255 { 2 } else { 1 };
+            assert_eq!(wp[4], tag ^ p as u8, "page {p}");
+            assert_eq!(
+                u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]),
+                page_crc(&wp[4..])
+            );
+        }
+        assert_eq!(store.discard(&ns, &run(255, 2)), 2);
+        assert_eq!(store.namespace_pages(Some(&ns)), 8);
+        drop(x);
+        assert_eq!(store.drop_namespace(1), 8);
+        assert_eq!(store.occupancy().used_pages, 0);
+        // A slab past the end of the index space is refused. Capacity bounds grants, and so
+        // does fragmentation: the ten single slots freed above are not one extent.
+        let ns = store.namespace(2, [0; 8], true).unwrap().unwrap();
+        assert_eq!(store.grant(&ns, u64::MAX).err(), Some(Status::BadRequest));
+        let held: Vec<_> = (0..4).map(|s| store.grant(&ns, s).unwrap()).collect();
+        assert_eq!(store.grant(&ns, 9).err(), Some(Status::CapacityExhausted));
+        drop(held);
     }
 }

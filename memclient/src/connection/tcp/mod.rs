@@ -1,8 +1,7 @@
 //! One pipelined TCP connection to one server.
 //!
-//! Up to `window` requests are in flight; more wait in two queues, and a queued demand request
-//! always goes before queued prefetches. Prefetches may use only `window - demand_reserve`
-//! slots, so a demand read never waits behind a full window of prefetches.
+//! Its requests are scheduled by [`super::sched`]: up to `window` in flight, demand before
+//! prefetch, a reserve of the window for demand.
 //!
 //! Threads: the submitting thread writes its request itself when it may go at once (no
 //! thread hop on the fast path); a sender thread drains the queues and enforces timeouts; a
@@ -16,7 +15,6 @@
 //! pages are marked present only once every page of the frame has landed and passed its
 //! crc32c check: a request cut short or with a bad page reports no page present.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -31,37 +29,11 @@ use farvm_memproto::MAX_PAGES_PER_FRAME;
 
 use super::handshake::{handshake, io_err};
 use super::recv::RecvBuf;
+use super::sched::Sched;
 use super::wire::encode_request;
 use super::{ConnLimits, Link, LinkSpec, SendMode, Sink};
 use crate::tickets::Tickets;
 use crate::{ClientError, Priority};
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SlotState {
-    Free,
-    Queued,
-    InFlight,
-    /// Its response header was read; the receiving thread is landing the body.
-    Receiving,
-}
-
-#[derive(Clone, Copy)]
-struct Slot {
-    state: SlotState,
-    req_id: u64,
-    ticket: u32,
-    deadline: Instant,
-}
-
-struct Sched {
-    slots: Vec<Slot>,
-    free: Vec<u16>,
-    demand: VecDeque<u16>,
-    prefetch: VecDeque<u16>,
-    inflight: usize,
-    generation: u64,
-    broken: bool,
-}
 
 /// The receive side: the socket's receive buffer and the crc32c values of a landing.
 struct Rx {
@@ -126,29 +98,12 @@ impl TcpLink {
             depth,
             timeout: limits.timeout,
         };
-        let now = Instant::now();
         stream.set_read_timeout(Some(RX_SLICE)).map_err(&err)?;
         let fd = stream.as_raw_fd();
         let conn = Arc::new(Self {
             server,
             limits,
-            sched: Mutex::new(Sched {
-                slots: vec![
-                    Slot {
-                        state: SlotState::Free,
-                        req_id: 0,
-                        ticket: 0,
-                        deadline: now,
-                    };
-                    depth
-                ],
-                free: (0..depth as u16).rev().collect(),
-                demand: VecDeque::with_capacity(depth),
-                prefetch: VecDeque::with_capacity(depth),
-                inflight: 0,
-                generation: 1,
-                broken: false,
-            }),
+            sched: Mutex::new(Sched::new(limits)),
             cv: Condvar::new(),
             writer: Mutex::new(Writer {
                 stream: stream.try_clone().map_err(&err)?,
@@ -209,26 +164,11 @@ impl TcpLink {
         let mut failed: Vec<u32> = Vec::new();
         {
             let mut s = self.sched();
-            if s.broken {
+            if s.fail_all(&mut failed).already {
                 return;
             }
-            s.broken = true;
             self.broken.store(true, Ordering::Release);
-            let mut receiving = 0;
-            for i in 0..s.slots.len() {
-                match s.slots[i].state {
-                    SlotState::Free => {}
-                    SlotState::Receiving => receiving += 1,
-                    SlotState::Queued | SlotState::InFlight => {
-                        failed.push(s.slots[i].ticket);
-                        s.slots[i].state = SlotState::Free;
-                    }
-                }
-            }
-            s.demand.clear();
-            s.prefetch.clear();
-            s.inflight = receiving;
-            self.inflight_hint.store(receiving, Ordering::SeqCst);
+            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
         }
         self.cv.notify_all();
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
@@ -249,26 +189,10 @@ impl TcpLink {
             if s.broken {
                 return;
             }
-            let next = if !s.demand.is_empty() && s.inflight < self.limits.window {
-                s.demand.pop_front()
-            } else if !s.prefetch.is_empty()
-                && s.inflight < self.limits.window - self.limits.demand_reserve
-            {
-                s.prefetch.pop_front()
-            } else {
-                None
-            };
-            if let Some(slot) = next {
-                let sl = &mut s.slots[slot as usize];
-                sl.state = SlotState::InFlight;
-                // The timeout runs from when the request is sent: time spent queued behind
-                // other requests says nothing about the server's health.
-                sl.deadline = Instant::now() + self.limits.timeout;
-                let (req_id, ticket) = (sl.req_id, sl.ticket);
-                s.inflight += 1;
+            if let Some(go) = s.next() {
                 self.inflight_hint.store(s.inflight, Ordering::SeqCst);
                 drop(s);
-                self.send(req_id, ticket);
+                self.send(go.req_id, go.ticket);
                 self.wake_rx();
                 continue;
             }
@@ -279,31 +203,8 @@ impl TcpLink {
             // Timeouts: sent requests not answered within the deadline. Queued ones wait for
             // the window; if the server hangs, the in-flight ones time out first, the server
             // is taken out of service and the queued ones fail with the connection.
-            let now = Instant::now();
-            let Sched {
-                slots,
-                free,
-                inflight,
-                ..
-            } = &mut *s;
-            let mut stuck_receiving = false;
-            for (i, sl) in slots.iter_mut().enumerate() {
-                if sl.deadline > now {
-                    continue;
-                }
-                match sl.state {
-                    SlotState::InFlight => {
-                        *inflight -= 1;
-                        sl.state = SlotState::Free;
-                        free.push(i as u16);
-                        expired.push(sl.ticket);
-                    }
-                    // Its body stopped arriving: only breaking the socket ends the receive.
-                    SlotState::Receiving => stuck_receiving = true,
-                    SlotState::Free | SlotState::Queued => {}
-                }
-            }
-            self.inflight_hint.store(*inflight, Ordering::SeqCst);
+            let f = s.expire(Instant::now(), &mut expired);
+            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
             drop(s);
             if !expired.is_empty() {
                 tracing::warn!(
@@ -316,7 +217,7 @@ impl TcpLink {
                         .complete(t, self.server, Err(ClientError::Timeout));
                 }
             }
-            if stuck_receiving {
+            if f.stuck_receiving {
                 tracing::warn!(
                     server = self.server,
                     "a response stopped arriving mid-frame; closing"
@@ -330,48 +231,19 @@ impl TcpLink {
 impl Link for TcpLink {
     fn submit(&self, ticket: u32, prio: Priority, mode: SendMode) -> Result<(), ClientError> {
         let mut s = self.sched();
-        if s.broken {
-            return Err(ClientError::Disconnected);
-        }
-        let Some(slot) = s.free.pop() else {
-            return Err(ClientError::QueueFull);
-        };
-        s.generation += 1;
-        let req_id = s.generation << 16 | slot as u64;
-        let can_go = match prio {
-            Priority::Demand => s.demand.is_empty() && s.inflight < self.limits.window,
-            Priority::Prefetch => {
-                s.demand.is_empty()
-                    && s.prefetch.is_empty()
-                    && s.inflight < self.limits.window - self.limits.demand_reserve
+        match s.admit(ticket, prio, false, mode != SendMode::Deferred)? {
+            Some(go) => {
+                self.inflight_hint.store(s.inflight, Ordering::SeqCst);
+                drop(s);
+                self.send(go.req_id, go.ticket);
+                if mode == SendMode::Caller {
+                    self.wake_rx();
+                }
             }
-        };
-        let go = mode != SendMode::Deferred && can_go;
-        s.slots[slot as usize] = Slot {
-            state: if go {
-                SlotState::InFlight
-            } else {
-                SlotState::Queued
-            },
-            req_id,
-            ticket,
-            deadline: Instant::now() + self.limits.timeout,
-        };
-        if go {
-            s.inflight += 1;
-            self.inflight_hint.store(s.inflight, Ordering::SeqCst);
-            drop(s);
-            self.send(req_id, ticket);
-            if mode == SendMode::Caller {
-                self.wake_rx();
+            None => {
+                drop(s);
+                self.cv.notify_one();
             }
-        } else {
-            match prio {
-                Priority::Demand => s.demand.push_back(slot),
-                Priority::Prefetch => s.prefetch.push_back(slot),
-            }
-            drop(s);
-            self.cv.notify_one();
         }
         Ok(())
     }
@@ -392,8 +264,7 @@ impl Link for TcpLink {
     }
 
     fn outstanding(&self) -> usize {
-        let s = self.sched();
-        self.limits.depth - s.free.len()
+        self.sched().outstanding()
     }
 
     fn is_broken(&self) -> bool {
@@ -410,21 +281,11 @@ impl Link for TcpLink {
     /// the maintenance thread, so a stall says where it is before the timeout ends it.
     fn stall_report(&self, stale: Duration) -> Option<String> {
         let s = self.sched();
-        let now = Instant::now();
-        let oldest = s
-            .slots
-            .iter()
-            .filter(|sl| matches!(sl.state, SlotState::InFlight | SlotState::Receiving))
-            .map(|sl| {
-                self.limits
-                    .timeout
-                    .saturating_sub(sl.deadline.saturating_duration_since(now))
-            })
-            .max()?;
+        let oldest = s.oldest(Instant::now())?;
         if oldest < stale {
             return None;
         }
-        let (inflight, demand, prefetch) = (s.inflight, s.demand.len(), s.prefetch.len());
+        let queues = s.summary();
         drop(s);
         let (mut unread, mut unsent): (libc::c_int, libc::c_int) = (-1, -1);
         // SAFETY: FIONREAD / TIOCOUTQ on our own open socket write one c_int each into the
@@ -434,9 +295,9 @@ impl Link for TcpLink {
             libc::ioctl(self.fd, libc::TIOCOUTQ, &mut unsent);
         }
         Some(format!(
-            "oldest request in flight for {oldest:.1?}; {inflight} in flight, {demand} demand + \
-             {prefetch} prefetch queued; socket: {unread} B unread, {unsent} B unsent; send side \
-             {}, receive side {} ({} receiving inline, background receiver {})",
+            "oldest request in flight for {oldest:.1?}; {queues}; socket: {unread} B unread, \
+             {unsent} B unsent; send side {}, receive side {} ({} receiving inline, background \
+             receiver {})",
             if self.writer.try_lock().is_ok() {
                 "idle"
             } else {

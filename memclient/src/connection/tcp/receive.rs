@@ -15,7 +15,7 @@ use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 use super::super::recv::{whole_frame_in, Wait};
 use super::super::wire::apply_response;
 use super::super::Link;
-use super::{Rx, SlotState, TcpLink};
+use super::{Rx, TcpLink};
 use crate::tickets::TicketOp;
 use crate::ClientError;
 
@@ -31,15 +31,7 @@ impl TcpLink {
     /// Claims the slot of response `req_id` for receiving: its ticket, or `None` for a late
     /// answer to a request that already timed out (dropped).
     fn claim(&self, req_id: u64) -> Option<(usize, u32)> {
-        let slot = (req_id & 0xffff) as usize;
-        let mut s = self.sched();
-        match s.slots.get_mut(slot) {
-            Some(sl) if sl.req_id == req_id && sl.state == SlotState::InFlight => {
-                sl.state = SlotState::Receiving;
-                Some((slot, sl.ticket))
-            }
-            _ => None,
-        }
+        self.sched().claim(req_id, u64::MAX)
     }
 
     /// Frees a receiving slot and reports its ticket's outcome (once: only the thread that
@@ -47,17 +39,11 @@ impl TcpLink {
     fn finish_slot(&self, slot: usize, ticket: u32, outcome: Result<u32, ClientError>) {
         let (owned, queued) = {
             let mut s = self.sched();
-            let owned = s.slots[slot].state == SlotState::Receiving;
+            let owned = s.finish(slot);
             if owned {
-                s.slots[slot].state = SlotState::Free;
-                s.free.push(slot as u16);
-                s.inflight -= 1;
                 self.inflight_hint.store(s.inflight, Ordering::SeqCst);
             }
-            (
-                owned,
-                !s.broken && (!s.demand.is_empty() || !s.prefetch.is_empty()),
-            )
+            (owned, !s.broken && s.has_queued())
         };
         // Wake the sender only when a freed window slot lets a queued request go.
         if queued {
