@@ -132,6 +132,13 @@ pub struct EngineConfig {
     pub refault_protect: bool,
     /// Deferred prefetch candidates older than this (µs) are dropped as stale.
     pub prefetch_defer_max_us: u64,
+    /// One prefetch history for the whole guest (guest-physical pages), even when a guest agent
+    /// names processes: the baseline per-process histories are compared with. Per-process
+    /// statistics are kept either way.
+    pub global_history: bool,
+    /// Keep a record of this many resolved faults (guest page, kind, the process the agent
+    /// slot named) for attribution checks (`faultlog`); 0 = off.
+    pub fault_log_records: usize,
 }
 
 impl EngineConfig {
@@ -148,6 +155,8 @@ impl EngineConfig {
             retry_backoff_ms: 5,
             refault_protect: true,
             prefetch_defer_max_us: 1000,
+            global_history: false,
+            fault_log_records: 0,
         }
     }
 

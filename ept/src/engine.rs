@@ -226,6 +226,27 @@ impl Engine {
         self.parts.procs().snapshot()
     }
 
+    /// Switches between one global prefetch history (`true`) and one per guest process
+    /// (`EngineConfig::global_history`), from the next fault on. Per-process histories learned
+    /// so far are kept for when they are switched back on.
+    pub fn set_global_history(&self, on: bool) {
+        self.parts
+            .global_history()
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether one global prefetch history is kept (see [`Engine::set_global_history`]).
+    pub fn global_history(&self) -> bool {
+        self.parts
+            .global_history()
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The fault log (`EngineConfig::fault_log_records`; empty and disabled when 0).
+    pub fn fault_log(&self) -> &crate::faultlog::FaultLog {
+        self.parts.fault_log()
+    }
+
     /// The counters of process (`cr3`, `pid`) now, if the engine tracks it (cheap: relaxed
     /// loads of a fixed table, for every guest phase change).
     pub fn process_counters(&self, cr3: u64, pid: u64) -> Option<ProcessCounterValues> {

@@ -24,6 +24,7 @@
 // The engine's state, one part per file.
 mod clock;
 mod errlog;
+pub mod faultlog;
 mod frames;
 mod installer;
 mod lost;

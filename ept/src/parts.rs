@@ -15,17 +15,21 @@
 //! | [`VcpuTable`] | `vcpu.rs` | vCPU thread ids and agent slots |
 //! | [`Counters`], [`Histograms`] | `stats.rs` | counters and latency histograms |
 //! | [`ProcessTable`] | `procstats.rs` | per-process counters (entries created by the fault thread only) |
+//! | [`FaultLog`] | `faultlog.rs` | the opt-in record of each resolved fault and its process |
+//! | global history | (a flag) | one prefetch history for the guest instead of one per process |
 //!
 //! The threads and paths that act on them — fault handler (`fault`), completion path
 //! (`complete`), evictor (`evict`), VMM accesses (`access`) — each keep handles to the parts
 //! they use, taken from here, and never reach one another.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::errlog::ErrorLog;
 use crate::error::EngineError;
+use crate::faultlog::FaultLog;
 use crate::frames::Frames;
 use crate::installer::Installer;
 use crate::lost::LostPages;
@@ -58,6 +62,8 @@ pub(crate) struct Parts {
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
     procs: Arc<ProcessTable>,
+    fault_log: Arc<FaultLog>,
+    global_history: Arc<AtomicBool>,
 }
 
 impl Parts {
@@ -98,6 +104,8 @@ impl Parts {
             vcpus: Arc::new(VcpuTable::new()),
             hist: Arc::new(Histograms::default()),
             procs: Arc::new(ProcessTable::new()),
+            fault_log: Arc::new(FaultLog::new(cfg.fault_log_records)),
+            global_history: Arc::new(AtomicBool::new(cfg.global_history)),
             cfg,
             clock,
             table,
@@ -169,5 +177,15 @@ impl Parts {
 
     pub fn procs(&self) -> &Arc<ProcessTable> {
         &self.procs
+    }
+
+    pub fn fault_log(&self) -> &Arc<FaultLog> {
+        &self.fault_log
+    }
+
+    /// One global prefetch history instead of one per process (`EngineConfig::global_history`,
+    /// switchable while the engine runs).
+    pub fn global_history(&self) -> &Arc<AtomicBool> {
+        &self.global_history
     }
 }

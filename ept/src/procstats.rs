@@ -122,7 +122,7 @@ impl ProcessCounterValues {
 /// One process as the table knew it at a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessStats {
-    /// Its page-table root (CR3 as its agent slot published it).
+    /// Its page-table root (CR3 as its agent slot published it; 0 for the guest kernel, pid 0).
     pub cr3: u64,
     /// Its pid (0 = the guest kernel: kernel threads, idle).
     pub pid: u64,
@@ -296,6 +296,7 @@ impl ProcessTable {
     pub fn counters_of(&self, cr3: u64, pid: u64) -> Option<ProcessCounterValues> {
         self.entries.iter().find_map(|e| {
             let s = read_entry(e)?;
+            let cr3 = if pid == 0 { KERNEL_CR3 } else { cr3 };
             (!s.retired && s.cr3 == cr3 && s.pid == pid).then_some(s.counters)
         })
     }
@@ -375,6 +376,8 @@ impl Default for ProcessIndex {
 }
 
 const RETIRED: u64 = u64::MAX;
+/// The page-table root the guest kernel's one entry is kept under (see [`ProcessIndex::lookup`]).
+const KERNEL_CR3: u64 = 0;
 
 impl ProcessIndex {
     /// An empty index.
@@ -388,8 +391,12 @@ impl ProcessIndex {
     }
 
     /// The entry of process (`cr3`, `pid`) seen at `now_ns`, created if new. `cr3` must not be
-    /// 0 (a fault with no process is [`ProcessTable::unattributed`]).
+    /// 0 (a fault with no process is [`ProcessTable::unattributed`]). The guest kernel (pid 0:
+    /// kernel threads and idle, which run on whatever address space they borrow) has one entry
+    /// whatever its CR3, shown with CR3 0: a kernel thread on a process's page tables neither
+    /// splits that process's counts nor retires its entry.
     pub fn lookup(&mut self, t: &ProcessTable, cr3: u64, pid: u64, now_ns: u64) -> ProcRef {
+        let cr3 = if pid == 0 { KERNEL_CR3 } else { cr3 };
         self.tick += 1;
         let r = match self.last {
             Some((c, p, r)) if c == cr3 && p == pid => r,
@@ -502,6 +509,27 @@ mod tests {
             "retired entries are not live"
         );
         assert_eq!(t.counters_of(0x1000, 9).unwrap().demand_faults, 0);
+    }
+
+    #[test]
+    fn kernel_threads_on_a_process_page_tables_do_not_split_its_counts() {
+        let t = ProcessTable::new();
+        let mut ix = ProcessIndex::new();
+        let a = ix.lookup(&t, 0x1000, 7, 10);
+        t.add(a, ProcessCounter::DemandFaults, 2);
+        // A kernel thread borrows pid 7's address space, then another's: one kernel entry.
+        let k = ix.lookup(&t, 0x1000, 0, 20);
+        assert_eq!(ix.lookup(&t, 0x2000, 0, 25), k);
+        t.add(k, ProcessCounter::DemandFaults, 5);
+        assert_eq!(ix.lookup(&t, 0x1000, 7, 30), a, "pid 7 keeps its entry");
+        t.add(a, ProcessCounter::DemandFaults, 1);
+        let s = t.snapshot();
+        assert_eq!(s.processes.len(), 2, "{s:?}");
+        assert!(s.processes.iter().all(|p| !p.retired));
+        assert_eq!(t.counters_of(0x1000, 7).unwrap().demand_faults, 3);
+        assert_eq!(t.counters_of(0x2000, 0).unwrap().demand_faults, 5);
+        let kernel = s.processes.iter().find(|p| p.pid == 0).unwrap();
+        assert_eq!(kernel.cr3, 0);
     }
 
     #[test]

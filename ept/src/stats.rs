@@ -182,6 +182,9 @@ counters! {
     faults_seen_physical: FaultsSeenPhysical,
     /// Prefetch candidates (virtual pages) that mapped to no resident-table guest page.
     candidates_unmapped: CandidatesUnmapped,
+    /// Faults recorded in the fault log (`EngineConfig::fault_log_records`): the position a
+    /// live reader can mark and find again in the log written at exit.
+    fault_log_records: FaultLogRecords,
 }
 
 /// Which latency a sample belongs to.

@@ -596,6 +596,110 @@ fn faults_are_attributed_to_the_process_in_the_agent_slot() {
     ));
 }
 
+/// Runs `f` on a new thread registered as vCPU `vcpu` of `vm` and returns its result.
+fn as_vcpu<T: Send + 'static>(vm: &Vm, vcpu: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        go_rx.recv().unwrap();
+        f()
+    });
+    vm.engine.register_vcpu(vcpu, rx.recv().unwrap()).unwrap();
+    go_tx.send(()).unwrap();
+    t.join().unwrap()
+}
+
+#[test]
+fn the_fault_log_names_the_process_the_slot_named_for_every_fault() {
+    use farvm_ept::faultlog::FaultKind;
+    let vm = Vm::with(
+        8,
+        Budget::Bytes(1 << 20),
+        none(),
+        MemStoreConfig::default(),
+        |c| c.fault_log_records = 1 << 16,
+    );
+    publish_slot(&vm, 0, 0x1000, 42, 0xABC000);
+    let g = vm.guest();
+    // The test thread (no vCPU): unattributed zero fills.
+    for p in 2..g.pages {
+        g.store(p, 1, p);
+    }
+    vm.settle();
+    let before = vm.engine.fault_log().len();
+    let sum = as_vcpu(&vm, 0, move || {
+        (2..g.pages).map(|p| g.load(p, 1)).sum::<u64>()
+    });
+    assert_eq!(sum, (2..vm.pages).sum::<u64>());
+    let log = vm.engine.fault_log().records();
+    assert_eq!(vm.engine.fault_log().dropped(), 0);
+    assert_eq!(
+        vm.engine.counters().fault_log_records,
+        log.len() as u64,
+        "the counter is the log's length"
+    );
+    let (boot, run) = log.split_at(before);
+    assert_eq!(
+        boot.len() as u64,
+        vm.pages - 2,
+        "one zero fill per page written"
+    );
+    assert!(boot
+        .iter()
+        .all(|f| f.kind == FaultKind::ZeroFill && !f.attributed && f.pid == 0));
+    // With no prefetcher, every page the budget did not keep came back by a demand read of
+    // vCPU 0 (or a wait, if the evictor was just taking it), in the order it read them.
+    assert!(
+        run.len() as u64 > (vm.pages - 2) / 2,
+        "{} faults",
+        run.len()
+    );
+    assert!(run
+        .iter()
+        .all(|f| matches!(f.kind, FaultKind::Demand | FaultKind::Wait)
+            && f.attributed
+            && f.pid == 42));
+    assert!(run.windows(2).all(|w| w[0].gpn < w[1].gpn), "in order");
+}
+
+#[test]
+fn one_global_history_is_kept_when_asked_for_even_with_an_agent() {
+    let rec = Recorder::new(0, 0);
+    let seen = rec.seen.clone();
+    let vm = Vm::with(
+        8,
+        Budget::Bytes(1 << 20),
+        Box::new(rec),
+        MemStoreConfig::default(),
+        |c| c.global_history = true,
+    );
+    publish_slot(&vm, 0, 0x1000, 42, 0xABC000);
+    let g = vm.guest();
+    for p in 2..g.pages {
+        g.store(p, 1, p);
+    }
+    vm.settle();
+    seen.lock().unwrap().clear();
+    as_vcpu(&vm, 0, move || {
+        (2..g.pages).map(|p| g.load(p, 1)).sum::<u64>()
+    });
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter().all(|&(k, _)| k == 0),
+        "every fault in the global history (key 0)"
+    );
+    // Per-process statistics still name the process.
+    let s = vm.engine.process_stats();
+    let p = s
+        .processes
+        .iter()
+        .find(|p| p.pid == 42)
+        .expect("pid 42 counted");
+    assert_eq!(p.counters.demand_faults as usize, seen.len());
+}
+
 /// Writes an agent slot saying `pid` with page-table root `cr3` runs, at `gpa`, and registers
 /// it as vCPU `vcpu`'s.
 fn publish_slot(vm: &Vm, vcpu: u32, gpa: u64, pid: u64, cr3: u64) {

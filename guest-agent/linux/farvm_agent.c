@@ -6,7 +6,8 @@
  * Binds to the farvm agent device (ACPI _HID "FARV0001", one MMIO register window; the ABI is
  * in farvm_agent_abi.h), negotiates a protocol version, registers one agent slot page per vCPU
  * and writes (pid, CR3, generation) into the running vCPU's slot from the sched_switch
- * tracepoint. It also registers a process-event ring and offers /dev/farvm-agent, to which the
+ * tracepoint (and from sched_process_exec: exec changes the address space without a switch).
+ * It also registers a process-event ring and offers /dev/farvm-agent, to which the
  * user-space daemon (farvm-agentd) writes process events (struct farvm_proc_event records):
  * the module validates them, queues them on the ring and rings the device's doorbell.
  *
@@ -15,6 +16,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/acpi.h>
+#include <linux/binfmts.h>
 #include <linux/fs.h>
 #include <linux/gfp.h>
 #include <linux/io.h>
@@ -59,6 +61,7 @@ struct farvm_agent {
 	spinlock_t ring_lock; /* one producer at a time */
 	struct mutex cmd_lock; /* COMMAND + RESULT pairs */
 	bool tracing;
+	bool tracing_exec;
 	bool misc_registered;
 };
 
@@ -98,14 +101,27 @@ static u32 negotiate(u32 amin, u32 amax, u32 vmin, u32 vmax)
 	return hi >= lo ? hi : 0;
 }
 
-/* ---- sched_switch: publish (pid, cr3) in this vCPU's slot ---- */
+/* ---- sched_switch and exec: publish (pid, cr3) in this vCPU's slot ---- */
+
+/* Writes (pid, cr3) into slot s under its seqlock (odd generation while writing). */
+static void publish(struct farvm_agent_slot *s, u64 pid, u64 cr3)
+{
+	u64 g = READ_ONCE(s->generation);
+
+	WRITE_ONCE(s->generation, g + 1); /* odd: writing */
+	smp_wmb();
+	WRITE_ONCE(s->pid, pid);
+	WRITE_ONCE(s->cr3, cr3);
+	WRITE_ONCE(s->switches, s->switches + 1);
+	smp_wmb();
+	WRITE_ONCE(s->generation, g + 2);
+}
 
 static void probe_sched_switch(void *data, bool preempt, struct task_struct *prev,
 			       struct task_struct *next, unsigned int prev_state)
 {
 	struct farvm_agent_slot *s = this_cpu_read(cpu_slot);
 	u64 pid = 0, cr3;
-	u64 g;
 
 	if (!s)
 		return;
@@ -122,20 +138,32 @@ static void probe_sched_switch(void *data, bool preempt, struct task_struct *pre
 
 		cr3 = mm ? __pa(mm->pgd) : READ_ONCE(s->cr3);
 	}
-	g = READ_ONCE(s->generation);
-	WRITE_ONCE(s->generation, g + 1); /* odd: writing */
-	smp_wmb();
-	WRITE_ONCE(s->pid, pid);
-	WRITE_ONCE(s->cr3, cr3);
-	WRITE_ONCE(s->switches, s->switches + 1);
-	smp_wmb();
-	WRITE_ONCE(s->generation, g + 2);
+	publish(s, pid, cr3);
 }
 
-static void find_sched_switch(struct tracepoint *tp, void *priv)
+/*
+ * exec replaces the running task's address space without a context switch: publish the new
+ * page-table root at once (the tracepoint fires after the new mm is installed), or a process
+ * that keeps its vCPU would be known by its pre-exec address space until its next switch.
+ */
+static void probe_sched_process_exec(void *data, struct task_struct *p, pid_t old_pid,
+				     struct linux_binprm *bprm)
+{
+	struct farvm_agent_slot *s = this_cpu_read(cpu_slot);
+
+	if (!s || p != current || !p->mm)
+		return;
+	publish(s, task_tgid_nr(p), __pa(p->mm->pgd));
+}
+
+static struct tracepoint *sched_process_exec_tp;
+
+static void find_tracepoints(struct tracepoint *tp, void *priv)
 {
 	if (!strcmp(tp->name, "sched_switch"))
 		sched_switch_tp = tp;
+	else if (!strcmp(tp->name, "sched_process_exec"))
+		sched_process_exec_tp = tp;
 }
 
 /* ---- slots ---- */
@@ -284,6 +312,10 @@ static void teardown(struct farvm_agent *a)
 	if (a->misc_registered)
 		misc_deregister(&agent_misc);
 	a->misc_registered = false;
+	if (a->tracing_exec) {
+		tracepoint_probe_unregister(sched_process_exec_tp, probe_sched_process_exec, NULL);
+		a->tracing_exec = false;
+	}
 	if (a->tracing) {
 		tracepoint_probe_unregister(sched_switch_tp, probe_sched_switch, NULL);
 		tracepoint_synchronize_unregister();
@@ -348,9 +380,9 @@ static int farvm_agent_probe(struct platform_device *pdev)
 	err = register_slots(a);
 	if (err)
 		goto fail;
-	for_each_kernel_tracepoint(find_sched_switch, NULL);
-	if (!sched_switch_tp) {
-		dev_err(a->dev, "no sched_switch tracepoint in this kernel\n");
+	for_each_kernel_tracepoint(find_tracepoints, NULL);
+	if (!sched_switch_tp || !sched_process_exec_tp) {
+		dev_err(a->dev, "no sched_switch or sched_process_exec tracepoint in this kernel\n");
 		err = -ENOENT;
 		goto fail;
 	}
@@ -360,6 +392,12 @@ static int farvm_agent_probe(struct platform_device *pdev)
 		goto fail;
 	}
 	a->tracing = true;
+	err = tracepoint_probe_register(sched_process_exec_tp, probe_sched_process_exec, NULL);
+	if (err) {
+		dev_err(a->dev, "cannot attach to sched_process_exec: %d\n", err);
+		goto fail;
+	}
+	a->tracing_exec = true;
 	err = register_ring(a);
 	if (err)
 		goto fail;

@@ -1,6 +1,8 @@
 //! The per-VM control socket: a Unix stream socket taking one JSON request per line
 //! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"processes"}` (per-process paging
-//! statistics), `{"cmd":"shutdown"}`; a bare word works too) and
+//! statistics), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
+//! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
+//! fault on; `history` alone says which); a bare word works too) and
 //! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
 //! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
@@ -188,8 +190,27 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
             vm.request_stop(VmOutcome::ControlShutdown);
             Ok(json!({"stopping": true}))
         }
+        "history" | "history global" | "history per-process" => {
+            let engine = vm.paging_engine().ok_or_else(|| {
+                "no prefetch history: the VM's memory is not remote (or its paging engine has \
+                 stopped)"
+                    .to_string()
+            })?;
+            match cmd {
+                "history global" => engine.set_global_history(true),
+                "history per-process" => engine.set_global_history(false),
+                _ => {}
+            }
+            let now = if engine.global_history() {
+                "global"
+            } else {
+                "per-process"
+            };
+            Ok(json!({ "history": now }))
+        }
         other => Err(format!(
-            "unknown command `{other}` (known: status, stats, processes, shutdown)"
+            "unknown command `{other}` (known: status, stats, processes, shutdown, history, \
+             history global, history per-process)"
         )),
     }
 }

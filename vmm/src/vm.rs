@@ -677,6 +677,13 @@ pub struct VmReport {
     pub paging_errors: Vec<String>,
     /// Per-process paging statistics at the end (remote memory only).
     pub per_process: Option<crate::process_stats::PerProcessStats>,
+    /// The engine's fault log (`farvm run --fault-log`; empty when off), written to its own
+    /// file rather than into the report.
+    #[serde(skip)]
+    pub fault_log: Vec<farvm_ept::faultlog::FaultRecord>,
+    /// Faults the log had no room for.
+    #[serde(skip)]
+    pub fault_log_dropped: u64,
 }
 
 /// A running VM. Dropping it without [`RunningVm::finish`] stops it the same way.
@@ -806,6 +813,13 @@ impl RunningVm {
             paging,
             paging_errors,
             per_process: crate::process_stats::per_process(&self.shared),
+            fault_log: self
+                .remote()
+                .map(|r| r.engine().fault_log().records())
+                .unwrap_or_default(),
+            fault_log_dropped: self
+                .remote()
+                .map_or(0, |r| r.engine().fault_log().dropped()),
         }
     }
 }

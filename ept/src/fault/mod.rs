@@ -65,6 +65,7 @@ use farvm_prefetch::Prefetcher;
 use crate::clock::Clock;
 use crate::errlog::ErrorLog;
 use crate::error::EngineError;
+use crate::faultlog::{FaultKind, FaultLog};
 use crate::frames::Frames;
 use crate::installer::Installer;
 use crate::lost::LostPages;
@@ -118,6 +119,8 @@ struct Faulter {
     entry: ProcRef,
     /// Why there is no entry, if there is none.
     why: Option<Unattributed>,
+    /// The pid the agent slot named (0: the kernel, or none).
+    pid: u64,
 }
 
 impl Faulter {
@@ -125,6 +128,7 @@ impl Faulter {
         key: 0,
         entry: ProcRef::NONE,
         why: None,
+        pid: 0,
     };
 }
 
@@ -149,6 +153,7 @@ pub(crate) struct Handler {
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
     procs: Arc<ProcessTable>,
+    fault_log: Arc<FaultLog>,
     /// Finds or creates the entry of a faulting process (this thread alone creates entries).
     proc_index: ProcessIndex,
     /// The fault being resolved.
@@ -201,6 +206,7 @@ impl Handler {
             counters: parts.counters().clone(),
             hist: parts.hist().clone(),
             procs: parts.procs().clone(),
+            fault_log: parts.fault_log().clone(),
             proc_index: ProcessIndex::new(),
             faulter: Faulter::UNKNOWN,
             clock: parts.clock(),
@@ -216,6 +222,7 @@ impl Handler {
                 parts.installer().clone(),
                 parts.vcpus().clone(),
                 parts.counters().clone(),
+                parts.global_history().clone(),
             ),
             reads: Reads::new(
                 parts.port().clone(),
@@ -303,20 +310,31 @@ impl Handler {
                 key: self.learner.process_key(&a),
                 entry: ProcRef::NONE,
                 why: Some(why),
+                pid: 0,
             },
             None => Faulter {
                 key: self.learner.process_key(&a),
                 entry: self.proc_index.lookup(&self.procs, a.cr3, a.pid, now),
                 why: None,
+                pid: a.pid,
             },
         }
     }
 
-    /// Counts a fault for the process that made it (or as unattributed).
-    fn count_fault(&self, c: ProcessCounter) {
+    /// Counts a fault on page `p` for the process that made it (or as unattributed), and
+    /// records it in the fault log when that is on.
+    fn count_fault(&self, p: u64, c: ProcessCounter) {
         match self.faulter.why {
             Some(why) => self.procs.unattributed(why),
             None => self.procs.add(self.faulter.entry, c, 1),
+        }
+        if self.fault_log.enabled() {
+            if let Some(kind) = FaultKind::of(c) {
+                let f = &self.faulter;
+                if self.fault_log.record(p, kind, f.why.is_none(), f.pid) {
+                    self.counters.inc(Counter::FaultLogRecords);
+                }
+            }
         }
     }
 
@@ -457,7 +475,7 @@ impl Handler {
             return claimed;
         }
         // Counted before the install's wake, so a woken vCPU never sees a stale count.
-        self.count_fault(ProcessCounter::ZeroFills);
+        self.count_fault(p, ProcessCounter::ZeroFills);
         self.installer.install_zero(p, true);
         self.hist
             .record(Hist::ZeroFill, self.clock.now().saturating_sub(now));
@@ -479,7 +497,7 @@ impl Handler {
         }
         self.meta.set_fault_at(p, now);
         self.counters.inc(Counter::DemandFaults);
-        self.count_fault(ProcessCounter::DemandFaults);
+        self.count_fault(p, ProcessCounter::DemandFaults);
         self.learner
             .note_fault(self.faulter.key, self.faulter.entry, p);
         self.reads.push(p, Priority::Demand, now);
@@ -500,7 +518,7 @@ impl Handler {
         self.meta.set_fault_at(p, now);
         self.port.promote(p);
         self.counters.inc(Counter::PrefetchLateHits);
-        self.count_fault(ProcessCounter::PrefetchLateHits);
+        self.count_fault(p, ProcessCounter::PrefetchLateHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
             self.procs
@@ -524,7 +542,7 @@ impl Handler {
             return Step::Raced;
         }
         self.counters.inc(Counter::DedupWaits);
-        self.count_fault(ProcessCounter::WaitFaults);
+        self.count_fault(p, ProcessCounter::WaitFaults);
         Step::Done
     }
 
@@ -541,7 +559,7 @@ impl Handler {
         // Account and tell the prefetcher before the wake, so a woken vCPU never observes a
         // hit that is not counted yet.
         self.counters.inc(Counter::PrefetchMarkerHits);
-        self.count_fault(ProcessCounter::PrefetchMarkerHits);
+        self.count_fault(p, ProcessCounter::PrefetchMarkerHits);
         if w & st::F_PROBE != 0 {
             self.counters.inc(Counter::ProbeHits);
             self.procs
@@ -573,7 +591,7 @@ impl Handler {
         }
         self.meta.set_fault_at(p, now);
         self.counters.inc(Counter::EvictingWaits);
-        self.count_fault(ProcessCounter::WaitFaults);
+        self.count_fault(p, ProcessCounter::WaitFaults);
         Step::Done
     }
 

@@ -5,6 +5,7 @@
 //! allocation per fault.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use farvm_prefetch::{Candidates, Prefetcher};
@@ -26,6 +27,9 @@ pub(super) struct Learner {
     installer: Arc<Installer>,
     vcpus: Arc<VcpuTable>,
     counters: Arc<Counters>,
+    /// `EngineConfig::global_history` (switchable at run time): every fault goes to the
+    /// global history.
+    global: Arc<AtomicBool>,
 }
 
 impl Learner {
@@ -35,8 +39,10 @@ impl Learner {
         installer: Arc<Installer>,
         vcpus: Arc<VcpuTable>,
         counters: Arc<Counters>,
+        global: Arc<AtomicBool>,
     ) -> Self {
         Self {
+            global,
             prefetcher,
             space,
             cands: Candidates::new(),
@@ -58,8 +64,12 @@ impl Learner {
     }
 
     /// The prefetcher's process key of an attribution: its CR3 as the page space names
-    /// processes (0 — the global history — without a vCPU or a slot).
+    /// processes (0 — the global history — without a vCPU or a slot, or with one global
+    /// history asked for).
     pub fn process_key(&self, a: &Attribution) -> u64 {
+        if self.global.load(Ordering::Relaxed) {
+            return crate::translate::GLOBAL_KEY;
+        }
         self.space.process_key(a.key())
     }
 

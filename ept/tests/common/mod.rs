@@ -47,8 +47,13 @@ impl Vm {
         let mut cfg = EngineConfig::new(mem_mib << 20);
         cfg.budget = budget;
         tweak(&mut cfg);
-        let engine = Engine::start(cfg, EngineParts::new(store.clone(), prefetcher))
-            .unwrap_or_else(|e| panic!("engine start failed: {e}"));
+        Self::start(cfg, EngineParts::new(store.clone(), prefetcher), store)
+    }
+
+    /// An engine started from `cfg` and `parts` (whose store is `store`).
+    pub fn start(cfg: EngineConfig, parts: EngineParts, store: Arc<MemStore>) -> Self {
+        let engine =
+            Engine::start(cfg, parts).unwrap_or_else(|e| panic!("engine start failed: {e}"));
         let (base, len) = engine.guest_ram();
         Self {
             engine,

@@ -2,7 +2,7 @@
 //! guest's status.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -302,6 +302,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub kvm_async_pf: bool,
 
+    /// Turn KVM's async page faults off for a Linux guest too (as for the test guest). A Linux
+    /// guest keeps them by default, because it idles with HLT: with HLT exits disabled its idle
+    /// vCPUs halt in guest mode and keep their host CPUs. Without this flag its faults on
+    /// remote pages are taken on KVM's worker threads and cannot be attributed to guest
+    /// processes, so the guest agent's per-process histories and statistics need it (on hosts
+    /// with a CPU per vCPU).
+    #[arg(long, conflicts_with = "kvm_async_pf")]
+    pub no_kvm_async_pf: bool,
+
     /// Stage-2 pre-fault of injected pages: on builds each prefetched page's stage-2
     /// (EPT/NPT) entry with KVM_PRE_FAULT_MEMORY as it is installed, so the guest's first
     /// touch takes no exit at all (where KVM supports it: two-dimensional paging, Linux 6.11
@@ -318,6 +327,23 @@ pub struct RunArgs {
     /// (`farvm-lab bench page-space`).
     #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
     pub page_space: farvm_vmm::remote::PageSpaceKind,
+
+    /// Prefetch histories: per-process (one per guest process the guest agent names; faults
+    /// of no known process go to one global history) or global (one history of
+    /// guest-physical pages for the whole guest, as without an agent — the baseline
+    /// per-process histories are measured against). Per-process statistics are kept either
+    /// way.
+    #[arg(long, value_name = "per-process|global", default_value = "per-process",
+          value_parser = ["per-process", "global"])]
+    pub history: String,
+
+    /// Record every fault the paging engine resolves (guest page, kind, and whether and to
+    /// which guest pid its vCPU's agent slot attributed it) and write the records to FILE at
+    /// exit, one per line: `GPN KIND ATTRIBUTED PID` (GPN in hex). Up to 4,194,304 faults
+    /// (64 MiB); later ones are counted as dropped on the last line. For checking attribution
+    /// against the guest's own view of its processes' pages.
+    #[arg(long, value_name = "FILE", conflicts_with = "local_only")]
+    pub fault_log: Option<PathBuf>,
 
     /// Pin the fault path to host CPU N: vCPU 0, the paging engine's fault handler and the
     /// local memserver's connection threads (evictor and prefetch receiver stay free). A
@@ -523,7 +549,8 @@ pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
     cfg.echo_guest_logs = a.guest_log;
     // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
     // from a file pages like the built-in one.
-    cfg.kvm_async_pf = a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file);
+    cfg.kvm_async_pf = !a.no_kvm_async_pf
+        && (a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file));
     cfg.remote = remote_spec(a, &cfg)?;
     Ok(cfg)
 }
@@ -593,6 +620,12 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
     spec.stage2_prefault = a.stage2_prefault;
+    spec.global_history = a.history == "global";
+    spec.fault_log_records = if a.fault_log.is_some() {
+        FAULT_LOG_RECORDS
+    } else {
+        0
+    };
     Ok(Some(spec))
 }
 
@@ -613,6 +646,28 @@ fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<HttpServer, Failure> {
             format!("cannot serve --metrics on {addr}: {why}"),
         )
     })
+}
+
+/// Faults `--fault-log` keeps at most (16 bytes each).
+const FAULT_LOG_RECORDS: usize = 1 << 22;
+
+/// Writes the fault log (`--fault-log FILE`).
+fn write_fault_log(path: &Path, r: &VmReport) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(w, "# farvm fault log: gpn kind attributed pid")?;
+    for f in &r.fault_log {
+        writeln!(
+            w,
+            "{:x} {} {} {}",
+            f.gpn,
+            f.kind.name(),
+            u8::from(f.attributed),
+            f.pid
+        )?;
+    }
+    writeln!(w, "# dropped {}", r.fault_log_dropped)?;
+    w.flush()
 }
 
 /// Runs a created VM to its end (control socket, signals, timeout) and returns the report.
@@ -681,6 +736,14 @@ pub fn run(a: RunArgs) -> Result<i32> {
     drop(raw);
     let report = report?;
     drop(metrics);
+    if let Some(path) = &a.fault_log {
+        write_fault_log(path, &report).map_err(|e| {
+            Failure::new(
+                exit_code::HOST_ERROR,
+                format!("cannot write the fault log {}: {e}", path.display()),
+            )
+        })?;
+    }
     print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
     if code != exit_code::OK {
@@ -764,6 +827,7 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
             "exits": r.exits,
             "processes": procs,
             "paging": paging_json,
+            "per_process": r.per_process,
         });
         println!("{v}");
         return;

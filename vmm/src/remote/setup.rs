@@ -98,6 +98,12 @@ pub struct RemoteSpec {
     /// Build the stage-2 entries of injected pages with KVM_PRE_FAULT_MEMORY where KVM supports
     /// it (`farvm run --stage2-prefault on|off`); off leaves them to the guest's first touch.
     pub stage2_prefault: bool,
+    /// One prefetch history for the whole guest even with a guest agent attached
+    /// (`farvm run --history global`): the baseline of per-process histories.
+    pub global_history: bool,
+    /// Keep a log of this many resolved faults with the process each was attributed to
+    /// (`farvm run --fault-log`); 0 = off.
+    pub fault_log_records: usize,
 }
 
 impl RemoteSpec {
@@ -119,6 +125,8 @@ impl RemoteSpec {
             page_space: PageSpaceKind::Virtual,
             linux_guest: false,
             stage2_prefault: true,
+            global_history: false,
+            fault_log_records: 0,
         }
     }
 }
@@ -464,6 +472,8 @@ impl RemoteMemory {
         };
         cfg.probe_every = spec.probe_every;
         cfg.prefetch = spec.prefetcher != "none";
+        cfg.global_history = spec.global_history;
+        cfg.fault_log_records = spec.fault_log_records;
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
