@@ -27,7 +27,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{kvm_available, native_checksum};
+use common::{assert_native_report, kvm_available};
 use serde_json::Value;
 
 /// Bound for things that follow a lease TTL or a copy (never a timing assertion: the tests
@@ -263,13 +263,7 @@ impl Vm {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         assert_eq!(o.status.code(), Some(0), "{}: {log}", self.log.display());
         let v: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
-        let p = &v["processes"][0];
-        assert_eq!(p["state_name"], "done", "{p}");
-        assert_eq!(
-            p["checksum"].as_u64(),
-            Some(native_checksum(&self.workload)),
-            "{p}"
-        );
+        assert_native_report(&v, &self.workload);
         v
     }
 }
@@ -505,12 +499,7 @@ fn etcd_restarts_under_running_vms_and_bad_tokens_and_old_servers_are_refused() 
     let rest = rest.join().unwrap();
     assert_eq!(status.code(), Some(0), "{said}{rest}");
     let v: Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(
-        v["processes"][0]["checksum"].as_u64(),
-        Some(native_checksum(workload)),
-        "{}",
-        v["processes"][0]
-    );
+    assert_native_report(&v, workload);
     running.finish();
 
     // A wrong token: the servers refuse the VM's connections and farvm says so.

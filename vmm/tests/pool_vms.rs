@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{kvm_available, native_checksum};
+use common::{assert_native_report, kvm_available};
 use farvm_pool::local_etcd::LocalEtcd;
 use farvm_pool::{Directory, DirectoryConfig, PoolView, ServerId};
 
@@ -132,13 +132,7 @@ fn assert_checksum(o: &Output, workload: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
-    let p = &v["processes"][0];
-    assert_eq!(p["state_name"], "done", "{p}");
-    assert_eq!(
-        p["checksum"].as_u64(),
-        Some(native_checksum(workload)),
-        "{p}"
-    );
+    assert_native_report(&v, workload);
 }
 
 #[test]

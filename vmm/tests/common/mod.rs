@@ -143,3 +143,15 @@ pub fn native_checksum(workload: &str) -> u64 {
         .unwrap()
         .checksum
 }
+
+/// Asserts that the first process of a `farvm run --json` report finished and reproduced the
+/// native checksum of `workload`.
+pub fn assert_native_report(report: &serde_json::Value, workload: &str) {
+    let p = &report["processes"][0];
+    assert_eq!(p["state_name"], "done", "{p}");
+    assert_eq!(
+        p["checksum"].as_u64(),
+        Some(native_checksum(workload)),
+        "{p}"
+    );
+}
