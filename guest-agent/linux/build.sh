@@ -31,6 +31,11 @@ KREL=$(make -s -C "$KDIR" kernelrelease 2>/dev/null || basename "$KDIR")
 OUT=${OUT:-${FARVM_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/farvm/guest-agent}/$KREL}
 mkdir -p "$OUT/module"
 OUT=$(cd "$OUT" && pwd -P)
+# One builder per output directory at a time: tests run concurrently, and a second build would
+# delete the module directory under the first one's Kbuild. A second caller waits, then rebuilds
+# the same bytes.
+exec 7>"$OUT/.lock"
+flock 7
 
 # Same inputs, same bytes: fixed timestamps and build paths.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || echo 0)}
