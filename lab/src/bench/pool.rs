@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use farvm_pool::local_etcd::LocalEtcd;
-use farvm_pool::{Directory, DirectoryConfig, PoolView};
+use farvm_pool::{Directory, DirectoryConfig, PoolView, RackId};
 use serde::Serialize;
 
 use crate::plot::{grouped_bars, RefLine, Series};
 
 pub const POOL_ABOUT: &str = "\
 A memory pool under load: for each memory-server count (--servers, default 1,2,4) a local
-etcd and that many `farvm-memserver --pool` processes on loopback, each its own rack; for each
+etcd and that many `farvm-memserver --pool` processes on loopback, each its own declared rack; for each
 VM count (--vms, default 1,2,4,8) that many `farvm run --pool --replicas 1` VMs started
 together, each running --workload (default seq:ws=24M,passes=4,write=1: every pass reads and
 rewrites a 24 MiB working set through a 16 MiB local budget) with no prefetcher, so every
@@ -138,6 +138,10 @@ impl Drop for Servers {
 
 fn start_servers(etcd: &LocalEtcd, dir: &Directory, n: usize) -> Result<Servers> {
     let bin = beside("farvm-memserver")?;
+    let racks = (0..n)
+        .map(|i| RackId::new(format!("r{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    dir.declare_racks(&racks)?;
     let mut servers = Servers(Vec::new());
     for i in 0..n {
         let child = Command::new(&bin)
