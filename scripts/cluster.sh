@@ -25,10 +25,9 @@
 #   tc qdisc add dev eth0 parent 1:4 handle 40: netem delay 250us
 #   tc filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.77.J.0/24 flowid 1:4  # per other rack J
 #
-# Memory-server registration: until farvm-memserver registers itself in the pool, each one gets
-# a `farvm-pool announce-server` beside it (registers the server, keeps its lease alive while it
-# accepts connections). When `farvm-memserver --help` lists `--pool`, the script starts
-# `farvm-memserver --pool URL --rack rK --pool-id ID` instead (see start_memserver).
+# Racks: once etcd is up the script declares racks r1..rK in the pool (`farvm-pool racks add`),
+# then starts each memory server as `farvm-memserver --pool URL --rack rK --pool-id rK-msI`; the
+# pool refuses a server of an undeclared rack.
 #
 # Everything started is recorded under $FARVM_CLUSTER_RUN/NAME (default /run/farvm-cluster):
 # `down` kills exactly those PIDs and deletes exactly those namespaces and links.
@@ -37,7 +36,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN=${FARVM_BIN:-$ROOT/target/release}
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
 cmd=${1:-}; [[ -n $cmd ]] || usage 64
@@ -117,21 +116,18 @@ wait_tcp() { # wait_tcp NS HOST PORT SECONDS
 start_memserver() { # start_memserver NS RACK ID ADDR
     local ns=$1 rack=$2 id=$3 addr=$4 auth=()
     [[ -z $TOKEN_FILE ]] || auth=(--token-file "$TOKEN_FILE")
-    if "$BIN/farvm-memserver" --help 2>&1 | grep -q -- '--pool'; then
-        # The memory server registers itself (integration hook).
-        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
-            "${auth[@]}" --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" \
-            --advertise "$addr:17070" >/dev/null
-    else
-        spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
-            "${auth[@]}" >/dev/null
-        wait_tcp "$ns" "$addr" 7070 10 || die "memory server $id did not start; see $RUN/$id.log"
-        spawn "$ns" "$id-announce" "$BIN/farvm-pool" --etcd "$ETCD_URL" announce-server \
-            --id "$id" --address "$addr:17070" --probe "$addr:7070" --rack "$rack" \
-            --capacity "$CAPACITY" >/dev/null
-    fi
+    spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
+        "${auth[@]}" --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" \
+        --advertise "$addr:17070" >/dev/null
     spawn "$ns" "$id-delay" "$BIN/farvm-delay-proxy" --listen "$addr:17070" \
         --connect "$addr:7070" --delay-us "$DELAY_US" >/dev/null
+}
+
+declare_racks() { # the pool's racks r1..rRACKS
+    local k racks=()
+    for ((k = 1; k <= RACKS; k++)); do racks+=("r$k"); done
+    ip netns exec "$NAME-etcd" "$BIN/farvm-pool" --etcd "$ETCD_URL" racks add "${racks[@]}" >/dev/null ||
+        die "declaring racks ${racks[*]} in the pool failed"
 }
 
 start_etcd() { # etcd in its namespace, on the cluster's data dir (a restart keeps the data)
@@ -189,6 +185,7 @@ up() {
     add_ns "$NAME-etcd" "$ETCD_ADDR"
     mkdir -p "$RUN/etcd"
     start_etcd
+    declare_racks
 
     local k i n
     for ((k = 1; k <= RACKS; k++)); do

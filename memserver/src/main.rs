@@ -10,9 +10,9 @@ use clap::{Parser, Subcommand};
 
 use farvm_memproto::auth::{load_token_file, Secret};
 use farvm_memserver::bench::{self, BenchConfig};
-use farvm_memserver::pool_member::{PoolMember, PoolMemberConfig};
+use farvm_memserver::pool_member::{is_refusal, PoolMember, PoolMemberConfig};
 use farvm_memserver::server::{Server, ServerConfig};
-use farvm_pool::{RackId, ServerId};
+use farvm_pool::{PoolError, RackId, ServerId};
 
 /// farvm memory server: stores the remote part of VMs' RAM as 4 KiB pages per namespace
 /// (VM id), served over a pipelined binary protocol (see memproto/PROTOCOL.md).
@@ -28,6 +28,9 @@ use farvm_pool::{RackId, ServerId};
 ///   farvm-memserver --listen 0.0.0.0:7070 --rdma 10.0.0.5:7071 --capacity 64G
 ///   farvm-memserver bench --duration 2
 ///   farvm-memserver gen-token >> /etc/farvm/tokens
+///
+/// Exit status: 0 after a subcommand; 78 when the memory pool refuses the server (its --rack
+/// is not declared: `farvm pool racks add RACK`); 1 on any other error.
 #[derive(Parser, Debug)]
 #[command(
     name = "farvm-memserver",
@@ -67,7 +70,8 @@ struct Cli {
     /// Join a memory pool: register this server in the etcd directory at these client URLs
     /// (comma-separated or repeated, e.g. http://10.77.0.2:2379) under a lease kept alive,
     /// keep its used bytes current there, and drop the namespaces of VMs that left the pool
-    /// (lease expired, or released at exit). Needs --rack. Serving never waits on etcd.
+    /// (lease expired, or released at exit). Needs --rack. Serving never waits on etcd; while
+    /// etcd does not answer, registration is retried.
     #[arg(
         long,
         value_name = "URLS",
@@ -76,7 +80,10 @@ struct Cli {
         requires = "rack"
     )]
     pool: Vec<String>,
-    /// The rack (failure domain) of this server in the pool: a slab's replicas go to distinct racks.
+    /// The rack (failure domain) of this server in the pool: a slab's replicas go to distinct
+    /// racks. It must be one the pool declares (`farvm pool racks add RACK`): the pool refuses
+    /// a server of any other rack, and the server then exits with status 78 naming the
+    /// declared racks (at start, or when etcd first answers).
     #[arg(long, value_name = "RACK")]
     rack: Option<RackId>,
     /// The server's id in the pool, stable across restarts [default: HOSTNAME-PORT].
@@ -151,12 +158,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+/// Exit status when the memory pool refuses the server (sysexits' EX_CONFIG; the systemd unit
+/// does not restart on it).
+const EXIT_REFUSED_BY_POOL: u8 = 78;
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("farvm-memserver: error: {e:#}");
-            std::process::ExitCode::FAILURE
+            if e.downcast_ref::<PoolError>().is_some_and(is_refusal) {
+                std::process::ExitCode::from(EXIT_REFUSED_BY_POOL)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }
@@ -239,10 +254,10 @@ fn run() -> Result<()> {
                 println!("metrics {m}");
             }
             let h = Arc::new(h);
-            let _member = match pool_config(&cli, h.addr())? {
-                Some(cfg) => Some(PoolMember::start(h.clone(), cfg)?),
-                None => None,
-            };
+            if let Some(cfg) = pool_config(&cli, h.addr())? {
+                let member = PoolMember::start(h.clone(), cfg)?;
+                return Err(member.wait_refused().into());
+            }
             loop {
                 std::thread::park();
             }

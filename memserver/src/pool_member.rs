@@ -7,9 +7,16 @@
 //! Everything runs on one thread of its own; serving pages never waits on etcd. While etcd is
 //! unreachable the server keeps serving and retries; its record disappears from the pool when
 //! its lease runs out there, and is written again when etcd answers.
+//!
+//! The pool refuses a server whose rack is not declared ([`PoolError::UnknownRack`]): at
+//! [`PoolMember::start`] when etcd answers then, or later (etcd was down at start, or the rack
+//! was removed while the server's lease had expired in an outage), through
+//! [`PoolMember::wait_refused`]. Either way the server must stop: it is outside the pool's
+//! view of its failure domains.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,8 +24,8 @@ use std::time::{Duration, Instant};
 use farvm_memproto::{PAGE_SIZE, PROTOCOL_VERSION};
 use farvm_pool::gc::sweep;
 use farvm_pool::{
-    Directory, DirectoryConfig, NamespaceReclaimer, PoolError, RackId, ServerHealth, ServerId,
-    ServerRecord, ServerRegistration,
+    Directory, DirectoryConfig, NamespaceReclaimer, PoolError, RackId, RegistrationState,
+    ServerHealth, ServerId, ServerRecord, ServerRegistration,
 };
 
 use crate::server::ServerHandle;
@@ -50,6 +57,7 @@ pub struct PoolMemberConfig {
 pub struct PoolMember {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    refused: Receiver<PoolError>,
 }
 
 impl std::fmt::Debug for PoolMember {
@@ -89,23 +97,41 @@ impl NamespaceReclaimer for LocalReclaimer<'_> {
 }
 
 impl PoolMember {
-    /// Connects to the directory and starts the membership thread (registration is retried
-    /// there until etcd answers). Fails only on a configuration error (no endpoint).
+    /// Connects to the directory, registers the server and starts the membership thread. If
+    /// etcd does not answer yet, registration is retried on that thread. Fails on a
+    /// configuration error (no endpoint) and when the pool refuses the server (its rack is
+    /// not declared).
     pub fn start(server: Arc<ServerHandle>, cfg: PoolMemberConfig) -> Result<Self, PoolError> {
         let mut dcfg = DirectoryConfig::new(cfg.endpoints.clone());
         dcfg.prefix = cfg.prefix.clone();
         let dir = Directory::connect(dcfg)?;
+        let first = try_register(&dir, &server, &cfg, true)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let (refuse, refused) = channel();
         let st = stop.clone();
         let thread = std::thread::Builder::new()
             .name("memserver-pool".into())
-            .spawn(move || run(&dir, &server, &cfg, &st))
+            .spawn(move || run(&dir, &server, &cfg, first, &st, &refuse))
             .map_err(PoolError::Runtime)?;
         Ok(Self {
             stop,
             thread: Some(thread),
+            refused,
         })
     }
+
+    /// Blocks until the pool refuses this server after it started (its rack is not declared:
+    /// see the module doc) and returns why; the server must then stop serving.
+    pub fn wait_refused(&self) -> PoolError {
+        self.refused
+            .recv()
+            .unwrap_or_else(|_| PoolError::Lost("the pool membership thread ended".to_owned()))
+    }
+}
+
+/// Whether `e` means the pool refuses this server for good (retrying cannot help).
+pub fn is_refusal(e: &PoolError) -> bool {
+    matches!(e, PoolError::UnknownRack { .. } | PoolError::Lost(_))
 }
 
 impl Drop for PoolMember {
@@ -131,40 +157,73 @@ fn record(server: &ServerHandle, cfg: &PoolMemberConfig) -> ServerRecord {
     }
 }
 
-/// Registers (retrying while etcd does not answer) or returns None when asked to stop.
+/// One registration attempt: `Ok(None)` when it may succeed later (etcd does not answer;
+/// logged as a warning if `warn`), `Err` when the pool refuses the server.
+fn try_register(
+    dir: &Directory,
+    server: &ServerHandle,
+    cfg: &PoolMemberConfig,
+    warn: bool,
+) -> Result<Option<ServerRegistration>, PoolError> {
+    match dir.register_server(record(server, cfg), cfg.ttl) {
+        Ok(r) => {
+            tracing::info!(id = %cfg.id, rack = %cfg.rack, address = %cfg.advertise, "registered in the memory pool");
+            Ok(Some(r))
+        }
+        Err(e) if is_refusal(&e) => Err(e),
+        Err(e) if warn => {
+            tracing::warn!("cannot register in the memory pool yet: {e}; retrying");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::debug!("cannot register in the memory pool yet: {e}");
+            Ok(None)
+        }
+    }
+}
+
+/// Registers, retrying while etcd does not answer; `Ok(None)` when asked to stop.
 fn register(
     dir: &Directory,
     server: &ServerHandle,
     cfg: &PoolMemberConfig,
     stop: &AtomicBool,
-) -> Option<ServerRegistration> {
-    let mut warned = false;
+) -> Result<Option<ServerRegistration>, PoolError> {
     while !stop.load(Ordering::Acquire) {
-        match dir.register_server(record(server, cfg), cfg.ttl) {
-            Ok(r) => {
-                tracing::info!(id = %cfg.id, rack = %cfg.rack, address = %cfg.advertise, "registered in the memory pool");
-                return Some(r);
-            }
-            Err(e) => {
-                if !warned {
-                    tracing::warn!("cannot register in the memory pool yet: {e}; retrying");
-                    warned = true;
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
+        if let Some(r) = try_register(dir, server, cfg, false)? {
+            return Ok(Some(r));
         }
+        std::thread::sleep(Duration::from_secs(1));
     }
-    None
+    Ok(None)
 }
 
-fn run(dir: &Directory, server: &ServerHandle, cfg: &PoolMemberConfig, stop: &AtomicBool) {
-    let Some(reg) = register(dir, server, cfg, stop) else {
-        return;
+fn run(
+    dir: &Directory,
+    server: &ServerHandle,
+    cfg: &PoolMemberConfig,
+    first: Option<ServerRegistration>,
+    stop: &AtomicBool,
+    refuse: &Sender<PoolError>,
+) {
+    let reg = match first.map_or_else(|| register(dir, server, cfg, stop), |r| Ok(Some(r))) {
+        Ok(Some(reg)) => reg,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::error!("the memory pool refuses this server: {e}");
+            let _ = refuse.send(e);
+            return;
+        }
     };
     let mut watch = dir.watch();
     let mut last_update = Instant::now();
     let mut gc_due = true;
     while !stop.load(Ordering::Acquire) {
+        if let RegistrationState::Lost { reason } = reg.state() {
+            tracing::error!("the memory pool refuses this server: {reason}");
+            let _ = refuse.send(PoolError::Lost(reason));
+            return;
+        }
         let changed = watch.wait_newer(cfg.update_every.min(Duration::from_millis(500)));
         if last_update.elapsed() >= cfg.update_every {
             let used = server.occupancy().used_pages * PAGE_SIZE as u64;

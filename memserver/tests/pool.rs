@@ -80,6 +80,7 @@ fn used(view: &PoolView, id: &ServerId) -> Option<u64> {
 fn a_pool_member_registers_reports_usage_collects_dead_vms_and_leaves_when_killed() {
     let etcd = LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"));
     let dir = directory(&etcd);
+    dir.declare_racks(&[RackId::new("r1").unwrap()]).unwrap();
     let mut m = member(&etcd, "ms-a", "r1");
     let id = ServerId::new("ms-a").unwrap();
     let view = wait_view(&dir, "ms-a registered", |v| v.servers.contains_key(&id));

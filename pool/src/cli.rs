@@ -1,4 +1,4 @@
-//! The operator's commands on the pool — status, gc, drain, rebalance, plans, orphans, and
+//! The operator's commands on the pool — racks, status, gc, drain, rebalance, plans, orphans, and
 //! the registration helpers for tests and demos — shared by `farvm pool` and the standalone
 //! `farvm-pool` binary (one implementation; both parse [`PoolArgs`] and call [`run`]).
 
@@ -43,11 +43,14 @@ The memory pool: memory servers and VMs registered in etcd, rack-aware placement
 remote memory, and the namespaces dead VMs left behind.
 
 Key layout under the prefix (default /farvm/pool/v1): servers/<id> and vms/<uuid> under their
-holders' leases; placement/<uuid>/<slab>, gc/<uuid>, drain/<id> and moves/<uuid>/<slab>
-without. Memory servers join with `farvm-memserver --pool URLS --rack R`; VMs with
-`farvm run --pool URLS`.
+holders' leases; racks/<rack>, placement/<uuid>/<slab>, gc/<uuid>, drain/<id> and
+moves/<uuid>/<slab> without. The operator declares the racks first (`racks add`); memory
+servers join with `farvm-memserver --pool URLS --rack R`, R one of them (a server of an
+undeclared rack is refused and exits); VMs with `farvm run --pool URLS`.
 
 Examples:
+  farvm pool --etcd http://10.77.0.2:2379 racks add r1 r2 r3
+  farvm pool --etcd http://10.77.0.2:2379 racks
   farvm pool --etcd http://10.77.0.2:2379 status
   farvm pool --etcd http://10.77.0.2:2379 status --json
   farvm pool --etcd http://10.77.0.2:2379 drain r1-ms1
@@ -57,6 +60,18 @@ Examples:
 /// The pool commands.
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
+    /// The pool's racks (failure domains). A memory server registers only in a declared rack,
+    /// so a misspelt --rack is refused instead of silently creating a rack. Without a
+    /// subcommand, list them: every declared rack with its live servers (also with none), and
+    /// any rack a live server is in that is not declared (its servers take no slabs).
+    Racks {
+        /// Declare or remove racks.
+        #[command(subcommand)]
+        cmd: Option<RacksCmd>,
+        /// Print the list as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print racks → servers (capacity, used, reserved, free, VMs, health), hosts → VMs, the
     /// fleet's oversubscription ratio (guest RAM / host-local RAM) and namespaces awaiting
     /// collection.
@@ -131,7 +146,7 @@ pub enum PoolCommand {
         /// Address clients connect to.
         #[arg(long, value_name = "ADDR")]
         address: SocketAddr,
-        /// Rack (failure domain).
+        /// Rack (failure domain); must be declared (`racks add`).
         #[arg(long)]
         rack: RackId,
         /// Arena size (e.g. 8G).
@@ -195,6 +210,24 @@ pub enum PoolCommand {
     },
 }
 
+/// `farvm pool racks` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum RacksCmd {
+    /// Declare racks (declaring a declared rack again changes nothing).
+    Add {
+        /// Rack names (1-64 characters of A-Z a-z 0-9 . _ : -).
+        #[arg(value_name = "RACK", required = true)]
+        racks: Vec<RackId>,
+    },
+    /// Remove a declared rack. Refused while a live memory server is registered in it: drain
+    /// and stop its servers first.
+    Remove {
+        /// The rack.
+        #[arg(value_name = "RACK")]
+        rack: RackId,
+    },
+}
+
 /// The plans `farvm pool plan` prints.
 #[derive(Subcommand, Debug)]
 pub enum PlanCmd {
@@ -248,6 +281,7 @@ pub fn run(args: PoolArgs) -> Result<()> {
                 print!("{}", status.render_table());
             }
         }
+        PoolCommand::Racks { cmd, json } => racks(&dir, cmd, json)?,
         PoolCommand::Plan { what, json } => {
             let view = dir.view()?;
             let plan = match what {
@@ -398,6 +432,62 @@ pub fn run(args: PoolArgs) -> Result<()> {
                         o.namespace,
                         o.server,
                         o.slabs.len()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn racks(dir: &Directory, cmd: Option<RacksCmd>, json: bool) -> Result<()> {
+    match cmd {
+        Some(RacksCmd::Add { racks }) => {
+            let new = dir.declare_racks(&racks)?;
+            for r in &racks {
+                if new.contains(r) {
+                    println!("rack {r}: declared");
+                } else {
+                    println!("rack {r}: declared already");
+                }
+            }
+        }
+        Some(RacksCmd::Remove { rack }) => {
+            dir.remove_rack(&rack)?;
+            println!("rack {rack}: removed");
+        }
+        None => {
+            let status = dir.status()?;
+            if json {
+                let list: Vec<_> = status
+                    .racks
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "rack": r.rack,
+                            "declared": r.declared,
+                            "servers": r.servers.iter().map(|s| &s.id).collect::<Vec<_>>(),
+                            "capacity_bytes": r.capacity_bytes,
+                            "free_bytes": r.free_bytes,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if status.racks.is_empty() {
+                println!("no rack is declared: farvm pool racks add RACK...");
+            } else {
+                println!(
+                    "{:<12} {:<9} {:>7} {:>10} {:>10}",
+                    "RACK", "DECLARED", "SERVERS", "CAPACITY", "FREE"
+                );
+                for r in &status.racks {
+                    println!(
+                        "{:<12} {:<9} {:>7} {:>10} {:>10}",
+                        r.rack.as_str(),
+                        if r.declared { "yes" } else { "NO" },
+                        r.servers.len(),
+                        fmt_bytes(r.capacity_bytes),
+                        fmt_bytes(r.free_bytes)
                     );
                 }
             }

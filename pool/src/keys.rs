@@ -3,6 +3,7 @@
 //!
 //! | key                                   | value            | lease            |
 //! |---------------------------------------|------------------|------------------|
+//! | `<prefix>/racks/<rack>`               | `{}`             | none             |
 //! | `<prefix>/servers/<server-id>`        | [`ServerRecord`] | the server's     |
 //! | `<prefix>/vms/<vm-uuid>`              | [`VmRecord`]     | the VM's         |
 //! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]   | none             |
@@ -10,7 +11,9 @@
 //! | `<prefix>/drain/<server-id>`          | `{}`             | none             |
 //! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]         | none             |
 //!
-//! Values are JSON. A placement outlives its VM's lease on purpose: once the VM record is gone
+//! Values are JSON. `racks/` holds the racks the operator declared: a server registers only
+//! in a declared rack (a misspelt `--rack` must not create a new failure domain), and a rack is
+//! removed only while no live server is in it. A placement outlives its VM's lease on purpose: once the VM record is gone
 //! the placement tells the garbage collector which namespaces to discard where; the collector
 //! first marks the VM under `gc/` and discards after a grace period, and a VMM that renews its
 //! registration in that period removes the mark. A `drain/` mark is the operator's: the server
@@ -25,7 +28,7 @@
 //! [`GcMark`]: crate::gc::GcMark
 //! [`Move`]: crate::placement::Move
 
-use crate::ids::{ServerId, VmId};
+use crate::ids::{RackId, ServerId, VmId};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/farvm/pool/v1";
@@ -39,6 +42,8 @@ pub struct KeyLayout {
 /// A parsed pool key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolKey {
+    /// `racks/<rack>`
+    Rack(RackId),
     /// `servers/<id>`
     Server(ServerId),
     /// `vms/<uuid>`
@@ -64,6 +69,16 @@ impl KeyLayout {
     /// The prefix every pool key starts with, with a trailing slash.
     pub fn root(&self) -> String {
         format!("{}/", self.prefix)
+    }
+
+    /// `<prefix>/racks/` (every declared rack).
+    pub fn racks(&self) -> String {
+        format!("{}/racks/", self.prefix)
+    }
+
+    /// `<prefix>/racks/<rack>`
+    pub fn rack(&self, rack: &RackId) -> String {
+        format!("{}/racks/{rack}", self.prefix)
     }
 
     /// `<prefix>/servers/`
@@ -121,6 +136,7 @@ impl KeyLayout {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
         let (kind, name) = rest.split_once('/')?;
         match kind {
+            "racks" => RackId::new(name).ok().map(PoolKey::Rack),
             "servers" => ServerId::new(name).ok().map(PoolKey::Server),
             "vms" => name.parse().ok().map(PoolKey::Vm),
             "gc" => name.parse().ok().map(PoolKey::GcMark),
@@ -158,6 +174,11 @@ mod tests {
         assert_eq!(k.parse(&k.vm(&vm)), Some(PoolKey::Vm(vm)));
         assert_eq!(k.parse(&k.slab(&vm, 17)), Some(PoolKey::Slab(vm, 17)));
         assert_eq!(k.parse(&k.gc_mark(&vm)), Some(PoolKey::GcMark(vm)));
+        let r = RackId::new("r1").unwrap();
+        assert_eq!(k.rack(&r), "/farvm/pool/v1/racks/r1");
+        assert!(k.rack(&r).starts_with(&k.racks()));
+        assert_eq!(k.parse(&k.rack(&r)), Some(PoolKey::Rack(r)));
+        assert_eq!(k.parse("/farvm/pool/v1/racks/a/b"), None);
         let d = ServerId::new("ms-2").unwrap();
         assert_eq!(k.parse(&k.drain_mark(&d)), Some(PoolKey::Drain(d)));
         assert!(k.slab(&vm, 3).starts_with(&k.vm_placement(&vm)));

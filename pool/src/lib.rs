@@ -2,7 +2,8 @@
 //! remote memory goes, and what happens to it when a VM or a server goes away.
 //!
 //! * [`Directory`] — the etcd v3 directory (blocking API over the crate's own small runtime):
-//!   [`Directory::register_server`], [`Directory::admit_vm`], [`Directory::view`],
+//!   [`Directory::declare_racks`], [`Directory::remove_rack`], [`Directory::register_server`]
+//!   (only in a declared rack), [`Directory::admit_vm`], [`Directory::view`],
 //!   [`Directory::watch`], [`Directory::collect_garbage`], [`Directory::commit_move`],
 //!   [`Directory::set_draining`], [`Directory::status`]. Key layout: [`keys`].
 //! * [`placement`] — pure, rack-aware and capacity-aware slab placement: admission with a

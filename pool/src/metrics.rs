@@ -4,8 +4,9 @@
 //!
 //! Series: per server (`server`, `rack` labels) `farvm_pool_server_{capacity,used,reserved,
 //! free}_bytes`, `farvm_pool_server_vms` and `farvm_pool_server_up` (1 when it takes new slabs,
-//! 0 when draining or degraded); per rack `farvm_pool_rack_{capacity,free}_bytes`; for the
-//! fleet `farvm_pool_{servers,racks,vms}`, `farvm_pool_{capacity,used,reserved,free,guest_ram,
+//! 0 when draining, degraded or in an undeclared rack); per rack (declared ones also with no
+//! server) `farvm_pool_rack_{capacity,free}_bytes`; for the fleet
+//! `farvm_pool_{servers,racks,declared_racks,vms}`, `farvm_pool_{capacity,used,reserved,free,guest_ram,
 //! local_ram}_bytes`, `farvm_pool_oversubscription_ratio` (guest RAM / host-local RAM, 0 with
 //! no VM), `farvm_pool_orphans` (server, namespace pairs awaiting collection) and
 //! `farvm_pool_etcd_up`.
@@ -64,49 +65,53 @@ pub fn encode(f: &mut Families<'_>, s: &PoolStatus, etcd_up: bool) -> fmt::Resul
     let servers: Vec<_> = s
         .racks
         .iter()
-        .flat_map(|r| r.servers.iter().map(move |srv| (r.rack.as_str(), srv)))
+        .flat_map(|r| {
+            r.servers
+                .iter()
+                .map(move |srv| (r.rack.as_str(), r.declared, srv))
+        })
         .collect();
     let labels: Vec<[(&str, &str); 2]> = servers
         .iter()
-        .map(|(rack, srv)| [("server", srv.id.as_str()), ("rack", *rack)])
+        .map(|(rack, _, srv)| [("server", srv.id.as_str()), ("rack", *rack)])
         .collect();
     let per_server =
-        |get: &dyn Fn(&crate::status::ServerStatus) -> u64| -> Vec<(&[(&str, &str)], u64)> {
+        |get: &dyn Fn(bool, &crate::status::ServerStatus) -> u64| -> Vec<(&[(&str, &str)], u64)> {
             servers
                 .iter()
                 .zip(&labels)
-                .map(|((_, srv), l)| (&l[..], get(srv)))
+                .map(|((_, declared, srv), l)| (&l[..], get(*declared, srv)))
                 .collect()
         };
     f.gauge_series(
         "farvm_pool_server_capacity_bytes",
         "Arena size of each memory server.",
-        &per_server(&|s| s.capacity_bytes),
+        &per_server(&|_, s| s.capacity_bytes),
     )?;
     f.gauge_series(
         "farvm_pool_server_used_bytes",
         "Bytes of pages each memory server stores.",
-        &per_server(&|s| s.used_bytes),
+        &per_server(&|_, s| s.used_bytes),
     )?;
     f.gauge_series(
         "farvm_pool_server_reserved_bytes",
         "Bytes reserved on each memory server by placed slab replicas.",
-        &per_server(&|s| s.reserved_bytes),
+        &per_server(&|_, s| s.reserved_bytes),
     )?;
     f.gauge_series(
         "farvm_pool_server_free_bytes",
         "Capacity minus the larger of used and reserved bytes.",
-        &per_server(&|s| s.free_bytes),
+        &per_server(&|_, s| s.free_bytes),
     )?;
     f.gauge_series(
         "farvm_pool_server_vms",
         "VMs with a slab replica on each memory server.",
-        &per_server(&|s| s.vms.len() as u64),
+        &per_server(&|_, s| s.vms.len() as u64),
     )?;
     f.gauge_series(
         "farvm_pool_server_up",
-        "1 when the server takes new slabs, 0 when draining or degraded.",
-        &per_server(&|s| u64::from(s.health == ServerHealth::Up)),
+        "1 when the server takes new slabs, 0 when draining, degraded or in an undeclared rack.",
+        &per_server(&|declared, s| u64::from(declared && s.health == ServerHealth::Up)),
     )?;
     let racks: Vec<[(&str, &str); 1]> = s
         .racks
@@ -141,6 +146,11 @@ pub fn encode(f: &mut Families<'_>, s: &PoolStatus, etcd_up: bool) -> fmt::Resul
         "farvm_pool_racks",
         "Racks with a memory server.",
         fl.racks as u64,
+    )?;
+    f.gauge(
+        "farvm_pool_declared_racks",
+        "Racks declared in the pool.",
+        fl.declared_racks as u64,
     )?;
     f.gauge("farvm_pool_vms", "VMs registered.", fl.vms as u64)?;
     f.gauge(
@@ -203,6 +213,8 @@ mod tests {
             revision: 3,
             ..Default::default()
         };
+        // r1 and r3 declared (r3 has no server); r2 is not, so b takes no slabs.
+        view.racks = ["r1", "r3"].map(|r| RackId::new(r).unwrap()).into();
         for (id, rack, used) in [("a", "r1", 4096u64), ("b", "r2", 0)] {
             let id = ServerId::new(id).unwrap();
             view.servers.insert(
@@ -239,6 +251,19 @@ mod tests {
         );
         assert!(text.contains("farvm_pool_servers 2"), "{text}");
         assert!(text.contains("farvm_pool_racks 2"), "{text}");
+        assert!(text.contains("farvm_pool_declared_racks 2"), "{text}");
+        assert!(
+            text.contains("farvm_pool_server_up{server=\"a\",rack=\"r1\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("farvm_pool_server_up{server=\"b\",rack=\"r2\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("farvm_pool_rack_capacity_bytes{rack=\"r3\"} 0"),
+            "{text}"
+        );
         assert!(
             text.contains("farvm_pool_capacity_bytes 2147483648"),
             "{text}"

@@ -1,4 +1,4 @@
-//! The pool's status: racks → servers (capacity, used, reserved, free, VMs, health), hosts →
+//! The pool's status: racks (declared ones, also those with no server) → servers (capacity, used, reserved, free, VMs, health), hosts →
 //! VMs, namespaces awaiting collection, and the fleet's oversubscription ratio (guest RAM over
 //! the host RAM VMs keep resident). Serialises to JSON and renders as a table.
 
@@ -42,6 +42,9 @@ pub struct ServerStatus {
 pub struct RackStatus {
     /// Its name.
     pub rack: RackId,
+    /// Whether it is declared in the pool. A rack that is not (only seen as the rack of a
+    /// server that registered before it was removed) takes no slabs.
+    pub declared: bool,
     /// Sum over its servers.
     pub capacity_bytes: u64,
     /// Sum over its servers.
@@ -101,6 +104,8 @@ pub struct FleetStatus {
     pub servers: usize,
     /// Racks with a live server.
     pub racks: usize,
+    /// Racks declared in the pool (with or without a live server).
+    pub declared_racks: usize,
     /// Live VMs.
     pub vms: usize,
     /// Pool capacity.
@@ -124,7 +129,7 @@ pub struct FleetStatus {
 pub struct PoolStatus {
     /// The etcd revision it was built from.
     pub revision: i64,
-    /// Racks in name order.
+    /// Declared racks and racks with a live server, in name order.
     pub racks: Vec<RackStatus>,
     /// Hosts in name order.
     pub hosts: Vec<HostStatus>,
@@ -150,18 +155,23 @@ impl PoolStatus {
                 vms_on.entry(s).or_default().insert(slab.vm);
             }
         }
-        let mut racks: BTreeMap<RackId, RackStatus> = BTreeMap::new();
+        let empty = |rack: &RackId| RackStatus {
+            rack: rack.clone(),
+            declared: view.rack_declared(rack),
+            capacity_bytes: 0,
+            used_bytes: 0,
+            reserved_bytes: 0,
+            free_bytes: 0,
+            servers: Vec::new(),
+        };
+        let mut racks: BTreeMap<RackId, RackStatus> =
+            view.racks.iter().map(|r| (r.clone(), empty(r))).collect();
         for s in view.servers.values() {
             let reserved = committed.get(&s.id).copied().unwrap_or(0);
             let free = s.capacity_bytes.saturating_sub(s.used_bytes.max(reserved));
-            let rack = racks.entry(s.rack.clone()).or_insert_with(|| RackStatus {
-                rack: s.rack.clone(),
-                capacity_bytes: 0,
-                used_bytes: 0,
-                reserved_bytes: 0,
-                free_bytes: 0,
-                servers: Vec::new(),
-            });
+            let rack = racks
+                .entry(s.rack.clone())
+                .or_insert_with(|| empty(&s.rack));
             rack.capacity_bytes += s.capacity_bytes;
             rack.used_bytes += s.used_bytes;
             rack.reserved_bytes += reserved;
@@ -219,7 +229,8 @@ impl PoolStatus {
         let local: u64 = vms.iter().map(|v| v.local_budget_bytes).sum();
         let fleet = FleetStatus {
             servers: view.servers.len(),
-            racks: racks.len(),
+            racks: racks.iter().filter(|r| !r.servers.is_empty()).count(),
+            declared_racks: view.racks.len(),
             vms: vms.len(),
             capacity_bytes: racks.iter().map(|r| r.capacity_bytes).sum(),
             used_bytes: racks.iter().map(|r| r.used_bytes).sum(),
@@ -251,10 +262,11 @@ impl PoolStatus {
         let ratio = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}x"));
         let _ = writeln!(
             out,
-            "pool: {} server(s) in {} rack(s), {} VM(s); capacity {}, used {}, reserved {}, free {}; \
-             oversubscription {} (guest {} / local {})",
+            "pool: {} server(s) in {} rack(s) ({} declared), {} VM(s); capacity {}, used {}, \
+             reserved {}, free {}; oversubscription {} (guest {} / local {})",
             f.servers,
             f.racks,
+            f.declared_racks,
             f.vms,
             fmt_bytes(f.capacity_bytes),
             fmt_bytes(f.used_bytes),
@@ -270,6 +282,10 @@ impl PoolStatus {
             "RACK", "SERVER", "ADDRESS", "CAPACITY", "USED", "RESERVED", "FREE", "VMS", "HEALTH"
         );
         for r in &self.racks {
+            if r.servers.is_empty() {
+                let _ = writeln!(out, "{:<10} (no server)", r.rack.as_str());
+                continue;
+            }
             for s in &r.servers {
                 let _ = writeln!(
                     out,
@@ -287,14 +303,19 @@ impl PoolStatus {
             }
             let _ = writeln!(
                 out,
-                "{:<10} {:<12} {:<21} {:>10} {:>10} {:>10} {:>10}",
+                "{:<10} {:<12} {:<21} {:>10} {:>10} {:>10} {:>10}{}",
                 "",
                 "(rack)",
                 "",
                 fmt_bytes(r.capacity_bytes),
                 fmt_bytes(r.used_bytes),
                 fmt_bytes(r.reserved_bytes),
-                fmt_bytes(r.free_bytes)
+                fmt_bytes(r.free_bytes),
+                if r.declared {
+                    ""
+                } else {
+                    "  NOT DECLARED: its servers take no slabs"
+                }
             );
         }
         if !self.hosts.is_empty() {

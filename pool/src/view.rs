@@ -1,13 +1,13 @@
-//! A snapshot of the pool: every live server, every live VM, every slab placement and every
+//! A snapshot of the pool: every declared rack, every live server, every live VM, every slab placement and every
 //! garbage-collection mark, read at one etcd revision. Placement, garbage collection and the
 //! status model are pure functions of a view.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::gc::GcMark;
-use crate::ids::{ServerId, VmId};
+use crate::ids::{RackId, ServerId, VmId};
 use crate::record::{ServerRecord, SlabRecord, VmRecord};
 
 /// One slab of one VM.
@@ -31,6 +31,10 @@ impl std::fmt::Display for SlabRef {
 pub struct PoolView {
     /// The etcd revision read (0 for a view built in memory).
     pub revision: i64,
+    /// The racks the operator declared (`farvm pool racks add`). Only servers in a declared
+    /// rack take slabs.
+    #[serde(default)]
+    pub racks: BTreeSet<RackId>,
     /// Registered (live) servers.
     pub servers: BTreeMap<ServerId, ServerRecord>,
     /// Registered (live) VMs.
@@ -47,6 +51,19 @@ pub struct PoolView {
 }
 
 impl PoolView {
+    /// Whether `rack` is declared: servers registered in any other rack take no slab.
+    pub fn rack_declared(&self, rack: &RackId) -> bool {
+        self.racks.contains(rack)
+    }
+
+    /// Whether `server` takes new slabs from clients of wire version `min_wire_version`: it
+    /// is `up`, in a declared rack and speaks that version (room is checked separately).
+    pub fn takes_new_slabs(&self, server: &ServerRecord, min_wire_version: u8) -> bool {
+        server.health == crate::record::ServerHealth::Up
+            && self.rack_declared(&server.rack)
+            && server.wire_version >= min_wire_version
+    }
+
     /// Bytes reserved on `server` by placed slab replicas.
     pub fn committed_bytes(&self, server: &ServerId) -> u64 {
         self.slabs

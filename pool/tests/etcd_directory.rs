@@ -24,10 +24,30 @@ fn etcd() -> LocalEtcd {
     LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn dir(etcd: &LocalEtcd) -> Directory {
+/// A directory on `etcd` declaring no rack.
+fn bare_dir(etcd: &LocalEtcd) -> Directory {
     let mut cfg = DirectoryConfig::new(vec![etcd.endpoint()]);
     cfg.request_timeout = Duration::from_secs(2);
     Directory::connect(cfg).unwrap()
+}
+
+/// A directory on `etcd` declaring racks r1, r2 and r3.
+fn dir(etcd: &LocalEtcd) -> Directory {
+    let d = bare_dir(etcd);
+    d.declare_racks(&racks(&["r1", "r2", "r3"])).unwrap();
+    d
+}
+
+fn racks(names: &[&str]) -> Vec<RackId> {
+    names.iter().map(|r| RackId::new(*r).unwrap()).collect()
+}
+
+fn pool_cli(etcd: &LocalEtcd, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_farvm-pool"))
+        .args(["--etcd", &etcd.endpoint()])
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn record(id: &str, rack: &str, port: u16, capacity: u64) -> ServerRecord {
@@ -145,6 +165,11 @@ fn server_registration_updates_and_lease_expiry_removes_dead_servers() {
 fn killed_announcer_process_leaves_the_pool_after_its_ttl() {
     let etcd = etcd();
     let d = dir(&etcd);
+    let add = pool_cli(&etcd, &["racks", "add", "r9", "r1"]);
+    assert!(add.status.success(), "{add:?}");
+    let said = String::from_utf8_lossy(&add.stdout);
+    assert!(said.contains("rack r9: declared\n"), "{said}");
+    assert!(said.contains("rack r1: declared already"), "{said}");
     // Something listening, for the announcer's probe.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -173,6 +198,24 @@ fn killed_announcer_process_leaves_the_pool_after_its_ttl() {
             .contains_key(&ServerId::new("ms-x").unwrap())
             .then_some(())
     });
+    // A rack with a live server cannot be removed.
+    let rm = pool_cli(&etcd, &["racks", "remove", "r9"]);
+    assert!(!rm.status.success());
+    let err = String::from_utf8_lossy(&rm.stderr);
+    assert!(
+        err.contains("rack r9 still has 1 live memory server(s) (ms-x)"),
+        "{err}"
+    );
+    let list = pool_cli(&etcd, &["racks", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let r9 = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rack"] == "r9")
+        .unwrap_or_else(|| panic!("{list:#}"));
+    assert_eq!(r9["declared"], true);
+    assert_eq!(r9["servers"], serde_json::json!(["ms-x"]));
     // SIGKILL: no chance to deregister; only the lease TTL removes it.
     child.kill().unwrap();
     child.wait().unwrap();
@@ -185,6 +228,113 @@ fn killed_announcer_process_leaves_the_pool_after_its_ttl() {
         let v = d.view().ok()?;
         v.servers.is_empty().then_some(())
     });
+}
+
+#[test]
+fn servers_register_only_in_declared_racks_and_a_rack_in_use_stays() {
+    let etcd = etcd();
+    let d = bare_dir(&etcd);
+    // A pool that declares no rack refuses every server, saying how to declare them.
+    let e = d
+        .register_server(record("ms-a", "r1", 7701, GIB), TTL)
+        .unwrap_err();
+    assert!(
+        matches!(&e, PoolError::UnknownRack { rack, declared } if rack.as_str() == "r1" && declared.is_empty()),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(text.contains("declares no racks yet"), "{text}");
+    assert!(text.contains("farvm pool racks add r1"), "{text}");
+    assert!(d.view().unwrap().servers.is_empty());
+
+    assert_eq!(
+        d.declare_racks(&racks(&["r2", "r1"])).unwrap(),
+        racks(&["r1", "r2"])
+    );
+    assert_eq!(
+        d.declare_racks(&racks(&["r2", "r3"])).unwrap(),
+        racks(&["r3"])
+    );
+    assert_eq!(d.declared_racks().unwrap(), racks(&["r1", "r2", "r3"]));
+
+    // A misspelt rack is refused, naming it and the declared racks; nothing is registered.
+    let e = d
+        .register_server(record("ms-a", "r01", 7701, GIB), TTL)
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("rack r01 is not declared in the pool (declared racks: r1, r2, r3)"),
+        "{text}"
+    );
+    assert!(d.view().unwrap().servers.is_empty());
+
+    // Declared racks show in the status also with no server.
+    let a = d
+        .register_server(record("ms-a", "r1", 7701, GIB), TTL)
+        .unwrap();
+    let st = d.status().unwrap();
+    assert_eq!((st.fleet.racks, st.fleet.declared_racks), (1, 3));
+    let shown: Vec<(&str, bool, usize)> = st
+        .racks
+        .iter()
+        .map(|r| (r.rack.as_str(), r.declared, r.servers.len()))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![("r1", true, 1), ("r2", true, 0), ("r3", true, 0)]
+    );
+    assert!(st.render_table().contains("r2         (no server)"));
+
+    // A rack with a live server stays; empty or unknown ones go or are refused.
+    let e = d.remove_rack(&RackId::new("r1").unwrap()).unwrap_err();
+    assert!(
+        matches!(&e, PoolError::RackInUse { servers, .. } if servers == &[ServerId::new("ms-a").unwrap()]),
+        "{e:?}"
+    );
+    d.remove_rack(&RackId::new("r2").unwrap()).unwrap();
+    let e = d.remove_rack(&RackId::new("r2").unwrap()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rack r2 is not declared in the pool (declared racks: r1, r3)"),
+        "{e}"
+    );
+    a.deregister();
+    d.remove_rack(&RackId::new("r1").unwrap()).unwrap();
+    assert_eq!(d.declared_racks().unwrap(), racks(&["r3"]));
+}
+
+#[test]
+fn a_server_whose_rack_went_while_its_lease_lapsed_is_not_registered_again() {
+    let etcd = etcd();
+    let d = dir(&etcd);
+    let reg = d
+        .register_server(record("ms-a", "r1", 7801, GIB), TTL)
+        .unwrap();
+    let lease = reg.lease().unwrap();
+    // What an etcd outage longer than the TTL, during which the operator removed the empty
+    // rack, leaves behind: the server's lease gone, and its rack with it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        c.delete(d.keys().rack(&RackId::new("r1").unwrap()), None)
+            .await
+            .unwrap();
+        c.lease_revoke(lease).await.unwrap();
+    });
+    let reason = wait_until("the registration to be lost", || match reg.state() {
+        RegistrationState::Lost { reason } => Some(reason),
+        _ => None,
+    });
+    assert!(
+        reason.contains("rack r1 was removed from the pool"),
+        "{reason}"
+    );
+    assert!(d.view().unwrap().servers.is_empty());
 }
 
 fn three_racks(d: &Directory) -> Vec<farvm_pool::ServerRegistration> {

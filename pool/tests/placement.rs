@@ -8,7 +8,7 @@ use farvm_pool::placement::{
 };
 use farvm_pool::{
     AdmissionRequest, PlacementError, PoolView, RackId, ServerHealth, ServerId, ServerRecord,
-    SlabRecord, SlabRef, VmId,
+    SlabRecord, SlabRef, VmId, VmPlacement,
 };
 use proptest::prelude::*;
 
@@ -27,8 +27,10 @@ fn server(id: &str, rack: &str, capacity: u64, used: u64, health: ServerHealth) 
     }
 }
 
+/// A pool of `servers`, every rack they are in declared.
 fn view_of(servers: Vec<ServerRecord>) -> PoolView {
     PoolView {
+        racks: servers.iter().map(|s| s.rack.clone()).collect(),
         servers: servers.into_iter().map(|s| (s.id.clone(), s)).collect(),
         ..PoolView::default()
     }
@@ -49,6 +51,16 @@ fn request(vm: VmId, guest: u64, local: u64, r: u8) -> AdmissionRequest {
 
 fn sid(s: &str) -> ServerId {
     ServerId::new(s).unwrap()
+}
+
+/// Every slab of `p` has its replicas on exactly `servers` (given in id order).
+fn assert_every_slab_on(p: &VmPlacement, servers: &[&str]) {
+    let want: Vec<ServerId> = servers.iter().map(|s| sid(s)).collect();
+    for s in &p.slabs {
+        let mut r = s.replicas.clone();
+        r.sort();
+        assert_eq!(r, want);
+    }
 }
 
 /// Registers `vm` in the view (live VMs' slabs are the ones plans move).
@@ -139,15 +151,17 @@ fn arb_pool() -> impl Strategy<Value = Vec<ServerRecord>> {
     })
 }
 
-/// Rack capacities in whole slabs for an admission of 1-GiB slabs (servers that take slabs).
+/// Rack capacities in whole slabs for an admission of 1-GiB slabs (servers that take slabs:
+/// up, wire version 2, in a declared rack).
 fn rack_room(view: &PoolView) -> BTreeMap<RackId, u64> {
     let mut out = BTreeMap::new();
     for s in view.servers.values() {
-        let room = if s.health == ServerHealth::Up && s.wire_version >= 2 {
-            s.capacity_bytes.saturating_sub(view.load_bytes(s)) / GIB
-        } else {
-            0
-        };
+        let room =
+            if s.health == ServerHealth::Up && s.wire_version >= 2 && view.rack_declared(&s.rack) {
+                s.capacity_bytes.saturating_sub(view.load_bytes(s)) / GIB
+            } else {
+                0
+            };
         *out.entry(s.rack.clone()).or_insert(0) += room;
     }
     out
@@ -193,14 +207,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
     /// Admission places exactly when the share fits (checked against exhaustive search), and
-    /// what it places respects racks, capacity, health and wire version.
+    /// what it places respects racks, declared racks, capacity, health and wire version.
     #[test]
     fn admission_is_sound_and_complete(
         servers in arb_pool(),
         slabs in 0u64..4,
         r in 1u8..4,
+        undeclared in 0usize..8,
     ) {
-        let view = view_of(servers);
+        let mut view = view_of(servers);
+        // Rack r<undeclared> (if any server is in it) is not declared.
+        view.racks.remove(&RackId::new(format!("r{undeclared}")).unwrap());
         let vm = VmId::random();
         let req = request(vm, slabs * GIB + GIB / 2, GIB / 2, r);
         let room = rack_room(&view);
@@ -217,6 +234,7 @@ proptest! {
                         let rec = &view.servers[id];
                         prop_assert_eq!(rec.health, ServerHealth::Up);
                         prop_assert!(rec.wire_version >= 2);
+                        prop_assert!(view.rack_declared(&rec.rack), "{} is in undeclared rack {}", id, rec.rack);
                     }
                 }
                 check_invariants(&after)?;
@@ -394,11 +412,37 @@ fn full_and_draining_servers_get_no_new_slabs() {
         server("ok2", "r2", 8 * GIB, 0, ServerHealth::Up),
     ]);
     let p = admit(&view, &request(VmId::random(), 6 * GIB, 0, 2)).unwrap();
-    for s in &p.slabs {
-        let mut r = s.replicas.clone();
-        r.sort();
-        assert_eq!(r, vec![sid("ok1"), sid("ok2")]);
-    }
+    assert_every_slab_on(&p, &["ok1", "ok2"]);
+}
+
+#[test]
+fn servers_of_an_undeclared_rack_get_no_slabs_and_are_named() {
+    let mut view = view_of(vec![
+        server("a", "r1", 8 * GIB, 0, ServerHealth::Up),
+        server("b", "r2", 8 * GIB, 0, ServerHealth::Up),
+        server("typo", "r01", 64 * GIB, 0, ServerHealth::Up),
+    ]);
+    view.racks.remove(&RackId::new("r01").unwrap());
+    let p = admit(&view, &request(VmId::random(), 6 * GIB, 0, 2)).unwrap();
+    assert_every_slab_on(&p, &["a", "b"]);
+    // Three racks' worth of replicas: the undeclared one does not count, and is named.
+    let e = admit(&view, &request(VmId::random(), 2 * GIB, 0, 3)).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("typo is in undeclared rack r01"), "{text}");
+    assert!(text.contains("only 2 rack(s) have room"), "{text}");
+    // Nor is it a target when a replica must move.
+    let vm = VmId::random();
+    commit(&mut view, vm, &p.slabs);
+    let plan = drain_plan(&view, &sid("a"), 2).unwrap();
+    assert!(plan.moves.is_empty(), "{plan:?}");
+    assert_eq!(plan.unmovable.len(), p.slabs.len());
+    assert!(
+        plan.unmovable[0]
+            .reason
+            .contains("typo is in undeclared rack r01"),
+        "{plan:?}"
+    );
+    assert!(rebalance_plan(&view, 2).iter().all(|m| m.to != sid("typo")));
 }
 
 #[test]

@@ -10,8 +10,8 @@
 //!   bytes come back to where they were), and a drained server ends up holding nothing
 //!   while the VMs finish correct;
 //! - an etcd restart leaves running VMs alone, and a VM started meanwhile waits, saying so,
-//!   then starts; a wrong token and a server speaking an older wire version are refused
-//!   with clear errors.
+//!   then starts; a wrong token, a memory server of a rack the pool does not declare and a
+//!   server speaking an older wire version are refused with clear errors.
 //!
 //! Needs root (network namespaces, veth, a bridge), iproute2, etcd (etcd-server) and the
 //! release binaries `farvm-memserver`, `farvm-pool`, `farvm-delay-proxy` next to `farvm`
@@ -449,7 +449,7 @@ fn a_killed_vmm_is_reclaimed_and_a_drained_server_ends_empty_across_hosts() {
 }
 
 #[test]
-fn etcd_restarts_under_running_vms_and_bad_tokens_and_old_servers_are_refused() {
+fn etcd_restarts_under_running_vms_and_bad_tokens_unknown_racks_and_old_servers_are_refused() {
     if !kvm_available() {
         return;
     }
@@ -521,8 +521,30 @@ fn etcd_restarts_under_running_vms_and_bad_tokens_and_old_servers_are_refused() 
     assert_ne!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("authentication"), "{err}");
 
+    // A memory server whose rack the pool does not declare (a typo, r01 for r1) is refused:
+    // it exits with the racks the pool declares and never shows in the pool.
+    let o = c
+        .exec("r1-ms1", "farvm-memserver")
+        .args(["--listen", "10.77.1.11:7071", "--capacity", "64M"])
+        .args(["--pool", ETCD, "--rack", "r01", "--pool-id", "r01-ms9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("rack r01 is not declared in the pool (declared racks: r1, r2, r3)"),
+        "{err}"
+    );
+    assert!(server(&c.status().unwrap(), "r01-ms9").is_none());
+
     // A server of an older wire version in a fourth rack: it gets no slab, and a VM that
     // needs it (4 replicas on 4 racks) is refused, naming it.
+    let add = c
+        .exec("host1", "farvm")
+        .args(["pool", "--etcd", ETCD, "racks", "add", "r4"])
+        .output()
+        .unwrap();
+    assert!(add.status.success(), "{}", text(&add));
     let mut old = c
         .exec("host1", "farvm-pool")
         .args(["--etcd", ETCD, "announce-server", "--id", "r4-old"])

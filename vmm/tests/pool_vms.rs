@@ -4,7 +4,8 @@
 //! SIGKILLed (lease expiry, no operator action), a VM that cannot be placed is refused naming
 //! the rack and the bytes, `farvm pool drain` moves a running VM's slabs off a server with no
 //! lost or stale page, and while etcd is down a running VM is unaffected and a VM started
-//! meanwhile waits, says so, and starts when etcd is back.
+//! meanwhile waits, says so, and starts when etcd is back; a memory server of a rack the pool
+//! does not declare is refused and exits, and never joins.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_native_report, kvm_available};
 use farvm_pool::local_etcd::LocalEtcd;
-use farvm_pool::{Directory, DirectoryConfig, PoolView, ServerId};
+use farvm_pool::{Directory, DirectoryConfig, PoolView, RackId, ServerId};
 
 /// Bound for things that happen after a lease TTL or a copy (never a timing assertion: the
 /// tests wait for a condition and fail only if it never comes).
@@ -39,21 +40,19 @@ struct Pool {
 }
 
 impl Pool {
-    /// etcd plus one memory server per entry of `racks` (`capacity` each).
+    /// etcd with `racks` declared, plus one memory server per entry of `racks` (`capacity`
+    /// each).
     fn start(racks: &[&str], capacity: &str) -> Self {
         let etcd = LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"));
         let dir = Directory::connect(DirectoryConfig::new(vec![etcd.endpoint()])).unwrap();
-        let bin = farvm_vmm::remote::local_server::binary().expect("farvm-memserver binary");
+        let declared: Vec<RackId> = racks.iter().map(|r| RackId::new(*r).unwrap()).collect();
+        dir.declare_racks(&declared).unwrap();
         let members: Vec<Member> = racks
             .iter()
             .enumerate()
             .map(|(i, rack)| {
                 let id = format!("ms{i}-{rack}");
-                let mut child = Command::new(&bin)
-                    .args(["--listen", "127.0.0.1:0", "--capacity", capacity, "--pool"])
-                    .arg(etcd.endpoint())
-                    .args(["--rack", rack, "--pool-id", &id])
-                    .args(["--pool-ttl", "2", "--pool-gc-grace", "0"])
+                let mut child = memserver(&etcd.endpoint(), rack, &id, capacity)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null())
                     .spawn()
@@ -96,6 +95,23 @@ impl Pool {
     fn used(v: &PoolView) -> u64 {
         v.servers.values().map(|s| s.used_bytes).sum()
     }
+}
+
+/// `farvm-memserver --pool URL --rack RACK --pool-id ID` on loopback.
+fn memserver(url: &str, rack: &str, id: &str, capacity: &str) -> Command {
+    let bin = farvm_vmm::remote::local_server::binary().expect("farvm-memserver binary");
+    let mut c = Command::new(bin);
+    c.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--capacity",
+        capacity,
+        "--pool",
+        url,
+    ])
+    .args(["--rack", rack, "--pool-id", id])
+    .args(["--pool-ttl", "2", "--pool-gc-grace", "0"]);
+    c
 }
 
 fn farvm() -> Command {
@@ -302,4 +318,91 @@ fn etcd_down_leaves_running_vms_alone_and_a_vm_started_meanwhile_waits_then_star
     pool.wait("nothing stored after both VMs exited", |v| {
         v.vms.is_empty() && Pool::used(v) == 0
     });
+}
+
+/// Exit status of `farvm-memserver` when the pool refuses it.
+const REFUSED_BY_POOL: i32 = 78;
+
+#[test]
+fn a_memserver_of_an_undeclared_rack_is_refused_exits_and_never_joins() {
+    let mut pool = Pool::start(&["r1", "r2"], "64M");
+    // A typo: r01 for r1.
+    let o = memserver(&pool.url(), "r01", "typo", "64M")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("refused (declared racks): {err}");
+    assert_eq!(o.status.code(), Some(REFUSED_BY_POOL), "{err}");
+    assert!(
+        err.contains("rack r01 is not declared in the pool (declared racks: r1, r2)"),
+        "{err}"
+    );
+    assert!(err.contains("farvm pool racks add r01"), "{err}");
+    let status = farvm()
+        .args(["pool", "--etcd", &pool.url(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    let said = String::from_utf8_lossy(&status.stdout);
+    assert!(!said.contains("typo") && !said.contains("r01"), "{said}");
+
+    // A pool that declares no rack at all (another prefix) refuses every server, saying how
+    // to declare them.
+    let o = memserver(&pool.url(), "r1", "first", "64M")
+        .args(["--pool-prefix", "/farvm/pool/empty"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("refused (no rack declared): {err}");
+    assert_eq!(o.status.code(), Some(REFUSED_BY_POOL), "{err}");
+    assert!(err.contains("which declares no racks yet"), "{err}");
+    assert!(err.contains("farvm pool racks add r1"), "{err}");
+
+    // Started while etcd is down, the server is refused when etcd answers, and exits.
+    pool.etcd.stop();
+    let late = memserver(&pool.url(), "r01", "late", "64M")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pool.etcd.restart().unwrap();
+    let o = late.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(REFUSED_BY_POOL), "{err}");
+    assert!(
+        err.contains("rack r01 is not declared in the pool"),
+        "{err}"
+    );
+    let v = pool.dir.view().unwrap();
+    assert!(
+        !v.servers
+            .keys()
+            .any(|s| ["typo", "late"].contains(&s.as_str())),
+        "{v:#?}"
+    );
+
+    // The rack list shows both racks with their server; a rack in use cannot be removed.
+    pool.wait("both servers registered again", |v| v.servers.len() == 2);
+    let racks = farvm()
+        .args(["pool", "--etcd", &pool.url(), "racks"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&racks.stdout);
+    eprintln!("farvm pool racks:\n{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("r1 ") && l.contains(" yes ")),
+        "{said}"
+    );
+    let rm = farvm()
+        .args(["pool", "--etcd", &pool.url(), "racks", "remove", "r2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&rm.stderr);
+    eprintln!("farvm pool racks remove r2: {err}");
+    assert!(!rm.status.success());
+    assert!(
+        err.contains("rack r2 still has 1 live memory server(s) (ms1-r2)"),
+        "{err}"
+    );
 }

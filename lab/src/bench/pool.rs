@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use farvm_pool::local_etcd::LocalEtcd;
-use farvm_pool::{Directory, DirectoryConfig, PoolView};
+use farvm_pool::{Directory, DirectoryConfig, PoolView, RackId};
 use serde::Serialize;
 
 use crate::plot::{grouped_bars, RefLine, Series};
 
 pub const POOL_ABOUT: &str = "\
 A memory pool under load: for each memory-server count (--servers, default 1,2,4) a local
-etcd and that many `farvm-memserver --pool` processes on loopback, each its own rack; for each
+etcd and that many `farvm-memserver --pool` processes on loopback, each its own declared rack; for each
 VM count (--vms, default 1,2,4,8) that many `farvm run --pool --replicas 1` VMs started
 together, each running --workload (default seq:ws=24M,passes=4,write=1: every pass reads and
 rewrites a 24 MiB working set through a 16 MiB local budget) with no prefetcher, so every
@@ -45,21 +45,11 @@ EXIT STATUS
 #[derive(Args, Debug)]
 pub struct PoolArgs {
     /// Concurrent VM counts.
-    #[arg(
-        long,
-        value_name = "N,...",
-        value_delimiter = ',',
-        default_value = "1,2,4,8"
-    )]
-    pub vms: Vec<usize>,
+    #[arg(long, value_name = "N,...", default_value = "1,2,4,8")]
+    pub vms: Counts,
     /// Memory-server counts.
-    #[arg(
-        long,
-        value_name = "N,...",
-        value_delimiter = ',',
-        default_value = "1,2,4"
-    )]
-    pub servers: Vec<usize>,
+    #[arg(long, value_name = "N,...", default_value = "1,2,4")]
+    pub servers: Counts,
     /// The workload every VM runs (`farvm run --workload`).
     #[arg(long, default_value = "seq:ws=24M,passes=4,write=1")]
     pub workload: String,
@@ -78,6 +68,27 @@ pub struct PoolArgs {
     /// Seconds a cell's VMs may take.
     #[arg(long, default_value_t = 900)]
     pub cell_timeout: u64,
+}
+
+/// A comma-separated list of counts, each at least 1 (`--vms`, `--servers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts(pub Vec<usize>);
+
+impl std::str::FromStr for Counts {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.split(',')
+            .map(|p| {
+                p.trim()
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| n >= 1)
+                    .ok_or_else(|| format!("`{p}` is not a count of at least 1 (e.g. 1,2,4)"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Counts)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -138,6 +149,10 @@ impl Drop for Servers {
 
 fn start_servers(etcd: &LocalEtcd, dir: &Directory, n: usize) -> Result<Servers> {
     let bin = beside("farvm-memserver")?;
+    let racks = (0..n)
+        .map(|i| RackId::new(format!("r{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    dir.declare_racks(&racks)?;
     let mut servers = Servers(Vec::new());
     for i in 0..n {
         let child = Command::new(&bin)
@@ -263,19 +278,15 @@ fn cell(a: &PoolArgs, etcd: &str, nvms: usize, servers: usize, native: u64) -> R
 }
 
 pub fn run(a: PoolArgs) -> Result<()> {
-    ensure!(
-        !a.vms.is_empty() && !a.servers.is_empty() && !a.vms.contains(&0),
-        "--vms and --servers need at least one count, each at least 1"
-    );
     let t0 = Instant::now();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let native = native_checksum(&a.workload)?;
     let etcd = LocalEtcd::start().map_err(|e| anyhow::anyhow!("{e}"))?;
     let dir = Directory::connect(DirectoryConfig::new(vec![etcd.endpoint()]))?;
     let mut rows = Vec::new();
-    for &s in &a.servers {
+    for &s in &a.servers.0 {
         let servers = start_servers(&etcd, &dir, s)?;
-        for &n in &a.vms {
+        for &n in &a.vms.0 {
             eprintln!("farvm-lab: {n} VM(s) on {s} memory server(s) ...");
             let row = cell(&a, &etcd.endpoint(), n, s, native)?;
             eprintln!(
@@ -313,7 +324,7 @@ pub fn run(a: PoolArgs) -> Result<()> {
         serde_json::to_string_pretty(&report)? + "\n",
     )?;
     print!("{md}");
-    match charts(&report, &a.out, &a.vms, &a.servers) {
+    match charts(&report, &a.out, &a.vms.0, &a.servers.0) {
         Ok(files) => files.iter().for_each(|f| println!("wrote {}", f.display())),
         Err(e) => eprintln!("farvm-lab: charts skipped: {e:#}"),
     }
@@ -412,4 +423,19 @@ fn charts(r: &Report, out: &Path, vms: &[usize], servers: &[usize]) -> Result<Ve
     )?;
     files.push(p);
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn counts_are_positive_and_comma_separated() {
+        assert_eq!("1,2, 4".parse(), Ok(Counts(vec![1, 2, 4])));
+        assert_eq!("8".parse(), Ok(Counts(vec![8])));
+        for bad in ["", "1,0", "1,,2", "two"] {
+            let e = bad.parse::<Counts>().unwrap_err();
+            assert!(e.contains("count of at least 1"), "{bad}: {e}");
+        }
+    }
 }

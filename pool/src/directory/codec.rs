@@ -18,6 +18,10 @@ pub(crate) fn build_view<'a>(
     let mut drained = Vec::new();
     for (key, value) in kvs {
         let ok = match keys.parse(&key) {
+            Some(PoolKey::Rack(rack)) => {
+                view.racks.insert(rack);
+                true
+            }
             Some(PoolKey::Server(id)) => serde_json::from_slice(value)
                 .ok()
                 .filter(|r: &crate::record::ServerRecord| r.id == id)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::ids::VmId;
+use crate::ids::{RackId, ServerId, VmId};
 use crate::placement::PlacementError;
 
 /// A directory operation failed.
@@ -28,6 +28,32 @@ pub enum PoolError {
     /// Placement refused the request.
     #[error(transparent)]
     Placement(#[from] PlacementError),
+    /// The rack is not declared in the pool (`farvm pool racks add`): a server may not
+    /// register in it, and it cannot be removed.
+    #[error("{}", unknown_rack(rack, declared))]
+    UnknownRack {
+        /// The rack asked for.
+        rack: RackId,
+        /// The racks the pool declares, in name order.
+        declared: Vec<RackId>,
+    },
+    /// The rack still has live memory servers, so it cannot be removed.
+    #[error(
+        "rack {rack} still has {} live memory server(s) ({}): stop them (after `farvm pool \
+         drain`) before removing the rack",
+        servers.len(),
+        join(servers)
+    )]
+    RackInUse {
+        /// The rack.
+        rack: RackId,
+        /// Its live servers.
+        servers: Vec<ServerId>,
+    },
+    /// A registration can no longer be renewed (e.g. a server whose lease expired in an etcd
+    /// outage and whose rack was removed meanwhile).
+    #[error("pool registration lost: {0}")]
+    Lost(String),
     /// A VM with this id is registered already.
     #[error("VM {0} is already registered in the pool")]
     AlreadyRegistered(VmId),
@@ -76,6 +102,29 @@ pub enum PoolError {
     /// The directory's runtime thread could not start.
     #[error("cannot start the etcd client runtime: {0}")]
     Runtime(#[source] std::io::Error),
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn unknown_rack(rack: &RackId, declared: &[RackId]) -> String {
+    if declared.is_empty() {
+        format!(
+            "rack {rack} is not declared in the pool, which declares no racks yet; declare \
+             the pool's racks first: farvm pool racks add {rack} [RACK...]"
+        )
+    } else {
+        format!(
+            "rack {rack} is not declared in the pool (declared racks: {}); if {rack} is a new \
+             rack, declare it first: farvm pool racks add {rack}",
+            join(declared)
+        )
+    }
 }
 
 impl PoolError {

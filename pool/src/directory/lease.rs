@@ -9,12 +9,18 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{Link, Shared};
+use crate::ids::RackId;
 
 /// What a registration's lease holds, which decides how it is re-established.
 #[derive(Debug, Clone)]
 pub(crate) enum Holder {
-    /// A server record: put again as it is.
-    Server,
+    /// A server record: put again as it is, while its rack is still declared.
+    Server {
+        /// The server's rack.
+        rack: RackId,
+        /// Its key under `racks/`.
+        rack_key: String,
+    },
     /// A VM record: put again only while the VM's placement exists (the garbage collector
     /// may have reclaimed it during a long outage), deleting any collector mark.
     Vm {
@@ -22,6 +28,21 @@ pub(crate) enum Holder {
         gc_mark: String,
         slabs: u32,
     },
+}
+
+impl Holder {
+    /// Why a registration of this holder could not be renewed.
+    fn lost_reason(&self) -> String {
+        match self {
+            Self::Server { rack, .. } => format!(
+                "its lease expired and rack {rack} was removed from the pool meanwhile; \
+                 declare it again (farvm pool racks add {rack}) and restart the server"
+            ),
+            Self::Vm { .. } => "its lease expired and the garbage collector reclaimed its \
+                                placement; its remote pages are gone"
+                .to_owned(),
+        }
+    }
 }
 
 /// Where a registration stands.
@@ -40,8 +61,9 @@ pub enum RegistrationState {
         /// The last error.
         detail: String,
     },
-    /// The registration cannot be renewed (e.g. a VM whose lease expired and whose placement
-    /// was reclaimed meanwhile: its remote pages are gone and the VM must stop).
+    /// The registration cannot be renewed: a VM whose lease expired and whose placement was
+    /// reclaimed meanwhile (its remote pages are gone and the VM must stop), or a server
+    /// whose lease expired and whose rack was removed from the pool meanwhile.
     Lost {
         /// Why.
         reason: String,
@@ -225,9 +247,7 @@ impl Task {
                         continue;
                     }
                     Ok(None) => {
-                        let reason = "its lease expired and the garbage collector reclaimed its \
-                                      placement; its remote pages are gone"
-                            .to_owned();
+                        let reason = self.holder.lost_reason();
                         tracing::error!(key = %self.key, %reason, "pool registration lost");
                         self.set(Inner::Lost(reason));
                         return;
@@ -318,7 +338,7 @@ impl Task {
     }
 
     /// Grants a new lease and writes the record under it. `Ok(None)`: a VM whose placement is
-    /// gone (not registered again).
+    /// gone, or a server whose rack is no longer declared (not registered again).
     async fn renew(&self, value_rx: &watch::Receiver<Vec<u8>>) -> Result<Option<i64>, String> {
         let mut c = self.client.clone();
         let ttl = self.ttl.as_secs().max(1) as i64;
@@ -335,7 +355,9 @@ impl Task {
             Some(PutOptions::new().with_lease(lease)),
         );
         let txn = match &self.holder {
-            Holder::Server => Txn::new().and_then([put]),
+            Holder::Server { rack_key, .. } => Txn::new()
+                .when([Compare::version(rack_key.clone(), CompareOp::Greater, 0)])
+                .and_then([put]),
             Holder::Vm {
                 placement_prefix,
                 gc_mark,

@@ -18,6 +18,7 @@ mod codec;
 mod error;
 mod gc;
 mod lease;
+mod racks;
 mod server;
 mod vm;
 mod watch;

@@ -3,9 +3,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use etcd_client::PutOptions;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::lease::{Holder, LeaseTask, RegistrationState, Stop};
+use super::racks::{racks_of, racks_read};
 use super::{Directory, PoolError};
 use crate::record::ServerRecord;
 
@@ -21,7 +22,8 @@ pub struct ServerRegistration {
 impl Directory {
     /// Registers `record` under a new lease of `ttl` (at least 1 s, whole seconds) and keeps
     /// the lease alive in the background. A record left by an earlier process with the same
-    /// server id is replaced.
+    /// server id is replaced. Refused with [`PoolError::UnknownRack`] unless the record's rack
+    /// is declared (checked in the same transaction that writes the record).
     pub fn register_server(
         &self,
         record: ServerRecord,
@@ -33,13 +35,35 @@ impl Directory {
         let value = serde_json::to_vec(&record).map_err(|e| PoolError::Etcd(e.to_string()))?;
         let mut lc = sh.client.lease_client();
         let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
+        let rack_key = sh.keys.rack(&record.rack);
+        let txn = Txn::new()
+            .when([Compare::version(rack_key.clone(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(sh.keys.racks(), Some(racks_read()))]);
         let mut kv = sh.client.kv_client();
-        let put = sh.call(kv.put(
-            key.clone(),
-            value.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        ));
-        if let Err(e) = put {
+        let refused = match sh.call(kv.txn(txn)) {
+            Ok(resp) if resp.succeeded() => None,
+            Ok(resp) => {
+                let declared = resp
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|r| match r {
+                        TxnOpResponse::Get(g) => Some(racks_of(&sh.keys, g.kvs())),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                Some(PoolError::UnknownRack {
+                    rack: record.rack.clone(),
+                    declared,
+                })
+            }
+            Err(e) => Some(e),
+        };
+        if let Some(e) = refused {
             let _ = sh.call(lc.revoke(lease));
             return Err(e);
         }
@@ -50,7 +74,10 @@ impl Directory {
             value,
             Duration::from_secs(ttl_s),
             lease,
-            Holder::Server,
+            Holder::Server {
+                rack: record.rack.clone(),
+                rack_key,
+            },
         );
         Ok(ServerRegistration {
             record: Mutex::new(record),

@@ -12,6 +12,8 @@ use crate::view::PoolView;
 pub(crate) struct Entry {
     pub id: ServerId,
     pub rack: RackId,
+    /// Whether its rack is declared in the pool (servers of other racks take no slab).
+    pub declared: bool,
     pub capacity: u64,
     /// max(stored bytes, reserved bytes), plus what this plan added.
     pub load: u64,
@@ -42,6 +44,7 @@ impl Ledger {
             .map(|s| Entry {
                 id: s.id.clone(),
                 rack: s.rack.clone(),
+                declared: view.rack_declared(&s.rack),
                 capacity: s.capacity_bytes,
                 load: s.used_bytes.max(committed.get(&s.id).copied().unwrap_or(0)),
                 health: s.health,
@@ -67,7 +70,7 @@ impl Ledger {
     /// Whether entry `i` takes new slabs at all (room is checked separately).
     pub fn takes_new(&self, i: usize) -> bool {
         let e = &self.entries[i];
-        e.health == ServerHealth::Up && e.wire_version >= self.min_wire_version
+        e.health == ServerHealth::Up && e.declared && e.wire_version >= self.min_wire_version
     }
 
     /// Why entry `i` cannot take a `bytes` slab, or None if it can.
@@ -75,6 +78,8 @@ impl Ledger {
         let e = &self.entries[i];
         if e.health != ServerHealth::Up {
             Some(format!("{} {}", e.id, e.health.as_str()))
+        } else if !e.declared {
+            Some(format!("{} is in undeclared rack {}", e.id, e.rack))
         } else if e.wire_version < self.min_wire_version {
             Some(format!(
                 "{} speaks wire version {} < {}",

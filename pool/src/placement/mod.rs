@@ -1,8 +1,8 @@
 //! Slab placement: pure functions of a [`PoolView`], no I/O.
 //!
 //! A VM's remote share (guest RAM minus its local budget) is cut into slabs; each slab gets R
-//! replicas on R servers in R distinct racks. Only servers that are `up`, speak the client's
-//! wire version and have room for a whole slab take new slabs; a server's load is the larger
+//! replicas on R servers in R distinct racks. Only servers that are `up`, in a declared rack,
+//! speak the client's wire version and have room for a whole slab take new slabs; a server's load is the larger
 //! of its stored bytes and the slabs reserved on it.
 //!
 //! * [`admit`] places a whole VM or refuses it with a [`Shortfall`] naming the missing bytes

@@ -78,10 +78,11 @@ as zeros. When the guest needs one of them the VM is stopped with exit status 74
 page; pages the guest never needs again cost nothing.
 
 With --pool URLS (etcd) the VM joins a memory pool instead: memory servers registered there
-(`farvm-memserver --pool URLS --rack R`) hold its pages, placed by the pool on --replicas
-distinct racks (2 unless told); a VM that cannot be placed is refused naming the racks and
-bytes missing. The VM's pages are dropped on every server when it exits, or when its lease
-runs out after farvm was killed. See `farvm pool --help`.
+(`farvm-memserver --pool URLS --rack R`, in racks declared with `farvm pool racks add`) hold
+its pages, placed by the pool on --replicas distinct racks (2 unless told); a VM that cannot
+be placed is refused naming the racks and bytes missing. The VM's pages are dropped on every
+server when it exits, or when its lease runs out after farvm was killed. See `farvm pool
+--help`.
 
 Without --workload, the test guest runs a default set chosen to page: seq:ws=192M and
 random:ws=64M in 512M of RAM at 50% local.

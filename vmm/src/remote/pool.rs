@@ -183,7 +183,7 @@ impl PoolVm {
             add(&id);
         }
         for (id, rec) in &view.servers {
-            if rec.health == ServerHealth::Up && rec.wire_version >= PROTOCOL_VERSION {
+            if view.takes_new_slabs(rec, PROTOCOL_VERSION) {
                 add(id);
             }
         }
