@@ -13,8 +13,9 @@
 //!
 //! One round, for up to `evict_batch` victims:
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
-//! 2. zap the guest view (one vectored MADV_DONTNEED): from here the guest cannot write the
-//!    page, its data stays in the memfd, and a guest touch faults (MINOR) and waits;
+//! 2. zap the guest view (one vectored MADV_DONTNEED over the victims' spans, `spans.rs`:
+//!    runs bridged over unmapped gaps, one TLB shootdown per span): from here the guest cannot
+//!    write the page, its data stays in the memfd, and a guest touch faults (MINOR) and waits;
 //! 3. dirty check by content: fingerprint the memfd page and compare with the fingerprint of
 //!    the remote copy taken at install. This is race-free — it looks at the final content after
 //!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
@@ -25,8 +26,9 @@
 //!    zapped and hashed (a write-back waited for inline bounded a write-heavy scan at 25%
 //!    local to ~15 µs per page: a round of 49 pages took ~750 µs, 450 µs of it waiting);
 //! 5. once a round's write-backs are all done: pages a guest faulted on meanwhile are rescued (mapped again, no I/O); failed write-backs
-//!    stay resident; the rest are freed with one vectored MADV_REMOVE and become REMOTE (or
-//!    NEVER again if still all-zero and never stored).
+//!    stay resident; the rest are unmapped from the alias (one vectored MADV_DONTNEED over
+//!    their spans) and freed with one vectored MADV_REMOVE and become REMOTE (or NEVER again
+//!    if still all-zero and never stored).
 //!
 //! The thread owns its rounds, the CLOCK hand and the write back-off; everything else it acts
 //! on through the parts.
@@ -45,6 +47,7 @@ use crate::port::StorePort;
 use crate::procstats::{ProcessCounter, ProcessTable};
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
+use crate::spans;
 use crate::state::{self as st, state_of, PageTable};
 use crate::stats::{Counter, Counters, Hist, Histograms};
 use crate::store::{Completion, Priority, ReadReq, Status, WriteReq};
@@ -83,6 +86,8 @@ struct Round {
     /// Sorted by page.
     victims: Vec<Victim>,
     pages: Vec<u64>,
+    /// The ranges unmapped for `pages` (see `spans.rs`).
+    spans: Vec<(u64, u64)>,
     writes: Vec<WriteReq>,
     /// Write-backs submitted and not completed yet.
     pending: usize,
@@ -96,6 +101,7 @@ impl Round {
         Self {
             victims: Vec::with_capacity(batch),
             pages: Vec::with_capacity(batch),
+            spans: Vec::with_capacity(batch),
             writes: Vec::with_capacity(batch),
             pending: 0,
             started: 0,
@@ -362,7 +368,8 @@ impl Evictor {
                 .filter(|v| state_of(v.word) == st::LOCAL)
                 .map(|v| v.page),
         );
-        if let Err(e) = self.installer.zap(&r.pages) {
+        spans::bridge(&self.table, &r.pages, &mut r.spans);
+        if let Err(e) = self.installer.zap(&r.spans) {
             // Nothing was proven unmapped: give every victim back untouched.
             self.errors
                 .push(EngineError::os("zapping evicted pages", e));
@@ -416,6 +423,7 @@ impl Evictor {
         let c = &self.counters;
         let victims = &mut r.victims;
         let pages = &mut r.pages;
+        let spans = &mut r.spans;
         pages.clear();
         for v in victims.iter_mut() {
             let w = self.table.load(v.page);
@@ -435,7 +443,8 @@ impl Evictor {
             }
             pages.push(v.page);
         }
-        if let Err(e) = self.installer.free(pages) {
+        spans::bridge(&self.table, pages, spans);
+        if let Err(e) = self.installer.free(pages, spans) {
             self.errors
                 .push(EngineError::os("freeing evicted pages", e));
             for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {

@@ -229,13 +229,16 @@ impl Installer {
         }
     }
 
-    /// Unmaps `pages` from the guest view only (the data stays in the memfd).
-    pub fn zap(&self, pages: &[u64]) -> io::Result<()> {
-        self.ram.zap_guest(pages)
+    /// Unmaps the ranges `spans` (`(first page, pages)`, see `spans.rs`) from the guest view
+    /// only (the data stays in the memfd).
+    pub fn zap(&self, spans: &[(u64, u64)]) -> io::Result<()> {
+        self.ram.zap_guest_spans(spans)
     }
 
-    /// Frees the memfd pages behind `pages`.
-    pub fn free(&self, pages: &[u64]) -> io::Result<()> {
+    /// Frees the memfd pages behind `pages`, after unmapping the ranges `spans` (which cover
+    /// `pages`) from the alias: one TLB flush per range there, and none left for the frees.
+    pub fn free(&self, pages: &[u64], spans: &[(u64, u64)]) -> io::Result<()> {
+        self.ram.unmap_alias_spans(spans)?;
         self.ram.free(pages)
     }
 

@@ -35,6 +35,7 @@ mod prefetch_slots;
 pub mod procstats;
 mod queues;
 mod refault;
+mod spans;
 mod state;
 pub mod stats;
 pub mod vcpu;

@@ -32,6 +32,9 @@ unsafe impl Send for GuestRam {}
 // SAFETY: as above; methods take `&self` and only issue syscalls or hand out addresses.
 unsafe impl Sync for GuestRam {}
 
+/// What a source of page runs calls for each run `(first page, pages)`.
+type RunVisitor<'a> = &'a mut dyn FnMut(u64, u64) -> io::Result<()>;
+
 /// Upper bound of iovecs per process_madvise call (UIO_MAXIOV).
 const MAX_IOV: usize = 1024;
 
@@ -143,20 +146,56 @@ impl GuestRam {
 
     /// Unmaps `pages` from the guest view only (the data stays in the memfd).
     pub fn zap_guest(&self, pages: &[u64]) -> io::Result<()> {
-        self.advise(self.guest, pages, libc::MADV_DONTNEED)
+        self.advise(self.guest, libc::MADV_DONTNEED, |f| for_runs(pages, f))
+    }
+
+    /// Unmaps the page ranges `spans` (`(first page, pages)`) from the guest view only, with
+    /// one vectored `MADV_DONTNEED` (the data stays in the memfd). The kernel flushes the TLB
+    /// once per range it unmapped dirty shared entries from (every entry UFFDIO_CONTINUE
+    /// installs is dirty), so fewer, longer ranges mean fewer TLB-shootdown IPIs.
+    pub fn zap_guest_spans(&self, spans: &[(u64, u64)]) -> io::Result<()> {
+        self.advise(self.guest, libc::MADV_DONTNEED, |f| {
+            spans.iter().try_for_each(|&(s, n)| f(s, n))
+        })
+    }
+
+    /// Unmaps the page ranges `spans` from the engine's alias only (the data stays in the
+    /// memfd; the engine's next access maps it again).
+    pub fn unmap_alias_spans(&self, spans: &[(u64, u64)]) -> io::Result<()> {
+        self.advise(self.alias, libc::MADV_DONTNEED, |f| {
+            spans.iter().try_for_each(|&(s, n)| f(s, n))
+        })
     }
 
     /// Frees the memfd pages behind `pages` (both views lose them).
     pub fn free(&self, pages: &[u64]) -> io::Result<()> {
-        self.advise(self.alias, pages, libc::MADV_REMOVE)
+        self.advise(self.alias, libc::MADV_REMOVE, |f| for_runs(pages, f))
     }
 
-    fn advise(&self, base: *mut u8, pages: &[u64], advice: i32) -> io::Result<()> {
-        if pages.is_empty() {
-            return Ok(());
+    /// Refuses a run that does not lie inside guest RAM.
+    fn check_run(&self, start: u64, n: u64) -> io::Result<()> {
+        match start.checked_add(n) {
+            Some(end) if end <= self.pages() => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pages {start}+{n} outside guest RAM of {} pages",
+                    self.pages()
+                ),
+            )),
         }
+    }
+
+    /// Applies `advice` to the runs `runs` produces (`(first page, pages)`, each inside the
+    /// mapping at `base`): one vectored call where the kernel allows it, else one per run.
+    fn advise(
+        &self,
+        base: *mut u8,
+        advice: i32,
+        runs: impl Fn(RunVisitor<'_>) -> io::Result<()>,
+    ) -> io::Result<()> {
         if self.vectored.load(Ordering::Relaxed) {
-            match self.advise_vectored(base, pages, advice) {
+            match self.advise_vectored(base, advice, &runs) {
                 Ok(()) => return Ok(()),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
                     tracing::info!("process_madvise on self unsupported ({e}); one call per run");
@@ -165,8 +204,9 @@ impl GuestRam {
                 Err(e) => return Err(e),
             }
         }
-        for_runs(pages, |start, n| {
-            // SAFETY: the run lies inside the mapping at `base` (pages < self.pages()).
+        runs(&mut |start, n| {
+            self.check_run(start, n)?;
+            // SAFETY: the run lies inside the mapping at `base` (checked above).
             let r = unsafe {
                 libc::madvise(
                     base.add(start as usize * PAGE_SIZE).cast(),
@@ -182,7 +222,12 @@ impl GuestRam {
         })
     }
 
-    fn advise_vectored(&self, base: *mut u8, pages: &[u64], advice: i32) -> io::Result<()> {
+    fn advise_vectored(
+        &self,
+        base: *mut u8,
+        advice: i32,
+        runs: &dyn Fn(RunVisitor<'_>) -> io::Result<()>,
+    ) -> io::Result<()> {
         let Some(pidfd) = &self.pidfd else {
             return Err(io::Error::from_raw_os_error(libc::ENOSYS));
         };
@@ -215,9 +260,10 @@ impl GuestRam {
             Ok(())
         };
         const _: () = assert!(64 <= MAX_IOV);
-        for_runs(pages, |start, len| {
+        runs(&mut |start, len| {
+            self.check_run(start, len)?;
             iov[n] = libc::iovec {
-                // SAFETY: in bounds of the mapping (pages < self.pages()).
+                // SAFETY: in bounds of the mapping (checked above).
                 iov_base: unsafe { base.add(start as usize * PAGE_SIZE).cast() },
                 iov_len: len as usize * PAGE_SIZE,
             };
