@@ -16,9 +16,8 @@
 //! While a process is under memory pressure ([`crate::pressure`]: its faults keep landing on
 //! pages it faulted on, or had fetched, shortly before), `leap+stream` is cautious for it:
 //! region read-around stays quiet and a newly confirmed stream starts with half the first
-//! window. Under pressure every speculative page pushes out one the process is about to use;
-//! a numeric kernel whose local memory holds half its footprint lost a quarter of what
-//! region read-around and first windows fetched to eviction before use.
+//! window. Under pressure every speculative page pushes out one the process is about to use
+//! (`docs/prefetch-real-traces.md`: a numeric kernel with half its footprint local).
 //!
 //! The stream table here runs with two settings the plain `stream` prefetcher leaves off
 //! (measured on traces of real programs, `docs/prefetch-real-traces.md`): a depth budget (a

@@ -13,8 +13,8 @@
 //!
 //! `leap+stream` turns cautious while a process is under pressure (see
 //! [`crate::composite`]): measured on traces of real programs (`docs/prefetch-real-traces.md`),
-//! a numeric kernel re-faulting on half of its faults lost a quarter of its prefetched pages to
-//! eviction before use, and without pressure (the other traces) nothing changes.
+//! 246 of the 573 pages a numeric kernel had prefetched and never used were evicted before
+//! their use; processes that are not under pressure see no change.
 //!
 //! Per-process state lives in a fixed [`SlotTable`]; nothing allocates after construction, and
 //! a fault or a candidate costs one hash and one or two word operations.
