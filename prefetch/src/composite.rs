@@ -13,6 +13,12 @@
 //!    aligned block whose pages the process faults on out of order (allocator runs, hash
 //!    tables, B-tree nodes, data segments); it logs every fault.
 //!
+//! While a process is under memory pressure ([`crate::pressure`]: its faults keep landing on
+//! pages it faulted on, or had fetched, shortly before), `leap+stream` is cautious for it:
+//! region read-around stays quiet and a newly confirmed stream starts with half the first
+//! window. Under pressure every speculative page pushes out one the process is about to use
+//! (`docs/prefetch-real-traces.md`: a numeric kernel with half its footprint local).
+//!
 //! The stream table here runs with two settings the plain `stream` prefetcher leaves off
 //! (measured on traces of real programs, `docs/prefetch-real-traces.md`): a depth budget (a
 //! window grows by at most one page per [`USED_PER_DEPTH`] pages its stream has used, so a
@@ -28,6 +34,7 @@
 //! the width of the gaps between them as its stride.
 
 use crate::leap::{Leap, LeapParams};
+use crate::pressure::Pressure;
 use crate::region::{Region, RegionParams};
 use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
@@ -42,6 +49,7 @@ pub struct LeapStream {
     leap: Leap,
     stream: Stream,
     region: Region,
+    pressure: Pressure,
 }
 
 impl LeapStream {
@@ -61,6 +69,7 @@ impl LeapStream {
                 slots: leap.slots,
                 ..RegionParams::default()
             }),
+            pressure: Pressure::new(leap.slots),
         }
     }
 }
@@ -71,14 +80,17 @@ impl Prefetcher for LeapStream {
     }
 
     fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        let pressed = self.pressure.on_fault(key, page);
+        self.stream.set_cautious(pressed);
         self.stream.on_fault(key, page, now, out);
         if out.is_empty() {
             self.leap.on_fault(key, page, now, out);
         } else {
             self.leap.observe(key, page);
         }
-        let decide = out.is_empty();
+        let decide = out.is_empty() && !pressed;
         self.region.on_fault(key, page, decide, out);
+        self.pressure.fetched(key, out.as_slice());
     }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos) {
@@ -109,6 +121,7 @@ impl Prefetcher for LeapStream {
         self.stream.forget(key);
         self.leap.forget(key);
         self.region.forget(key);
+        self.pressure.forget(key);
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! Layout: the interface (this file); the policies ([`leap`], [`stream`], [`composite`] and the
 //! baselines [`none`], [`next_n`], [`stride`], [`readahead`]) over a fixed per-process table
-//! ([`slots`]); the by-name [`registry`]; page-access traces ([`trace`]) and the replay
+//! ([`slots`]) and a per-process memory-pressure estimate ([`pressure`]); the by-name [`registry`]; page-access traces ([`trace`]) and the replay
 //! evaluator ([`eval`]) with Leap's accounting; the standard results table ([`report`]) and the
 //! rule for traces of real programs ([`compare`]).
 
@@ -16,6 +16,7 @@ pub mod eval;
 pub mod leap;
 pub mod next_n;
 pub mod none;
+pub mod pressure;
 pub mod readahead;
 pub mod region;
 pub mod registry;

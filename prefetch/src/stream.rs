@@ -186,6 +186,9 @@ pub struct Stream {
     region_shift: u32,
     /// Most recently used entry: a fault that continues it skips the lookup.
     mru: usize,
+    /// A stream confirmed by a fault now starts at half of `init_depth` (set per decision by
+    /// `leap+stream` while the process is under memory pressure).
+    cautious: bool,
 }
 
 fn distance(a: PageNo, b: PageNo) -> u64 {
@@ -208,6 +211,7 @@ impl Stream {
             index: vec![0; INDEX_SLOTS].into_boxed_slice(),
             region_shift: params.delta.max(1).next_power_of_two().trailing_zeros(),
             mru: 0,
+            cautious: false,
         };
         for i in 0..n {
             s.push_front(FREE, i);
@@ -333,6 +337,12 @@ impl Stream {
         }
     }
 
+    /// Whether streams confirmed from now on start at half of `init_depth` (at least 1 page):
+    /// the first window of a new stream is its most speculative one.
+    pub fn set_cautious(&mut self, cautious: bool) {
+        self.cautious = cautious;
+    }
+
     /// Number of confirmed streams of `key` (for tests and diagnostics).
     pub fn confirmed_streams(&self, key: ProcessKey) -> usize {
         let key = self.key(key);
@@ -409,6 +419,11 @@ impl Prefetcher for Stream {
         let max_depth = self.params.max_depth;
         let init_depth = self.params.init_depth;
         let used_per_depth = self.params.used_per_depth;
+        let first_depth = if self.cautious {
+            (init_depth / 2).max(1)
+        } else {
+            init_depth
+        };
         let e = &mut self.entries[i];
         if e.confirmed() {
             // On the lattice ahead (checked by `find`). Just past the frontier means the whole
@@ -455,7 +470,7 @@ impl Prefetcher for Stream {
         e.last = page;
         let confirmed = e.confirmed();
         if confirmed {
-            e.depth = init_depth;
+            e.depth = first_depth;
             e.frontier = None;
             e.used = u64::from(e.run) + 1;
         }
