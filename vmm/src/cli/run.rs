@@ -241,9 +241,9 @@ pub struct RunArgs {
 
     /// How pages move to and from `rdma://` servers: one-sided (RDMA READ and WRITE on slabs
     /// the server registers; its CPU never handles a page) or send-recv (each request a SEND
-    /// the server's thread answers with a SEND). send-recv is for a server whose memory cannot
-    /// be registered for remote access (its grants are refused) and for A/B comparisons
-    /// (docs/rdma.md).
+    /// the server's thread answers with a SEND). send-recv is for A/B comparisons and for an
+    /// RDMA provider whose one-sided path misbehaves (docs/rdma.md); a slab the server refuses
+    /// to grant travels as SEND/RECV either way.
     #[arg(long, value_name = "one-sided|send-recv", default_value = "one-sided",
           value_parser = parse_rdma_pages)]
     pub rdma_pages: bool,
