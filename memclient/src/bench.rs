@@ -252,7 +252,7 @@ pub fn run(
     let floor_thread = std::thread::spawn(move || floor_server(fl, st));
 
     // One connection, like the floor; window large enough for the deepest setting.
-    let client = bench_client(cfg, server, false)?;
+    let client = bench_client(cfg, server, Transport::Tcp)?;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
     let mut p = 0;
@@ -293,24 +293,34 @@ pub fn run(
     Ok(rows)
 }
 
-/// One row of the transport comparison: the same memserver over TCP and over RDMA.
+/// One row of the transport comparison: the same memserver over TCP, over RDMA with
+/// one-sided pages, and over RDMA with SEND/RECV.
 #[derive(Debug, Clone, Copy)]
 pub struct TransportRow {
     /// Requests in flight.
     pub depth: usize,
     /// Through the server's TCP listener.
     pub tcp: Cell,
-    /// Through its RDMA listener.
+    /// Through its RDMA listener, pages by RDMA READ (the default).
     pub rdma: Cell,
+    /// Through its RDMA listener, every request a SEND answered by a SEND.
+    pub send_recv: Cell,
 }
 
-/// A bench client of `server` (one bulk connection, window for the deepest setting); over
-/// RDMA when `rdma`.
-fn bench_client(cfg: &BenchConfig, server: SocketAddr, rdma: bool) -> Result<Client, BenchError> {
+/// How a bench client reaches the server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Tcp,
+    OneSided,
+    SendRecv,
+}
+
+/// A bench client of `server` (one bulk connection, window for the deepest setting).
+fn bench_client(cfg: &BenchConfig, server: SocketAddr, t: Transport) -> Result<Client, BenchError> {
     let mut ccfg = ClientConfig::new(vec![server]);
-    if rdma {
+    if t != Transport::Tcp {
         ccfg.rdma_servers = vec![server];
-        ccfg.rdma_one_sided = true;
+        ccfg.rdma_one_sided = t == Transport::OneSided;
     }
     ccfg.conns_per_server = 1;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
@@ -320,21 +330,52 @@ fn bench_client(cfg: &BenchConfig, server: SocketAddr, rdma: bool) -> Result<Cli
     Ok(Client::connect(ccfg)?)
 }
 
+/// What [`run_transports`] measured: a row per depth, and the CPU time the process (server
+/// and clients) used while its links were open and idle.
+#[derive(Debug, Clone)]
+pub struct TransportRun {
+    /// One row per depth.
+    pub rows: Vec<TransportRow>,
+    /// CPU time of the whole process over [`IDLE_SPAN`] with the three clients connected and
+    /// nothing in flight, ms.
+    pub idle_cpu_ms: f64,
+    /// The same with only the TCP client left: the difference is what the two idle RDMA
+    /// clients (client and server side) cost.
+    pub idle_tcp_only_ms: f64,
+}
+
+/// How long [`run_transports`] leaves the links idle to measure their CPU cost.
+pub const IDLE_SPAN: Duration = Duration::from_secs(2);
+
+/// User plus system CPU time of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer on the stack.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Runs the read bench against one memserver through its TCP listener `tcp` and its RDMA
-/// listener `rdma`, alternating in slices as [`run`] does, so the ratio of the two transports
-/// holds within the run whatever the load. Each client writes the pages, then reads them.
+/// listener `rdma` (one-sided, and SEND/RECV), alternating in slices as [`run`] does, so the
+/// ratios of the transports hold within the run whatever the load. Each client writes the
+/// pages, then reads them. Then every link stays open with nothing in flight for
+/// [`IDLE_SPAN`], and the process's CPU time over it is measured (the server runs in this
+/// process too).
 pub fn run_transports(
     cfg: &BenchConfig,
     tcp: SocketAddr,
     rdma: SocketAddr,
     mut progress: impl FnMut(&str),
-) -> Result<Vec<TransportRow>, BenchError> {
-    let over_tcp = bench_client(cfg, tcp, false)?;
-    let over_rdma = bench_client(cfg, rdma, true)?;
-    // Each client writes the pages itself (a client reads only slabs it placed); both land
+) -> Result<TransportRun, BenchError> {
+    let over_tcp = bench_client(cfg, tcp, Transport::Tcp)?;
+    let over_rdma = bench_client(cfg, rdma, Transport::OneSided)?;
+    let over_sr = bench_client(cfg, rdma, Transport::SendRecv)?;
+    // Each client writes the pages itself (a client reads only slabs it placed); all land
     // in the same namespace of the one server.
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
-    for c in [&over_tcp, &over_rdma] {
+    for c in [&over_tcp, &over_rdma, &over_sr] {
         let mut p = 0;
         while p < cfg.pages {
             let n = (cfg.pages - p).min(256) as usize;
@@ -346,53 +387,86 @@ pub fn run_transports(
     let mut bufs: Vec<IoBuf> = (0..maxd).map(|_| IoBuf::new(1)).collect();
     let mut rows = Vec::new();
     for &depth in &cfg.depths {
-        let (mut ta, mut ra) = (Acc::new()?, Acc::new()?);
+        let (mut ta, mut ra, mut sa) = (Acc::new()?, Acc::new()?, Acc::new()?);
         let slices = (cfg.duration.as_nanos() / SLICE.as_nanos()).max(1) as u32;
         let slice = cfg.duration / slices;
         for _ in 0..cfg.rounds.max(1) * slices as usize {
             run_memserver(&over_tcp, cfg, slice, depth, &mut ta, &mut bufs)?;
             run_memserver(&over_rdma, cfg, slice, depth, &mut ra, &mut bufs)?;
+            run_memserver(&over_sr, cfg, slice, depth, &mut sa, &mut bufs)?;
         }
         let row = TransportRow {
             depth,
             tcp: ta.cell(),
             rdma: ra.cell(),
+            send_recv: sa.cell(),
         };
         progress(&format!(
-            "in-flight {depth:>2}: TCP p50 {:.1} µs, RDMA p50 {:.1} µs",
-            row.tcp.p50_us, row.rdma.p50_us
+            "in-flight {depth:>2}: TCP p50 {:.1} µs, RDMA one-sided p50 {:.1} µs, RDMA \
+             SEND/RECV p50 {:.1} µs",
+            row.tcp.p50_us, row.rdma.p50_us, row.send_recv.p50_us
         ));
         rows.push(row);
     }
-    over_tcp.close();
+    // Let the last completions and the pollers settle, then measure the idle links: all
+    // three clients, then the TCP one alone.
+    let idle = || {
+        std::thread::sleep(Duration::from_millis(200));
+        let before = process_cpu();
+        std::thread::sleep(IDLE_SPAN);
+        (process_cpu() - before).as_secs_f64() * 1e3
+    };
+    let idle_cpu_ms = idle();
     over_rdma.close();
-    Ok(rows)
+    over_sr.close();
+    let idle_tcp_only_ms = idle();
+    progress(&format!(
+        "idle: {idle_cpu_ms:.1} ms of CPU in {:.0} s with the three clients connected, \
+         {idle_tcp_only_ms:.1} ms with the TCP one alone",
+        IDLE_SPAN.as_secs_f64()
+    ));
+    over_tcp.close();
+    Ok(TransportRun {
+        rows,
+        idle_cpu_ms,
+        idle_tcp_only_ms,
+    })
 }
 
-/// Formats the transport comparison (RDMA / TCP ratios).
-pub fn transport_table(rows: &[TransportRow]) -> String {
+/// Formats the transport comparison: each transport's p50 and pages/s, and the RDMA / TCP
+/// ratios (one-sided and SEND/RECV), then the idle links' CPU time.
+pub fn transport_table(run: &TransportRun) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "| in flight | TCP p50 µs | TCP p99 µs | TCP pages/s | RDMA p50 µs | RDMA p99 µs | RDMA pages/s | p50 RDMA/TCP | pages/s RDMA/TCP |"
+        "| in flight | TCP p50 µs | TCP pages/s | one-sided p50 µs | one-sided pages/s | SEND/RECV p50 µs | SEND/RECV pages/s | pages/s one-sided/TCP | pages/s SEND/RECV/TCP | pages/s one-sided/SEND/RECV |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
-    for r in rows {
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in &run.rows {
         let _ = writeln!(
             o,
-            "| {} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0} | {:.3} | {:.3} |",
+            "| {} | {:.1} | {:.0} | {:.1} | {:.0} | {:.1} | {:.0} | {:.3} | {:.3} | {:.3} |",
             r.depth,
             r.tcp.p50_us,
-            r.tcp.p99_us,
             r.tcp.pages_per_s,
             r.rdma.p50_us,
-            r.rdma.p99_us,
             r.rdma.pages_per_s,
-            r.rdma.p50_us / r.tcp.p50_us,
-            r.rdma.pages_per_s / r.tcp.pages_per_s
+            r.send_recv.p50_us,
+            r.send_recv.pages_per_s,
+            r.rdma.pages_per_s / r.tcp.pages_per_s,
+            r.send_recv.pages_per_s / r.tcp.pages_per_s,
+            r.rdma.pages_per_s / r.send_recv.pages_per_s
         );
     }
+    let _ = writeln!(
+        o,
+        "\nidle, nothing in flight: {:.1} ms of CPU (server and clients) in {:.0} s with the \
+         three clients connected, {:.1} ms with the TCP one alone",
+        run.idle_cpu_ms,
+        IDLE_SPAN.as_secs_f64(),
+        run.idle_tcp_only_ms
+    );
     o
 }
 

@@ -14,9 +14,8 @@ pub struct ClientConfig {
     /// listener (`farvm-memserver --rdma`), and its connections are RDMA links (needs the
     /// `rdma` feature and an RDMA device on the route to it). Default: none, all TCP.
     pub rdma_servers: Vec<SocketAddr>,
-    /// RDMA links move pages by one-sided READ/WRITE on slabs the server grants (SEND/RECV
-    /// otherwise). Default off: the test guest at 25% local over Soft-RoCE in the KVM lab
-    /// still sees requests time out with it (docs/rdma.md).
+    /// RDMA links move pages by one-sided READ/WRITE on slabs the server grants (default);
+    /// off, every request travels as a SEND answered by a SEND (docs/rdma.md).
     pub rdma_one_sided: bool,
     /// Tenant secret (None: the servers must run in open mode).
     pub secret: Option<Secret>,
@@ -60,7 +59,7 @@ impl ClientConfig {
         Self {
             servers,
             rdma_servers: Vec::new(),
-            rdma_one_sided: false,
+            rdma_one_sided: true,
             secret: None,
             replication: None,
             slab_pages: 1 << 18,

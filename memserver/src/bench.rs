@@ -1,7 +1,9 @@
 //! `farvm-memserver bench`: the client's read bench (`farvm_memclient::bench`) against a server
 //! started in this process on loopback.
 
-pub use farvm_memclient::bench::{table, transport_table, BenchConfig, Row, TransportRow};
+pub use farvm_memclient::bench::{
+    table, transport_table, BenchConfig, Row, TransportRow, TransportRun,
+};
 
 use crate::server::{Server, ServerConfig, ServerError};
 
@@ -33,7 +35,7 @@ pub fn run_transports(
     cfg: &BenchConfig,
     ip: std::net::IpAddr,
     progress: impl FnMut(&str),
-) -> Result<Vec<TransportRow>, BenchError> {
+) -> Result<TransportRun, BenchError> {
     let mut scfg = ServerConfig::loopback(farvm_memclient::bench::capacity_bytes(cfg));
     scfg.listen = std::net::SocketAddr::new(ip, 0);
     scfg.rdma = Some(std::net::SocketAddr::new(ip, 0));

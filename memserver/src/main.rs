@@ -127,8 +127,9 @@ enum Cmd {
         #[arg(long, default_value_t = 8192)]
         pages: u64,
         /// Compare transports instead: one server listening on this local IP over TCP and
-        /// over RDMA (`--rdma`), read through each in alternating slices; prints RDMA / TCP
-        /// ratios. The IP must have an RDMA device (a RoCE GID), e.g. 127.0.0.1 with
+        /// over RDMA (`--rdma`), read through TCP, RDMA with one-sided pages and RDMA with
+        /// SEND/RECV in alternating slices; prints their ratios, and the CPU time of the idle
+        /// links. The IP must have an RDMA device (a RoCE GID), e.g. 127.0.0.1 with
         /// Soft-RoCE on `lo`. An RDMA link keeps at most 16 requests in flight.
         #[arg(long, value_name = "IP")]
         rdma: Option<std::net::IpAddr>,
@@ -217,9 +218,12 @@ fn run() -> Result<()> {
                 cfg.rounds, duration, cfg.depths
             );
             if let Some(ip) = rdma {
-                eprintln!("bench: the same memserver on {ip} over TCP and over RDMA");
-                let rows = bench::run_transports(&cfg, ip, |l| eprintln!("{l}"))?;
-                print!("{}", bench::transport_table(&rows));
+                eprintln!(
+                    "bench: the same memserver on {ip} over TCP, RDMA one-sided and RDMA \
+                     SEND/RECV"
+                );
+                let run = bench::run_transports(&cfg, ip, |l| eprintln!("{l}"))?;
+                print!("{}", bench::transport_table(&run));
                 return Ok(());
             }
             let rows = bench::run(&cfg, |l| eprintln!("{l}"))?;

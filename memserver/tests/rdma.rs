@@ -27,7 +27,6 @@ fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
 fn rdma_config(addr: SocketAddr) -> ClientConfig {
     let mut c = config(&[addr]);
     c.rdma_servers = vec![addr];
-    c.rdma_one_sided = true;
     c
 }
 
@@ -126,6 +125,35 @@ fn pages_round_trip_over_rdma_and_match_tcp() {
         "prefetch reads were one-sided"
     );
     assert_eq!(srv.requests(ServerOp::Discard), 1, "the discard was a SEND");
+    c.close();
+}
+
+/// With one-sided pages off (`farvm run --rdma-pages send-recv`), every page travels as a
+/// SEND the server's thread answers: the same pages come back, the server counts each READ
+/// and WRITE as a request, and it grants no slab.
+#[test]
+fn pages_round_trip_over_send_recv_when_one_sided_is_off() {
+    let Some(ip) = rdma_test_ip("pages_round_trip_over_send_recv_when_one_sided_is_off") else {
+        return;
+    };
+    let srv = rdma_server(ip, 1 << 14);
+    let raddr = srv.rdma_addr().expect("RDMA listener");
+    let mut cfg = rdma_config(raddr);
+    cfg.rdma_one_sided = false;
+    let c = Client::connect(cfg).expect("client connects over RDMA");
+    let (ns, first) = (9, 300);
+    let mut data = vec![0u8; 300 * PAGE_SIZE];
+    for (i, p) in data.chunks_mut(PAGE_SIZE).enumerate() {
+        page_content(ns, first + i as u64, 2, p);
+    }
+    c.write(ns, first, &data).expect("write over SEND/RECV");
+    let mut back = vec![0u8; 300 * PAGE_SIZE];
+    let present = c.read(ns, first, &mut back).expect("read over SEND/RECV");
+    assert!(present.iter().all(|&p| p), "written pages present");
+    assert!(back == data, "pages read over SEND/RECV differ");
+    assert!(srv.requests(ServerOp::Write) >= 2, "writes were SENDs");
+    assert!(srv.requests(ServerOp::Read) >= 2, "reads were SENDs");
+    assert_eq!(srv.rdma_grants(), 0, "no slab granted");
     c.close();
 }
 

@@ -35,7 +35,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use farvm_memproto::frame::{decode_body, decode_header, Body, Opcode, HEADER_LEN};
@@ -80,6 +80,18 @@ const WRS_PER_BATCH: usize = 2 * MAX_PAGES_PER_FRAME;
 const MAX_WR_BYTES: u32 = 64 * 1024;
 /// Slabs one submission may ask grants for before it falls back to SEND/RECV.
 const GRANTS_PER_SUBMIT: usize = 4;
+/// Polls finding nothing before the poller sleeps on the completion channel.
+const SPIN_ROUNDS: u32 = 64;
+/// How long the poller sleeps at most with requests in flight (their timeouts need it), and
+/// on an idle link.
+const BUSY_WAIT: Duration = Duration::from_millis(20);
+const IDLE_WAIT: Duration = Duration::from_millis(500);
+/// How often the poller checks timeouts and the control connection while busy.
+const EXPIRE_EVERY: Duration = Duration::from_millis(10);
+/// With requests in flight, how long the link waits without a post or a completion before it
+/// kicks the send queue ([`RcQueuePair::post_kick`]; docs/rdma.md, "Why one-sided requests
+/// stalled"). A kick costs one packet and its acknowledgement.
+const KICK_AFTER: Duration = Duration::from_millis(50);
 
 /// How a request travels.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -126,6 +138,59 @@ struct SendState {
     bytes: Vec<u8>,
     /// A one-sided batch's planned work requests (capacity for a whole batch: no allocation).
     plan: Vec<WorkRequest>,
+    /// When the buffer's last request was posted.
+    posted: Instant,
+}
+
+/// What the link's data path did since it opened: the timeout warning and stall reports
+/// print it, so a request that timed out shows whether its work requests were posted, and
+/// whether they completed late or not at all.
+#[derive(Default)]
+struct Counters {
+    /// One-sided batches posted, and their work requests.
+    os_batches: AtomicU64,
+    os_wrs: AtomicU64,
+    /// One-sided batches whose signaled completion was polled.
+    os_done: AtomicU64,
+    /// Of those, batches whose request had already timed out.
+    os_late: AtomicU64,
+    /// The longest one-sided batch from post to completion, µs.
+    os_max_us: AtomicU64,
+    /// SENDs posted and completed, RECVs completed.
+    sends: AtomicU64,
+    sends_done: AtomicU64,
+    recvs: AtomicU64,
+    /// Times the poller slept on the completion channel.
+    sleeps: AtomicU64,
+    /// Kicks of the send queue, and those a completion followed before the next one.
+    kicks: AtomicU64,
+    kicks_answered: AtomicU64,
+}
+
+impl Counters {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn summary(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "one-sided: {} batches ({} work requests) posted, {} completed ({} late), longest \
+             {} µs; SENDs {} posted, {} completed; RECVs {}; poller slept {} times; send \
+             queue kicked {} times, {} of them followed by a completion",
+            g(&self.os_batches),
+            g(&self.os_wrs),
+            g(&self.os_done),
+            g(&self.os_late),
+            g(&self.os_max_us),
+            g(&self.sends),
+            g(&self.sends_done),
+            g(&self.recvs),
+            g(&self.sleeps),
+            g(&self.kicks),
+            g(&self.kicks_answered),
+        )
+    }
 }
 
 /// The receive slots: one registered region, slot `i` at `i × SLOT_BYTES`.
@@ -157,9 +222,15 @@ pub(crate) struct RdmaLink {
     /// Held by whoever polls the completion queue.
     poll: Mutex<()>,
     inline_active: AtomicUsize,
-    park: Mutex<()>,
-    park_cv: Condvar,
-    parked: AtomicBool,
+    /// The poller sleeps on the completion channel.
+    sleeping: AtomicBool,
+    /// When the link opened; the last post or completion and the last kick, as nanoseconds
+    /// since then.
+    opened: Instant,
+    last_activity: AtomicU64,
+    last_kick: AtomicU64,
+    /// A kick is waiting for the next completion (to count whether one followed).
+    kick_pending: AtomicBool,
     /// The TCP control connection: open while the session lives.
     ctl: TcpStream,
     /// Held while a grant is asked for on `ctl` (its reply is not a close).
@@ -170,6 +241,7 @@ pub(crate) struct RdmaLink {
     landed_copied: AtomicU64,
     one_sided_reads: AtomicU64,
     one_sided_writes: AtomicU64,
+    counters: Counters,
 }
 
 // SAFETY: `recv.base` points into `recv._mem`, owned by the link; the slot memory is written by
@@ -244,6 +316,7 @@ impl RdmaLink {
                 buf: Mutex::new(SendState {
                     bytes: v,
                     plan: Vec::with_capacity(MAX_PAGES_PER_FRAME),
+                    posted: Instant::now(),
                 }),
                 mr,
             });
@@ -306,9 +379,11 @@ impl RdmaLink {
             inflight_hint: AtomicUsize::new(0),
             poll: Mutex::new(()),
             inline_active: AtomicUsize::new(0),
-            park: Mutex::new(()),
-            park_cv: Condvar::new(),
-            parked: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            opened: Instant::now(),
+            last_activity: AtomicU64::new(0),
+            last_kick: AtomicU64::new(0),
+            kick_pending: AtomicBool::new(false),
             ctl,
             grant_lock: Mutex::new(()),
             grants: RwLock::new(Grants {
@@ -320,6 +395,7 @@ impl RdmaLink {
             landed_copied: AtomicU64::new(0),
             one_sided_reads: AtomicU64::new(0),
             one_sided_writes: AtomicU64::new(0),
+            counters: Counters::default(),
         });
         let l = link.clone();
         std::thread::Builder::new()
@@ -338,6 +414,8 @@ impl RdmaLink {
     fn post(&self, req_id: u64, ticket: u32, sb: u16, kind: Kind) {
         let b = &self.send[sb as usize];
         let mut st = b.buf.lock().unwrap_or_else(|e| e.into_inner());
+        st.posted = Instant::now();
+        self.touch();
         let rc = match kind {
             Kind::TwoSided => {
                 let buf = &mut st.bytes;
@@ -348,6 +426,7 @@ impl RdmaLink {
                 }
                 let fits = buf.len() <= SLOT_BYTES && buf.capacity() == SLOT_BYTES;
                 if fits {
+                    Counters::add(&self.counters.sends, 1);
                     // SAFETY: the buffer is registered (`b.mr`) over its whole capacity, has
                     // not grown (checked), and stays untouched until the send completes: the
                     // buffer index is back in `send_free` only then.
@@ -379,7 +458,9 @@ impl RdmaLink {
     /// `lkey`): a write's pages and entries are copied in first; the last work request is
     /// signaled with `wr_id`.
     fn post_one_sided(&self, st: &mut SendState, lkey: u32, ticket: u32, wr_id: u64) -> i32 {
-        let SendState { bytes, plan: wrs } = st;
+        let SendState {
+            bytes, plan: wrs, ..
+        } = st;
         if bytes.capacity() != SLOT_BYTES
             || META_OFF + MAX_PAGES_PER_FRAME * META_BYTES > SLOT_BYTES
         {
@@ -421,6 +502,8 @@ impl RdmaLink {
             OneSided::Read
         };
         let g = self.grants.read().unwrap_or_else(|e| e.into_inner());
+        Counters::add(&self.counters.os_batches, 1);
+        Counters::add(&self.counters.os_wrs, 2 * wrs.len() as u64);
         // Pages first, then their entries: a reader never sees a present entry before its
         // page (a writer's batch lands in order), and a torn overwrite fails its crc32c.
         for w in wrs.iter() {
@@ -481,7 +564,6 @@ impl RdmaLink {
             self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
             self.post(go.req_id, go.ticket, sb, Kind::of(go.ordered));
-            self.wake_poller();
         }
     }
 
@@ -498,7 +580,6 @@ impl RdmaLink {
             self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
         }
         let _ = self.ctl.shutdown(std::net::Shutdown::Both);
-        self.wake_poller();
         self.sink.connection_failed(self.server);
         for t in failed {
             self.sink
@@ -759,6 +840,12 @@ impl RdmaLink {
                 return None;
             }
         };
+        if n > 0 {
+            self.touch();
+            if self.kick_pending.swap(false, Ordering::Relaxed) {
+                Counters::add(&self.counters.kicks_answered, 1);
+            }
+        }
         for wc in &wcs[..n] {
             if let Err(e) = map_status(wc.status) {
                 if !self.is_broken() {
@@ -774,11 +861,13 @@ impl RdmaLink {
             if wc.wr_id & (SEND_BIT | ONE_BIT) == SEND_BIT | ONE_BIT {
                 let sb = (wc.wr_id & 0xffff) as u16;
                 let req = (wc.wr_id >> 16) & REQ_MASK;
-                let landed = self
-                    .sched()
-                    .q
-                    .claim(req, REQ_MASK)
-                    .map(|(slot, ticket)| (slot, ticket, self.land_one_sided(sb, ticket)));
+                self.note_one_sided_done(sb);
+                let claimed = self.sched().q.claim(req, REQ_MASK);
+                if claimed.is_none() {
+                    Counters::add(&self.counters.os_late, 1);
+                }
+                let landed =
+                    claimed.map(|(slot, ticket)| (slot, ticket, self.land_one_sided(sb, ticket)));
                 // The batch is done with the buffer once landed.
                 self.sched().send_free.push(sb);
                 match landed {
@@ -788,6 +877,7 @@ impl RdmaLink {
                 continue;
             }
             if wc.wr_id & SEND_BIT != 0 {
+                Counters::add(&self.counters.sends_done, 1);
                 self.sched().send_free.push((wc.wr_id & !SEND_BIT) as u16);
                 self.dispatch();
                 continue;
@@ -797,6 +887,7 @@ impl RdmaLink {
                 self.fail_all();
                 return None;
             }
+            Counters::add(&self.counters.recvs, 1);
             let landed = self.land(i, wc.byte_len as usize);
             // The slot is ours again: post it before finishing, so the next response finds it.
             // SAFETY: as in `connect`.
@@ -826,11 +917,29 @@ impl RdmaLink {
         Some(n)
     }
 
-    fn wake_poller(&self) {
-        if self.parked.load(Ordering::SeqCst) {
-            let _g = self.park.lock().unwrap_or_else(|e| e.into_inner());
-            self.park_cv.notify_one();
-        }
+    /// Counts a one-sided batch of send buffer `sb` as completed, with its time since posted.
+    fn note_one_sided_done(&self, sb: u16) {
+        let Some(b) = self.send.get(sb as usize) else {
+            return;
+        };
+        let us = b
+            .buf
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .posted
+            .elapsed()
+            .as_micros() as u64;
+        Counters::add(&self.counters.os_done, 1);
+        self.counters.os_max_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// The link's counters and its queue pair's state, for warnings and stall reports.
+    fn diagnosis(&self) -> String {
+        format!(
+            "{}; queue pair state {}",
+            self.counters.summary(),
+            self.qp.state()
+        )
     }
 
     /// Whether the control connection says the server went away (it never sends after the
@@ -862,7 +971,8 @@ impl RdmaLink {
             tracing::warn!(
                 server = self.server,
                 n = expired.len(),
-                "requests timed out"
+                "requests timed out; {}",
+                self.diagnosis()
             );
             self.dispatch();
             for t in expired.drain(..) {
@@ -873,9 +983,11 @@ impl RdmaLink {
     }
 
     /// The poller thread: completions nobody polls inline, timeouts, and the control
-    /// connection. It parks while nothing is in flight or a thread polls inline.
+    /// connection. After [`SPIN_ROUNDS`] polls that find nothing it arms the completion queue
+    /// and sleeps on its completion channel (and the control connection) until a completion
+    /// arrives: an idle link costs no CPU. With requests in flight it wakes at least every
+    /// [`BUSY_WAIT`] to enforce their timeouts.
     fn poller(self: Arc<Self>) {
-        let idle = Duration::from_millis(5);
         let mut last_check = Instant::now();
         let mut quiet = 0u32;
         let mut expired = Vec::with_capacity(self.limits.depth);
@@ -883,7 +995,7 @@ impl RdmaLink {
             if self.is_broken() {
                 return;
             }
-            if last_check.elapsed() >= Duration::from_millis(1) {
+            if last_check.elapsed() >= EXPIRE_EVERY {
                 last_check = Instant::now();
                 if self.control_closed() {
                     if !self.is_broken() {
@@ -893,43 +1005,114 @@ impl RdmaLink {
                     return;
                 }
                 self.expire(&mut expired);
-            }
-            let busy = self.inflight_hint.load(Ordering::SeqCst) > 0;
-            if !busy || self.inline_active.load(Ordering::SeqCst) > 0 {
-                let g = self.park.lock().unwrap_or_else(|e| e.into_inner());
-                self.parked.store(true, Ordering::SeqCst);
-                let still_idle = self.inflight_hint.load(Ordering::SeqCst) == 0
-                    || self.inline_active.load(Ordering::SeqCst) > 0;
-                if still_idle && !self.is_broken() {
-                    let _ = self.park_cv.wait_timeout(g, idle);
+                if !self.kick_if_stalled() {
+                    return;
                 }
-                self.parked.store(false, Ordering::SeqCst);
-                // Send completions of a finished burst still give buffers back.
-                if let Ok(_p) = self.poll.try_lock() {
-                    if self.poll_once().is_none() {
-                        return;
-                    }
-                }
-                continue;
             }
-            let handled = match self.poll.try_lock() {
-                Ok(_p) => match self.poll_once() {
-                    Some(n) => n,
-                    None => return,
-                },
-                Err(_) => 0,
+            let Some(handled) = self.try_poll() else {
+                return;
             };
             if handled > 0 {
                 quiet = 0;
-            } else {
-                quiet += 1;
-                if quiet < 64 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(20));
-                }
+                continue;
             }
+            quiet += 1;
+            if quiet < SPIN_ROUNDS {
+                std::thread::yield_now();
+                continue;
+            }
+            if let Err(rc) = self.qp.arm() {
+                tracing::warn!(
+                    server = self.server,
+                    rc,
+                    "arming the completion queue failed"
+                );
+                self.fail_all();
+                return;
+            }
+            // A completion that arrived before the CQ was armed raises no event.
+            match self.try_poll() {
+                None => return,
+                Some(n) if n > 0 => {
+                    quiet = 0;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            let busy = self.inflight_hint.load(Ordering::SeqCst) > 0;
+            // The control connection wakes us when the server closes it, except while a grant
+            // is asked for (its reply makes it readable).
+            let ctl = self
+                .grant_lock
+                .try_lock()
+                .is_ok()
+                .then(|| self.ctl.as_raw_fd());
+            Counters::add(&self.counters.sleeps, 1);
+            self.sleeping.store(true, Ordering::SeqCst);
+            let ctl_readable = self.qp.wait(ctl, if busy { BUSY_WAIT } else { IDLE_WAIT });
+            self.sleeping.store(false, Ordering::SeqCst);
+            if ctl_readable {
+                last_check = Instant::now() - EXPIRE_EVERY;
+            }
+            // Poll a few times before sleeping again.
+            quiet = SPIN_ROUNDS - 4;
         }
+    }
+
+    /// Nanoseconds since the link opened.
+    fn now_ns(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
+    }
+
+    /// Notes a post or a completion (the send queue moved).
+    fn touch(&self) {
+        self.last_activity.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// Kicks the send queue when requests are in flight and neither a post nor a completion
+    /// happened for [`KICK_AFTER`] (nor a kick). False when the kick could not be posted (the
+    /// link failed).
+    fn kick_if_stalled(&self) -> bool {
+        if self.inflight_hint.load(Ordering::SeqCst) == 0 || self.is_broken() {
+            return true;
+        }
+        let now = self.now_ns();
+        let last = self
+            .last_activity
+            .load(Ordering::Relaxed)
+            .max(self.last_kick.load(Ordering::Relaxed));
+        if now.saturating_sub(last) < KICK_AFTER.as_nanos() as u64 {
+            return true;
+        }
+        self.last_kick.store(now, Ordering::Relaxed);
+        self.kick_pending.store(true, Ordering::Relaxed);
+        Counters::add(&self.counters.kicks, 1);
+        let rc = self.qp.post_kick();
+        if rc != 0 {
+            tracing::warn!(server = self.server, rc, "kicking the send queue failed");
+            self.fail_all();
+            return false;
+        }
+        true
+    }
+
+    /// Polls the completion queue once unless another thread does: `Some(handled)`, or
+    /// `None` when the link failed.
+    fn try_poll(&self) -> Option<usize> {
+        match self.poll.try_lock() {
+            Ok(_p) => self.poll_once(),
+            Err(_) => Some(0),
+        }
+    }
+}
+
+impl Drop for RdmaLink {
+    fn drop(&mut self) {
+        tracing::info!(
+            server = self.server,
+            "RDMA link closed; {}",
+            self.counters.summary()
+        );
     }
 }
 
@@ -947,12 +1130,13 @@ impl Link for RdmaLink {
             self.inflight_hint.store(s.q.inflight, Ordering::SeqCst);
             drop(s);
             self.post(go.req_id, go.ticket, sb, kind);
-            self.wake_poller();
         }
         Ok(())
     }
 
-    fn receive_inline(&self, done: &dyn Fn() -> bool, handoff: bool) {
+    fn receive_inline(&self, done: &dyn Fn() -> bool, _handoff: bool) {
+        // The poller needs no hand-off: it sleeps on the completion channel, which the next
+        // completion wakes.
         self.inline_active.fetch_add(1, Ordering::SeqCst);
         let mut quiet = 0u32;
         while !done() && !self.is_broken() {
@@ -974,9 +1158,6 @@ impl Link for RdmaLink {
             }
         }
         self.inline_active.fetch_sub(1, Ordering::SeqCst);
-        if handoff {
-            self.wake_poller();
-        }
     }
 
     fn inflight(&self) -> usize {
@@ -1007,7 +1188,7 @@ impl Link for RdmaLink {
         }
         Some(format!(
             "RDMA link: oldest request in flight for {oldest:.1?}; {}, {} send buffers free; \
-             completion queue {} ({} polling inline, poller {})",
+             completion queue {} ({} polling inline, poller {}); {}",
             s.q.summary(),
             s.send_free.len(),
             if self.poll.try_lock().is_ok() {
@@ -1016,11 +1197,12 @@ impl Link for RdmaLink {
                 "being polled"
             },
             self.inline_active.load(Ordering::SeqCst),
-            if self.parked.load(Ordering::SeqCst) {
-                "parked"
+            if self.sleeping.load(Ordering::SeqCst) {
+                "asleep on the completion channel"
             } else {
                 "running"
             },
+            self.diagnosis(),
         ))
     }
 }

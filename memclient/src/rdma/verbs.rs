@@ -10,6 +10,7 @@
 //! Soft-RoCE devices on a veth pair) each serve their own address.
 
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -18,7 +19,9 @@ use rdma_mummy_sys::{
     ibv_sge, ibv_wc, ibv_wr_opcode,
 };
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue, GenericCompletionQueue};
+use sideway::ibverbs::completion::{
+    BasicCompletionQueue, CompletionChannel, CompletionQueue, GenericCompletionQueue,
+};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -204,11 +207,16 @@ pub struct Completion {
 /// Completions polled at most per call.
 pub const POLL_BATCH: usize = 16;
 
-/// A reliable-connected queue pair with its completion queue (sends and receives share it).
+/// A reliable-connected queue pair with its completion queue (sends and receives share it) and
+/// the CQ's completion channel: a thread with nothing to poll arms the CQ ([`Self::arm`]) and
+/// sleeps on the channel's fd ([`Self::event_fd`]) until a completion arrives, so an idle queue
+/// pair costs no CPU.
 pub struct RcQueuePair {
-    // Field order is drop order: the QP before its CQ.
+    // Field order is drop order: the QP before its CQ, the CQ before its channel (the CQ
+    // holds the channel too).
     qp: BasicQueuePair,
     _cq: Arc<BasicCompletionQueue>,
+    chan: Arc<CompletionChannel>,
     raw_qp: NonNull<ibv_qp>,
     raw_cq: NonNull<rdma_mummy_sys::ibv_cq>,
     local: QpEndpoint,
@@ -233,10 +241,18 @@ impl RcQueuePair {
         recv_depth: u32,
         remote_access: bool,
     ) -> Result<Self, RdmaError> {
+        let chan = dev
+            .ctx
+            .create_comp_channel()
+            .map_err(verbs("ibv_create_comp_channel"))?;
+        // Events are taken without blocking (`take_events`); threads wait with poll(2).
+        chan.set_nonblocking(true)
+            .map_err(verbs("fcntl(completion channel, O_NONBLOCK)"))?;
         let cq = dev
             .ctx
             .create_cq_builder()
             .setup_cqe(send_depth + recv_depth)
+            .setup_comp_channel(&chan, 0)
             .build()
             .map_err(verbs("ibv_create_cq"))?;
         let cqh = GenericCompletionQueue::from(Arc::clone(&cq));
@@ -278,6 +294,7 @@ impl RcQueuePair {
         Ok(Self {
             qp,
             _cq: cq,
+            chan,
             raw_qp,
             raw_cq,
             local,
@@ -409,6 +426,27 @@ impl RcQueuePair {
         unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut wr, &mut bad) }
     }
 
+    /// Posts an unsignaled zero-length RDMA WRITE. It moves no data and touches no remote
+    /// memory (a zero-length WRITE carries no rkey to check), but posting it makes the provider
+    /// run the send queue again: `rdma_rxe` in Linux 6.12 can leave posted work requests
+    /// unsent until the next post (docs/rdma.md, "Why one-sided requests stalled"), and the
+    /// link kicks it with this. Returns `ibv_post_send`'s status.
+    pub fn post_kick(&self) -> i32 {
+        // SAFETY: an all-zero ibv_send_wr is a valid "no options" request (C callers memset it).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = std::ptr::null_mut();
+        wr.num_sge = 0;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        wr.wr.rdma = rdma_mummy_sys::rdma_t {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `wr` lives on the stack for the call and names no memory; the QP is ours
+        // and alive.
+        unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut wr, &mut bad) }
+    }
+
     /// Posts a receive of at most `len` bytes into `addr` (registered with `lkey`).
     ///
     /// # Safety
@@ -451,6 +489,110 @@ impl RcQueuePair {
             };
         }
         Ok(got as usize)
+    }
+
+    /// The QP's state as the provider reports it (`RTS` while it works, `ERR` once a work
+    /// request failed), for stall reports.
+    pub fn state(&self) -> &'static str {
+        use rdma_mummy_sys::ibv_qp_state as st;
+        // SAFETY: both structs are plain data; zero is a valid bit pattern.
+        let mut attr: rdma_mummy_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: rdma_mummy_sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is ours and alive; both out-parameters live on the stack.
+        let rc = unsafe {
+            rdma_mummy_sys::ibv_query_qp(
+                self.raw_qp.as_ptr(),
+                &mut attr,
+                rdma_mummy_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return "unknown (ibv_query_qp failed)";
+        }
+        match attr.qp_state {
+            st::IBV_QPS_RESET => "RESET",
+            st::IBV_QPS_INIT => "INIT",
+            st::IBV_QPS_RTR => "RTR",
+            st::IBV_QPS_RTS => "RTS",
+            st::IBV_QPS_SQD => "SQD",
+            st::IBV_QPS_SQE => "SQE",
+            st::IBV_QPS_ERR => "ERR",
+            _ => "unknown",
+        }
+    }
+
+    /// The completion channel's file descriptor: readable once a completion arrived on the CQ
+    /// after [`Self::arm`].
+    pub fn event_fd(&self) -> RawFd {
+        self.chan.as_raw_fd()
+    }
+
+    /// Asks for one event on the channel at the CQ's next completion. A completion that
+    /// arrived before the call raises none: poll the CQ once more after arming, and wait on
+    /// [`Self::event_fd`] only if that finds nothing. Returns the provider's error code.
+    pub fn arm(&self) -> Result<(), i32> {
+        // SAFETY: the CQ is ours and alive.
+        match unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.raw_cq.as_ptr(), 0) } {
+            0 => Ok(()),
+            rc => Err(rc),
+        }
+    }
+
+    /// Takes the events waiting on the channel (without blocking) and acknowledges them.
+    /// Returns how many there were.
+    pub fn take_events(&self) -> u32 {
+        let mut n = 0u32;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: the channel is ours and alive, and non-blocking (set in `new`), so this
+            // returns at once: 0 with an event for our CQ (the only one on the channel), or
+            // -1 (EAGAIN) when none is left.
+            let rc = unsafe {
+                rdma_mummy_sys::ibv_get_cq_event(
+                    self.chan.comp_channel().as_ptr(),
+                    &mut cq,
+                    &mut ctx,
+                )
+            };
+            if rc != 0 {
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            // SAFETY: acknowledges exactly the events taken above, on the CQ they came for
+            // (every event must be acknowledged before the CQ is destroyed).
+            unsafe { rdma_mummy_sys::ibv_ack_cq_events(self.raw_cq.as_ptr(), n) };
+        }
+        n
+    }
+
+    /// Sleeps until the armed CQ raises an event, `other` (another descriptor, such as a
+    /// control connection) is readable, or `timeout` passes, then takes the channel's events.
+    /// Returns whether `other` is readable.
+    pub fn wait(&self, other: Option<RawFd>, timeout: std::time::Duration) -> bool {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.event_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                // poll(2) skips a negative descriptor.
+                fd: other.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: two valid pollfds on the stack; the descriptors are open (the channel is
+        // ours, `other` is the caller's).
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        self.take_events();
+        r > 0 && fds[1].revents != 0
     }
 
     /// Moves the QP to the error state: outstanding work requests complete as flushed.

@@ -37,6 +37,10 @@ use super::Shared;
 
 /// `wr_id` bit of a send (else a receive slot).
 const SEND_BIT: u64 = 1 << 63;
+/// Polls finding nothing before the session's thread sleeps on its completion channel.
+const SPIN_ROUNDS: u32 = 64;
+/// How long it sleeps at most: the server's stop flag is checked this often.
+const STOP_EVERY: Duration = Duration::from_millis(100);
 /// Send buffers beyond the client's window (a buffer comes back when its send completes).
 const SPARE_SEND_BUFFERS: usize = 2;
 
@@ -246,9 +250,9 @@ fn serve_queue_pair(
         recv: false,
         byte_len: 0,
     }; POLL_BATCH];
-    let mut last_work = Instant::now();
     let mut last_check = Instant::now();
     let mut quiet = 0u32;
+    let mut armed = false;
     let mut grants = Grants::default();
     loop {
         let n = qp
@@ -326,23 +330,34 @@ fn serve_queue_pair(
                 if !serve_grant(ctl, sh, sess, &rig._dev, &mut grants)? {
                     return Ok(());
                 }
-                last_work = Instant::now();
             }
         }
         if worked {
             quiet = 0;
-            last_work = Instant::now();
+            armed = false;
+            continue;
+        }
+        if armed {
+            // Armed, and the poll since found nothing: the next completion raises an event.
+            // Sleep until it does, or the control connection (a grant, the client's close)
+            // wakes us; a one-sided client's pages need no thread here at all.
+            if qp.wait(Some(ctl.as_raw_fd()), STOP_EVERY) {
+                last_check = Instant::now() - Duration::from_millis(2);
+            }
+            armed = false;
+            quiet = SPIN_ROUNDS - 4;
             continue;
         }
         // Nothing arrived: spin briefly (a pipelined client sends again within microseconds),
-        // then sleep in short steps, longer once the session has been idle for a while.
+        // then arm the completion queue and poll once more before sleeping (a completion that
+        // arrived before arming raises no event).
         quiet += 1;
-        if quiet < 64 {
+        if quiet < SPIN_ROUNDS {
             std::thread::yield_now();
-        } else if last_work.elapsed() < Duration::from_millis(100) {
-            std::thread::sleep(Duration::from_micros(20));
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
+            continue;
         }
+        qp.arm()
+            .map_err(|rc| verbs_failed("ibv_req_notify_cq", rc))?;
+        armed = true;
     }
 }

@@ -240,6 +240,15 @@ pub struct RunArgs {
     #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
     pub memservers: Vec<MemserverUrl>,
 
+    /// How pages move to and from `rdma://` servers: one-sided (RDMA READ and WRITE on slabs
+    /// the server registers; its CPU never handles a page) or send-recv (each request a SEND
+    /// the server's thread answers with a SEND). send-recv is for A/B comparisons and for an
+    /// RDMA provider whose one-sided path misbehaves (docs/rdma.md); a slab the server refuses
+    /// to grant travels as SEND/RECV either way.
+    #[arg(long, value_name = "one-sided|send-recv", default_value = "one-sided",
+          value_parser = parse_rdma_pages)]
+    pub rdma_pages: bool,
+
     /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
     /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
     /// and is admitted by the pool's placement: every slab of its remote share gets --replicas
@@ -389,6 +398,15 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+}
+
+/// `--rdma-pages`: true for one-sided.
+fn parse_rdma_pages(s: &str) -> Result<bool, String> {
+    match s {
+        "one-sided" => Ok(true),
+        "send-recv" => Ok(false),
+        _ => Err(format!("`{s}`: use one-sided or send-recv")),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -621,6 +639,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
     spec.stage2_prefault = a.stage2_prefault;
+    spec.rdma_one_sided = a.rdma_pages;
     spec.global_history = a.history == "global";
     spec.fault_log_records = if a.fault_log.is_some() {
         FAULT_LOG_RECORDS
@@ -953,6 +972,9 @@ mod tests {
     fn memserver_urls_name_the_transport() {
         let tcp = parse_memserver("127.0.0.1:7070").unwrap();
         assert_eq!((tcp.addr.port(), tcp.rdma), (7070, false));
+        assert_eq!(parse_rdma_pages("one-sided"), Ok(true));
+        assert_eq!(parse_rdma_pages("send-recv"), Ok(false));
+        assert!(parse_rdma_pages("two-sided").is_err());
         let rdma = parse_memserver("rdma://10.2.0.2:7071").unwrap();
         assert_eq!(rdma.addr, "10.2.0.2:7071".parse().unwrap());
         assert!(rdma.rdma);

@@ -75,6 +75,9 @@ pub struct RemoteSpec {
     /// The servers of `servers` reached over RDMA (their RDMA listeners, `rdma://` on the
     /// command line).
     pub rdma_servers: Vec<SocketAddr>,
+    /// RDMA servers' pages move by one-sided READ/WRITE (`farvm run --rdma-pages one-sided`,
+    /// the default), else as SEND/RECV messages (`send-recv`).
+    pub rdma_one_sided: bool,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -115,6 +118,7 @@ impl RemoteSpec {
             servers: Vec::new(),
             pool: None,
             rdma_servers: Vec::new(),
+            rdma_one_sided: true,
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -392,6 +396,7 @@ impl RemoteMemory {
         };
         let mut ccfg = ClientConfig::new(servers.clone());
         ccfg.rdma_servers = spec.rdma_servers.clone();
+        ccfg.rdma_one_sided = spec.rdma_one_sided;
         // Write-backs the evictor waits on get their own connection (measured: behind a
         // prefetch stream on a shared one, an eviction round took ~750 µs and bounded a
         // write-heavy scan at ~15 µs per page).
