@@ -62,6 +62,9 @@ use crate::{ClientError, Priority};
 /// Requests in flight per RDMA link at most: each needs a registered receive slot of 1 MiB
 /// (the largest frame), pinned while the link lives.
 pub(crate) const MAX_RDMA_WINDOW: usize = 16;
+/// How long the client waits for the server to set up its side of a new RDMA session (queue
+/// pair, registered buffers) after the control connection is authenticated.
+const RDMA_SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Send buffers beyond the window: a buffer comes back when its send completes, which may be
 /// polled after the response that frees the window slot.
 const SPARE_SEND_BUFFERS: usize = 2;
@@ -344,7 +347,10 @@ impl RdmaLink {
             slots: window as u16,
         };
         ctl.write_all(&hello.to_bytes()).map_err(&err)?;
-        ctl.set_read_timeout(Some(spec.connect_timeout))
+        // The server answers once it has registered the session's buffers, which under
+        // emulation (Soft-RoCE in a TCG lab) can take longer than a network connect: the
+        // server is known to be up (it authenticated us), so its set-up gets its own bound.
+        ctl.set_read_timeout(Some(spec.connect_timeout.max(RDMA_SETUP_TIMEOUT)))
             .map_err(&err)?;
         let mut eb = [0u8; ENDPOINT_WIRE_LEN];
         ctl.read_exact(&mut eb).map_err(|e| {
