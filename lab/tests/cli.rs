@@ -82,9 +82,16 @@ fn help_documents_commands_outputs_and_exit_status() {
 
 #[test]
 fn pool_bench_refuses_empty_counts_before_starting_anything() {
-    let o = run(&["bench", "pool", "--vms", "0", "--out", "/nonexistent/pool"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("each at least 1"), "{}", stderr(&o));
+    // A usage error (status 64), for either list.
+    for opt in ["--vms", "--servers"] {
+        let o = run(&["bench", "pool", opt, "1,0", "--out", "/nonexistent/pool"]);
+        assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("`0` is not a count of at least 1"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 #[test]
