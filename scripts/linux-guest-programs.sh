@@ -196,9 +196,11 @@ EOF
     E2FSPROGS_FAKE_TIME=$EPOCH SOURCE_DATE_EPOCH=$EPOCH mkfs.ext4 -q -F -d "$R" -U "$FS_UUID" \
         -E "hash_seed=$FS_UUID,root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0" \
         -L farvm-programs "$OUT/programs.img"
-    # mke2fs copies each file's ctime, which no tool can set on the source: fix it here.
-    (cd "$R" && find . -mindepth 1 | LC_ALL=C sort | sed "s|^\.\(.*\)|sif \"\1\" ctime @$EPOCH|") >"$work/ctime"
-    debugfs -w -f "$work/ctime" "$OUT/programs.img" >/dev/null 2>&1 || die "debugfs on programs.img failed"
+    # mke2fs copies each file's ctime, which no tool can set on the source, and its atime,
+    # which reading it for the copy may have changed: fix both here.
+    (cd "$R" && find . -mindepth 1 | LC_ALL=C sort \
+        | sed "s|^\.\(.*\)|sif \"\1\" ctime @$EPOCH\nsif \"\1\" atime @$EPOCH|") >"$work/ctime"
+    E2FSPROGS_FAKE_TIME=$EPOCH debugfs -w -f "$work/ctime" "$OUT/programs.img" >/dev/null 2>&1 || die "debugfs on programs.img failed"
     cat >"$OUT/env" <<EOF
 PROGRAMS_ROOT=$R
 PROGRAMS_DISK=$OUT/programs.img
