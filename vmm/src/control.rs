@@ -1,6 +1,7 @@
 //! The per-VM control socket: a Unix stream socket taking one JSON request per line
 //! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"processes"}` (per-process paging
-//! statistics), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
+//! statistics), `{"cmd":"vcpus"}` (each vCPU's MP state, registers, pending events and local
+//! APIC, for a guest that seems stuck), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
 //! fault on; `history` alone says which); a bare word works too) and
 //! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
@@ -186,6 +187,9 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
                  paging engine has stopped)"
                     .to_string()
             }),
+        "vcpus" => Ok(json!({
+            "vcpus": vm.dump_vcpus(Duration::from_secs(2)),
+        })),
         "shutdown" => {
             vm.request_stop(VmOutcome::ControlShutdown);
             Ok(json!({"stopping": true}))
@@ -209,8 +213,8 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
             Ok(json!({ "history": now }))
         }
         other => Err(format!(
-            "unknown command `{other}` (known: status, stats, processes, shutdown, history, \
-             history global, history per-process)"
+            "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
+             history, history global, history per-process)"
         )),
     }
 }

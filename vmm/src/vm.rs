@@ -222,6 +222,11 @@ pub struct VmShared {
     /// vCPU threads parked by a pause.
     parked: Mutex<u32>,
     park_cond: Condvar,
+    /// vCPU state reports asked for by [`VmShared::dump_vcpus`]: one flag per vCPU, and the
+    /// reports its thread wrote.
+    dump_wanted: Vec<AtomicBool>,
+    dumps: Mutex<Vec<Option<String>>>,
+    dump_cond: Condvar,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -261,7 +266,43 @@ impl VmShared {
             pause_requested: AtomicBool::new(false),
             parked: Mutex::new(0),
             park_cond: Condvar::new(),
+            dump_wanted: (0..ncpus).map(|_| AtomicBool::new(false)).collect(),
+            dumps: Mutex::new(vec![None; ncpus as usize]),
+            dump_cond: Condvar::new(),
         }
+    }
+
+    /// Each vCPU's state — what its thread reads from KVM once kicked out of KVM_RUN: MP state,
+    /// registers, pending events, local APIC — for a VM that seems stuck (control command
+    /// `vcpus`). A vCPU that does not answer within `timeout` (its thread blocked in the host,
+    /// e.g. in a fault on a page not yet fetched) is `None`.
+    pub fn dump_vcpus(&self, timeout: Duration) -> Vec<Option<String>> {
+        lock(&self.dumps).iter_mut().for_each(|d| *d = None);
+        for w in &self.dump_wanted {
+            w.store(true, Ordering::SeqCst);
+        }
+        self.kick_all();
+        let d = lock(&self.dumps);
+        let (d, _) = self
+            .dump_cond
+            .wait_timeout_while(d, timeout, |d| d.iter().any(Option::is_none))
+            .unwrap_or_else(|p| p.into_inner());
+        d.clone()
+    }
+
+    /// Whether a state report of vCPU `index` is wanted (clears the request).
+    pub(crate) fn take_dump_request(&self, index: u32) -> bool {
+        self.dump_wanted
+            .get(index as usize)
+            .is_some_and(|w| w.swap(false, Ordering::SeqCst))
+    }
+
+    /// vCPU `index`'s state report (see [`VmShared::dump_vcpus`]).
+    pub(crate) fn put_dump(&self, index: u32, report: String) {
+        if let Some(d) = lock(&self.dumps).get_mut(index as usize) {
+            *d = Some(report);
+        }
+        self.dump_cond.notify_all();
     }
 
     /// KVM's own per-vCPU counters (`KVM_GET_STATS_FD`), non-zero ones only; `None` for a vCPU

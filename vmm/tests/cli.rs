@@ -228,6 +228,20 @@ fn sigint_shuts_down_cleanly_and_control_socket_answers() {
         assert!(t.elapsed() < Duration::from_secs(30), "{text}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Each vCPU reports its own state, read by its thread once kicked out of KVM_RUN (here
+    // also out of KVM's halted state, where a finished vCPU waits).
+    let v = farvm_vmm::control::request(&sock, "vcpus").expect("the vcpus command");
+    let states = v["vcpus"].as_array().expect("an array of vCPU states");
+    assert_eq!(states.len(), 2, "{v}");
+    for (i, s) in states.iter().enumerate() {
+        let s = s
+            .as_str()
+            .unwrap_or_else(|| panic!("vCPU {i} did not answer: {v}"));
+        assert!(s.starts_with("mp_state "), "{s}");
+        assert!(s.contains(" at RIP 0x"), "{s}");
+        assert!(s.contains(&format!("lapic: id {i:#x} ")), "{s}");
+        assert!(s.contains(" IRR ") && s.contains(" TMICT "), "{s}");
+    }
 
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

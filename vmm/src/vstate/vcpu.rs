@@ -159,6 +159,11 @@ fn run(index: u32, mut fd: VcpuFd, shared: Arc<VmShared>, hlt_in_guest: bool) {
             shared.park_while_paused();
             continue;
         }
+        if shared.take_dump_request(index) {
+            let report = describe_state(&fd, &shared);
+            tracing::warn!("vcpu{index}: {report}");
+            shared.put_dump(index, report);
+        }
         if hlt_in_guest && !halted && shared.pv.cpu_done(index) {
             halt_finished_vcpu(index, &fd);
             halted = true;
@@ -356,6 +361,66 @@ fn describe_position(fd: &VcpuFd, shared: &VmShared) -> String {
     );
     if let Some(bytes) = instruction_bytes(shared, sregs.cr3, regs.rip) {
         s.push_str(&format!("; instruction bytes: {bytes}"));
+    }
+    s
+}
+
+/// A vCPU's state for a stall report: MP state, position, RFLAGS, pending events and the local
+/// APIC's priority, service and request registers and timer.
+fn describe_state(fd: &VcpuFd, shared: &VmShared) -> String {
+    let mp_state = fd.get_mp_state().map_or(u32::MAX, |m| m.mp_state);
+    let mut s = format!("mp_state {mp_state}{}", describe_position(fd, shared));
+    if let Ok(regs) = fd.get_regs() {
+        s.push_str(&format!(
+            "; RFLAGS {:#x} (IF {})",
+            regs.rflags,
+            (regs.rflags >> 9) & 1
+        ));
+    }
+    if let Ok(e) = fd.get_vcpu_events() {
+        s.push_str(&format!(
+            "; events: interrupt injected {} nr {} shadow {}, nmi injected {} pending {} \
+             masked {}, exception injected {} pending {} nr {}",
+            e.interrupt.injected,
+            e.interrupt.nr,
+            e.interrupt.shadow,
+            e.nmi.injected,
+            e.nmi.pending,
+            e.nmi.masked,
+            e.exception.injected,
+            e.exception.pending,
+            e.exception.nr
+        ));
+    }
+    if let Ok(lapic) = fd.get_lapic() {
+        let reg = |off: usize| {
+            let b = &lapic.regs[off..off + 4];
+            u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
+        };
+        // 256-bit registers: eight 32-bit words, 16 bytes apart; printed high word first.
+        let bits = |base: usize| {
+            (0..8)
+                .rev()
+                .map(|i| format!("{:08x}", reg(base + i * 0x10)))
+                .collect::<Vec<_>>()
+                .join("")
+        };
+        s.push_str(&format!(
+            "; lapic: id {:#x} TPR {:#x} PPR {:#x} SVR {:#x} ISR {} IRR {} LVT timer {:#x} \
+             TMICT {:#x} TMCCT {:#x} TDCR {:#x} LINT0 {:#x} LINT1 {:#x}",
+            reg(0x20) >> 24,
+            reg(0x80),
+            reg(0xa0),
+            reg(0xf0),
+            bits(0x100),
+            bits(0x200),
+            reg(0x320),
+            reg(0x380),
+            reg(0x390),
+            reg(0x3e0),
+            reg(0x350),
+            reg(0x360)
+        ));
     }
     s
 }
