@@ -1,0 +1,252 @@
+//! The harness of the Linux-guest tests (`linux_guest.rs`): the guest image the scripts build,
+//! the `farvm` binary, and a running `farvm run` driven through its console.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Instant;
+
+/// The guest's files (scripts/linux-guest-image.sh).
+pub struct GuestImage {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub disk: PathBuf,
+    pub blob_sha256: String,
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Reads the `NAME=value` lines the image script prints (and keeps in DIR/env).
+pub fn parse_image_env(text: &str) -> GuestImage {
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .map(|v| v.trim_matches('\'').to_string())
+            .unwrap_or_else(|| panic!("the guest image description has no {name}:\n{text}"))
+    };
+    GuestImage {
+        kernel: get("GUEST_KERNEL").into(),
+        initrd: get("GUEST_INITRD").into(),
+        disk: get("GUEST_DISK").into(),
+        blob_sha256: get("GUEST_BLOB_SHA256"),
+    }
+}
+
+pub fn guest_image() -> GuestImage {
+    parse_image_env(&image_description(
+        "FARVM_LINUX_GUEST",
+        "scripts/linux-guest-image.sh",
+        "the Linux guest image (the KVM lab's Debian kernel, from a Debian mirror)",
+    ))
+}
+
+/// What an image script prints (`NAME=value` lines): the `env` file of the directory named by
+/// the environment variable `var` (one the script built), or else the script's output (it
+/// caches what it builds). `what` says what the script provides, for a failure.
+pub fn image_description(var: &str, script: &str, what: &str) -> String {
+    if let Some(dir) = std::env::var_os(var) {
+        let env = Path::new(&dir).join("env");
+        return std::fs::read_to_string(&env).unwrap_or_else(|e| {
+            panic!(
+                "{var}={}: cannot read {} ({e}); build it with {script}",
+                Path::new(&dir).display(),
+                env.display()
+            )
+        });
+    }
+    let script = repo_root().join(script);
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): {what} is needed; or set {var} to a directory it built",
+        script.display(),
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The `farvm` binary of this build (beside the test binary's deps/ directory), or
+/// `FARVM_BIN`.
+pub fn farvm_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FARVM_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/");
+    let bin = dir.join("farvm");
+    assert!(
+        bin.is_file(),
+        "no farvm binary at {} (build it: cargo build --release -p farvm-vmm -p \
+         farvm-memserver; or set FARVM_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+/// A running `farvm run`: its console (stdout) read line by line, its stdin the guest's console
+/// input.
+pub struct Farvm {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub lines: Receiver<String>,
+    pub transcript: Vec<String>,
+    /// Its control socket, if it has one: a wait that times out reports the vCPUs' states.
+    pub socket: Option<PathBuf>,
+}
+
+impl Farvm {
+    pub fn spawn(args: &[String]) -> Self {
+        eprintln!("farvm {}", args.join(" "));
+        let mut child = Command::new(farvm_bin())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn farvm");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line).trim_end().to_string();
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Farvm {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            transcript: Vec::new(),
+            socket: args
+                .iter()
+                .position(|a| a == "--control-socket")
+                .and_then(|i| args.get(i + 1))
+                .map(PathBuf::from),
+        }
+    }
+
+    /// The next console line `pick` accepts (its value), or a panic with the transcript once
+    /// `deadline` passes or farvm ends.
+    pub fn wait_for<T>(
+        &mut self,
+        what: &str,
+        deadline: Instant,
+        pick: impl Fn(&str) -> Option<T>,
+    ) -> T {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    eprintln!("| {line}");
+                    let got = pick(&line);
+                    self.transcript.push(line);
+                    if let Some(v) = got {
+                        return v;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let vcpus = self.vcpu_states();
+                    let _ = self.child.kill();
+                    panic!(
+                        "timed out waiting for {what}; the console's last lines:\n{}\n{vcpus}",
+                        self.tail()
+                    );
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().ok();
+                    panic!("farvm ended ({status:?}) before {what}:\n{}", self.tail());
+                }
+            }
+        }
+    }
+
+    /// Types `line` on the guest's console.
+    pub fn type_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("console input open");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|_| stdin.flush())
+            .expect("write to farvm's stdin");
+    }
+
+    /// Waits for farvm to exit (killing it at `deadline`); returns its status and the rest of
+    /// its output.
+    pub fn finish(mut self, deadline: Instant) -> (Option<i32>, Vec<String>) {
+        drop(self.stdin.take());
+        let mut rest = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    eprintln!("| {line}");
+                    rest.push(line);
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    break;
+                }
+            }
+        }
+        let status = self.child.wait().expect("wait for farvm");
+        (status.code(), rest)
+    }
+
+    /// What the VM's vCPUs are doing (`vcpus` on the control socket) and KVM's counters of
+    /// them, for a guest that stopped making progress.
+    pub fn vcpu_states(&self) -> String {
+        let Some(socket) = &self.socket else {
+            return "(no control socket: vCPU states unknown)".into();
+        };
+        let mut s = String::from("vCPU states:\n");
+        match farvm_vmm::control::request(socket, "vcpus") {
+            Ok(v) => {
+                for d in v["vcpus"].as_array().into_iter().flatten() {
+                    s.push_str(&format!("  {}\n", d.as_str().unwrap_or("(no answer)")));
+                }
+            }
+            Err(e) => s.push_str(&format!("  farvm vcpus: {e}\n")),
+        }
+        if let Ok(v) = farvm_vmm::control::request(socket, "stats") {
+            s.push_str(&format!(
+                "KVM vCPU counters: {}\nexits: {}\n",
+                v["kvm"], v["exits"]
+            ));
+        }
+        s
+    }
+
+    pub fn tail(&self) -> String {
+        let n = self.transcript.len().saturating_sub(40);
+        self.transcript[n..].join("\n")
+    }
+}
+
+/// SHA-256 of what `command` (sh) writes, on the host.
+pub fn host_sha256(command: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("{command} | sha256sum")])
+        .output()
+        .expect("sh");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
+/// `MARK <64 hex digits>` on a console line: the digits. (The echo of the typed command has
+/// `$1` where the digits go, so it never matches.)
+pub fn marked_sum(line: &str, mark: &str) -> Option<String> {
+    let rest = line.trim().strip_prefix(mark)?.trim();
+    (rest.len() == 64 && rest.bytes().all(|b| b.is_ascii_hexdigit())).then(|| rest.to_string())
+}
