@@ -190,19 +190,13 @@ fn guest_agent_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("FARVM_GUEST_AGENT") {
         return dir.into();
     }
-    let script = repo_root().join("guest-agent/linux/build.sh");
-    let out = Command::new(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}): the guest agent module is built against the lab kernel's Debian \
-         headers (from a Debian mirror); or set FARVM_GUEST_AGENT to a directory it built",
-        script.display(),
-        out.status
+    let out = script_output(
+        "FARVM_GUEST_AGENT",
+        "guest-agent/linux/build.sh",
+        "the guest agent module, built against the lab kernel's Debian headers (from a Debian \
+         mirror),",
     );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    PathBuf::from(out.trim())
 }
 
 /// An ext4 image holding the agent module, its daemon and two copies of the workload program

@@ -57,6 +57,12 @@ pub fn image_description(var: &str, script: &str, what: &str) -> String {
             )
         });
     }
+    script_output(var, script, what)
+}
+
+/// What `script` (a path in the repository) prints on stdout; a failure says that `what` is
+/// needed, and that `var` may name a directory the script built instead.
+pub fn script_output(var: &str, script: &str, what: &str) -> String {
     let script = repo_root().join(script);
     let out = Command::new(&script)
         .stderr(Stdio::inherit())
