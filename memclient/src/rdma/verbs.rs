@@ -204,6 +204,16 @@ pub struct Completion {
     pub byte_len: u32,
 }
 
+impl Completion {
+    /// A blank entry, for the arrays completions are polled into.
+    pub const EMPTY: Self = Self {
+        wr_id: 0,
+        status: 0,
+        recv: false,
+        byte_len: 0,
+    };
+}
+
 /// Completions polled at most per call.
 pub const POLL_BATCH: usize = 16;
 

@@ -244,12 +244,7 @@ fn serve_queue_pair(
     let nonce = [0u8; 32];
     let mut send_free: Vec<usize> = (0..nsend).rev().collect();
     let mut pending: VecDeque<(usize, usize)> = VecDeque::with_capacity(window);
-    let mut wcs = [Completion {
-        wr_id: 0,
-        status: 0,
-        recv: false,
-        byte_len: 0,
-    }; POLL_BATCH];
+    let mut wcs = [Completion::EMPTY; POLL_BATCH];
     let mut last_check = Instant::now();
     let mut quiet = 0u32;
     let mut armed = false;

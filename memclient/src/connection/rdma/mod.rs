@@ -590,12 +590,7 @@ impl RdmaLink {
     /// were handled, or `None` when the link failed.
     fn poll_once(&self) -> Option<usize> {
         let _receiving = ReceivingGuard::enter();
-        let mut wcs = [Completion {
-            wr_id: 0,
-            status: 0,
-            recv: false,
-            byte_len: 0,
-        }; POLL_BATCH];
+        let mut wcs = [Completion::EMPTY; POLL_BATCH];
         let n = match self.qp.poll(&mut wcs) {
             Ok(n) => n,
             Err(rc) => {
