@@ -245,8 +245,10 @@ pub struct RunArgs {
     /// the server's thread answers with a SEND). send-recv is for A/B comparisons and for an
     /// RDMA provider whose one-sided path misbehaves (docs/rdma.md); a slab the server refuses
     /// to grant travels as SEND/RECV either way.
+    // `action = Set`: for a `bool` field clap's default is a flag, which would hand the parser
+    // "true" instead of the value given.
     #[arg(long, value_name = "one-sided|send-recv", default_value = "one-sided",
-          value_parser = parse_rdma_pages)]
+          value_parser = parse_rdma_pages, action = clap::ArgAction::Set)]
     pub rdma_pages: bool,
 
     /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
@@ -976,6 +978,23 @@ mod tests {
         assert_eq!(parse_rdma_pages("one-sided"), Ok(true));
         assert_eq!(parse_rdma_pages("send-recv"), Ok(false));
         assert!(parse_rdma_pages("two-sided").is_err());
+        // Through clap, as the command line reaches it.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        use clap::Parser;
+        let pages = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+                .map(|c| c.run.rdma_pages)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(pages(&[]), Ok(true));
+        assert_eq!(pages(&["--rdma-pages", "send-recv"]), Ok(false));
+        assert_eq!(pages(&["--rdma-pages", "one-sided"]), Ok(true));
+        let e = pages(&["--rdma-pages", "bogus"]).unwrap_err();
+        assert!(e.contains("`bogus`: use one-sided or send-recv"), "{e}");
         let rdma = parse_memserver("rdma://10.2.0.2:7071").unwrap();
         assert_eq!(rdma.addr, "10.2.0.2:7071".parse().unwrap());
         assert!(rdma.rdma);
