@@ -102,19 +102,7 @@ impl Prefetcher for LeapStream {
         if self.stream.marker_hit(key, page, out) {
             return;
         }
-        // A Leap window was consumed: its pages are accesses the stream table never saw as
-        // faults. Without them a stream forming under Leap's windows sees only the gaps between
-        // windows and confirms their width as its stride (measured: a sequential re-read in
-        // the engine model faulted once per Leap window, ~3.6k times per 16k pages).
-        if let Some((first, d, n)) = self.leap.marker_window(key, page) {
-            for i in 0..n {
-                self.stream
-                    .hit(key, first.wrapping_add_signed(d.wrapping_mul(i as i64)));
-            }
-        } else {
-            self.stream.hit(key, page);
-        }
-        self.leap.on_marker_hit(key, page, now, out);
+        leap_marker_hit(&mut self.leap, &mut self.stream, key, page, now, out);
     }
 
     fn forget(&mut self, key: ProcessKey) {
@@ -123,6 +111,29 @@ impl Prefetcher for LeapStream {
         self.region.forget(key);
         self.pressure.forget(key);
     }
+}
+
+/// A marker hit that is not the stream table's: Leap's window was consumed. Its pages are
+/// accesses the stream table never saw as faults; without them a stream forming under Leap's
+/// windows sees only the gaps between windows and confirms their width as its stride
+/// (measured: a sequential re-read in the engine model faulted once per Leap window, ~3.6k
+/// times per 16k pages). So they go to the stream table as hits, then Leap answers.
+pub fn leap_marker_hit(
+    leap: &mut Leap,
+    stream: &mut Stream,
+    key: ProcessKey,
+    page: PageNo,
+    now: Nanos,
+    out: &mut Candidates,
+) {
+    if let Some((first, d, n)) = leap.marker_window(key, page) {
+        for i in 0..n {
+            stream.hit(key, first.wrapping_add_signed(d.wrapping_mul(i as i64)));
+        }
+    } else {
+        stream.hit(key, page);
+    }
+    leap.on_marker_hit(key, page, now, out);
 }
 
 #[cfg(test)]
