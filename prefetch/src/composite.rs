@@ -118,6 +118,7 @@ impl Prefetcher for LeapStream {
 /// windows sees only the gaps between windows and confirms their width as its stride
 /// (measured: a sequential re-read in the engine model faulted once per Leap window, ~3.6k
 /// times per 16k pages). So they go to the stream table as hits, then Leap answers.
+#[inline]
 pub fn leap_marker_hit(
     leap: &mut Leap,
     stream: &mut Stream,
