@@ -12,11 +12,14 @@
 //! 3. If neither answered, region read-around ([`crate::region`]) reads the rest of a small
 //!    aligned block whose pages the process faults on out of order (allocator runs, hash
 //!    tables, B-tree nodes, data segments); it logs every fault.
+//! 4. If still nobody answered, run-ahead ([`crate::runahead`]) reads the next page as a
+//!    marker, and a short run past each of its markers the process uses, gated by its own hit
+//!    rate per process.
 //!
 //! While a process is under memory pressure ([`crate::pressure`]: its faults keep landing on
 //! pages it faulted on, or had fetched, shortly before), `leap+stream` is cautious for it:
-//! region read-around stays quiet and a newly confirmed stream starts with half the first
-//! window. Under pressure every speculative page pushes out one the process is about to use
+//! region read-around and run-ahead stay quiet and a newly confirmed stream starts with half
+//! the first window. Under pressure every speculative page pushes out one the process is about to use
 //! (`docs/prefetch-real-traces.md`: a numeric kernel with half its footprint local).
 //!
 //! The stream table here runs with two settings the plain `stream` prefetcher leaves off
@@ -27,7 +30,7 @@
 //! stride-1 stream, as a scan whose misses skip pages produces).
 //!
 //! Hits: a visible hit goes to both. A marker hit goes to the component that issued the marker
-//! (the stream if it owns it, else Leap), so each keeps learning in injected mode: the stream
+//! (the stream if it owns it, then run-ahead, else Leap), so each keeps learning in injected mode: the stream
 //! continues its pipeline, Leap credits its window (its markers are on in this composite).
 //! The pages a Leap marker hit credits are also reported to the stream table as hits: they are
 //! accesses it would otherwise never see, and a stream forming under Leap's windows would learn
@@ -36,6 +39,7 @@
 use crate::leap::{Leap, LeapParams};
 use crate::pressure::Pressure;
 use crate::region::{Region, RegionParams};
+use crate::runahead::RunAhead;
 use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
 
@@ -49,6 +53,7 @@ pub struct LeapStream {
     leap: Leap,
     stream: Stream,
     region: Region,
+    runahead: RunAhead,
     pressure: Pressure,
 }
 
@@ -69,6 +74,7 @@ impl LeapStream {
                 slots: leap.slots,
                 ..RegionParams::default()
             }),
+            runahead: RunAhead::new(leap.slots),
             pressure: Pressure::new(leap.slots),
         }
     }
@@ -90,6 +96,9 @@ impl Prefetcher for LeapStream {
         }
         let decide = out.is_empty() && !pressed;
         self.region.on_fault(key, page, decide, out);
+        if decide && out.is_empty() {
+            self.runahead.on_fault(key, page, out);
+        }
         self.pressure.fetched(key, out.as_slice());
     }
 
@@ -99,7 +108,7 @@ impl Prefetcher for LeapStream {
     }
 
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
-        if self.stream.marker_hit(key, page, out) {
+        if self.stream.marker_hit(key, page, out) || self.runahead.marker_hit(key, page, out) {
             return;
         }
         leap_marker_hit(&mut self.leap, &mut self.stream, key, page, now, out);
@@ -109,6 +118,7 @@ impl Prefetcher for LeapStream {
         self.stream.forget(key);
         self.leap.forget(key);
         self.region.forget(key);
+        self.runahead.forget(key);
         self.pressure.forget(key);
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Layout: the interface (this file); the policies ([`leap`], [`stream`], [`composite`] and the
 //! baselines [`none`], [`next_n`], [`stride`], [`readahead`]) over a fixed per-process table
-//! ([`slots`]) and a per-process memory-pressure estimate ([`pressure`]); the by-name [`registry`]; page-access traces ([`trace`]) and the replay
+//! ([`slots`]), a per-process memory-pressure estimate ([`pressure`]) and the components of
+//! `leap+stream` ([`region`], [`runahead`]); the by-name [`registry`]; page-access traces ([`trace`]) and the replay
 //! evaluator ([`eval`]) with Leap's accounting; the standard results table ([`report`]) and the
 //! rule for traces of real programs ([`compare`]).
 
@@ -21,6 +22,7 @@ pub mod readahead;
 pub mod region;
 pub mod registry;
 pub mod report;
+pub mod runahead;
 pub mod slots;
 pub mod stream;
 pub mod stride;

@@ -2,27 +2,14 @@
 //! (made by `scripts/make-trace.sh`, see `traces/README.md`) is replayed with injected hits
 //! through a local memory of half its footprint, and `leap+stream` must meet the rule of
 //! `farvm_prefetch::compare`: no more demand misses than the best of next-n, read-ahead, stride
-//! and leap, at most 10% waste, and never more demand misses than no prefetching.
-//!
-//! The rule is not met on every trace yet. [`KNOWN_GAPS`] names the traces where it fails, with
-//! what leap+stream measures there today; for them the test holds that line (no more misses, no
-//! more waste) and still demands never more misses than no prefetching. A trace that starts
-//! meeting the rule must leave the list, so the list only ever shrinks.
+//! and leap, at most 10% waste, and never more demand misses than no prefetching. It holds on
+//! every committed trace (docs/prefetch-real-traces.md has the table).
 
 use std::path::{Path, PathBuf};
 
 use farvm_prefetch::compare::{compare, Verdict};
 use farvm_prefetch::trace::read_trace;
 use farvm_prefetch::Config;
-
-/// Traces where leap+stream does not meet the rule yet: (file name, its demand misses, its
-/// waste). See docs/prefetch-real-traces.md for the analysis.
-const KNOWN_GAPS: &[(&str, u64, f64)] = &[
-    // Waste 13.0% > 10% (misses 457 <= next-n's 468).
-    ("redis.trace.zst", 457, 0.1300),
-    // Misses 1436 > next-n's 1240, waste 10.6%.
-    ("mix-numpy-redis.trace.zst", 1436, 0.1056),
-];
 
 /// The kinds of program the committed set must cover (file names start with these).
 const EXPECTED: &[&str] = &["sqlite", "redis", "numpy", "sort", "xz", "mix-"];
@@ -57,7 +44,7 @@ fn check(path: &Path) -> (String, Verdict) {
 }
 
 #[test]
-fn leap_stream_meets_the_rule_or_holds_its_known_gap_on_every_committed_trace() {
+fn leap_stream_meets_the_rule_on_every_committed_trace() {
     let files = committed_traces();
     for kind in EXPECTED {
         assert!(
@@ -88,18 +75,8 @@ fn leap_stream_meets_the_rule_or_holds_its_known_gap_on_every_committed_trace() 
         if v.default_misses > v.none_misses {
             failed.push(format!("more misses than no prefetching: {line}"));
         }
-        match KNOWN_GAPS.iter().find(|g| g.0 == n) {
-            None if !v.pass => failed.push(format!("rule broken: {line}")),
-            Some(_) if v.pass => failed.push(format!(
-                "now meets the rule, take it off KNOWN_GAPS: {line}"
-            )),
-            Some(&(_, misses, waste)) if v.default_misses > misses || v.default_waste > waste => {
-                failed.push(format!(
-                    "worse than its known gap ({misses} misses, {:.1}% waste): {line}",
-                    100.0 * waste
-                ))
-            }
-            _ => {}
+        if !v.pass {
+            failed.push(format!("rule broken: {line}"));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
