@@ -7,9 +7,11 @@
 //! ```
 //!
 //! With no option the model is `leap+stream` exactly (`prefetch/src/composite.rs`: same
-//! components, same arbitration, the same misses and waste as `trace compare`). Options change
-//! the region read-around (`prefetch/src/region.rs`) into the variants measured in
-//! `docs/prefetch-real-traces.md`, *What was tried on redis and the mix*:
+//! components, same arbitration, the same misses and waste as `trace compare`).
+//! `--no-runahead` leaves out run-ahead (`prefetch/src/runahead.rs`): `leap+stream` as it was
+//! before it. The other options change the region read-around (`prefetch/src/region.rs`) into
+//! the variants measured in `docs/prefetch-real-traces.md`, *Feedback per source, region fill
+//! detection, hole avoidance*:
 //! - `--gate G` (with `--probe N`, default 8): feedback per source. Every read-around carries
 //!   one marker (the lowest page of the block not among the process's recent faults); a marker
 //!   hit scores +1, a marker that leaves the process's ring of 8 outstanding ones unhit −1
@@ -20,7 +22,10 @@
 //! - `--once`: hole avoidance. A block is read around at most once per process.
 //! - `--margin M`: a read-around sized to what the faults show: only the pages of the block
 //!   within M pages of the lowest and the highest of the process's recent faults in it.
-//! - `--next-k K`: the next K pages after a fault no component answered (not under pressure).
+//! - `--next-k K`: the next K pages after a fault no component answered (not under pressure),
+//!   before run-ahead.
+//! - `--holes`: the never-touched holes of each trace's footprint: runs of touched pages per
+//!   process, and how many holes of 1 to 8 pages lie between them (pages in them).
 //! - `--by-source`: per-process misses and, per source, pages fetched, used, never touched by
 //!   the program, evicted before use and left unused at the end; `--baseline NAME` adds the
 //!   per-process misses of a registered prefetcher.
@@ -35,18 +40,21 @@ use farvm_prefetch::eval::lru::{Evicted, Lru, Meta};
 use farvm_prefetch::leap::{Leap, LeapParams};
 use farvm_prefetch::pressure::Pressure;
 use farvm_prefetch::region::{RegionParams, RECENT};
+use farvm_prefetch::runahead::RunAhead;
 use farvm_prefetch::stream::{Stream, StreamParams};
 use farvm_prefetch::trace::{read_trace, Trace};
 use farvm_prefetch::{build, composite, Candidates, Config, Nanos, PageNo, Prefetcher, ProcessKey};
 
 /// Where a candidate came from.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 8] = [
     "stream, at a fault",
     "stream, at its marker",
     "leap, at a fault",
     "leap, at its marker",
     "region read-around",
     "next-k",
+    "run-ahead, at a fault",
+    "run-ahead, at its marker",
 ];
 const STREAM_FAULT: u8 = 0;
 const STREAM_MARKER: u8 = 1;
@@ -54,6 +62,8 @@ const LEAP_FAULT: u8 = 2;
 const LEAP_MARKER: u8 = 3;
 const REGION: u8 = 4;
 const NEXT_K: u8 = 5;
+const RUNAHEAD_FAULT: u8 = 6;
+const RUNAHEAD_MARKER: u8 = 7;
 /// Outstanding read-around markers remembered per process (`--gate`).
 const RING: usize = 8;
 /// Bound of the read-around score (`--gate`).
@@ -67,7 +77,9 @@ struct Opts {
     once: bool,
     margin: Option<u64>,
     next_k: u64,
+    no_runahead: bool,
     by_source: bool,
+    holes: bool,
 }
 
 /// Per-process read-around feedback (`--gate`).
@@ -174,6 +186,7 @@ struct Model {
     leap: Leap,
     stream: Stream,
     region: RegionModel,
+    runahead: Option<RunAhead>,
     pressure: Pressure,
     sources: Vec<u8>,
     next_k: u64,
@@ -199,6 +212,7 @@ impl Model {
                 feedback: HashMap::new(),
                 blocks: HashMap::new(),
             },
+            runahead: (!opts.no_runahead).then(|| RunAhead::new(lp.slots)),
             pressure: Pressure::new(lp.slots),
             sources: Vec::new(),
             next_k: opts.next_k,
@@ -226,11 +240,20 @@ impl Model {
                 out.push(page.saturating_add(j));
             }
         }
+        let by_next_k = out.len();
+        if let Some(r) = self
+            .runahead
+            .as_mut()
+            .filter(|_| out.is_empty() && !pressed)
+        {
+            r.on_fault(key, page, out);
+        }
         for i in 0..out.len() {
             self.sources.push(match i {
                 _ if i < by_first => first,
                 _ if i < by_region => REGION,
-                _ => NEXT_K,
+                _ if i < by_next_k => NEXT_K,
+                _ => RUNAHEAD_FAULT,
             });
         }
         self.pressure.fetched(key, out.as_slice());
@@ -241,6 +264,12 @@ impl Model {
         if self.stream.marker_hit(key, page, out) {
             self.sources.resize(out.len(), STREAM_MARKER);
             return;
+        }
+        if let Some(r) = self.runahead.as_mut() {
+            if r.marker_hit(key, page, out) {
+                self.sources.resize(out.len(), RUNAHEAD_MARKER);
+                return;
+            }
         }
         if self.region.marker_hit(key, page) {
             out.clear();
@@ -256,6 +285,7 @@ struct SourceCounts {
     fetched: u64,
     used: u64,
     never_touched: u64,
+    in_holes: u64,
     evicted_before_use: u64,
 }
 
@@ -265,6 +295,8 @@ struct Run {
     fetched: u64,
     used: u64,
     misses_by_process: HashMap<ProcessKey, u64>,
+    /// Every demand miss: (process, page, first touch of the page).
+    miss_list: Vec<(ProcessKey, PageNo, bool)>,
     sources: [SourceCounts; SOURCES.len()],
 }
 
@@ -279,12 +311,14 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
     let footprint: HashSet<(ProcessKey, PageNo)> =
         t.records.iter().map(|r| (r.key, r.page)).collect();
     let mut lru = Lru::new((footprint.len() / 2).max(1));
+    let (_, _, hole_pages) = holes(t);
     let mut model = Model::new(opts);
     let mut other: Option<Box<dyn Prefetcher>> =
         baseline.map(|n| build(n, &Config::default()).unwrap_or_else(|e| panic!("{n}: {e}")));
     let mut out = Candidates::new();
     let mut source_of: HashMap<(ProcessKey, PageNo), u8> = HashMap::new();
     let mut run = Run::default();
+    let mut touched: HashSet<(ProcessKey, PageNo)> = HashSet::new();
     let evicted = |run: &mut Run, ev: Option<Evicted>, src: &mut HashMap<_, u8>| {
         let Some(ev) = ev.filter(|e| e.meta.unused_prefetch) else {
             return;
@@ -295,11 +329,13 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
                 c.evicted_before_use += 1;
             } else {
                 c.never_touched += 1;
+                c.in_holes += u64::from(hole_pages.contains(&(ev.key, ev.page)));
             }
         }
     };
     for r in &t.records {
         let (k, page) = (r.key, r.page);
+        let first_touch = touched.insert((k, page));
         match lru.get(k, page) {
             Some(i) => {
                 let m = *lru.meta(i);
@@ -323,6 +359,7 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
             None => {
                 run.misses += 1;
                 *run.misses_by_process.entry(k).or_default() += 1;
+                run.miss_list.push((k, page, first_touch));
                 let ev = lru.insert(k, page, Meta::default());
                 evicted(&mut run, ev, &mut source_of);
                 match other.as_mut() {
@@ -355,6 +392,43 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
     run
 }
 
+/// The model's first-touch misses the baseline does not take, and how many of them are 1, or 2
+/// to 8, pages after one of the process's previous 64 misses.
+fn first_touches(name: &str, baseline: &str, run: &Run, base: &Run) -> String {
+    let theirs: HashSet<(ProcessKey, PageNo)> = base
+        .miss_list
+        .iter()
+        .filter(|m| m.2)
+        .map(|m| (m.0, m.1))
+        .collect();
+    let mut recent: HashMap<ProcessKey, Vec<PageNo>> = HashMap::new();
+    let (mut first, mut only, mut next, mut near) = (0, 0, 0, 0);
+    for &(k, p, first_touch) in &run.miss_list {
+        let r = recent.entry(k).or_default();
+        if first_touch {
+            first += 1;
+            if !theirs.contains(&(k, p)) {
+                only += 1;
+                let gap = r
+                    .iter()
+                    .filter_map(|&q| p.checked_sub(q))
+                    .filter(|&d| d >= 1)
+                    .min();
+                match gap {
+                    Some(1) => next += 1,
+                    Some(2..=8) => near += 1,
+                    _ => {}
+                }
+            }
+        }
+        r.push(p);
+        if r.len() > 64 {
+            r.remove(0);
+        }
+    }
+    format!("| {name} (vs {baseline}) | {first} | {only} | {next} | {near} |\n")
+}
+
 fn per_process(run: &Run) -> String {
     let mut v: Vec<_> = run.misses_by_process.iter().collect();
     v.sort();
@@ -362,6 +436,28 @@ fn per_process(run: &Run) -> String {
         .map(|(k, m)| format!("pid {k}: {m}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Runs of touched pages, holes of 1 to 8 pages between them and the pages in those holes.
+fn holes(t: &Trace) -> (usize, usize, HashSet<(ProcessKey, PageNo)>) {
+    let mut pages: Vec<(ProcessKey, PageNo)> = t.records.iter().map(|r| (r.key, r.page)).collect();
+    pages.sort_unstable();
+    pages.dedup();
+    let (mut runs, mut small, mut in_small) = (0, 0, HashSet::new());
+    for (i, &(k, p)) in pages.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|j| pages[j]);
+        if prev != Some((k, p.wrapping_sub(1))) {
+            runs += 1;
+            if let Some((_, pp)) = prev.filter(|&(pk, _)| pk == k) {
+                let gap = p - pp - 1;
+                if (1..=8).contains(&gap) {
+                    small += 1;
+                    in_small.extend((pp + 1..p).map(|q| (k, q)));
+                }
+            }
+        }
+    }
+    (runs, small, in_small)
 }
 
 fn main() {
@@ -385,7 +481,9 @@ fn main() {
             "--once" => opts.once = true,
             "--margin" => opts.margin = Some(value("pages")),
             "--next-k" => opts.next_k = value("pages"),
+            "--no-runahead" => opts.no_runahead = true,
             "--by-source" => opts.by_source = true,
+            "--holes" => opts.holes = true,
             "--baseline" => baseline = Some(args.next().expect("--baseline NAME")),
             _ => files.push(a),
         }
@@ -393,6 +491,8 @@ fn main() {
     println!("| trace | demand misses | waste | per process |");
     println!("|---|---:|---:|---|");
     let mut detail = String::new();
+    let mut hole_rows = String::new();
+    let mut first_touch_rows = String::new();
     for path in &files {
         let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let t = read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -417,23 +517,40 @@ fn main() {
                 100.0 * base.waste(),
                 per_process(&base)
             );
+            first_touch_rows += &first_touches(name, b, &run, &base);
+        }
+        if opts.holes {
+            let (runs, small, pages) = holes(&t);
+            hole_rows += &format!("| {name} | {runs} | {small} | {} |\n", pages.len());
         }
         if opts.by_source {
             for (s, c) in SOURCES.iter().zip(run.sources) {
                 if c.fetched > 0 {
                     let left = c.fetched - c.used - c.never_touched - c.evicted_before_use;
                     detail += &format!(
-                        "| {name} | {s} | {} | {} | {} | {} | {left} |\n",
-                        c.fetched, c.used, c.never_touched, c.evicted_before_use
+                        "| {name} | {s} | {} | {} | {} | {} | {} | {left} |\n",
+                        c.fetched, c.used, c.never_touched, c.in_holes, c.evicted_before_use
                     );
                 }
             }
         }
     }
+    if !first_touch_rows.is_empty() {
+        println!();
+        println!("| trace | first-touch misses | of them not the baseline's | one page after one of the process's last 64 misses | 2 to 8 pages after |");
+        println!("|---|---:|---:|---:|---:|");
+        print!("{first_touch_rows}");
+    }
+    if opts.holes {
+        println!();
+        println!("| trace | runs of touched pages | holes of 1–8 pages between them | pages in those holes |");
+        println!("|---|---:|---:|---:|");
+        print!("{hole_rows}");
+    }
     if opts.by_source {
         println!();
-        println!("| trace | source | fetched | used | never touched by the program | evicted before use | resident, unused at the end |");
-        println!("|---|---|---:|---:|---:|---:|---:|");
+        println!("| trace | source | fetched | used | never touched by the program | of them in holes of 1–8 pages | evicted before use | resident, unused at the end |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|");
         print!("{detail}");
     }
 }

@@ -2,7 +2,8 @@
 //! `farvm-lab trace compare` (injected hits, marker continuation, LRU local memory of half the
 //! footprint): every prefetched page never used is either a page the traced program never
 //! touches at all, a page it touches but that was evicted before its use, or one still resident
-//! and unused when the trace ends.
+//! and unused when the trace ends. The last column counts marker faults: first uses of marker
+//! pages, which the engine resolves locally (staged, not remote).
 //! `cargo run --release -p farvm-prefetch --example waste_sources -- [--prefetcher NAME] TRACE...`
 //! (default `leap+stream`; docs/prefetch-real-traces.md).
 
@@ -17,6 +18,7 @@ struct Counts {
     misses: u64,
     adds: u64,
     hits: u64,
+    markers: u64,
     never_touched: u64,
     evicted_before_use: u64,
 }
@@ -44,9 +46,9 @@ fn main() {
         args.drain(i..=i + 1);
     }
     println!(
-        "| trace | prefetcher | demand misses | prefetched | used | unused | never touched by the program | evicted before use | resident, unused at the end |"
+        "| trace | prefetcher | demand misses | prefetched | used | unused | never touched by the program | evicted before use | resident, unused at the end | marker faults |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for path in &args {
         let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let t = read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -64,6 +66,7 @@ fn main() {
                     if m.unused_prefetch {
                         lru.meta(i).unused_prefetch = false;
                         c.hits += 1;
+                        c.markers += u64::from(m.marker);
                         if m.marker {
                             pf.on_marker_hit(k, page, r.time, &mut out);
                         }
@@ -99,13 +102,14 @@ fn main() {
         let resident_unused = lru.metas().filter(|m| m.unused_prefetch).count();
         let file = path.rsplit('/').next().unwrap_or(path);
         println!(
-            "| {file} | {name} | {} | {} | {} | {} | {} | {} | {resident_unused} |",
+            "| {file} | {name} | {} | {} | {} | {} | {} | {} | {resident_unused} | {} |",
             c.misses,
             c.adds,
             c.hits,
             c.adds - c.hits,
             c.never_touched,
-            c.evicted_before_use
+            c.evicted_before_use,
+            c.markers
         );
     }
 }

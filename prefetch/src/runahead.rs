@@ -4,9 +4,10 @@
 //! Programs filling fresh memory in key order (an allocator's runs, a hash table, an
 //! interpreter's object pools) fault again and again on the page just after one they faulted on
 //! a little earlier, with no stride and too far apart in time for the stream table or region
-//! read-around to see (`docs/prefetch-real-traces.md`: most of the first touches `leap+stream`
-//! missed and next-N did not were one page after one of the process's last 64 faults). Next-N
-//! catches them by reading N pages after every miss, at a high waste. Run-ahead reads one page,
+//! read-around to see (`docs/prefetch-real-traces.md`: on the numpy/redis mix, 354 of the 757
+//! first touches `leap+stream` missed and next-N did not were one page after one of the
+//! process's last 64 misses, 255 more 2 to 8 pages after). Next-N catches them by reading N
+//! pages after every miss, at a high waste. Run-ahead reads one page,
 //! as a *marker*: only when the process uses it does the source learn it was right, and only
 //! then does it read further: the next [`RUN`] pages, the last of them again a marker. A
 //! run of first touches is followed a few pages at a time, and a fault next to an unused
