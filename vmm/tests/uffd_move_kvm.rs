@@ -4,7 +4,8 @@
 //! guest's writes move out with the frame, and a guest access to a moved-out page faults into
 //! the userfaultfd and resumes when the handler moves a page in.
 //!
-//! The guest is a 16-bit real-mode loop at 0x1000 over the data page at 0x2000:
+//! Guest RAM is `farvm_ept::sys::anon::AnonRam` (guest view, staging mirror, free pool). The
+//! guest is a 16-bit real-mode loop at 0x1000 over the data page at 0x2000:
 //! read the word at 0x2000, `out 0x10`; write 0xBEEF at 0x2002, `out 0x11`; repeat.
 
 mod common;
@@ -12,8 +13,9 @@ mod common;
 use std::sync::Arc;
 
 use common::kvm_available;
+use farvm_ept::sys::anon::AnonRam;
 use farvm_ept::sys::poll::Epoll;
-use farvm_ept::sys::uffd::{self, Fault, RawMsg, Uffd, MAX_EVENTS};
+use farvm_ept::sys::uffd::{Fault, RawMsg, MAX_EVENTS};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
 
@@ -27,81 +29,18 @@ const CODE: [u8; 15] = [
     0xA1, 0x00, 0x20, 0xE7, 0x10, 0xC7, 0x06, 0x02, 0x20, 0xEF, 0xBE, 0xE6, 0x11, 0xEB, 0xF1,
 ];
 
-/// Private anonymous guest RAM (registered MISSING) and a staging area (registered WP only:
-/// a valid MOVE destination whose missing faults stay the kernel's), one uffd for both.
-struct Ram {
-    guest: u64,
-    staging: u64,
-    uffd: Arc<Uffd>,
+/// Takes pool frame `slot` into page `p`'s staging slot, writes `bytes` at its start and moves
+/// it into the guest.
+fn install(ram: &AnonRam, slot: u64, p: u64, bytes: &[u8]) {
+    ram.take(slot, p, 1).expect("UFFDIO_MOVE pool -> staging");
+    // SAFETY: staging slot `p` holds the frame just taken; `bytes` is shorter than a page.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), ram.staging_page(p), bytes.len()) };
+    ram.move_in(p, 1, true).expect("UFFDIO_MOVE into guest RAM");
 }
 
-fn anon(len: usize) -> u64 {
-    // SAFETY: a fresh private anonymous mapping; the test leaks it (process exit frees it).
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap");
-    // SAFETY: advisory call on our own mapping (4 KiB pages only).
-    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-    p as u64
-}
-
-impl Ram {
-    fn new() -> Self {
-        let len = (PAGES * PG) as usize;
-        let (guest, staging) = (anon(len), anon(len));
-        let uffd = Uffd::open(uffd::feature::MOVE)
-            .expect("userfaultfd with UFFD_FEATURE_MOVE (Linux >= 6.8, root)");
-        uffd.register(guest, len as u64, uffd::mode::MISSING)
-            .expect("register guest RAM");
-        uffd.register(staging, len as u64, uffd::mode::WP)
-            .expect("register the staging area");
-        Self {
-            guest,
-            staging,
-            uffd: Arc::new(uffd),
-        }
-    }
-
-    /// Writes `bytes` at the start of staging slot `s` (the kernel allocates it if empty).
-    fn land(&self, s: u64, bytes: &[u8]) {
-        // SAFETY: in bounds of the staging area, which only this test uses.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                (self.staging + s * PG) as *mut u8,
-                bytes.len(),
-            )
-        };
-    }
-
-    fn slot_word(&self, s: u64, off: u64) -> u16 {
-        // SAFETY: slot `s` holds a page (the caller moved one there).
-        unsafe { core::ptr::read_volatile((self.staging + s * PG + off) as *const u16) }
-    }
-
-    fn move_in(&self, slot: u64, page: u64) {
-        let n = self
-            .uffd
-            .move_range(self.guest + page * PG, self.staging + slot * PG, PG, true)
-            .expect("UFFDIO_MOVE into guest RAM");
-        assert_eq!(n, PG);
-    }
-
-    fn move_out(&self, page: u64, slot: u64) {
-        let n = self
-            .uffd
-            .move_range(self.staging + slot * PG, self.guest + page * PG, PG, false)
-            .expect("UFFDIO_MOVE out of guest RAM");
-        assert_eq!(n, PG);
-    }
+fn word(ptr: *const u8, off: usize) -> u16 {
+    // SAFETY: callers pass a staging or pool slot that holds a frame.
+    unsafe { core::ptr::read_volatile(ptr.add(off) as *const u16) }
 }
 
 /// Runs the vCPU to its next port write; returns (port, first data byte(s) as a word).
@@ -127,11 +66,14 @@ fn a_kvm_guest_sees_pages_moved_in_and_out_with_uffdio_move() {
     if !kvm_available() {
         return;
     }
-    let ram = Ram::new();
-    ram.land(CODE_PAGE, &CODE);
-    ram.move_in(CODE_PAGE, CODE_PAGE);
-    ram.land(DATA_PAGE, &0x1111u16.to_le_bytes());
-    ram.move_in(DATA_PAGE, DATA_PAGE);
+    let ram = Arc::new(
+        AnonRam::new((PAGES * PG) as usize, 8, 0)
+            .expect("anonymous RAM with UFFD_FEATURE_MOVE (Linux >= 6.8, root)"),
+    );
+    // Frames in pool slots 0-3; slots 4-7 stay free for frames given back.
+    ram.fill_pool(0, 4).expect("pool");
+    install(&ram, 0, CODE_PAGE, &CODE);
+    install(&ram, 1, DATA_PAGE, &0x1111u16.to_le_bytes());
 
     let kvm = Kvm::new().expect("/dev/kvm");
     let vm = kvm.create_vm().expect("KVM_CREATE_VM");
@@ -139,7 +81,7 @@ fn a_kvm_guest_sees_pages_moved_in_and_out_with_uffdio_move() {
         slot: 0,
         guest_phys_addr: 0,
         memory_size: PAGES * PG,
-        userspace_addr: ram.guest,
+        userspace_addr: ram.guest_base(),
         flags: 0,
     };
     // SAFETY: the region is a live mapping of PAGES pages that outlives the VM (leaked).
@@ -166,42 +108,50 @@ fn a_kvm_guest_sees_pages_moved_in_and_out_with_uffdio_move() {
     // The guest reads the moved-in page and writes into it.
     assert_eq!(next_out(&mut vcpu), (0x10, 0x1111));
     assert_eq!(next_out(&mut vcpu).0, 0x11);
-    // Move the frame out: the guest's write went with it.
-    ram.move_out(DATA_PAGE, DATA_PAGE);
-    assert_eq!(ram.slot_word(DATA_PAGE, 0), 0x1111);
+    // Move the frame out: the guest's write went with it. Park it in pool slot 5.
+    ram.move_out(DATA_PAGE, 1)
+        .expect("UFFDIO_MOVE out of guest RAM");
+    assert_eq!(word(ram.staging_page(DATA_PAGE), 0), 0x1111);
     assert_eq!(
-        ram.slot_word(DATA_PAGE, 2),
+        word(ram.staging_page(DATA_PAGE), 2),
         0xBEEF,
         "the guest's write moved out"
     );
+    ram.give(DATA_PAGE, 5, 1)
+        .expect("UFFDIO_MOVE staging -> pool");
     // Another frame moves in at the same address: KVM must not read the old one.
-    ram.land(3, &0x2222u16.to_le_bytes());
-    ram.move_in(3, DATA_PAGE);
+    install(&ram, 2, DATA_PAGE, &0x2222u16.to_le_bytes());
     assert_eq!(
         next_out(&mut vcpu),
         (0x10, 0x2222),
         "the guest reads the frame moved in, not the one moved out"
     );
     assert_eq!(next_out(&mut vcpu).0, 0x11);
-    ram.move_out(DATA_PAGE, 3);
+    ram.move_out(DATA_PAGE, 1)
+        .expect("UFFDIO_MOVE out of guest RAM");
     assert_eq!(
-        ram.slot_word(3, 2),
+        word(ram.staging_page(DATA_PAGE), 2),
         0xBEEF,
         "the write went to the new frame"
     );
     assert_eq!(
-        ram.slot_word(DATA_PAGE, 0),
+        word(ram.pool_page(5), 0),
         0x1111,
         "the old frame is untouched"
     );
+    ram.give(DATA_PAGE, 6, 1)
+        .expect("UFFDIO_MOVE staging -> pool");
 
     // Now the data page is missing: the guest's read faults into the uffd, and a handler
     // thread resolves it by moving a staging page in (with wake).
-    ram.land(4, &0x3333u16.to_le_bytes());
+    ram.take(3, DATA_PAGE, 1)
+        .expect("UFFDIO_MOVE pool -> staging");
+    // SAFETY: staging slot DATA_PAGE holds the frame just taken.
+    unsafe { core::ptr::write_volatile(ram.staging_page(DATA_PAGE) as *mut u16, 0x3333) };
     let handler = {
-        let uffd = ram.uffd.clone();
-        let (guest, staging) = (ram.guest, ram.staging);
+        let ram = ram.clone();
         std::thread::spawn(move || -> u64 {
+            let uffd = ram.uffd();
             let ep = Epoll::new().expect("epoll");
             ep.add(uffd.raw_fd(), 0).expect("epoll add");
             let mut raw = [RawMsg::default(); MAX_EVENTS];
@@ -214,10 +164,10 @@ fn a_kvm_guest_sees_pages_moved_in_and_out_with_uffdio_move() {
                 if n == 0 {
                     continue;
                 }
-                let addr = faults[0].address & !(PG - 1);
-                uffd.move_range(addr, staging + 4 * PG, PG, true)
+                let p = (faults[0].address - ram.guest_base()) / PG;
+                ram.move_in(p, 1, true)
                     .expect("UFFDIO_MOVE resolving the fault");
-                return (addr - guest) / PG;
+                return p;
             }
             panic!("no userfaultfd fault within 60 s");
         })

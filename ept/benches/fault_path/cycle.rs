@@ -31,6 +31,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use farvm_ept::sys::anon::AnonRam;
 use farvm_ept::sys::mem::GuestRam;
 use farvm_ept::sys::uffd::{self, Uffd};
 use farvm_ept::PAGE_SIZE;
@@ -106,103 +107,30 @@ fn memfd_pass(ram: &GuestRam, u: &Uffd, shape: Shape, src: &[u8]) -> Steps {
     [landed, install, evict, free]
 }
 
-/// Private anonymous guest RAM, its staging area and a free pool, all registered with one uffd.
-struct AnonRam {
-    guest: *mut u8,
-    staging: *mut u8,
-    pool: *mut u8,
-    len: usize,
-    uffd: Uffd,
-}
-
-impl AnonRam {
-    /// Free pages start in the staging area, or in the pool if `pooled`.
-    fn new(pages: u64, pooled: bool) -> std::io::Result<Self> {
-        let len = pages as usize * PAGE_SIZE;
-        let map = || -> std::io::Result<*mut u8> {
-            // SAFETY: a fresh private anonymous mapping; the kernel picks the address.
-            let p = unsafe {
-                libc::mmap(
-                    core::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: advisory call on our mapping: 4 KiB pages, so MOVE never splits a THP.
-            unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-            Ok(p.cast())
-        };
-        let guest = map()?;
-        let staging = map()?;
-        let pool = map()?;
-        let uffd = Uffd::open(uffd::feature::THREAD_ID | uffd::feature::MOVE)?;
-        uffd.register(guest as u64, len as u64, uffd::mode::MISSING)?;
-        uffd.register(staging as u64, len as u64, uffd::mode::WP)?;
-        uffd.register(pool as u64, len as u64, uffd::mode::WP)?;
-        // Every free page resident: what the cycle reuses.
-        let free = if pooled { pool } else { staging };
-        for i in 0..pages as usize {
-            // SAFETY: in bounds of that mapping; its missing faults are the kernel's.
-            unsafe { core::ptr::write_volatile(free.add(i * PAGE_SIZE), 1u8) };
-        }
-        Ok(Self {
-            guest,
-            staging,
-            pool,
-            len,
-            uffd,
-        })
-    }
-
-    fn guest_addr(&self, p: u64) -> u64 {
-        self.guest as u64 + p * PG
-    }
-
-    fn slot_addr(&self, s: u64) -> u64 {
-        self.staging as u64 + s * PG
-    }
-
-    fn pool_addr(&self, s: u64) -> u64 {
-        self.pool as u64 + s * PG
-    }
-
-    fn mv(&self, dst: u64, src: u64, n: u64) {
-        let m = self
-            .uffd
-            .move_range(dst, src, n * PG, false)
-            .expect("UFFDIO_MOVE");
-        assert_eq!(m, n * PG);
-    }
-}
-
-impl Drop for AnonRam {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the two mappings `new` created; nothing refers to them any more.
-        unsafe {
-            libc::munmap(self.guest.cast(), self.len);
-            libc::munmap(self.staging.cast(), self.len);
-            libc::munmap(self.pool.cast(), self.len);
+/// Anonymous guest RAM for the cycle: free frames start in the staging slots (plain MOVE) or
+/// in the pool (`pooled`).
+fn anon_ram(pages: u64, pooled: bool) -> std::io::Result<AnonRam> {
+    let ram = AnonRam::new(pages as usize * PAGE_SIZE, pages, uffd::feature::THREAD_ID)?;
+    if pooled {
+        ram.fill_pool(0, pages)?;
+    } else {
+        for p in 0..pages {
+            // SAFETY: in bounds of the staging area, whose missing faults are the kernel's.
+            unsafe { core::ptr::write_volatile(ram.staging_page(p), 1u8) };
         }
     }
+    Ok(ram)
 }
 
 fn anon_pass(ram: &AnonRam, shape: Shape, src: &[u8]) -> Steps {
     let calls = shape.calls();
     // Guest page p cycles through staging slot p.
-    let landed = per_page(&calls, &mut |p, n| {
-        land(ram.slot_addr(p) as *mut u8, src, n)
-    });
+    let landed = per_page(&calls, &mut |p, n| land(ram.staging_page(p), src, n));
     let install = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.guest_addr(p), ram.slot_addr(p), n)
+        ram.move_in(p, n, false).expect("UFFDIO_MOVE in")
     });
     let evict = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.slot_addr(p), ram.guest_addr(p), n)
+        ram.move_out(p, n).expect("UFFDIO_MOVE out")
     });
     [landed, install, evict, 0.0]
 }
@@ -211,17 +139,17 @@ fn anon_pool_pass(ram: &AnonRam, shape: Shape, src: &[u8]) -> Steps {
     let calls = shape.calls();
     // The pool hands out its top pages; which ones does not change the cost of a move.
     let landed = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.slot_addr(p), ram.pool_addr(p), n);
-        land(ram.slot_addr(p) as *mut u8, src, n)
+        ram.take(p, p, n).expect("UFFDIO_MOVE pool -> staging");
+        land(ram.staging_page(p), src, n)
     });
     let install = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.guest_addr(p), ram.slot_addr(p), n)
+        ram.move_in(p, n, false).expect("UFFDIO_MOVE in")
     });
     let evict = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.slot_addr(p), ram.guest_addr(p), n)
+        ram.move_out(p, n).expect("UFFDIO_MOVE out")
     });
     let free = per_page(&calls, &mut |p, n| {
-        ram.mv(ram.pool_addr(p), ram.slot_addr(p), n)
+        ram.give(p, p, n).expect("UFFDIO_MOVE staging -> pool")
     });
     [landed, install, evict, free]
 }
@@ -230,20 +158,18 @@ fn anon_pool_pass(ram: &AnonRam, shape: Shape, src: &[u8]) -> Steps {
 /// the move in, and what the slot reads after the move out (the page moved, not copied).
 fn check(ram: &AnonRam) {
     let src: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
-    land(ram.slot_addr(0) as *mut u8, &src, 1);
-    ram.uffd
-        .move_range(ram.guest_addr(0), ram.slot_addr(0), PG, false)
+    land(ram.staging_page(0), &src, 1);
+    ram.move_in(0, 1, false)
         .expect("UFFDIO_MOVE (Linux >= 6.8 with UFFD_FEATURE_MOVE)");
+    let g = ram.guest_page_addr(0) as *mut u8;
     // SAFETY: guest page 0 was just moved in, so reading it does not fault into the uffd.
-    let g = unsafe { core::slice::from_raw_parts(ram.guest, PAGE_SIZE) };
-    assert_eq!(g, &src[..], "the guest address reads the moved page");
+    let got = unsafe { core::slice::from_raw_parts(g, PAGE_SIZE) };
+    assert_eq!(got, &src[..], "the guest address reads the moved page");
     // SAFETY: guest page 0 is mapped; this write lands in the moved page.
-    unsafe { core::ptr::write_volatile(ram.guest, 0xEE) };
-    ram.uffd
-        .move_range(ram.slot_addr(0), ram.guest_addr(0), PG, false)
-        .expect("UFFDIO_MOVE back");
+    unsafe { core::ptr::write_volatile(g, 0xEE) };
+    ram.move_out(0, 1).expect("UFFDIO_MOVE back");
     // SAFETY: slot 0 holds the page again.
-    let s = unsafe { core::slice::from_raw_parts(ram.staging, PAGE_SIZE) };
+    let s = unsafe { core::slice::from_raw_parts(ram.staging_page(0), PAGE_SIZE) };
     assert_eq!(s[0], 0xEE, "the guest's write moved out with the page");
     assert_eq!(&s[1..], &src[1..]);
 }
@@ -296,7 +222,7 @@ pub fn table() {
         uffd::mode::MISSING | uffd::mode::MINOR,
     )
     .expect("register memfd");
-    let made = AnonRam::new(PAGES, false).and_then(|a| Ok((a, AnonRam::new(PAGES, true)?)));
+    let made = anon_ram(PAGES, false).and_then(|a| Ok((a, anon_ram(PAGES, true)?)));
     let (anon, pooled) = match made {
         Ok(a) => a,
         Err(e) => {
