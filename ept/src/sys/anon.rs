@@ -229,6 +229,40 @@ impl AnonRam {
     }
 }
 
+impl AnonRam {
+    /// Frees the frames in staging slots `[p, p+n)` (MADV_DONTNEED; empty slots stay empty).
+    pub fn drop_staging(&self, p: u64, n: u64) -> io::Result<()> {
+        self.check(p, n, self.pages())?;
+        // SAFETY: the range lies inside the staging mapping (checked above).
+        let r = unsafe {
+            libc::madvise(
+                self.staging_page(p).cast(),
+                n as usize * PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Pages with a frame in the guest view or a staging slot (mincore of both).
+    pub fn resident_count(&self) -> io::Result<u64> {
+        let mut vec = vec![0u8; self.pages() as usize];
+        let mut total = 0;
+        for base in [self.guest, self.staging] {
+            // SAFETY: `vec` has one byte per page of the mapping at `base`, as mincore requires.
+            let r = unsafe { libc::mincore(base.cast(), self.len, vec.as_mut_ptr()) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            total += vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
+        }
+        Ok(total)
+    }
+}
+
 impl Drop for AnonRam {
     fn drop(&mut self) {
         // SAFETY: unmapping the mappings `new` created; no references outlive `self`.

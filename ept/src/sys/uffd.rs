@@ -255,10 +255,21 @@ impl Uffd {
     pub fn move_range(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
         let mut done = 0;
         while done < len {
+            done += self.move_some(dst + done, src + done, len - done, wake)?;
+        }
+        Ok(done)
+    }
+
+    /// One `UFFDIO_MOVE` call: moves what it can of `[src, src+len)` to `[dst, dst+len)` and
+    /// returns the bytes moved (all of `len`, or the part before the page the kernel stopped
+    /// at). An error means nothing was moved at `dst`: EEXIST (the destination page is
+    /// present), ENOENT (the source page is not), EBUSY (pinned or shared), or others.
+    pub fn move_some(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
+        loop {
             let mut m = UffdioMove {
-                dst: dst + done,
-                src: src + done,
-                len: len - done,
+                dst,
+                src,
+                len,
                 mode: if wake { 0 } else { MODE_DONTWAKE },
                 moved: 0,
             };
@@ -270,12 +281,11 @@ impl Uffd {
             }
             let e = io::Error::last_os_error();
             match (e.raw_os_error(), u64::try_from(m.moved)) {
-                (Some(libc::EAGAIN), Ok(n)) if n > 0 => done += n,
-                (Some(libc::EAGAIN), _) => {}
+                (Some(libc::EAGAIN), Ok(n)) if n > 0 => return Ok(n),
+                (Some(libc::EAGAIN), _) => continue,
                 _ => return Err(e),
             }
         }
-        Ok(done)
     }
 
     /// Wakes threads waiting on faults in the range without installing anything.
