@@ -55,6 +55,19 @@ fn map(len: usize, what: &str) -> io::Result<*mut u8> {
     // SAFETY: advisory call on the mapping just created: 4 KiB pages only, so a move never
     // has to split a huge page and every move is whole guest pages (failure is harmless).
     unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    // A fork (a child process started with fork + exec) would share every page copy-on-write
+    // and leave it no longer exclusive to this process, which UFFDIO_MOVE refuses (EBUSY)
+    // until the page is written again: children never get these mappings.
+    // SAFETY: advisory call on the mapping just created.
+    if unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) } < 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: unmapping the mapping just created, which nobody else knows.
+        unsafe { libc::munmap(p, len) };
+        return Err(io::Error::new(
+            e.kind(),
+            format!("madvise {what} DONTFORK: {e}"),
+        ));
+    }
     Ok(p.cast())
 }
 
@@ -315,5 +328,29 @@ mod tests {
         assert_eq!(word(ram.pool_page(7)), 43);
         assert!(ram.take(0, 8, 1).is_err(), "out of range");
         assert!(ram.take(8, 0, 1).is_err(), "out of range");
+    }
+
+    #[test]
+    fn a_fork_does_not_stop_pages_from_moving() {
+        let ram = AnonRam::new(4 * PAGE_SIZE, 4, 0).expect("anonymous RAM with UFFDIO_MOVE");
+        ram.fill_pool(0, 2).unwrap();
+        ram.take(0, 1, 1).unwrap();
+        ram.move_in(1, 1, false).unwrap();
+        assert_eq!(word(ram.guest_page_addr(1) as *const u8), 0);
+        // As a child started with fork + exec does (the local memserver, with its pre_exec).
+        // SAFETY: the child calls only _exit, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leaving the forked child at once.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork");
+        let mut status = 0;
+        // SAFETY: reaping the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // Without MADV_DONTFORK the pages are no longer exclusive and this is EBUSY.
+        ram.move_out(1, 1).expect("move out after a fork");
+        ram.give(1, 2, 1).expect("give after a fork");
+        ram.take(1, 3, 1).expect("take after a fork");
     }
 }
