@@ -12,10 +12,13 @@
 //! 4. eviction building blocks per page: fingerprint (the dirty check), zap, free, and landing
 //!    a received page in a freed memfd page vs in a resident one;
 //! 5. the cold-page policy: CLOCK with refault-distance protection vs plain CLOCK on a
-//!    hot/cold random workload (demand faults and time per access).
+//!    hot/cold random workload (demand faults and time per access);
+//! 6. one page cycle (land, install, evict, free) with today's memfd guest RAM against
+//!    anonymous guest RAM whose pages move in and out of a pool of staging pages with
+//!    `UFFDIO_MOVE`, one page per call and in runs of 64 (see `anon_cycle`).
 //!
 //! `FARVM_BENCH_PAGES` (default 4096) sets the sample size of table 1; `FARVM_BENCH_TABLES`
-//! (default `1,2,3,4,5`) selects tables.
+//! (default `1,2,3,4,5,6`) selects tables.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,7 +37,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
     println!("# farvm-ept fault-path benchmark ({pages} pages per configuration)\n");
-    let tables = std::env::var("FARVM_BENCH_TABLES").unwrap_or_else(|_| "1,2,3,4,5".into());
+    let tables = std::env::var("FARVM_BENCH_TABLES").unwrap_or_else(|_| "1,2,3,4,5,6".into());
     let want = |t: &str| tables.split(',').any(|x| x.trim() == t);
     if want("1") {
         steps_table(pages);
@@ -51,7 +54,13 @@ fn main() {
     if want("5") {
         policy_table();
     }
+    if want("6") {
+        cycle::table();
+    }
 }
+
+#[path = "fault_path/cycle.rs"]
+mod cycle;
 
 fn median(v: &mut [u64]) -> u64 {
     if v.is_empty() {

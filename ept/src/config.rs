@@ -139,6 +139,12 @@ pub struct EngineConfig {
     /// Keep a record of this many resolved faults (guest page, kind, the process the agent
     /// slot named) for attribution checks (`faultlog`); 0 = off.
     pub fault_log_records: usize,
+    /// Guest RAM's backing: a memfd (default) or anonymous memory whose pages move with
+    /// UFFDIO_MOVE (`backing.rs`). [`EngineConfig::new`] takes it from the environment
+    /// variable `FARVM_GUEST_MEMORY` (`memfd` or `anon`) when set, so that a whole test suite
+    /// can run on either.
+    #[serde(default)]
+    pub guest_memory: crate::GuestMemory,
 }
 
 impl EngineConfig {
@@ -157,6 +163,10 @@ impl EngineConfig {
             prefetch_defer_max_us: 1000,
             global_history: false,
             fault_log_records: 0,
+            guest_memory: std::env::var("FARVM_GUEST_MEMORY")
+                .ok()
+                .and_then(|v| crate::GuestMemory::parse(&v))
+                .unwrap_or_default(),
         }
     }
 

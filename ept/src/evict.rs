@@ -369,7 +369,7 @@ impl Evictor {
                 .map(|v| v.page),
         );
         spans::bridge(&self.table, &r.pages, &mut r.spans);
-        if let Err(e) = self.installer.zap(&r.spans) {
+        if let Err(e) = self.installer.zap(&r.pages, &r.spans) {
             // Nothing was proven unmapped: give every victim back untouched.
             self.errors
                 .push(EngineError::os("zapping evicted pages", e));

@@ -1,6 +1,7 @@
 //! The installer: puts page data into the guest view and takes it out again. Owns guest RAM
-//! (the memfd, its guest view and the engine's private alias), the userfaultfd registered on
-//! the guest view, and the stage-2 pre-fault gate; counts what it installs.
+//! (its backing, `backing.rs`: a memfd with its guest view and the engine's private alias, or
+//! anonymous memory whose pages move in and out), the userfaultfd registered on the guest
+//! view, and the stage-2 pre-fault gate; counts what it installs.
 //!
 //! Mapping protocol: a page is mapped into the guest view only while its state word is `LOCAL`
 //! and holds a pin taken for the mapping ([`Installer::claim_local`], then
@@ -14,6 +15,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::backing::{Backing, GuestMemory};
 use crate::error::EngineError;
 use crate::hash::{self, Fingerprint};
 use crate::pagemeta::PageMeta;
@@ -21,14 +23,13 @@ use crate::stage2::{PreFaultError, StageTwo, StageTwoGate};
 use crate::state::{self as st, PageTable};
 use crate::stats::{Counter, Counters};
 use crate::store::PageBuf;
-use crate::sys::mem::{self, GuestRam};
-use crate::sys::uffd::{self, Fault, RawMsg, Uffd, MAX_EVENTS};
+use crate::sys::mem;
+use crate::sys::uffd::{Fault, RawMsg, MAX_EVENTS};
 use crate::translate::GuestPages;
 use crate::PAGE_SIZE;
 
 pub(crate) struct Installer {
-    ram: GuestRam,
-    uffd: Uffd,
+    ram: Backing,
     stage2: StageTwoGate,
     table: Arc<PageTable>,
     meta: Arc<PageMeta>,
@@ -39,30 +40,22 @@ impl Installer {
     /// Creates guest RAM of `len` bytes and registers its guest view with a new userfaultfd.
     pub fn new(
         len: usize,
+        kind: GuestMemory,
+        pool_pages: u64,
         stage2: Box<dyn StageTwo>,
         table: Arc<PageTable>,
         meta: Arc<PageMeta>,
         counters: Arc<Counters>,
     ) -> Result<Self, EngineError> {
-        let ram = GuestRam::new(len).map_err(|e| EngineError::os("creating guest RAM", e))?;
-        let uffd = Uffd::open(
-            uffd::feature::THREAD_ID | uffd::feature::MISSING_SHMEM | uffd::feature::MINOR_SHMEM,
-        )
-        .map_err(|e| {
+        let ram = Backing::new(len, kind, pool_pages).map_err(|e| {
             EngineError::os(
-                "opening userfaultfd (needs root or vm.unprivileged_userfaultfd=1)",
+                "creating guest RAM and its userfaultfd (needs root or \
+                 vm.unprivileged_userfaultfd=1; anonymous guest memory needs Linux 6.8+)",
                 e,
             )
         })?;
-        uffd.register(
-            ram.guest_base(),
-            ram.len() as u64,
-            uffd::mode::MISSING | uffd::mode::MINOR,
-        )
-        .map_err(|e| EngineError::os("registering guest RAM with userfaultfd", e))?;
         Ok(Self {
             ram,
-            uffd,
             stage2: StageTwoGate::new(stage2),
             table,
             meta,
@@ -76,7 +69,7 @@ impl Installer {
 
     /// Host address and length of the guest view.
     pub fn guest_range(&self) -> (u64, u64) {
-        (self.ram.guest_base(), self.ram.len() as u64)
+        (self.ram.guest_base(), self.ram.pages() * PAGE_SIZE as u64)
     }
 
     /// The guest page a fault address of the guest view falls in.
@@ -89,7 +82,7 @@ impl Installer {
 
     /// The userfaultfd, for the fault handler's epoll set.
     pub fn uffd_fd(&self) -> RawFd {
-        self.uffd.raw_fd()
+        self.ram.uffd().raw_fd()
     }
 
     /// Reads pending guest faults (non-blocking); returns how many.
@@ -99,16 +92,23 @@ impl Installer {
         raw: &mut [RawMsg; MAX_EVENTS],
         out: &mut [Fault; MAX_EVENTS],
     ) -> io::Result<usize> {
-        self.uffd.read_faults(raw, out)
+        self.ram.uffd().read_faults(raw, out)
     }
 
-    /// The memfd page behind `p` as a store buffer. The caller owns the page (INFLIGHT for a
-    /// read, EVICTING for a write-back) until the request completes.
+    /// The page behind `p` as a store buffer (memfd page through the alias, or staging
+    /// slot). The caller owns the page (INFLIGHT for a read, EVICTING for a write-back) until
+    /// the request completes.
     #[inline]
     pub fn page_buf(&self, p: u64) -> PageBuf {
-        // SAFETY: the alias page of `p` is 4 KiB of engine memory, mapped as long as `self`;
+        // SAFETY: the page's data address is 4 KiB of engine memory, mapped as long as `self`;
         // the page-state protocol gives it to one request at a time.
-        unsafe { PageBuf::new(self.ram.alias_page(p)) }.expect("the alias mapping is non-null")
+        unsafe { PageBuf::new(self.ram.data_ptr(p)) }.expect("guest RAM mappings are non-null")
+    }
+
+    /// Gives the landing slots of `pages` (sorted runs read next) reused frames where the
+    /// backing keeps some (anon); the fault handler's read batches only.
+    pub fn take_frames(&self, pages: &[u64]) {
+        self.ram.take_frames(pages);
     }
 
     /// Fingerprint of the memfd page behind `p`. The caller owns the page (INFLIGHT with data
@@ -116,7 +116,7 @@ impl Installer {
     #[inline]
     pub fn fingerprint(&self, p: u64) -> Fingerprint {
         // SAFETY: `p` is in range and the caller owns the page, so nobody writes it now.
-        unsafe { hash::of_page(self.ram.alias_page(p)) }
+        unsafe { hash::of_page(self.ram.data_ptr(p)) }
     }
 
     /// Publishes `p` as `LOCAL | flags(word)` (from INFLIGHT / STAGED / EVICTING, which the
@@ -142,12 +142,9 @@ impl Installer {
 
     /// Second half: maps `n` claimed pages from `p` with one UFFDIO_CONTINUE and drops the pins.
     pub fn map_pinned(&self, p: u64, n: u64, wake: bool) {
-        if let Err(e) =
-            self.uffd
-                .continue_range(self.ram.guest_page_addr(p), n * PAGE_SIZE as u64, wake)
-        {
+        if let Err(e) = self.ram.map(p, n, wake) {
             // The pages stay LOCAL: the next guest fault on one retries its mapping.
-            tracing::error!("UFFDIO_CONTINUE of guest pages {p:#x}+{n}: {e}");
+            tracing::error!("mapping guest pages {p:#x}+{n}: {e}");
         }
         for q in p..p + n {
             self.table.unpin(q);
@@ -157,7 +154,7 @@ impl Installer {
     /// Zero-fills never-written page `p` and publishes it (the caller moved it to INFLIGHT and
     /// holds a frame).
     pub fn install_zero(&self, p: u64, wake: bool) {
-        self.ram.allocate_zero(p);
+        self.ram.zero(p, true);
         self.meta.set_clean_fp(p, self.meta.zero_fp());
         // Counted before the wake, so a woken vCPU never observes a stale count.
         self.counters.inc(Counter::ZeroFills);
@@ -195,9 +192,7 @@ impl Installer {
         if !self.table.try_pin(p) {
             return false;
         }
-        let r = self
-            .uffd
-            .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true);
+        let r = self.ram.map(p, 1, true);
         self.table.unpin(p);
         if let Err(e) = r {
             tracing::error!("re-mapping guest page {p:#x}: {e}");
@@ -208,7 +203,8 @@ impl Installer {
     /// Wakes the threads waiting on a fault of page `p` (mapped already).
     pub fn wake(&self, p: u64) {
         if let Err(e) = self
-            .uffd
+            .ram
+            .uffd()
             .wake(self.ram.guest_page_addr(p), PAGE_SIZE as u64)
         {
             tracing::error!("UFFDIO_WAKE of guest page {p:#x}: {e}");
@@ -218,65 +214,63 @@ impl Installer {
     /// Lets vCPUs blocked on lost page `p` leave the fault: maps a page of zeros at `p` and
     /// wakes them. The page stays `LOST` (see `lost`).
     pub fn release_lost(&self, p: u64) {
-        // SAFETY: `p` is in range; a LOST page has no owner, nothing else writes its memfd
-        // page, and the alias mapping is never uffd-registered (no fault into our own uffd).
-        unsafe { core::ptr::write_bytes(self.ram.alias_page(p), 0, PAGE_SIZE) };
-        if let Err(e) =
-            self.uffd
-                .continue_range(self.ram.guest_page_addr(p), PAGE_SIZE as u64, true)
-        {
+        // A LOST page has no owner: nothing else writes its data.
+        self.ram.zero(p, false);
+        if let Err(e) = self.ram.map(p, 1, true) {
             tracing::error!("releasing vCPUs from lost guest page {p:#x}: {e}");
         }
     }
 
-    /// Unmaps the ranges `spans` (`(first page, pages)`, see `spans.rs`) from the guest view
-    /// only (the data stays in the memfd).
-    pub fn zap(&self, spans: &[(u64, u64)]) -> io::Result<()> {
-        self.ram.zap_guest_spans(spans)
+    /// Takes the claimed victims `pages` (sorted) out of the guest view, keeping their data:
+    /// memfd, by unmapping the ranges `spans` (`(first page, pages)`, see `spans.rs`, covering
+    /// `pages`); anon, by moving each run of victims out to its staging slots.
+    pub fn zap(&self, pages: &[u64], spans: &[(u64, u64)]) -> io::Result<()> {
+        self.ram.zap(pages, spans)
     }
 
-    /// Frees the memfd pages behind `pages`, after unmapping the ranges `spans` (which cover
-    /// `pages`) from the alias: one TLB flush per range there, and none left for the frees.
+    /// Frees the data of evicted `pages`: memfd, by punching them out after unmapping the
+    /// ranges `spans` (which cover `pages`) from the alias (one TLB flush per range there, and
+    /// none left for the frees); anon, by moving their frames to the pool for reuse.
     pub fn free(&self, pages: &[u64], spans: &[(u64, u64)]) -> io::Result<()> {
-        self.ram.unmap_alias_spans(spans)?;
-        self.ram.free(pages)
+        self.ram.free(pages, spans)
     }
 
-    /// Copies `dst.len()` bytes from offset `off` of page `p` out through the alias. The
-    /// caller holds a pin on the page (resident, not evictable).
+    /// Copies `dst.len()` bytes from offset `off` of page `p` out (through the alias, or the
+    /// mapped guest view). The caller holds a pin on the page (resident, not evictable).
     pub fn copy_out(&self, p: u64, off: usize, dst: &mut [u8]) {
         assert!(p < self.pages() && off + dst.len() <= PAGE_SIZE);
-        // SAFETY: in bounds of the alias mapping (checked above), which is never
-        // uffd-registered; the pinned page is not freed meanwhile.
+        // SAFETY: in bounds of the page (checked above), whose address `local_ptr` gives
+        // without any fault into our own uffd (never registered, or mapped); the pinned page is
+        // neither freed nor moved out meanwhile.
         unsafe {
             core::ptr::copy_nonoverlapping(
-                self.ram.alias_page(p).add(off),
+                self.ram.local_ptr(p).add(off),
                 dst.as_mut_ptr(),
                 dst.len(),
             )
         };
     }
 
-    /// Copies `src` into page `p` at offset `off` through the alias (the eviction fingerprint
-    /// sees the write). The caller holds a pin on the page.
+    /// Copies `src` into page `p` at offset `off` (the eviction fingerprint sees the write).
+    /// The caller holds a pin on the page.
     pub fn copy_in(&self, p: u64, off: usize, src: &[u8]) {
         assert!(p < self.pages() && off + src.len() <= PAGE_SIZE);
         // SAFETY: as in `copy_out`.
         unsafe {
-            core::ptr::copy_nonoverlapping(src.as_ptr(), self.ram.alias_page(p).add(off), src.len())
+            core::ptr::copy_nonoverlapping(src.as_ptr(), self.ram.local_ptr(p).add(off), src.len())
         };
     }
 
-    /// Alias address of page `p`, for reading a pinned agent slot page (see `vcpu`).
+    /// Engine address of pinned page `p`, for reading an agent slot page (see `vcpu`).
     pub fn alias_ptr(&self, p: u64) -> *const u8 {
-        self.ram.alias_page(p)
+        self.ram.local_ptr(p)
     }
 
     pub fn stage2_enabled(&self) -> bool {
         self.stage2.enabled()
     }
 
-    /// Pages whose memfd backing is present (mincore).
+    /// Pages whose backing is present (mincore).
     pub fn resident_by_mincore(&self) -> io::Result<u64> {
         self.ram.resident_count()
     }
@@ -291,11 +285,12 @@ impl GuestPages for Installer {
             return None;
         }
         let off = (gpa % PAGE_SIZE as u64) as usize & !7;
-        // SAFETY: `p` is pinned LOCAL (the evictor cannot free it meanwhile) and in bounds of
-        // the alias mapping; `off` is 8-aligned inside the page. The guest may write the word
+        // SAFETY: `p` is pinned LOCAL (the evictor cannot free or move it meanwhile) and its
+        // `local_ptr` page is mapped without a fault into our uffd; `off` is 8-aligned inside
+        // the page. The guest may write the word
         // concurrently (an accessed bit): an atomic load makes that a defined race.
         let v = unsafe {
-            (*(self.ram.alias_page(p).add(off) as *const std::sync::atomic::AtomicU64))
+            (*(self.ram.local_ptr(p).add(off) as *const std::sync::atomic::AtomicU64))
                 .load(Ordering::Relaxed)
         };
         self.table.unpin(p);
@@ -306,7 +301,7 @@ impl GuestPages for Installer {
         if gpn >= self.pages() || !self.table.try_pin(gpn) {
             return false;
         }
-        let base = self.ram.alias_page(gpn) as *const std::sync::atomic::AtomicU64;
+        let base = self.ram.local_ptr(gpn) as *const std::sync::atomic::AtomicU64;
         for (i, o) in out.iter_mut().enumerate() {
             // SAFETY: as in `read_u64`: pinned, in bounds (i < 512 words = 4 KiB), aligned.
             *o = unsafe { (*base.add(i)).load(Ordering::Relaxed) };

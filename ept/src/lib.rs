@@ -22,6 +22,7 @@
 //! (`engine.rs`) assembles them and is the public handle.
 
 // The engine's state, one part per file.
+mod backing;
 mod clock;
 mod errlog;
 pub mod faultlog;
@@ -58,6 +59,7 @@ pub use farvm_pageio as store;
 pub mod sys;
 pub mod translate;
 
+pub use backing::GuestMemory;
 pub use config::{Budget, ConfigError, EngineConfig, DEFAULT_PROBE_EVERY};
 pub use engine::{Engine, EngineParts};
 pub use error::EngineError;

@@ -82,8 +82,13 @@ impl Parts {
         let table = Arc::new(PageTable::new(pages));
         let meta = Arc::new(PageMeta::new(pages));
         let counters = Arc::new(Counters::default());
+        // The anon backing's pool of free frames: the free reserve the evictor keeps below
+        // the budget, so that frames kept for reuse stay within the budget.
+        let pool_pages = cfg.resolve()?.1.max(1);
         let installer = Arc::new(Installer::new(
             len,
+            cfg.guest_memory,
+            pool_pages,
             stage2,
             table.clone(),
             meta.clone(),

@@ -70,6 +70,7 @@ fn help_documents_commands_outputs_and_exit_status() {
         "local",
         "placement",
         "page-space",
+        "page-cycle",
         "stage2",
         "compare",
         "pool",

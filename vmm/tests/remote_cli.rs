@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, kvm_available, memserver_children};
+use common::{alive, assert_native_report, kvm_available, memserver_children};
 
 fn farvm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_farvm"))
@@ -37,12 +37,46 @@ fn bad_remote_arguments_are_usage_errors() {
         ),
         (vec!["run", "--memserver", "memsrv1"], "expected HOST:PORT"),
         (vec!["run", "--probe-every", "many"], "--probe-every"),
+        (vec!["run", "--guest-memory", "shmem"], "--guest-memory"),
     ] {
         let o = farvm().args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn anonymous_guest_memory_pages_a_workload_to_its_checksum() {
+    if !kvm_available() {
+        return;
+    }
+    // Guest RAM whose pages move with UFFDIO_MOVE, through evictions and prefetched reads.
+    let workload = "seq:ws=32M,passes=3";
+    let o = farvm()
+        .args([
+            "run",
+            "--memory",
+            "80M",
+            "--local-memory",
+            "25%",
+            "--workload",
+            workload,
+            "--guest-memory",
+            "anon",
+            "--serial",
+            "none",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_native_report(&v, workload);
+    let c = &v["paging"]["engine"]["counters"];
+    assert!(c["evictions"].as_u64().unwrap() > 10_000, "{c}");
+    assert!(c["remote_reads_prefetch"].as_u64().unwrap() > 10_000, "{c}");
 }
 
 #[test]

@@ -67,11 +67,23 @@ impl Reads {
         }
     }
 
+    /// Gives the landing slots of a batch's pages reused frames (anon backing).
+    fn take_frames(installer: &Installer, reqs: &[ReadReq]) {
+        let mut pages = [0u64; BATCH];
+        for (d, r) in pages.iter_mut().zip(reqs) {
+            *d = r.page;
+        }
+        let pages = &mut pages[..reqs.len()];
+        pages.sort_unstable();
+        installer.take_frames(pages);
+    }
+
     /// Submits the queued demand reads: each served on this thread where the store can, the
     /// rest as one batch.
     pub fn flush_demand(&mut self) {
         let b = &mut self.demand;
         let n = std::mem::take(&mut b.n);
+        Self::take_frames(&self.installer, &b.reqs[..n]);
         let mut left = 0;
         for i in 0..n {
             let r = b.reqs[i];
@@ -86,6 +98,7 @@ impl Reads {
     pub fn flush_prefetch(&mut self) {
         let b = &mut self.prefetch;
         let n = std::mem::take(&mut b.n);
+        Self::take_frames(&self.installer, &b.reqs[..n]);
         self.port.read(&b.reqs[..n]);
     }
 }

@@ -2,6 +2,7 @@
 //! mappings and madvise, eventfd/epoll). Every `unsafe` block of the crate that talks to the
 //! kernel lives here.
 
+pub mod anon;
 pub mod mem;
 pub mod poll;
 pub mod uffd;

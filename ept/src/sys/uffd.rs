@@ -14,6 +14,8 @@ const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
 const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_AA02;
 const UFFDIO_CONTINUE: libc::c_ulong = 0xC020_AA07;
+/// `_IOWR(0xAA, 0x05, struct uffdio_move)` (40 bytes).
+const UFFDIO_MOVE: libc::c_ulong = 0xC028_AA05;
 /// `_IO(0xAA, 0)` on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
@@ -25,12 +27,17 @@ pub mod feature {
     pub const THREAD_ID: u64 = 1 << 8;
     /// Shared-memory regions may be registered in MINOR mode (installs by UFFDIO_CONTINUE).
     pub const MINOR_SHMEM: u64 = 1 << 10;
+    /// UFFDIO_MOVE: move anonymous pages between two addresses of this process (Linux >= 6.8).
+    pub const MOVE: u64 = 1 << 16;
 }
 
 /// `UFFDIO_REGISTER_MODE_*`
 pub mod mode {
     /// Report faults on pages with no page cache page (never written).
     pub const MISSING: u64 = 1 << 0;
+    /// Write-protect tracking; registering a range in this mode alone makes it a valid
+    /// UFFDIO_MOVE destination while its missing faults stay the kernel's (zero-filled pages).
+    pub const WP: u64 = 1 << 1;
     /// Report faults on pages present in the memfd but not mapped (installed by UFFDIO_CONTINUE).
     pub const MINOR: u64 = 1 << 2;
 }
@@ -73,6 +80,16 @@ struct UffdioContinue {
     mode: u64,
     mapped: i64,
 }
+
+#[repr(C)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+const _: () = assert!(core::mem::size_of::<UffdioMove>() == 40);
 
 /// `struct uffd_msg` (32 bytes), pagefault view.
 #[repr(C)]
@@ -225,6 +242,52 @@ impl Uffd {
         Ok(outcome)
     }
 
+    /// Moves the anonymous pages under `[src, src+len)` to `[dst, dst+len)` (UFFDIO_MOVE: the
+    /// page-table entries move, the pages are neither copied nor allocated), waking the threads
+    /// that fault on the destination if `wake`. `dst` must lie in a range registered with this
+    /// uffd and hold no pages; both ranges must be private anonymous mappings.
+    ///
+    /// Returns the bytes moved. The kernel may stop early (EAGAIN with partial progress: this
+    /// resumes after it); any other error, e.g. EEXIST (a destination page present), ENOENT (a
+    /// source hole) or EBUSY (a source page pinned or shared), is returned with nothing moved
+    /// after the pages already done, whose count the error does not carry: callers move runs
+    /// whose every page they own.
+    pub fn move_range(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
+        let mut done = 0;
+        while done < len {
+            done += self.move_some(dst + done, src + done, len - done, wake)?;
+        }
+        Ok(done)
+    }
+
+    /// One `UFFDIO_MOVE` call: moves what it can of `[src, src+len)` to `[dst, dst+len)` and
+    /// returns the bytes moved (all of `len`, or the part before the page the kernel stopped
+    /// at). An error means nothing was moved at `dst`: EEXIST (the destination page is
+    /// present), ENOENT (the source page is not), EBUSY (pinned or shared), or others.
+    pub fn move_some(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
+        loop {
+            let mut m = UffdioMove {
+                dst,
+                src,
+                len,
+                mode: if wake { 0 } else { MODE_DONTWAKE },
+                moved: 0,
+            };
+            // SAFETY: pointer to a live `uffdio_move`; the kernel validates both ranges (same
+            // mm, anonymous, destination registered with this uffd) and fails otherwise.
+            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m) };
+            if r == 0 {
+                return Ok(len);
+            }
+            let e = io::Error::last_os_error();
+            match (e.raw_os_error(), u64::try_from(m.moved)) {
+                (Some(libc::EAGAIN), Ok(n)) if n > 0 => return Ok(n),
+                (Some(libc::EAGAIN), _) => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Wakes threads waiting on faults in the range without installing anything.
     pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
         let range = UffdioRange { start, len };
@@ -331,5 +394,68 @@ mod tests {
             uffd.continue_range(at(2), 2 * PAGE, true).unwrap(),
             Installed::AlreadyMapped
         );
+    }
+
+    fn anon(pages: usize) -> u64 {
+        // SAFETY: a fresh private anonymous mapping, unmapped by the test.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                pages * PAGE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: advisory call on our own mapping.
+        unsafe { libc::madvise(p, pages * PAGE as usize, libc::MADV_NOHUGEPAGE) };
+        p as u64
+    }
+
+    #[test]
+    fn pages_move_between_anonymous_ranges_without_copying() {
+        let (a, b) = (anon(4), anon(4));
+        let uffd = Uffd::open(feature::MOVE).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        uffd.register(a, 4 * PAGE, mode::MISSING)
+            .expect("register a");
+        uffd.register(b, 4 * PAGE, mode::WP).expect("register b");
+        for p in 0..4 {
+            // SAFETY: b is ours and registered in WP mode only: this write allocates a page.
+            unsafe { core::ptr::write_volatile((b + p * PAGE) as *mut u64, 100 + p) };
+        }
+        let frame = |addr: u64| {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open("/proc/self/pagemap").expect("pagemap");
+            f.seek(SeekFrom::Start(addr / PAGE * 8)).expect("seek");
+            let mut e = [0u8; 8];
+            f.read_exact(&mut e).expect("read");
+            u64::from_ne_bytes(e) & ((1 << 55) - 1)
+        };
+        let pfn = frame(b + PAGE);
+        // A run of 3 pages in one call, then one back.
+        assert_eq!(uffd.move_range(a, b, 3 * PAGE, false).unwrap(), 3 * PAGE);
+        assert!(mapped(a + 2 * PAGE) && !mapped(b) && !mapped(a + 3 * PAGE));
+        for p in 0..3 {
+            // SAFETY: page p of a was just moved in.
+            let v = unsafe { core::ptr::read_volatile((a + p * PAGE) as *const u64) };
+            assert_eq!(v, 100 + p);
+        }
+        // Frame numbers read 0 without CAP_SYS_ADMIN; as root they show the page itself moved.
+        assert_eq!(frame(a + PAGE), pfn, "the same physical page, not a copy");
+        // A destination that holds a page is refused; so is a hole in the source.
+        let busy = uffd.move_range(a, b + 3 * PAGE, PAGE, false).unwrap_err();
+        assert_eq!(busy.raw_os_error(), Some(libc::EEXIST));
+        let hole = uffd.move_range(a + 3 * PAGE, b, PAGE, false).unwrap_err();
+        assert_eq!(hole.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(uffd.move_range(b, a, PAGE, false).unwrap(), PAGE);
+        // SAFETY: page 0 of b holds the page moved back.
+        assert_eq!(unsafe { core::ptr::read_volatile(b as *const u64) }, 100);
+        // SAFETY: unmapping the two mappings created above.
+        unsafe {
+            libc::munmap(a as *mut libc::c_void, 4 * PAGE as usize);
+            libc::munmap(b as *mut libc::c_void, 4 * PAGE as usize);
+        }
     }
 }

@@ -5,6 +5,7 @@
 mod ab;
 mod compare;
 mod local;
+mod page_cycle;
 mod page_space;
 mod placement;
 mod pool;
@@ -34,6 +35,9 @@ pub enum BenchCmd {
     /// Prefetching on guest-virtual vs guest-physical page numbers, two frame layouts.
     #[command(name = "page-space", long_about = page_space::PAGE_SPACE_ABOUT)]
     PageSpace(page_space::PageSpaceArgs),
+    /// One page cycle of KVM-mapped guest memory: memfd + CONTINUE vs anonymous + UFFDIO_MOVE.
+    #[command(name = "page-cycle", long_about = page_cycle::PAGE_CYCLE_ABOUT)]
+    PageCycle(page_cycle::PageCycleArgs),
     /// Guest-visible page access: no prefetch, prefetch with stage-2 pre-fault off, and on.
     #[command(long_about = stage2::STAGE2_ABOUT)]
     Stage2(stage2::Stage2Args),
@@ -51,6 +55,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Remote(r) => remote::run(r),
         BenchCmd::Placement(p) => placement::run(p),
         BenchCmd::PageSpace(p) => page_space::run(p),
+        BenchCmd::PageCycle(p) => page_cycle::run(p),
         BenchCmd::Stage2(s) => stage2::run(s),
         BenchCmd::Compare(c) => compare::run(c),
         BenchCmd::Pool(p) => pool::run(p),

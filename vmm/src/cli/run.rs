@@ -299,6 +299,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = farvm_vmm::remote::DEFAULT_PROBE_EVERY)]
     pub probe_every: u32,
 
+    /// Guest RAM's backing with remote memory: memfd (pages land in a memfd and are mapped
+    /// with UFFDIO_CONTINUE; evicted pages are freed) or anon (private anonymous memory whose
+    /// pages move in and out with UFFDIO_MOVE and are reused, never freed and re-allocated;
+    /// Linux 6.8 or later). Default: memfd, or FARVM_GUEST_MEMORY when set.
+    #[arg(long, value_name = "KIND", value_parser = parse_guest_memory)]
+    pub guest_memory: Option<farvm_ept::GuestMemory>,
+
     /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
@@ -638,6 +645,7 @@ pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Fa
     spec.budget = budget;
     spec.prefetcher = a.prefetcher.clone();
     spec.probe_every = a.probe_every;
+    spec.guest_memory = a.guest_memory;
     farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
     spec.fault_path_cpu = a.fault_path_cpu;
     spec.page_space = a.page_space;
@@ -965,6 +973,10 @@ fn resolve_memserver(s: &str) -> Result<SocketAddr, String> {
     addrs
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+fn parse_guest_memory(s: &str) -> Result<farvm_ept::GuestMemory, String> {
+    farvm_ept::GuestMemory::parse(s).ok_or_else(|| format!("`{s}` is not memfd or anon"))
 }
 
 #[cfg(test)]

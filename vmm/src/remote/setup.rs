@@ -107,6 +107,9 @@ pub struct RemoteSpec {
     /// Keep a log of this many resolved faults with the process each was attributed to
     /// (`farvm run --fault-log`); 0 = off.
     pub fault_log_records: usize,
+    /// Guest RAM's backing (`farvm run --guest-memory memfd|anon`); `None`: the engine's
+    /// default (`FARVM_GUEST_MEMORY`, else memfd).
+    pub guest_memory: Option<farvm_ept::GuestMemory>,
 }
 
 impl RemoteSpec {
@@ -131,6 +134,7 @@ impl RemoteSpec {
             stage2_prefault: true,
             global_history: false,
             fault_log_records: 0,
+            guest_memory: None,
         }
     }
 }
@@ -479,6 +483,9 @@ impl RemoteMemory {
         cfg.prefetch = spec.prefetcher != "none";
         cfg.global_history = spec.global_history;
         cfg.fault_log_records = spec.fault_log_records;
+        if let Some(g) = spec.guest_memory {
+            cfg.guest_memory = g;
+        }
         let stage2 = Arc::new(LateStageTwo::default());
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));

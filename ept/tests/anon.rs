@@ -1,0 +1,168 @@
+//! Anonymous guest RAM (`GuestMemory::Anon`: pages move with UFFDIO_MOVE between the guest
+//! view, their staging slots and a pool of free frames): the mechanism's own hazards, whatever
+//! `FARVM_GUEST_MEMORY` says. The rest of the suite runs on it with `FARVM_GUEST_MEMORY=anon`.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{none, Vm, WORDS};
+use farvm_ept::memstore::MemStoreConfig;
+use farvm_ept::{Budget, GuestMemory, PageState, PAGE_SIZE};
+
+fn anon(mib: u64, budget: Budget, store: MemStoreConfig, prefetch: bool) -> Vm {
+    let pf = if prefetch {
+        farvm_prefetch::registry::build(
+            farvm_prefetch::registry::DEFAULT,
+            &farvm_prefetch::registry::Config::default(),
+        )
+        .expect("the default prefetcher builds")
+    } else {
+        none()
+    };
+    Vm::with(mib, budget, pf, store, |c| {
+        c.guest_memory = GuestMemory::Anon;
+        c.prefetch = prefetch;
+    })
+}
+
+fn slow_writes() -> MemStoreConfig {
+    MemStoreConfig {
+        demand_latency: Duration::from_micros(20),
+        prefetch_latency: Duration::from_micros(40),
+        write_latency: Duration::from_micros(300),
+    }
+}
+
+#[test]
+fn guest_writes_racing_the_move_out_and_write_back_are_never_lost() {
+    // Eight hot pages written over and over by one thread while another sweeps the rest of
+    // guest RAM, so that the hot pages are evicted again and again: moved out, fingerprinted
+    // and written back slowly (300 µs) while their writer faults on them and waits.
+    let vm = anon(16, Budget::Bytes(1 << 20), slow_writes(), false);
+    let g = vm.guest();
+    let hot: Vec<u64> = (0..8).map(|i| i * 97 + 5).collect();
+    let stop = AtomicBool::new(false);
+    let (last, out) = std::thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for p in (0..g.pages).filter(|p| !hot.contains(p)) {
+                    g.store(p, 1, round);
+                }
+                round += 1;
+            }
+        });
+        // Until the hot pages were found out of the guest view (evicted or on their way out)
+        // often enough before a write (bounded).
+        let mut v = 0u64;
+        let mut out = 0u64;
+        while v < 20_000 && (v < 400 || out < 200) {
+            v += 1;
+            for &p in &hot {
+                let st = vm.engine.page_state(p * PAGE_SIZE as u64);
+                if !matches!(st, Some(PageState::Local { .. })) {
+                    out += 1;
+                }
+                for w in [0, WORDS / 2, WORDS - 1] {
+                    g.store(p, w, v ^ p);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        sweeper.join().unwrap();
+        (v, out)
+    });
+    assert!(
+        out >= 200,
+        "the hot pages were evicted {out} times: too few"
+    );
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for &p in &hot {
+        vm.engine
+            .read_bytes(p * PAGE_SIZE as u64, &mut buf)
+            .unwrap();
+        for w in [0, WORDS / 2, WORDS - 1] {
+            let got = u64::from_ne_bytes(buf[w * 8..w * 8 + 8].try_into().unwrap());
+            assert_eq!(got, last ^ p, "page {p} word {w} (through the VMM path)");
+            assert_eq!(g.load(p, w), last ^ p, "page {p} word {w} (guest)");
+        }
+    }
+    assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
+}
+
+#[test]
+fn prefetched_runs_straddling_evictions_keep_every_page() {
+    // One thread scans forwards (prefetched runs land and move in as runs) while another
+    // rewrites every third page of the same region behind it: the runs being installed border
+    // pages being evicted, moved out and written back.
+    let vm = anon(32, Budget::Percent(15.0), slow_writes(), true);
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 1);
+    }
+    for pass in 0..3u64 {
+        let seed = 1 + pass;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for p in 0..g.pages {
+                    if p % 3 != 0 {
+                        if let Some((w, got, want)) = g.check(p, seed) {
+                            panic!("pass {pass}: page {p} word {w}: got {got:#x} want {want:#x}");
+                        }
+                        g.fill(p, seed + 1);
+                    }
+                }
+            });
+            s.spawn(|| {
+                for p in (0..g.pages).step_by(3) {
+                    if let Some((w, got, want)) = g.check(p, seed) {
+                        panic!("pass {pass}: page {p} word {w}: got {got:#x} want {want:#x}");
+                    }
+                    g.fill(p, seed + 1);
+                }
+            });
+        });
+    }
+    let s = vm.engine.stats();
+    assert!(s.counters.prefetch_injected > 1000, "{:?}", s.counters);
+    assert!(s.counters.evictions > 10_000, "{:?}", s.counters);
+    for p in 0..g.pages {
+        assert_eq!(g.check(p, 4), None, "final page {p}");
+    }
+    assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
+}
+
+#[test]
+fn partially_failed_read_batches_lose_no_page_and_no_frame() {
+    // Prefetch batches whose reads partly fail: the failed pages' staging slots keep the
+    // frames taken for them, and their retries (or later reads) must land in them intact.
+    let vm = anon(16, Budget::Bytes(2 << 20), MemStoreConfig::default(), true);
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 7);
+    }
+    vm.settle();
+    for round in 0..4u64 {
+        vm.store.fail_next_reads(3 + round * 5);
+        let seed = 7 + round;
+        for p in 0..g.pages {
+            if let Some((w, got, want)) = g.check(p, seed) {
+                panic!("round {round}: page {p} word {w}: got {got:#x} want {want:#x}");
+            }
+            g.fill(p, seed + 1);
+        }
+    }
+    let s = vm.engine.stats();
+    assert!(s.counters.store_errors >= 3, "{:?}", s.counters);
+    // Frames are not leaked: guest view and staging slots hold no more than the budget and
+    // the failed reads' slots.
+    let resident = vm.engine.resident_by_mincore().unwrap();
+    assert!(
+        resident <= s.budget_pages + 64,
+        "{resident} frames for a budget of {} pages",
+        s.budget_pages
+    );
+}
