@@ -45,10 +45,17 @@ in every setup), and the workload's measured phase as the guest times it is comp
 
 Linux's swap read-ahead runs at the host's vm.page-cluster (printed; left as found). BUDGET is
 --local percent of the workload's footprint (pages the VM touches, from a farvm run with all
-memory local to its paging engine). The VMM's own memory (the cgroup's peak in the all-local
-run less the footprint) is added to the cgroup limit, so both setups give the guest the same
-number of resident pages (QEMU: see --qemu-limit; QEMU runs with transparent huge pages off,
-4 KiB guest pages like farvm's). Under cgroup v1 the cgroup's OOM killer is off
+memory local to its paging engine). Equal budgets: while a VM runs in the cgroup, farvm-lab
+samples the guest-RAM mapping in the VMM's /proc/PID/smaps (resident and swapped pages) and the
+cgroup's charge every 20 ms. The all-local run gives the VMM's own memory (most the cgroup held
+beyond the guest's resident pages) and its kernel memory (v1 memory.kmem.usage_in_bytes, v2
+memory.stat kernel). A kernel-swap run starts at limit BUDGET + own memory and the limit is
+steered so that the guest keeps BUDGET pages resident, as farvm's engine does: down by the
+guest's excess, up by half its shortfall when the cgroup is at the limit, never below BUDGET +
+the kernel memory (which reclaim cannot free). The tables show, per kernel-swap cell, the
+guest's resident pages once the kernel swapped (median, max), pages swapped in and the final
+limit, next to farvm's demand faults and prefetches (QEMU: see --qemu-limit for the start;
+QEMU runs with transparent huge pages off, 4 KiB guest pages like farvm's). Under cgroup v1 the cgroup's OOM killer is off
 (memory.oom_control): at such limits the cgroup's reclaim gives up on pages a vCPU keeps mapped
 and would kill the VMM; without the OOM killer the VMM waits until reclaim frees a page, and
 that wait is part of kernel swap's time. Under cgroup v2 (kernels without v1 memory, such as
@@ -59,8 +66,12 @@ its loop device itself (also on errors and Ctrl-C), and refuses to start when it
 the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
 the kernel-swap setups (no root needed); --qemu none skips QEMU.
 
-Every run must reproduce the all-local checksum; a run that hits --cell-timeout or is killed
-(e.g. by the kernel's OOM killer) is reported as such. Each cell runs --repeat times, setups taking
+Every run must reproduce the all-local checksum; a run that hits --cell-timeout, is killed
+(by the kernel's OOM killer: 'OOM-killed', with the cgroup's OOM record), or fails at the
+cgroup's limit is reported as such. Under cgroup v1 with the OOM killer off, a write the kernel
+makes to the VMM's memory on its behalf (a thread's rseq area) cannot wait for memory at the
+limit, and the kernel sends SIGSEGV: reported as 'SIGSEGV from the kernel at the cgroup's
+limit'. Each cell runs --repeat times, setups taking
 turns; the median is reported. Writes compare.md, compare.json and two charts (time over
 all-local; farvm over kernel swap) into --out.
 
@@ -101,9 +112,9 @@ pub struct CompareArgs {
     /// QEMU (a path, or a name on PATH), or `none` to leave QEMU out.
     #[arg(long, value_name = "PATH|none", default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// QEMU's cgroup limit: BUDGET + QEMU's own memory (`own`: its all-local peak less the
-    /// footprint, most of it cold and swapped out first, so the guest keeps more than BUDGET),
-    /// or BUDGET + farvm's VMM's own memory (`farvm`: the guest gets at most BUDGET).
+    /// QEMU's starting cgroup limit, steered from there so that the guest keeps BUDGET pages:
+    /// BUDGET + QEMU's own memory measured all-local (`own`), or BUDGET + farvm's VMM's own
+    /// memory (`farvm`: less room for QEMU's own pages, which are mostly cold).
     #[arg(long, value_name = "own|farvm", default_value = "own")]
     pub qemu_limit: String,
     /// The farvm binary [default: `farvm` next to farvm-lab].
