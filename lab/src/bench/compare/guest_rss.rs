@@ -114,14 +114,13 @@ pub struct Watcher {
 
 impl Watcher {
     /// Starts watching process `pid`.
-    pub fn start(pid: u32, w: Watch) -> Self {
+    pub fn start(pid: u32, w: Watch) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("compare-watch".into())
-            .spawn(move || watch(&PathBuf::from(format!("/proc/{pid}/smaps")), &w, &flag))
-            .expect("spawning the guest-memory watcher");
-        Watcher { stop, handle }
+            .spawn(move || watch(&PathBuf::from(format!("/proc/{pid}/smaps")), &w, &flag))?;
+        Ok(Watcher { stop, handle })
     }
 
     pub fn finish(self) -> GuestStats {

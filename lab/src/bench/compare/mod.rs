@@ -159,7 +159,15 @@ fn output_within(
 ) -> Result<(std::process::Output, Option<GuestStats>)> {
     let child = cmd.spawn().context("starting farvm")?;
     let pid = child.id();
-    let watcher = watch.map(|w| Watcher::start(pid, w));
+    let watcher = match watch.map(|w| Watcher::start(pid, w)).transpose() {
+        Ok(w) => w,
+        Err(e) => {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).context("starting the guest-memory watcher");
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
