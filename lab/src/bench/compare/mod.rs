@@ -113,9 +113,10 @@ pub struct CompareArgs {
     #[arg(long, value_name = "PATH|none", default_value = "qemu-system-x86_64")]
     pub qemu: String,
     /// QEMU's starting cgroup limit, steered from there so that the guest keeps BUDGET pages:
-    /// BUDGET + QEMU's own memory measured all-local (`own`), or BUDGET + farvm's VMM's own
-    /// memory (`farvm`: less room for QEMU's own pages, which are mostly cold).
-    #[arg(long, value_name = "own|farvm", default_value = "own")]
+    /// BUDGET + farvm's VMM's own memory (`farvm`; the steering raises it if QEMU needs more),
+    /// or BUDGET + QEMU's own memory measured all-local (`own`: tens of MiB, mostly cold; a
+    /// short run can end before the steering has brought the guest down to BUDGET).
+    #[arg(long, value_name = "own|farvm", default_value = "farvm")]
     pub qemu_limit: String,
     /// The farvm binary [default: `farvm` next to farvm-lab].
     #[arg(long, value_name = "PATH")]
