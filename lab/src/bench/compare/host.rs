@@ -162,6 +162,24 @@ impl MemCgroup {
         Ok(cg)
     }
 
+    /// How often the cgroup has hit its limit so far: v1 `memory.failcnt` (charges refused),
+    /// v2 `memory.events` `high` + `max` + `oom` (since [`Self::set_limit`] made it anew). A
+    /// fault the kernel takes inside a system call or on the way back to user space (a
+    /// thread's rseq area) in a v1 cgroup at its limit with the OOM killer off fails without
+    /// an OOM event; this count is what shows the cgroup was at its limit.
+    pub fn limit_hits(&self) -> u64 {
+        let read = |f: &str| std::fs::read_to_string(self.path.join(f)).unwrap_or_default();
+        match self.version {
+            CgroupVersion::V1 => read("memory.failcnt").trim().parse().unwrap_or(0),
+            CgroupVersion::V2 => read("memory.events")
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .filter(|(k, _)| ["high", "max", "oom"].contains(k))
+                .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+                .sum(),
+        }
+    }
+
     /// Sets the memory limit (`None`: unlimited) and resets the peak usage (cgroup v2: by
     /// making the cgroup anew, which has no processes between runs).
     pub fn set_limit(&self, bytes: Option<u64>) -> Result<()> {
@@ -193,6 +211,34 @@ impl MemCgroup {
             .with_context(|| format!("{}: not a number: {s}", p.display()))
     }
 
+    /// The cgroup's limit and charge files, for a thread that steers the limit while a run goes.
+    pub fn limit_file(&self) -> LimitFile {
+        let (limit, current) = match self.version {
+            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+            CgroupVersion::V2 => ("memory.high", "memory.current"),
+        };
+        LimitFile {
+            limit: self.path.join(limit),
+            current: self.path.join(current),
+            kernel: match self.version {
+                CgroupVersion::V1 => self.path.join("memory.kmem.usage_in_bytes"),
+                CgroupVersion::V2 => self.path.join("memory.stat"),
+            },
+        }
+    }
+
+    /// The cgroup's `memory.events` (v2) or OOM state (v1, `memory.oom_control`), one line, for
+    /// a run that ended badly: whether the kernel's OOM machinery acted on it (`oom_kill`).
+    pub fn events(&self) -> String {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.oom_control",
+            CgroupVersion::V2 => "memory.events",
+        };
+        std::fs::read_to_string(self.path.join(file))
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    }
+
     /// A command that runs `program args...` inside this cgroup (a shell puts itself in the
     /// cgroup, then execs the program, so everything the program allocates is charged here).
     pub fn command(&self, program: &Path) -> Command {
@@ -202,6 +248,40 @@ impl MemCgroup {
             .arg(self.path.join("cgroup.procs"))
             .arg(program);
         c
+    }
+}
+
+/// A memory cgroup's limit (v1 `memory.limit_in_bytes`, v2 `memory.high`) and charge files.
+pub struct LimitFile {
+    limit: PathBuf,
+    current: PathBuf,
+    /// v1 `memory.kmem.usage_in_bytes`, v2 `memory.stat` (its `kernel` line).
+    kernel: PathBuf,
+}
+
+impl LimitFile {
+    /// Sets the limit (the kernel reclaims down to it as the write returns).
+    pub fn set(&self, bytes: u64) -> Result<()> {
+        write(&self.limit, &bytes.to_string())
+    }
+
+    /// Kernel memory charged to the cgroup now (slab, page tables, KVM's structures, kernel
+    /// stacks): memory reclaim cannot free it, so a limit below budget + this squeezes the guest.
+    pub fn kernel(&self) -> Option<u64> {
+        let s = std::fs::read_to_string(&self.kernel).ok()?;
+        match s.lines().find_map(|l| l.strip_prefix("kernel ")) {
+            Some(v) => v.trim().parse().ok(),
+            None => s.trim().parse().ok(),
+        }
+    }
+
+    /// Memory charged to the cgroup now, if readable.
+    pub fn current(&self) -> Option<u64> {
+        std::fs::read_to_string(&self.current)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 

@@ -6,6 +6,7 @@
 //! `vm.page-cluster`). QEMU boots the same guest, all-local and in the same cgroup and swap
 //! ([`qemu`]). Host setup and teardown live in [`host`]; the table and charts in [`report`].
 
+mod guest_rss;
 mod host;
 mod qemu;
 mod report;
@@ -20,6 +21,7 @@ use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use serde::Serialize;
 
 use super::remote::runner::guest_mem;
+use guest_rss::{GuestStats, Steer, Watch, Watcher};
 use host::{MemCgroup, SwapDevice, SwapKind};
 
 pub const COMPARE_ABOUT: &str = "\
@@ -43,10 +45,17 @@ in every setup), and the workload's measured phase as the guest times it is comp
 
 Linux's swap read-ahead runs at the host's vm.page-cluster (printed; left as found). BUDGET is
 --local percent of the workload's footprint (pages the VM touches, from a farvm run with all
-memory local to its paging engine). The VMM's own memory (the cgroup's peak in the all-local
-run less the footprint) is added to the cgroup limit, so both setups give the guest the same
-number of resident pages (QEMU: see --qemu-limit; QEMU runs with transparent huge pages off,
-4 KiB guest pages like farvm's). Under cgroup v1 the cgroup's OOM killer is off
+memory local to its paging engine). Equal budgets: while a VM runs in the cgroup, farvm-lab
+samples the guest-RAM mapping in the VMM's /proc/PID/smaps (resident and swapped pages) and the
+cgroup's charge every 20 ms. The all-local run gives the VMM's own memory (most the cgroup held
+beyond the guest's resident pages) and its kernel memory (v1 memory.kmem.usage_in_bytes, v2
+memory.stat kernel). A kernel-swap run starts at limit BUDGET + own memory and the limit is
+steered so that the guest keeps BUDGET pages resident, as farvm's engine does: down by the
+guest's excess, up by half its shortfall when the cgroup is at the limit, never below BUDGET +
+the kernel memory (which reclaim cannot free). The tables show, per kernel-swap cell, the
+guest's resident pages once the kernel swapped (median, max), pages swapped in and the final
+limit, next to farvm's demand faults and prefetches (QEMU: see --qemu-limit for the start;
+QEMU runs with transparent huge pages off, 4 KiB guest pages like farvm's). Under cgroup v1 the cgroup's OOM killer is off
 (memory.oom_control): at such limits the cgroup's reclaim gives up on pages a vCPU keeps mapped
 and would kill the VMM; without the OOM killer the VMM waits until reclaim frees a page, and
 that wait is part of kernel swap's time. Under cgroup v2 (kernels without v1 memory, such as
@@ -57,8 +66,12 @@ its loop device itself (also on errors and Ctrl-C), and refuses to start when it
 the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
 the kernel-swap setups (no root needed); --qemu none skips QEMU.
 
-Every run must reproduce the all-local checksum; a run that hits --cell-timeout or is killed
-(e.g. by the kernel's OOM killer) is reported as such. Each cell runs --repeat times, setups taking
+Every run must reproduce the all-local checksum; a run that hits --cell-timeout, is killed
+(by the kernel's OOM killer: 'OOM-killed', with the cgroup's OOM record), or fails at the
+cgroup's limit is reported as such. Under cgroup v1 with the OOM killer off, a write the kernel
+makes to the VMM's memory on its behalf (a thread's rseq area) cannot wait for memory at the
+limit, and the kernel sends SIGSEGV: reported as 'SIGSEGV from the kernel at the cgroup's
+limit'. Each cell runs --repeat times, setups taking
 turns; the median is reported. Writes compare.md, compare.json and two charts (time over
 all-local; farvm over kernel swap) into --out.
 
@@ -99,10 +112,11 @@ pub struct CompareArgs {
     /// QEMU (a path, or a name on PATH), or `none` to leave QEMU out.
     #[arg(long, value_name = "PATH|none", default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// QEMU's cgroup limit: BUDGET + QEMU's own memory (`own`: its all-local peak less the
-    /// footprint, most of it cold and swapped out first, so the guest keeps more than BUDGET),
-    /// or BUDGET + farvm's VMM's own memory (`farvm`: the guest gets at most BUDGET).
-    #[arg(long, value_name = "own|farvm", default_value = "own")]
+    /// QEMU's starting cgroup limit, steered from there so that the guest keeps BUDGET pages:
+    /// BUDGET + farvm's VMM's own memory (`farvm`; the steering raises it if QEMU needs more),
+    /// or BUDGET + QEMU's own memory measured all-local (`own`: tens of MiB, mostly cold; a
+    /// short run can end before the steering has brought the guest down to BUDGET).
+    #[arg(long, value_name = "own|farvm", default_value = "farvm")]
     pub qemu_limit: String,
     /// The farvm binary [default: `farvm` next to farvm-lab].
     #[arg(long, value_name = "PATH")]
@@ -137,10 +151,24 @@ impl Setup {
 /// own timer cannot end it.
 const KILL_GRACE: Duration = Duration::from_secs(30);
 
-/// Runs `cmd` to completion, or SIGKILLs it once `limit` has passed; its output either way.
-fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output> {
+/// Runs `cmd` to completion, or SIGKILLs it once `limit` has passed; its output either way, and
+/// what `watch` saw of the guest's memory meanwhile.
+fn output_within(
+    mut cmd: Command,
+    limit: Duration,
+    watch: Option<Watch>,
+) -> Result<(std::process::Output, Option<GuestStats>)> {
     let child = cmd.spawn().context("starting farvm")?;
     let pid = child.id();
+    let watcher = match watch.map(|w| Watcher::start(pid, w)).transpose() {
+        Ok(w) => w,
+        Err(e) => {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).context("starting the guest-memory watcher");
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
@@ -159,7 +187,8 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Outp
         }
     };
     let _ = waiter.join();
-    out.context("waiting for farvm")
+    let stats = watcher.map(Watcher::finish);
+    Ok((out.context("waiting for farvm")?, stats))
 }
 
 /// `farvm run`'s exit status when --timeout expired.
@@ -177,6 +206,10 @@ pub struct RunResult {
     /// farvm: demand faults of the measured phase; kernel swap: pages swapped in host-wide
     /// during the run.
     pub faults: u64,
+    /// farvm: prefetches issued in the measured phase.
+    pub prefetches: u64,
+    /// The guest's pages resident and swapped, sampled from the VMM's smaps (runs in a cgroup).
+    pub guest: Option<GuestStats>,
 }
 
 /// A setup's runs of one cell.
@@ -189,6 +222,10 @@ pub struct SetupResult {
     pub vs_all_local: f64,
     /// Of the median run (see [`RunResult::faults`]).
     pub faults: u64,
+    /// Of the median run (see [`RunResult::prefetches`]).
+    pub prefetches: u64,
+    /// Of the median run (see [`RunResult::guest`]).
+    pub guest: Option<GuestStats>,
     /// How the median run ended if it did not finish.
     pub ended: Option<String>,
 }
@@ -204,6 +241,10 @@ pub struct Cell {
     pub cgroup_limit_bytes: u64,
     /// The same for QEMU (budget + QEMU's own memory), when QEMU runs.
     pub qemu_cgroup_limit_bytes: Option<u64>,
+    /// The lowest limit the steering may set (budget + the VMM's kernel memory).
+    pub cgroup_floor_bytes: u64,
+    /// The same for QEMU.
+    pub qemu_cgroup_floor_bytes: Option<u64>,
     pub all_local_ms: f64,
     /// The all-local checksum every run reproduced.
     pub checksum: u64,
@@ -243,14 +284,15 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    /// `farvm run` of `spec`, with `extra` arguments, in `cgroup` if given; returns the run and
-    /// the JSON report.
+    /// `farvm run` of `spec`, with `extra` arguments, in `cgroup` if given (its limit steered
+    /// by `steer`, if given); returns the run and the JSON report.
     fn run(
         &self,
         spec: &str,
         w: &PlacedWorkload,
         extra: &[String],
         cgroup: Option<&MemCgroup>,
+        steer: Option<Steer>,
     ) -> Result<(RunResult, serde_json::Value)> {
         let mut cmd = match cgroup {
             Some(cg) => cg.command(self.farvm),
@@ -278,7 +320,16 @@ impl Runner<'_> {
         .stderr(Stdio::piped())
         .stdout(Stdio::piped());
         let swaps_before = host::swap_counters();
-        let out = output_within(cmd, self.timeout + KILL_GRACE)?;
+        let watch = cgroup.map(|cg| Watch {
+            guest_bytes: guest_mem(w),
+            cgroup: Some(cg.limit_file()),
+            steer,
+        });
+        let hits_before = cgroup.map_or(0, MemCgroup::limit_hits);
+        let (out, guest) = output_within(cmd, self.timeout + KILL_GRACE, watch)?;
+        let oom = cgroup
+            .map_or(0, MemCgroup::limit_hits)
+            .saturating_sub(hits_before);
         let swaps_after = host::swap_counters();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let what = format!("farvm run --workload {spec} {}", extra.join(" "));
@@ -289,7 +340,19 @@ impl Runner<'_> {
             std::os::unix::process::ExitStatusExt::signal(&out.status),
         ) {
             (Some(TIMED_OUT), _) => Some(format!("timeout (> {} s)", self.timeout.as_secs())),
-            (_, Some(sig)) => Some(format!("killed by signal {sig}")),
+            (_, Some(sig)) => Some(signal_ending(
+                sig,
+                cgroup.map(MemCgroup::events).as_deref(),
+                oom,
+            )),
+            // Any other failure while the cgroup was out of memory (e.g. the guest crashed
+            // because KVM could not fault in a guest page from inside the kernel) is kernel
+            // swap's result at this limit, not a bench error.
+            (Some(code), _) if code != 0 && oom > 0 => Some(oom_ending(
+                &format!("exit {code}"),
+                &String::from_utf8_lossy(&out.stderr),
+                oom,
+            )),
             _ => None,
         };
         if let Some(ended) = ended {
@@ -302,6 +365,8 @@ impl Runner<'_> {
                     measured_ms: f64::NAN,
                     checksum: None,
                     faults: 0,
+                    prefetches: 0,
+                    guest,
                     ended: Some(ended),
                 },
                 serde_json::Value::Null,
@@ -325,22 +390,91 @@ impl Runner<'_> {
         if p["state_name"] != "done" {
             bail!("{what}: the process ended {}", p["state_name"]);
         }
+        let phase = &p["measured_phase_paging"];
         let faults = match v["paging"].is_null() {
             true => swaps_after.0.saturating_sub(swaps_before.0),
-            false => p["measured_phase_paging"]["demand_faults"]
-                .as_u64()
-                .unwrap_or(0),
+            false => phase["demand_faults"].as_u64().unwrap_or(0),
         };
         Ok((
             RunResult {
                 measured_ms: p["time_ms"].as_f64().unwrap_or(f64::NAN),
                 checksum: p["checksum"].as_u64(),
                 faults,
+                prefetches: phase["prefetch_issued"].as_u64().unwrap_or(0),
+                guest,
                 ended: None,
             },
             v,
         ))
     }
+}
+
+/// How a run killed by signal `sig` ended, with the cgroup's OOM record when it ran in one
+/// (`hits`: times the cgroup hit its limit during the run, [`MemCgroup::limit_hits`]). A VMM
+/// the kernel's OOM killer ended is "OOM-killed". A SIGSEGV/SIGBUS at the limit of a cgroup
+/// whose OOM killer is off is the kernel failing a write to the VMM's memory that it makes on
+/// the VMM's behalf: a fault taken inside the kernel cannot wait in the cgroup's OOM wait as a
+/// user fault does, and when it is the update of a thread's rseq area on the way back to user
+/// space, the kernel sends SIGSEGV (si_code SI_KERNEL; seen on this host with ftrace, and gone
+/// with glibc's rseq off, the VMM then waiting at the limit instead). Reported as such rather
+/// than as a bare signal.
+fn signal_ending(sig: i32, cgroup_events: Option<&str>, hits: u64) -> String {
+    let name = match sig {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGABRT => "SIGABRT",
+        _ => "",
+    };
+    let mut s = format!("killed by signal {sig} {name}")
+        .trim_end()
+        .to_string();
+    if let Some(events) = cgroup_events {
+        let oom_kill = events
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|kv| kv[0] == "oom_kill" && kv[1] != "0");
+        if oom_kill {
+            s = format!("OOM-killed ({s}; cgroup: {events})");
+        } else if hits > 0
+            && events.contains("oom_kill_disable 1")
+            && (sig == libc::SIGSEGV || sig == libc::SIGBUS)
+        {
+            s = format!(
+                "{name} from the kernel at the cgroup's limit ({hits} charges refused, OOM \
+                 killer off): a write the kernel makes to the VMM's memory (a thread's rseq \
+                 area) could not wait for memory"
+            );
+        } else if !events.is_empty() {
+            s = format!("{s} (cgroup: {events})");
+        }
+    }
+    s
+}
+
+/// The VMM's own memory in an all-local run in `cg`: the most the cgroup held beyond the
+/// guest's resident pages, sampled while it ran (cgroup v2 charges the VMM's kernel memory too:
+/// KVM's page tables, vCPU structures); the cgroup's peak less the footprint if nothing was
+/// sampled (a run shorter than one sampling period).
+fn own_memory(cg: &MemCgroup, r: &RunResult, footprint: u64) -> Result<u64> {
+    match &r.guest {
+        Some(g) if g.samples > 0 => Ok(g.vmm_own_max_bytes),
+        _ => Ok(cg.max_usage()?.saturating_sub(footprint * 4096)),
+    }
+}
+
+/// The most kernel memory (which reclaim cannot free) the cgroup held in an all-local run.
+fn kernel_memory(r: &RunResult) -> u64 {
+    r.guest.as_ref().map_or(0, |g| g.kernel_max_bytes)
+}
+
+/// How a run that failed while its cgroup hit its limit (`hits` times) ended: `how` (exit
+/// status) and the first line of its error output.
+fn oom_ending(how: &str, stderr: &str, hits: u64) -> String {
+    let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let first: String = first.chars().take(160).collect();
+    format!("failed at the cgroup's limit ({hits} charges refused): {how}: {first}")
 }
 
 /// Median; a timed-out run (NaN) counts as the slowest.
@@ -432,21 +566,29 @@ pub fn run(a: CompareArgs) -> Result<()> {
     for (spec, w) in specs.iter().zip(&placed) {
         interrupted()?;
         // Footprint: farvm with all memory local to its engine.
-        let (_, v) = runner.run(spec, w, &["--local-memory".into(), "all".into()], None)?;
+        let (_, v) = runner.run(
+            spec,
+            w,
+            &["--local-memory".into(), "all".into()],
+            None,
+            None,
+        )?;
         let footprint = v["paging"]["engine"]["resident_pages"]
             .as_u64()
             .with_context(|| format!("{spec}: no resident_pages in the footprint run"))?;
         // All-local, in the (unlimited) cgroup when there is one, for the VMM's own memory.
         let mut local_runs = Vec::new();
         let mut vmm_own = 0u64;
+        let mut vmm_kernel = 0u64;
         for _ in 0..a.repeat {
             interrupted()?;
             if let Some(cg) = &cgroup {
                 cg.set_limit(None)?;
             }
-            let (r, _) = runner.run(spec, w, &["--local-only".into()], cgroup.as_ref())?;
+            let (r, _) = runner.run(spec, w, &["--local-only".into()], cgroup.as_ref(), None)?;
             if let Some(cg) = &cgroup {
-                vmm_own = vmm_own.max(cg.max_usage()?.saturating_sub(footprint * 4096));
+                vmm_own = vmm_own.max(own_memory(cg, &r, footprint)?);
+                vmm_kernel = vmm_kernel.max(kernel_memory(&r));
             }
             eprintln!("{spec} all-local: {:.1} ms", r.measured_ms);
             local_runs.push(r);
@@ -463,6 +605,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
         let all_local_ms = median(local_runs.iter().map(|r| r.measured_ms).collect());
         // QEMU all-local, in the (unlimited) cgroup when there is one, for QEMU's own memory.
         let mut qemu_own = None;
+        let mut qemu_kernel = 0u64;
         let mut q_runs = Vec::new();
         if let Some(q) = &qemu {
             let mut own = 0u64;
@@ -471,9 +614,10 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 if let Some(cg) = &cgroup {
                     cg.set_limit(None)?;
                 }
-                let r = q.run(spec, w, cgroup.as_ref())?;
+                let r = q.run(spec, w, cgroup.as_ref(), None)?;
                 if let Some(cg) = &cgroup {
-                    own = own.max(cg.max_usage()?.saturating_sub(footprint * 4096));
+                    own = own.max(own_memory(cg, &r, footprint)?);
+                    qemu_kernel = qemu_kernel.max(kernel_memory(&r));
                 }
                 if r.checksum.is_some_and(|x| x != checksum) {
                     bail!(
@@ -494,6 +638,11 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 footprint_pages: footprint,
                 budget_bytes: budget,
                 cgroup_limit_bytes: budget + vmm_own,
+                cgroup_floor_bytes: budget + vmm_kernel,
+                qemu_cgroup_floor_bytes: qemu_own.map(|_| match a.qemu_limit.as_str() {
+                    "farvm" => budget + vmm_kernel,
+                    _ => budget + qemu_kernel,
+                }),
                 qemu_cgroup_limit_bytes: qemu_own.map(|o| match a.qemu_limit.as_str() {
                     "farvm" => budget + vmm_own,
                     _ => budget + o,
@@ -534,18 +683,29 @@ pub fn run(a: CompareArgs) -> Result<()> {
             ],
             Setup::Swap(_) | Setup::Qemu(_) => vec!["--local-only".into()],
         };
+        let budget_pages = c.budget_bytes / 4096;
         let r = match (&setups[si], &qemu) {
             (Setup::Qemu(_), Some(q)) => {
                 if let Some(cg) = cg {
                     cg.set_limit(c.qemu_cgroup_limit_bytes)?;
                 }
-                q.run(&c.workload, &placed[wi], cg)?
+                let steer = c.qemu_cgroup_limit_bytes.map(|start_bytes| Steer {
+                    budget_pages,
+                    start_bytes,
+                    floor_bytes: c.qemu_cgroup_floor_bytes.unwrap_or(start_bytes),
+                });
+                q.run(&c.workload, &placed[wi], cg, steer.filter(|_| cg.is_some()))?
             }
             _ => {
                 if let Some(cg) = cg {
                     cg.set_limit(Some(c.cgroup_limit_bytes))?;
                 }
-                runner.run(&c.workload, &placed[wi], &extra, cg)?.0
+                let steer = cg.map(|_| Steer {
+                    budget_pages,
+                    start_bytes: c.cgroup_limit_bytes,
+                    floor_bytes: c.cgroup_floor_bytes,
+                });
+                runner.run(&c.workload, &placed[wi], &extra, cg, steer)?.0
             }
         };
         if r.checksum.is_some_and(|x| x != c.checksum) {
@@ -619,6 +779,8 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 runs_ms,
                 vs_all_local: med / c.all_local_ms,
                 faults: mid.map_or(0, |r| r.faults),
+                prefetches: mid.map_or(0, |r| r.prefetches),
+                guest: mid.and_then(|r| r.guest.clone()),
                 ended: mid.and_then(|r| r.ended.clone()),
             });
         }
@@ -642,7 +804,29 @@ pub fn run(a: CompareArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, signal_ending};
+
+    #[test]
+    fn a_signal_under_the_cgroups_oom_is_reported_as_such() {
+        let v1 = "oom_kill_disable 1 under_oom 0 oom_kill 0";
+        assert_eq!(signal_ending(11, None, 0), "killed by signal 11 SIGSEGV");
+        assert_eq!(
+            signal_ending(11, Some(v1), 0),
+            format!("killed by signal 11 SIGSEGV (cgroup: {v1})")
+        );
+        let segv = signal_ending(11, Some(v1), 3);
+        assert!(
+            segv.starts_with("SIGSEGV from the kernel at the cgroup's limit (3 charges refused"),
+            "{segv}"
+        );
+        let killed = signal_ending(9, Some("oom_kill_disable 0 under_oom 0 oom_kill 1"), 1);
+        assert!(
+            killed.starts_with("OOM-killed (killed by signal 9 SIGKILL"),
+            "{killed}"
+        );
+        let v2 = "low 0 high 120 max 0 oom 0 oom_kill 1 oom_group_kill 0";
+        assert!(signal_ending(9, Some(v2), 0).starts_with("OOM-killed"));
+    }
 
     #[test]
     fn median_counts_a_timeout_as_the_slowest_run() {

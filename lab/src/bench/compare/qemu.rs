@@ -15,6 +15,7 @@ use farvm_vmm::boot::pvh::{self, ConsoleOutcome};
 use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::workload_spec::PlacedWorkload;
 
+use super::guest_rss::{Steer, Watch};
 use super::host::{self, MemCgroup};
 use super::{output_within, RunResult};
 use crate::bench::remote::runner::guest_mem;
@@ -68,13 +69,14 @@ impl Qemu {
         })
     }
 
-    /// One QEMU run of `w` (in `cgroup` if given) to its power-off; the result parsed from its
-    /// console.
+    /// One QEMU run of `w` (in `cgroup` if given, its limit steered by `steer` if given) to its
+    /// power-off; the result parsed from its console.
     pub fn run(
         &self,
         spec: &str,
         w: &PlacedWorkload,
         cgroup: Option<&MemCgroup>,
+        steer: Option<Steer>,
     ) -> Result<RunResult> {
         let mut one = *w;
         one.cpu = 0;
@@ -123,7 +125,16 @@ impl Qemu {
         let what = format!("QEMU --workload {spec}");
         let swaps_before = host::swap_counters();
         let t0 = Instant::now();
-        let out = output_within(cmd, self.timeout)?;
+        let watch = cgroup.map(|cg| Watch {
+            guest_bytes: mem,
+            cgroup: Some(cg.limit_file()),
+            steer,
+        });
+        let hits_before = cgroup.map_or(0, MemCgroup::limit_hits);
+        let (out, guest) = output_within(cmd, self.timeout, watch)?;
+        let oom = cgroup
+            .map_or(0, MemCgroup::limit_hits)
+            .saturating_sub(hits_before);
         let swaps_after = host::swap_counters();
         let console = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -133,7 +144,10 @@ impl Qemu {
                 Some(_) if t0.elapsed() >= self.timeout => {
                     format!("timeout (> {} s)", self.timeout.as_secs())
                 }
-                Some(sig) => format!("killed by signal {sig}"),
+                Some(sig) => {
+                    super::signal_ending(sig, cgroup.map(MemCgroup::events).as_deref(), oom)
+                }
+                None if oom > 0 => super::oom_ending(&format!("QEMU {}", out.status), &stderr, oom),
                 None => bail!("{what}: QEMU exited {}: {}", out.status, stderr.trim()),
             };
             eprintln!("{what}: {ended}: {}", stderr.trim());
@@ -142,6 +156,8 @@ impl Qemu {
                 checksum: None,
                 ended: Some(ended),
                 faults: 0,
+                prefetches: 0,
+                guest,
             });
         };
         let procs = pvh::parse_console(&console);
@@ -155,6 +171,8 @@ impl Qemu {
                 checksum: Some(*checksum),
                 ended: None,
                 faults: swaps_after.0.saturating_sub(swaps_before.0),
+                prefetches: 0,
+                guest,
             }),
             _ => bail!("{what}: the guest powered off with status {status}:\n{console}"),
         }

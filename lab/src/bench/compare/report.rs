@@ -37,6 +37,33 @@ fn ms(c: &super::Cell, setup: &str) -> f64 {
         .map_or(f64::NAN, |s| s.median_ms)
 }
 
+fn mib_pair(a: u64, b: u64) -> String {
+    format!(
+        "{:.1}, {:.1} MiB",
+        a as f64 / 1048576.0,
+        b as f64 / 1048576.0
+    )
+}
+
+/// One setup's cell of the guest-pages table.
+fn guest_pages(x: &super::SetupResult) -> String {
+    if x.setup.starts_with("farvm ") {
+        return format!("{} + {}", x.faults, x.prefetches);
+    }
+    let Some(g) = x.guest.as_ref().filter(|g| g.samples > 0) else {
+        return x.faults.to_string();
+    };
+    let resident = g
+        .resident_swapping_median
+        .map_or(format!("never swapped, {} resident", g.resident_max), |m| {
+            format!("{m} resident (max {})", g.resident_max)
+        });
+    let limit = g.limit_end_bytes.map_or(String::new(), |l| {
+        format!(", limit → {:.1} MiB", l as f64 / 1048576.0)
+    });
+    format!("{} in, {resident}{limit}", x.faults)
+}
+
 pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let Some(first) = r.cells.first() else {
@@ -83,8 +110,14 @@ pub fn markdown(r: &Report) -> String {
         }
         s.push('\n');
     }
-    s.push_str("\nFaults in the measured phase (farvm: demand faults; kernel swap: pages swapped in, host-wide, during the run) and budgets:\n\n");
-    s.push_str("| workload | local | footprint pages | budget | cgroup limit (farvm, QEMU) |");
+    s.push_str(
+        "\nThe guest's pages: farvm, demand faults + prefetches issued in the measured phase \
+         (the engine keeps at most the budget resident); kernel swap, pages swapped in \
+         (host-wide, the whole run) and the guest's resident pages sampled from the VMM's smaps \
+         once the kernel swapped (median, max), the cgroup limit steered so that the guest keeps \
+         the budget (start → end):\n\n",
+    );
+    s.push_str("| workload | local | footprint pages | budget pages | cgroup limit start, floor (farvm; QEMU) |");
     for n in &names {
         let _ = write!(s, " {n} |");
     }
@@ -94,20 +127,18 @@ pub fn markdown(r: &Report) -> String {
     for c in &r.cells {
         let _ = write!(
             s,
-            "| {} | {}% | {} | {:.1} MiB | {:.1} MiB, {} |",
+            "| {} | {}% | {} | {} | {}; {} |",
             c.workload,
             c.local_pct,
             c.footprint_pages,
-            c.budget_bytes as f64 / 1048576.0,
-            c.cgroup_limit_bytes as f64 / 1048576.0,
+            c.budget_bytes / 4096,
+            mib_pair(c.cgroup_limit_bytes, c.cgroup_floor_bytes),
             c.qemu_cgroup_limit_bytes
-                .map_or("-".to_string(), |b| format!(
-                    "{:.1} MiB",
-                    b as f64 / 1048576.0
-                ))
+                .zip(c.qemu_cgroup_floor_bytes)
+                .map_or("-".to_string(), |(l, f)| mib_pair(l, f))
         );
         for x in &c.setups {
-            let _ = write!(s, " {} |", x.faults);
+            let _ = write!(s, " {} |", guest_pages(x));
         }
         s.push('\n');
     }
@@ -210,6 +241,18 @@ mod tests {
             runs_ms: vec![ms],
             vs_all_local: ms / 10.0,
             faults: 7,
+            prefetches: 3,
+            guest: name
+                .contains("swap")
+                .then_some(crate::bench::compare::guest_rss::GuestStats {
+                    samples: 10,
+                    resident_max: 2200,
+                    resident_swapping_median: Some(2100),
+                    swapped_max: 500,
+                    vmm_own_max_bytes: 2 << 20,
+                    kernel_max_bytes: 1 << 20,
+                    limit_end_bytes: Some(10 << 20),
+                }),
             ended: ms.is_nan().then(|| "timeout (> 90 s)".to_string()),
         }
     }
@@ -229,6 +272,8 @@ mod tests {
                 budget_bytes: 2103 * 4096,
                 cgroup_limit_bytes: 2103 * 4096 + (2 << 20),
                 qemu_cgroup_limit_bytes: Some(2103 * 4096 + (40 << 20)),
+                cgroup_floor_bytes: 2103 * 4096 + (1 << 20),
+                qemu_cgroup_floor_bytes: Some(2103 * 4096 + (3 << 20)),
                 all_local_ms: 10.0,
                 checksum: 1,
                 setups: vec![
@@ -243,7 +288,7 @@ mod tests {
         let md = markdown(&r);
         assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs | farvm leap+stream ÷ QEMU + kernel swap, zram |"), "{md}");
         assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | 200.0 (20.0×) | **0.50** | **2.00** | **0.25** |"), "{md}");
-        assert!(md.contains("| 10.2 MiB, 48.2 MiB |"), "{md}");
+        assert!(md.contains("| 2103 | 10.2, 9.2 MiB; 48.2, 11.2 MiB | 7 + 3 | 7 + 3 | 7 in, 2100 resident (max 2200), limit → 10.0 MiB |"), "{md}");
         assert!(md.contains("vm.page-cluster 3"), "{md}");
     }
 }
