@@ -326,8 +326,9 @@ pub struct RunArgs {
     /// vCPUs halt in guest mode and keep their host CPUs. Without this flag its faults on
     /// remote pages are taken on KVM's worker threads and cannot be attributed to guest
     /// processes, so the guest agent's per-process histories and statistics need it (on hosts
-    /// with a CPU per vCPU). Nested under QEMU-TCG (the KVM lab) an idle guest then stops
-    /// exiting, which the emulated host was seen not to survive (docs/guest-agent.md).
+    /// with a CPU per vCPU). Nested under QEMU-TCG (the KVM lab) a guest that then does not
+    /// exit exposed QEMU losing the lab host's timer interrupt, which `scripts/kvm-lab` detects
+    /// and recovers (docs/linux-guests.md).
     #[arg(long, conflicts_with = "kvm_async_pf")]
     pub no_kvm_async_pf: bool,
 
