@@ -147,6 +147,22 @@ pub struct EngineConfig {
     pub guest_memory: crate::GuestMemory,
 }
 
+/// `FARVM_GUEST_MEMORY` (`memfd` or `anon`), or the default when unset. A value that is
+/// neither is not a silent fallback: it is logged, so a test suite meant to run on `anon` does
+/// not pass on memfd unnoticed.
+fn guest_memory_from_env() -> crate::GuestMemory {
+    match std::env::var("FARVM_GUEST_MEMORY") {
+        Err(_) => crate::GuestMemory::default(),
+        Ok(v) => crate::GuestMemory::parse(&v).unwrap_or_else(|| {
+            tracing::error!(
+                "FARVM_GUEST_MEMORY={v:?} is neither memfd nor anon: using the default, {:?}",
+                crate::GuestMemory::default()
+            );
+            crate::GuestMemory::default()
+        }),
+    }
+}
+
 impl EngineConfig {
     /// Defaults for `mem_bytes` of guest RAM: no budget (all may be resident), prefetching on.
     pub fn new(mem_bytes: u64) -> Self {
@@ -163,10 +179,7 @@ impl EngineConfig {
             prefetch_defer_max_us: 1000,
             global_history: false,
             fault_log_records: 0,
-            guest_memory: std::env::var("FARVM_GUEST_MEMORY")
-                .ok()
-                .and_then(|v| crate::GuestMemory::parse(&v))
-                .unwrap_or_default(),
+            guest_memory: guest_memory_from_env(),
         }
     }
 
