@@ -211,8 +211,9 @@ pub struct RunArgs {
     #[arg(long = "disk", value_name = "PATH[,ro]")]
     pub disks: Vec<DiskConfig>,
 
-    /// Host backing of local guest RAM: anon (private anonymous memory, the only kind; remote
-    /// memory is always the paging engine's).
+    /// Host backing of guest RAM without remote memory (`--local-only`): anon (private
+    /// anonymous memory, the only kind). With remote memory the paging engine backs guest RAM;
+    /// `--guest-memory` chooses how.
     #[arg(long, value_name = "anon", default_value = "anon", value_parser = ["anon", "anonymous"])]
     pub memory_backing: String,
 
