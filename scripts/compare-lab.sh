@@ -68,6 +68,9 @@ scripts/kvm-lab run --modules nbd,zram --timeout "$timeout" --boot-timeout "$boo
 if [[ -f $run_out/compare/compare.md ]]; then
     mkdir -p "$out"
     cp "$run_out"/compare/compare.* "$run_out"/compare/*.png "$out"/ 2>/dev/null || true
+    # The recorded command names the lab's output directory as compare-lab.sh passed it
+    # ($LAB_OUT/compare), not this machine's cache path, which means nothing to a reader.
+    sed -i "s|$run_out/compare|\$LAB_OUT/compare|g" "$out"/compare.md "$out"/compare.json
     echo "compare-lab: results in $out (lab console: $run_out/console.log)" >&2
 else
     echo "compare-lab: no results (status $rc); lab console: $run_out/console.log" >&2
