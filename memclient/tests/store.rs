@@ -180,6 +180,10 @@ enum ReadAnswer {
     Cut,
     /// Every page, page 3's crc32c wrong.
     BadCrc,
+    /// Every page, but only after a pause far longer than a demand waiter polls, and in two
+    /// parts (header and the first bytes of the first page, then the rest) with another
+    /// pause between them.
+    Late,
 }
 
 /// The bytes a fake server holds for `page`.
@@ -305,6 +309,17 @@ fn serve_fake(mut s: TcpStream, answer: ReadAnswer) {
                 continue;
             }
         };
+        if matches!(answer, ReadAnswer::Late) && out.len() > 64 {
+            std::thread::sleep(Duration::from_millis(5));
+            if s.write_all(&out[..64]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            if s.write_all(&out[64..]).is_err() {
+                return;
+            }
+            continue;
+        }
         match cut {
             Some(at) => {
                 let _ = s.write_all(&out[..at]);
@@ -446,5 +461,34 @@ fn a_read_cut_short_fails_over_and_lands_the_right_pages() {
     }
     let st = store.client().stats();
     assert_eq!((st.dead_servers, st.read_failovers), (1, 1), "{st:?}");
+    store.stop();
+}
+
+/// A demand read (`read_now`, received on the calling thread, which polls briefly before it
+/// blocks) whose response comes well after the poll gave up, in two parts: the waiter blocks
+/// and still lands the page whole; demand reads answered at once (a real server) land too.
+#[test]
+fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() {
+    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Late)], 1);
+    place(&store, &sink, 0);
+    let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
+    for (i, p) in [7u64, 3, 5].into_iter().enumerate() {
+        // SAFETY: `dst` outlives the call, which returns once the data has landed.
+        let b = unsafe { PageBuf::new(dst.0[i].as_mut_ptr()) }.unwrap();
+        assert_eq!(store.read_now(p, b), Some(Status::Ok), "page {p}");
+        assert_eq!(dst.0[i], fake_content(p), "page {p}");
+    }
+    store.stop();
+
+    let real = Server::start(ServerConfig::loopback(16 << 20)).unwrap();
+    let (store, sink) = store_on(vec![real.addr()], 1);
+    place(&store, &sink, 0);
+    for round in 0..50 {
+        let p = round % 8;
+        // SAFETY: as above.
+        let b = unsafe { PageBuf::new(dst.0[10].as_mut_ptr()) }.unwrap();
+        assert_eq!(store.read_now(p, b), Some(Status::Ok), "page {p}");
+        assert_eq!(dst.0[10], fake_content(p), "page {p}");
+    }
     store.stop();
 }

@@ -19,6 +19,38 @@ use super::{Rx, TcpLink};
 use crate::tickets::TicketOp;
 use crate::ClientError;
 
+/// How long a demand waiter polls for its response before it blocks in `recv`.
+const POLL_FOR: Duration = Duration::from_micros(50);
+/// At most this many `sched_yield`s while polling.
+const POLL_YIELDS: u32 = 8;
+
+/// Polls the socket for a response without blocking, giving the CPU away between polls with
+/// `sched_yield`, for at most [`POLL_FOR`] and [`POLL_YIELDS`] yields. True once bytes (or the
+/// end of the stream, or an error: the caller's frame read sees it again) arrived.
+///
+/// Why: the thread that waits for a demand read has nothing else to do, and on this host a
+/// sleeping receiver's wake-up is the costliest step of the round trip (the server's `write`
+/// pays for it, and the receiver pays for being switched in). A poller is never asleep, so the
+/// response's arrival wakes nobody. With the memserver's connection thread pinned to the same
+/// CPU (`--fault-path-cpu`) the yield is what lets it run; with it elsewhere the poll spins. The
+/// waiting vCPU is blocked in its fault meanwhile, so the spin takes no CPU the guest could use.
+fn poll_response(rx: &mut Rx) -> bool {
+    let start = std::time::Instant::now();
+    let mut yields = 0u32;
+    loop {
+        match rx.buf.fill(Wait::Now) {
+            Ok(_) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
+        if yields >= POLL_YIELDS || start.elapsed() >= POLL_FOR {
+            return false;
+        }
+        std::thread::yield_now();
+        yields += 1;
+    }
+}
+
 /// How reading a frame ended for the connection.
 enum FrameEnd {
     /// Read whole; the connection goes on.
@@ -336,6 +368,8 @@ impl TcpLink {
     pub(super) fn receive_on_this_thread(&self, done: &dyn Fn() -> bool, handoff: bool) {
         self.inline_active.fetch_add(1, Ordering::SeqCst);
         let mut contended = 0u32;
+        // A demand waiter (`handoff`) polls before it blocks (see `poll_response`).
+        let mut poll = handoff;
         while !done() && !self.is_broken() {
             let Ok(mut rx) = self.rx.try_lock() else {
                 // Someone else is receiving on this connection and will deliver; back off
@@ -352,10 +386,14 @@ impl TcpLink {
             if done() {
                 break;
             }
-            // Block in `recv` itself (no `poll` first: one syscall per response, as in a
-            // plain blocking read). Its `RX_SLICE` timeout means a response that arrives on
-            // another connection (fail-over) is seen through `done()` within a few ms.
-            if rx.buf.buffered().is_empty() {
+            // A demand waiter polls first, once per call (`poll_response`); otherwise, or
+            // when that found nothing, block in `recv` itself (no `poll(2)` first: one
+            // syscall per response, as in a plain blocking read). Its `RX_SLICE` timeout
+            // means a response that arrives on another connection (fail-over) is seen
+            // through `done()` within a few ms.
+            if rx.buf.buffered().is_empty()
+                && !(std::mem::take(&mut poll) && poll_response(&mut rx))
+            {
                 if let Err(e) = rx.buf.fill(Wait::Slice) {
                     if matches!(
                         e.kind(),
