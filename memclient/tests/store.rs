@@ -372,8 +372,14 @@ fn place(store: &PageStore, sink: &Collect, first: u64) {
     sink.0.lock().unwrap().clear();
 }
 
-fn store_on(servers: Vec<SocketAddr>, replication: usize) -> (Arc<PageStore>, Arc<Collect>) {
+/// A store on `servers`; `demand_poll`: `ClientConfig::demand_poll`.
+fn store_on(
+    servers: Vec<SocketAddr>,
+    replication: usize,
+    demand_poll: Duration,
+) -> (Arc<PageStore>, Arc<Collect>) {
     let mut cfg = ClientConfig::new(servers);
+    cfg.demand_poll = demand_poll;
     cfg.replication = Some(replication);
     cfg.timeout = Duration::from_secs(5);
     let client = Arc::new(Client::connect(cfg).unwrap());
@@ -394,7 +400,7 @@ fn store_on(servers: Vec<SocketAddr>, replication: usize) -> (Arc<PageStore>, Ar
 /// other replica, every page fails.
 #[test]
 fn a_read_cut_short_reports_every_page_failed() {
-    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut)], 1);
+    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut)], 1, Duration::ZERO);
     place(&store, &sink, 16);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 16)).unwrap();
@@ -420,7 +426,7 @@ fn a_read_cut_short_reports_every_page_failed() {
 #[test]
 fn a_read_with_one_bad_page_reports_no_page_present() {
     let addr = fake_server(ReadAnswer::BadCrc);
-    let (store, sink) = store_on(vec![addr], 1);
+    let (store, sink) = store_on(vec![addr], 1, Duration::ZERO);
     place(&store, &sink, 32);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 32)).unwrap();
@@ -448,7 +454,11 @@ fn a_read_with_one_bad_page_reports_no_page_present() {
 fn a_read_cut_short_fails_over_and_lands_the_right_pages() {
     let real = Server::start(ServerConfig::loopback(16 << 20)).unwrap();
     // The fake reports far more free room: placement puts it first, so reads go to it first.
-    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut), real.addr()], 2);
+    let (store, sink) = store_on(
+        vec![fake_server(ReadAnswer::Cut), real.addr()],
+        2,
+        Duration::ZERO,
+    );
     place(&store, &sink, 48);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 48)).unwrap();
@@ -464,12 +474,13 @@ fn a_read_cut_short_fails_over_and_lands_the_right_pages() {
     store.stop();
 }
 
-/// A demand read (`read_now`, received on the calling thread, which polls briefly before it
-/// blocks) whose response comes well after the poll gave up, in two parts: the waiter blocks
+/// A demand read (`read_now`, received on the calling thread, which here polls briefly before
+/// it blocks: `ClientConfig::demand_poll`) whose response comes well after the poll gave up, in two parts: the waiter blocks
 /// and still lands the page whole; demand reads answered at once (a real server) land too.
 #[test]
 fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() {
-    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Late)], 1);
+    let poll = Duration::from_micros(50);
+    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Late)], 1, poll);
     place(&store, &sink, 0);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     for (i, p) in [7u64, 3, 5].into_iter().enumerate() {
@@ -481,7 +492,7 @@ fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() 
     store.stop();
 
     let real = Server::start(ServerConfig::loopback(16 << 20)).unwrap();
-    let (store, sink) = store_on(vec![real.addr()], 1);
+    let (store, sink) = store_on(vec![real.addr()], 1, poll);
     place(&store, &sink, 0);
     for round in 0..50 {
         let p = round % 8;

@@ -19,22 +19,18 @@ use super::{Rx, TcpLink};
 use crate::tickets::TicketOp;
 use crate::ClientError;
 
-/// How long a demand waiter polls for its response before it blocks in `recv`.
-const POLL_FOR: Duration = Duration::from_micros(50);
 /// At most this many `sched_yield`s while polling.
 const POLL_YIELDS: u32 = 8;
 
 /// Polls the socket for a response without blocking, giving the CPU away between polls with
-/// `sched_yield`, for at most [`POLL_FOR`] and [`POLL_YIELDS`] yields. True once bytes (or the
+/// `sched_yield`, for at most `poll_for` and [`POLL_YIELDS`] yields. True once bytes (or the
 /// end of the stream, or an error: the caller's frame read sees it again) arrived.
 ///
-/// Why: the thread that waits for a demand read has nothing else to do, and on this host a
-/// sleeping receiver's wake-up is the costliest step of the round trip (the server's `write`
-/// pays for it, and the receiver pays for being switched in). A poller is never asleep, so the
-/// response's arrival wakes nobody. With the memserver's connection thread pinned to the same
-/// CPU (`--fault-path-cpu`) the yield is what lets it run; with it elsewhere the poll spins. The
-/// waiting vCPU is blocked in its fault meanwhile, so the spin takes no CPU the guest could use.
-fn poll_response(rx: &mut Rx) -> bool {
+/// Why (`ClientConfig::demand_poll`): the thread that waits for a demand read has nothing else
+/// to do. With the server's connection thread on the same CPU (`--fault-path-cpu` and the
+/// local memserver) the yield lets it run, and its answer finds the waiter awake: its `write`
+/// wakes nobody. The vCPU waiting for the page is blocked in its fault meanwhile.
+fn poll_response(rx: &mut Rx, poll_for: Duration) -> bool {
     let start = std::time::Instant::now();
     let mut yields = 0u32;
     loop {
@@ -43,7 +39,7 @@ fn poll_response(rx: &mut Rx) -> bool {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => return true,
         }
-        if yields >= POLL_YIELDS || start.elapsed() >= POLL_FOR {
+        if yields >= POLL_YIELDS || start.elapsed() >= poll_for {
             return false;
         }
         std::thread::yield_now();
@@ -368,8 +364,9 @@ impl TcpLink {
     pub(super) fn receive_on_this_thread(&self, done: &dyn Fn() -> bool, handoff: bool) {
         self.inline_active.fetch_add(1, Ordering::SeqCst);
         let mut contended = 0u32;
-        // A demand waiter (`handoff`) polls before it blocks (see `poll_response`).
-        let mut poll = handoff;
+        // A demand waiter (`handoff`) polls before it blocks if so configured
+        // (`poll_response`).
+        let mut poll = handoff && !self.demand_poll.is_zero();
         while !done() && !self.is_broken() {
             let Ok(mut rx) = self.rx.try_lock() else {
                 // Someone else is receiving on this connection and will deliver; back off
@@ -386,13 +383,13 @@ impl TcpLink {
             if done() {
                 break;
             }
-            // A demand waiter polls first, once per call (`poll_response`); otherwise, or
+            // A demand waiter may poll first, once per call (`poll_response`); otherwise, or
             // when that found nothing, block in `recv` itself (no `poll(2)` first: one
             // syscall per response, as in a plain blocking read). Its `RX_SLICE` timeout
             // means a response that arrives on another connection (fail-over) is seen
             // through `done()` within a few ms.
             if rx.buf.buffered().is_empty()
-                && !(std::mem::take(&mut poll) && poll_response(&mut rx))
+                && !(std::mem::take(&mut poll) && poll_response(&mut rx, self.demand_poll))
             {
                 if let Err(e) = rx.buf.fill(Wait::Slice) {
                     if matches!(
