@@ -141,7 +141,14 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             page_space: a.page_space,
             floor: floor.clone(),
             baselines: baselines.to_vec(),
-            cells: cells.to_vec(),
+            cells: cells
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    c.set_floor(floor);
+                    c
+                })
+                .collect(),
             wall_secs: t0.elapsed().as_secs_f64(),
         };
     for wi in 0..m.placed.len() {
