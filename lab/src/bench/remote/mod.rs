@@ -53,7 +53,8 @@ hit or a resident page).
 
 A targets section above the table checks the remote-memory goals (coverage, time against
 all-local, stride page-access latency, no harm on Zipf KV, demand-fault latency against the
-TCP floor) against this run's numbers.
+TCP floor) and the data path's (the scan's measured time against moving the pages its measured
+phase read at the raw streaming rate, CPU per remote page) against this run's numbers.
 
 Writes OUT/remote.md, OUT/remote.json and OUT/*.png (charts need a TrueType font, e.g.
 fonts-dejavu-core).
