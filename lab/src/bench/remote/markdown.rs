@@ -97,24 +97,27 @@ pub fn markdown(r: &Report) -> String {
         s,
         "\nCPU per remote page in the measured phase (µs: the median run's CPU time by thread \
          between the workload's MEASURE and MEASURED doorbells, divided by the pages read from \
-         the memserver meanwhile; memserver = the whole server process):\n"
+         the memserver meanwhile; memserver = the whole server process). Time / floor: the \
+         measured phase's time against moving those pages at the run's raw TCP streaming \
+         rate:\n"
     );
     let _ = writeln!(
         s,
-        "| workload | local | prefetcher | pages read | total | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
+        "| workload | local | prefetcher | pages read | time / floor | total | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
         let pages = c.cpu.measured_pages_read as f64;
         let m = c.cpu.measured.unwrap_or_default();
         let us = |ms: f64| f(ms * 1e3 / pages, 1);
         let _ = writeln!(
             s,
-            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.workload,
             c.local_pct,
             c.prefetcher,
             c.cpu.measured_pages_read,
+            f(c.time_per_floor, 2),
             f(c.cpu_us_per_page, 1),
             us(m.vcpu),
             us(m.fault),

@@ -53,7 +53,8 @@ hit or a resident page).
 
 A targets section above the table checks the remote-memory goals (coverage, time against
 all-local, stride page-access latency, no harm on Zipf KV, demand-fault latency against the
-TCP floor) against this run's numbers.
+TCP floor) and the data path's (the scan's measured time against moving the pages its measured
+phase read at the raw streaming rate, CPU per remote page) against this run's numbers.
 
 Writes OUT/remote.md, OUT/remote.json and OUT/*.png (charts need a TrueType font, e.g.
 fonts-dejavu-core).
@@ -141,7 +142,14 @@ pub fn run(a: RemoteArgs) -> Result<()> {
             page_space: a.page_space,
             floor: floor.clone(),
             baselines: baselines.to_vec(),
-            cells: cells.to_vec(),
+            cells: cells
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    c.set_floor(floor);
+                    c
+                })
+                .collect(),
             wall_secs: t0.elapsed().as_secs_f64(),
         };
     for wi in 0..m.placed.len() {

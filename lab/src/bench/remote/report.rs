@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::cpu::RunCpu;
 
 /// One cell of the matrix.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Cell {
     pub workload: String,
     pub spec: String,
@@ -52,6 +52,27 @@ pub struct Cell {
     /// The measured phase's CPU time summed over all threads, per page read from the
     /// memserver in that phase (µs; NaN if none were read).
     pub cpu_us_per_page: f64,
+    /// The measured phase's pages read from the memserver moved at the run's raw TCP
+    /// streaming rate, ms (NaN if the phase read none): the transport floor of this cell.
+    pub floor_ms: f64,
+    /// `measured_ms / floor_ms`: the measured phase against its own pages' streaming floor.
+    pub time_per_floor: f64,
+}
+
+impl Cell {
+    /// Fills `floor_ms` and `time_per_floor` from the measured phase's pages read
+    /// (`cpu.measured_pages_read`) and `floor`'s streaming rate. The whole run's
+    /// `bytes_read` would count setup and warm-up pages the measured time does not include.
+    pub fn set_floor(&mut self, floor: &Floor) {
+        let pages = self.cpu.measured_pages_read as f64;
+        (self.floor_ms, self.time_per_floor) = if pages > 0.0 && floor.tcp_stream_pages_per_s > 0.0
+        {
+            let ms = pages / floor.tcp_stream_pages_per_s * 1e3;
+            (ms, self.measured_ms / ms)
+        } else {
+            (f64::NAN, f64::NAN)
+        };
+    }
 }
 
 /// Paging counts between a workload's MEASURE and MEASURED doorbells.
@@ -82,7 +103,7 @@ pub struct Baseline {
     pub runs_ms: Vec<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Floor {
     /// The lower of the blocking and spinning request/response p50s (and that one's p99).
     pub tcp_p50_us: f64,

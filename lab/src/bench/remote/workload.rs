@@ -190,6 +190,9 @@ fn row(b: &Baseline, base: &ProcessRecord, local: f64, pf: &str, runs: Vec<Run>)
         measured_phase: phase_counts,
         cpu,
         cpu_us_per_page: cpu.us_per_page(),
+        // Set with the run's streaming floor when the report is written.
+        floor_ms: f64::NAN,
+        time_per_floor: f64::NAN,
     };
     if timed_out {
         cell.measured_ms = f64::NAN;
