@@ -51,6 +51,12 @@ pub struct ClientConfig {
     /// per pool slab): slab `k` is first placed on `slab_homes[k % len]`, skipping servers out
     /// of service, full or draining. Empty (the default): power of two choices on free space.
     pub slab_homes: Vec<Vec<u16>>,
+    /// How long a thread waiting for a demand read (`Client::submit_wait`) polls its socket,
+    /// giving the CPU away between polls, before it blocks (default zero: it blocks at once).
+    /// Pays when the server's connection thread shares the waiter's CPU (`farvm run
+    /// --fault-path-cpu` with the local memserver): its answer then finds the waiter awake and
+    /// wakes nobody (docs/data-path.md, "The demand path").
+    pub demand_poll: Duration,
 }
 
 impl ClientConfig {
@@ -73,6 +79,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             max_requests: 1024,
             slab_homes: Vec::new(),
+            demand_poll: Duration::ZERO,
         }
     }
 

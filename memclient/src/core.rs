@@ -121,6 +121,7 @@ impl Core {
             connect_timeout: self.cfg.connect_timeout,
             rdma: self.cfg.rdma_servers.contains(&self.addr(s)),
             one_sided: self.cfg.rdma_one_sided,
+            demand_poll: self.cfg.demand_poll,
         };
         let n = self.cfg.conns_total();
         let mut conns = Vec::with_capacity(n);

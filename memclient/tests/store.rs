@@ -180,6 +180,10 @@ enum ReadAnswer {
     Cut,
     /// Every page, page 3's crc32c wrong.
     BadCrc,
+    /// Every page, but only after a pause far longer than a demand waiter polls, and in two
+    /// parts (header and the first bytes of the first page, then the rest) with another
+    /// pause between them.
+    Late,
 }
 
 /// The bytes a fake server holds for `page`.
@@ -305,6 +309,17 @@ fn serve_fake(mut s: TcpStream, answer: ReadAnswer) {
                 continue;
             }
         };
+        if matches!(answer, ReadAnswer::Late) && out.len() > 64 {
+            std::thread::sleep(Duration::from_millis(5));
+            if s.write_all(&out[..64]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            if s.write_all(&out[64..]).is_err() {
+                return;
+            }
+            continue;
+        }
         match cut {
             Some(at) => {
                 let _ = s.write_all(&out[..at]);
@@ -357,8 +372,14 @@ fn place(store: &PageStore, sink: &Collect, first: u64) {
     sink.0.lock().unwrap().clear();
 }
 
-fn store_on(servers: Vec<SocketAddr>, replication: usize) -> (Arc<PageStore>, Arc<Collect>) {
+/// A store on `servers`; `demand_poll`: `ClientConfig::demand_poll`.
+fn store_on(
+    servers: Vec<SocketAddr>,
+    replication: usize,
+    demand_poll: Duration,
+) -> (Arc<PageStore>, Arc<Collect>) {
     let mut cfg = ClientConfig::new(servers);
+    cfg.demand_poll = demand_poll;
     cfg.replication = Some(replication);
     cfg.timeout = Duration::from_secs(5);
     let client = Arc::new(Client::connect(cfg).unwrap());
@@ -379,7 +400,7 @@ fn store_on(servers: Vec<SocketAddr>, replication: usize) -> (Arc<PageStore>, Ar
 /// other replica, every page fails.
 #[test]
 fn a_read_cut_short_reports_every_page_failed() {
-    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut)], 1);
+    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut)], 1, Duration::ZERO);
     place(&store, &sink, 16);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 16)).unwrap();
@@ -405,7 +426,7 @@ fn a_read_cut_short_reports_every_page_failed() {
 #[test]
 fn a_read_with_one_bad_page_reports_no_page_present() {
     let addr = fake_server(ReadAnswer::BadCrc);
-    let (store, sink) = store_on(vec![addr], 1);
+    let (store, sink) = store_on(vec![addr], 1, Duration::ZERO);
     place(&store, &sink, 32);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 32)).unwrap();
@@ -433,7 +454,11 @@ fn a_read_with_one_bad_page_reports_no_page_present() {
 fn a_read_cut_short_fails_over_and_lands_the_right_pages() {
     let real = Server::start(ServerConfig::loopback(16 << 20)).unwrap();
     // The fake reports far more free room: placement puts it first, so reads go to it first.
-    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Cut), real.addr()], 2);
+    let (store, sink) = store_on(
+        vec![fake_server(ReadAnswer::Cut), real.addr()],
+        2,
+        Duration::ZERO,
+    );
     place(&store, &sink, 48);
     let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
     store.read(&read_reqs(&mut dst, 48)).unwrap();
@@ -446,5 +471,35 @@ fn a_read_cut_short_fails_over_and_lands_the_right_pages() {
     }
     let st = store.client().stats();
     assert_eq!((st.dead_servers, st.read_failovers), (1, 1), "{st:?}");
+    store.stop();
+}
+
+/// A demand read (`read_now`, received on the calling thread, which here polls briefly before
+/// it blocks: `ClientConfig::demand_poll`) whose response comes well after the poll gave up, in two parts: the waiter blocks
+/// and still lands the page whole; demand reads answered at once (a real server) land too.
+#[test]
+fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() {
+    let poll = Duration::from_micros(50);
+    let (store, sink) = store_on(vec![fake_server(ReadAnswer::Late)], 1, poll);
+    place(&store, &sink, 0);
+    let mut dst = Box::new(Pages([[0; PAGE_SIZE]; 80]));
+    for (i, p) in [7u64, 3, 5].into_iter().enumerate() {
+        // SAFETY: `dst` outlives the call, which returns once the data has landed.
+        let b = unsafe { PageBuf::new(dst.0[i].as_mut_ptr()) }.unwrap();
+        assert_eq!(store.read_now(p, b), Some(Status::Ok), "page {p}");
+        assert_eq!(dst.0[i], fake_content(p), "page {p}");
+    }
+    store.stop();
+
+    let real = Server::start(ServerConfig::loopback(16 << 20)).unwrap();
+    let (store, sink) = store_on(vec![real.addr()], 1, poll);
+    place(&store, &sink, 0);
+    for round in 0..50 {
+        let p = round % 8;
+        // SAFETY: as above.
+        let b = unsafe { PageBuf::new(dst.0[10].as_mut_ptr()) }.unwrap();
+        assert_eq!(store.read_now(p, b), Some(Status::Ok), "page {p}");
+        assert_eq!(dst.0[10], fake_content(p), "page {p}");
+    }
     store.stop();
 }

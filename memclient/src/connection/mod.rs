@@ -97,6 +97,8 @@ pub(crate) struct LinkSpec<'a> {
     /// An RDMA link moves pages one-sided (`ClientConfig::rdma_one_sided`).
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub one_sided: bool,
+    /// `ClientConfig::demand_poll`.
+    pub demand_poll: Duration,
 }
 
 thread_local! {

@@ -30,6 +30,9 @@ pub(crate) enum Wait {
     Patient,
     /// Return `WouldBlock` after one slice: used by an inline waiter at a frame boundary.
     Slice,
+    /// Do not wait (`MSG_DONTWAIT`): return `WouldBlock` if nothing has arrived. Used by a
+    /// demand waiter that polls before it blocks.
+    Now,
 }
 
 /// A destination segment of a landing: `len` bytes at `ptr`.
@@ -98,8 +101,13 @@ impl RecvBuf {
         let room = (self.buf.len() - self.end).min(max);
         loop {
             let dst = &mut self.buf[self.end..self.end + room];
+            let flags = if wait == Wait::Now {
+                libc::MSG_DONTWAIT
+            } else {
+                0
+            };
             // SAFETY: `dst` is writable memory of `room` bytes; `fd` is an open socket.
-            let n = unsafe { libc::recv(self.fd, dst.as_mut_ptr().cast(), room, 0) };
+            let n = unsafe { libc::recv(self.fd, dst.as_mut_ptr().cast(), room, flags) };
             if n >= 0 {
                 self.end += n as usize;
                 return Ok(n as usize);

@@ -174,6 +174,9 @@ impl std::fmt::Display for PageSpaceKind {
 
 /// Request timeout towards the local loopback memserver (see `RemoteMemory::start`).
 const EMBEDDED_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a demand read's waiter polls the local memserver under `--fault-path-cpu`
+/// (`ClientConfig::demand_poll`; measured: a demand round trip on one CPU is ~25 µs).
+const DEMAND_POLL: Duration = Duration::from_micros(50);
 
 /// A stage-2 injector bound to the KVM VM once it exists (the engine, which owns guest RAM,
 /// must start before the VM is created). Until then a call fails softly (`Failed`, which keeps
@@ -417,6 +420,12 @@ impl RemoteMemory {
         };
         // One bulk connection per server: its receiver delivers straight to the engine.
         ccfg.conns_per_server = 1;
+        // The local memserver's connection threads share the fault handler's CPU: a demand
+        // read's waiter yields it to them and polls, so their answer wakes nobody
+        // (docs/data-path.md, "The demand path"). Elsewhere the poll would only spin.
+        if local.is_some() && spec.fault_path_cpu.is_some() {
+            ccfg.demand_poll = DEMAND_POLL;
+        }
         if let Some(path) = &spec.token_file {
             let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
                 path: path.clone(),

@@ -76,6 +76,8 @@ pub(crate) struct TcpLink {
     /// place, since the connection opened.
     landed_copied: AtomicU64,
     landed_in_place: AtomicU64,
+    /// How long a demand waiter polls before it blocks (`ClientConfig::demand_poll`).
+    demand_poll: Duration,
 }
 
 impl TcpLink {
@@ -125,6 +127,7 @@ impl TcpLink {
             stream,
             landed_copied: AtomicU64::new(0),
             landed_in_place: AtomicU64::new(0),
+            demand_poll: spec.demand_poll,
         });
         let c = conn.clone();
         std::thread::Builder::new()

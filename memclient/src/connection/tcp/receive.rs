@@ -19,6 +19,34 @@ use super::{Rx, TcpLink};
 use crate::tickets::TicketOp;
 use crate::ClientError;
 
+/// At most this many `sched_yield`s while polling.
+const POLL_YIELDS: u32 = 8;
+
+/// Polls the socket for a response without blocking, giving the CPU away between polls with
+/// `sched_yield`, for at most `poll_for` and [`POLL_YIELDS`] yields. True once bytes (or the
+/// end of the stream, or an error: the caller's frame read sees it again) arrived.
+///
+/// Why (`ClientConfig::demand_poll`): the thread that waits for a demand read has nothing else
+/// to do. With the server's connection thread on the same CPU (`--fault-path-cpu` and the
+/// local memserver) the yield lets it run, and its answer finds the waiter awake: its `write`
+/// wakes nobody. The vCPU waiting for the page is blocked in its fault meanwhile.
+fn poll_response(rx: &mut Rx, poll_for: Duration) -> bool {
+    let start = std::time::Instant::now();
+    let mut yields = 0u32;
+    loop {
+        match rx.buf.fill(Wait::Now) {
+            Ok(_) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
+        if yields >= POLL_YIELDS || start.elapsed() >= poll_for {
+            return false;
+        }
+        std::thread::yield_now();
+        yields += 1;
+    }
+}
+
 /// How reading a frame ended for the connection.
 enum FrameEnd {
     /// Read whole; the connection goes on.
@@ -336,6 +364,9 @@ impl TcpLink {
     pub(super) fn receive_on_this_thread(&self, done: &dyn Fn() -> bool, handoff: bool) {
         self.inline_active.fetch_add(1, Ordering::SeqCst);
         let mut contended = 0u32;
+        // A demand waiter (`handoff`) polls before it blocks if so configured
+        // (`poll_response`).
+        let mut poll = handoff && !self.demand_poll.is_zero();
         while !done() && !self.is_broken() {
             let Ok(mut rx) = self.rx.try_lock() else {
                 // Someone else is receiving on this connection and will deliver; back off
@@ -352,10 +383,14 @@ impl TcpLink {
             if done() {
                 break;
             }
-            // Block in `recv` itself (no `poll` first: one syscall per response, as in a
-            // plain blocking read). Its `RX_SLICE` timeout means a response that arrives on
-            // another connection (fail-over) is seen through `done()` within a few ms.
-            if rx.buf.buffered().is_empty() {
+            // A demand waiter may poll first, once per call (`poll_response`); otherwise, or
+            // when that found nothing, block in `recv` itself (no `poll(2)` first: one
+            // syscall per response, as in a plain blocking read). Its `RX_SLICE` timeout
+            // means a response that arrives on another connection (fail-over) is seen
+            // through `done()` within a few ms.
+            if rx.buf.buffered().is_empty()
+                && !(std::mem::take(&mut poll) && poll_response(&mut rx, self.demand_poll))
+            {
                 if let Err(e) = rx.buf.fill(Wait::Slice) {
                     if matches!(
                         e.kind(),
