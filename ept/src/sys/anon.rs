@@ -246,14 +246,20 @@ impl AnonRam {
     /// Frees the frames in staging slots `[p, p+n)` (MADV_DONTNEED; empty slots stay empty).
     pub fn drop_staging(&self, p: u64, n: u64) -> io::Result<()> {
         self.check(p, n, self.pages())?;
-        // SAFETY: the range lies inside the staging mapping (checked above).
-        let r = unsafe {
-            libc::madvise(
-                self.staging_page(p).cast(),
-                n as usize * PAGE_SIZE,
-                libc::MADV_DONTNEED,
-            )
-        };
+        Self::dontneed(self.staging_page(p), n)
+    }
+
+    /// Frees the frames in pool slots `[s, s+n)` (MADV_DONTNEED; empty slots stay empty).
+    pub fn drop_pool(&self, s: u64, n: u64) -> io::Result<()> {
+        self.check(s, n, self.pool_pages())?;
+        Self::dontneed(self.pool_page(s), n)
+    }
+
+    /// MADV_DONTNEED of `n` pages from `start`, which the caller checked lie inside one of
+    /// the mappings.
+    fn dontneed(start: *mut u8, n: u64) -> io::Result<()> {
+        // SAFETY: the range lies inside a mapping of `self` (the caller checked it).
+        let r = unsafe { libc::madvise(start.cast(), n as usize * PAGE_SIZE, libc::MADV_DONTNEED) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
