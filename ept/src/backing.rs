@@ -32,7 +32,7 @@
 //! eviction carries on with other victims.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,11 @@ pub(crate) const UNMOVABLE_AFTER: u8 = 3;
 
 /// `Anon::landing` of a page that has no landing frame (its data lands in its staging slot).
 const NO_SLOT: u32 = u32::MAX;
+/// `Anon::landing` flag: the rest is a bounce page, not a pool slot.
+const BOUNCE: u32 = 1 << 31;
+/// Bounce pages: single-page reads in flight at once that land in one (the rest take pool
+/// frames).
+const BOUNCE_PAGES: u64 = 512;
 
 /// Which backing guest RAM uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +91,10 @@ pub(crate) struct Anon {
     /// Per guest page: move-outs the kernel refused in a row (EBUSY), up to
     /// [`UNMOVABLE_AFTER`].
     refused: Box<[AtomicU8]>,
+    /// One bit per bounce page: free.
+    bounce_free: Box<[AtomicU64]>,
+    /// Where the fault handler last found a free bounce page.
+    bounce_hint: AtomicUsize,
     /// Frames in pool slots `head..tail` (mod the pool size) are free.
     head: AtomicU64,
     tail: AtomicU64,
@@ -124,11 +133,12 @@ impl Backing {
                 Ok(Self::Memfd { ram, uffd })
             }
             GuestMemory::Anon => {
-                let ram = AnonRam::new(len, pool_pages.max(1), features)?;
-                if ram.pool_pages() >= u64::from(NO_SLOT) {
+                let ram =
+                    AnonRam::new(len, pool_pages.max(1), features)?.with_bounce(BOUNCE_PAGES)?;
+                if ram.pool_pages() >= u64::from(BOUNCE) {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        "the anonymous memory's free pool must have fewer than 2^32 pages",
+                        "the anonymous memory's free pool must have fewer than 2^31 pages",
                     ));
                 }
                 let words = ram.pages().div_ceil(64) as usize;
@@ -137,6 +147,8 @@ impl Backing {
                     mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
                     landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
                     refused: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+                    bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
+                    bounce_hint: AtomicUsize::new(0),
                     ram,
                     head: AtomicU64::new(0),
                     tail: AtomicU64::new(0),
@@ -263,11 +275,11 @@ impl Backing {
     /// Assigns the owned pages `pages` (sorted; about to be read) landing frames from the pool
     /// while it has some, neighbours consecutive slots: positions only, no syscall. A page that
     /// has a landing frame already (a read retried) keeps it. Only the fault handler calls
-    /// this (the pool's one consumer). Returns how many frames it handed out.
-    pub fn assign_frames(&self, pages: &[u64]) -> u64 {
+    /// this (the pool's one consumer). Returns (pool frames, bounce pages) handed out.
+    pub fn assign_frames(&self, pages: &[u64]) -> (u64, u64) {
         match self {
             Self::Anon(a) => a.assign(pages),
-            Self::Memfd { .. } => 0,
+            Self::Memfd { .. } => (0, 0),
         }
     }
 
@@ -297,53 +309,152 @@ impl Backing {
     }
 }
 
+/// Where an owned, unmapped page's data lands and waits for its install.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Land {
+    /// Its staging slot.
+    Staging,
+    /// Pool slot `s` (installed by a move).
+    Pool(u64),
+    /// Bounce page `b` (installed by a copy).
+    Bounce(u64),
+}
+
+impl Land {
+    fn of(v: u32) -> Self {
+        match v {
+            NO_SLOT => Self::Staging,
+            v if v & BOUNCE != 0 => Self::Bounce(u64::from(v & !BOUNCE)),
+            s => Self::Pool(u64::from(s)),
+        }
+    }
+}
+
 impl Anon {
     #[inline]
-    fn data_ptr(&self, p: u64) -> *mut u8 {
-        match self.landing[p as usize].load(Ordering::Acquire) {
-            NO_SLOT => self.ram.staging_page(p),
-            s => self.ram.pool_page(u64::from(s)),
+    fn land(&self, p: u64) -> Land {
+        Land::of(self.landing[p as usize].load(Ordering::Acquire))
+    }
+
+    #[inline]
+    fn addr(&self, p: u64, l: Land) -> *mut u8 {
+        match l {
+            Land::Staging => self.ram.staging_page(p),
+            Land::Pool(s) => self.ram.pool_page(s),
+            Land::Bounce(b) => self.ram.bounce_page(b),
         }
     }
 
-    /// Consumer: hands out pool positions `head..` to the pages without a landing frame.
-    fn assign(&self, pages: &[u64]) -> u64 {
+    #[inline]
+    fn data_ptr(&self, p: u64) -> *mut u8 {
+        self.addr(p, self.land(p))
+    }
+
+    /// Takes a free bounce page (any thread may give one back, only the fault handler takes).
+    fn take_bounce(&self) -> Option<u64> {
+        let n = self.bounce_free.len();
+        let start = self.bounce_hint.load(Ordering::Relaxed);
+        for k in 0..n {
+            let w = (start + k) % n;
+            let word = &self.bounce_free[w];
+            let mut v = word.load(Ordering::Acquire);
+            while v != 0 {
+                let bit = v & v.wrapping_neg();
+                match word.compare_exchange_weak(v, v & !bit, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        self.bounce_hint.store(w, Ordering::Relaxed);
+                        return Some(w as u64 * 64 + u64::from(bit.trailing_zeros()));
+                    }
+                    Err(now) => v = now,
+                }
+            }
+        }
+        None
+    }
+
+    fn give_bounce(&self, b: u64) {
+        self.bounce_free[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::AcqRel);
+    }
+
+    /// Gives up page `p`'s landing place `seen` if it is still the page's (whoever clears it
+    /// first owns it): a bounce page goes back to the free set; a pool slot's frame is freed
+    /// with `drop` (leaving the slot empty for the pool).
+    fn release_landing(&self, p: u64, seen: Land, drop: bool) -> io::Result<()> {
+        let cur = self.landing[p as usize].load(Ordering::Acquire);
+        if Land::of(cur) != seen
+            || seen == Land::Staging
+            || self.landing[p as usize]
+                .compare_exchange(cur, NO_SLOT, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return Ok(());
+        }
+        match seen {
+            Land::Bounce(b) => self.give_bounce(b),
+            Land::Pool(s) if drop => self.ram.drop_pool(s, 1)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Consumer: gives the pages without a landing place one. A page alone in the batch (no
+    /// neighbour) gets a bounce page, installed later by a copy, which flushes no TLB; runs
+    /// get pool positions `head..` (consecutive for neighbours), installed by one move per
+    /// run. Returns (pool frames, bounce pages) handed out.
+    fn assign(&self, pages: &[u64]) -> (u64, u64) {
         let cap = self.ram.pool_pages();
         let tail = self.tail.load(Ordering::Acquire);
         let start = self.head.load(Ordering::Relaxed);
         let mut head = start;
-        for &p in pages {
-            if head == tail {
-                break;
-            }
+        let mut bounced = 0;
+        for (i, &p) in pages.iter().enumerate() {
             let l = &self.landing[p as usize];
-            if l.load(Ordering::Relaxed) == NO_SLOT {
+            if l.load(Ordering::Relaxed) != NO_SLOT {
+                continue;
+            }
+            let alone =
+                (i == 0 || pages[i - 1] + 1 != p) && pages.get(i + 1).is_none_or(|&q| q != p + 1);
+            if alone {
+                if let Some(b) = self.take_bounce() {
+                    l.store(BOUNCE | b as u32, Ordering::Release);
+                    bounced += 1;
+                    continue;
+                }
+            }
+            if head < tail {
                 l.store((head % cap) as u32, Ordering::Release);
                 head += 1;
             }
         }
         self.head.store(head, Ordering::Release);
-        head - start
+        (head - start, bounced)
     }
 
     fn drop_landing(&self, p: u64) {
-        let s = self.landing[p as usize].swap(NO_SLOT, Ordering::AcqRel);
-        if s != NO_SLOT {
-            if let Err(e) = self.ram.drop_pool(u64::from(s), 1) {
-                tracing::error!("freeing the landing frame of guest page {p:#x}: {e}");
-            }
+        if let Err(e) = self.release_landing(p, self.land(p), true) {
+            tracing::error!("freeing the landing frame of guest page {p:#x}: {e}");
         }
     }
 
     fn settle(&self, p: u64) -> io::Result<()> {
-        let s = self.landing[p as usize].load(Ordering::Acquire);
-        if s == NO_SLOT {
-            return Ok(());
-        }
-        let (dst, src) = (
-            self.ram.staging_page(p) as u64,
-            self.ram.pool_page(u64::from(s)) as u64,
-        );
+        let l = self.land(p);
+        let src = match l {
+            Land::Staging => return Ok(()),
+            Land::Bounce(b) => {
+                // SAFETY: both are 4 KiB of this RAM's mappings, the staging slot's missing
+                // fault is the kernel's; the caller owns the page, so nobody else uses either.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(
+                        self.ram.bounce_page(b),
+                        self.ram.staging_page(p),
+                        PAGE_SIZE,
+                    )
+                };
+                return self.release_landing(p, l, false);
+            }
+            Land::Pool(s) => self.ram.pool_page(s) as u64,
+        };
+        let dst = self.ram.staging_page(p) as u64;
         let r = match self.ram.uffd().move_some(dst, src, PG, false) {
             // A stale frame in the staging slot (an earlier read that landed there): its data
             // is not the page's.
@@ -359,17 +470,7 @@ impl Anon {
             Err(e) if errno(&e) == libc::ENOENT => {}
             Err(e) => return Err(e),
         }
-        self.landing[p as usize].store(NO_SLOT, Ordering::Release);
-        Ok(())
-    }
-
-    /// Where page `q`'s frame is before it is mapped: its landing frame, or its staging slot.
-    #[inline]
-    fn src_of(&self, q: u64) -> (u64, bool) {
-        match self.landing[q as usize].load(Ordering::Acquire) {
-            NO_SLOT => (self.ram.staging_page(q) as u64, false),
-            s => (self.ram.pool_page(u64::from(s)) as u64, true),
-        }
+        self.release_landing(p, l, false)
     }
 
     fn is_mapped(&self, p: u64) -> bool {
@@ -387,43 +488,47 @@ impl Anon {
         }
     }
 
-    /// Moves the frames of `n` owned pages from `p` into the guest view, one call per run of
+    /// Puts the frames of `n` owned pages from `p` into the guest view: one move per run of
     /// pages whose frames lie next to each other (landing frames in consecutive pool slots,
-    /// or staging slots).
+    /// or staging slots), one copy per page landed in a bounce page.
     fn move_in(&self, p: u64, n: u64, wake: bool) -> io::Result<Installed> {
         let u = self.ram.uffd();
         let mut outcome = Installed::Done;
         let mut i = 0;
         while i < n {
-            let dst = self.ram.guest_page_addr(p + i);
-            let (src, pooled) = self.src_of(p + i);
+            let q = p + i;
+            let dst = self.ram.guest_page_addr(q);
+            let l = self.land(q);
+            let src = self.addr(q, l) as u64;
             let mut m = 1;
-            while i + m < n && self.src_of(p + i + m) == (src + m * PG, pooled) {
-                m += 1;
+            if !matches!(l, Land::Bounce(_)) {
+                while i + m < n && {
+                    let l2 = self.land(q + m);
+                    !matches!(l2, Land::Bounce(_)) && self.addr(q + m, l2) as u64 == src + m * PG
+                } {
+                    m += 1;
+                }
             }
-            match u.move_some(dst, src, m * PG, wake) {
+            let r = match l {
+                Land::Bounce(_) => u.copy_page(dst, src, wake).map(|()| PG),
+                _ => u.move_some(dst, src, m * PG, wake),
+            };
+            match r {
                 Ok(b) => {
                     let k = b / PG;
-                    self.set_mapped(p + i, k, true);
-                    if pooled {
-                        for q in p + i..p + i + k {
-                            self.landing[q as usize].store(NO_SLOT, Ordering::Release);
-                        }
+                    self.set_mapped(q, k, true);
+                    for r in q..q + k {
+                        let lr = if r == q { l } else { self.land(r) };
+                        self.release_landing(r, lr, false)?;
                     }
                     i += k;
                 }
-                // Mapped already by a racing fault or reader (which moved the frame in).
+                // Mapped already by a racing fault or reader (which installed the frame).
                 Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOENT) => {
-                    self.set_mapped(p + i, 1, true);
-                    if pooled {
-                        // A frame still in the slot is not the page's any more: free it, so
-                        // that the pool can fill the slot again.
-                        self.landing[(p + i) as usize].store(NO_SLOT, Ordering::Release);
-                        if errno(&e) == libc::EEXIST {
-                            self.ram
-                                .drop_pool((src - self.ram.pool_page(0) as u64) / PG, 1)?;
-                        }
-                    }
+                    self.set_mapped(q, 1, true);
+                    // A frame still in a pool slot is not the page's any more: freed, so
+                    // that the pool can fill the slot again.
+                    self.release_landing(q, l, errno(&e) == libc::EEXIST)?;
                     if wake {
                         u.wake(dst, PG)?;
                     }

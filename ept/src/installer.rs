@@ -109,9 +109,12 @@ impl Installer {
     /// keeps free ones (anon: no syscall); the fault handler's read batches only. Their
     /// [`Installer::page_buf`] is the landing frame from here.
     pub fn assign_frames(&self, pages: &[u64]) {
-        let n = self.ram.assign_frames(pages);
-        if n > 0 {
-            self.counters.add(Counter::PoolLandings, n);
+        let (pooled, bounced) = self.ram.assign_frames(pages);
+        if pooled > 0 {
+            self.counters.add(Counter::PoolLandings, pooled);
+        }
+        if bounced > 0 {
+            self.counters.add(Counter::BounceLandings, bounced);
         }
     }
 

@@ -90,6 +90,10 @@ fn guest_writes_racing_the_move_out_and_write_back_are_never_lost() {
             assert_eq!(g.load(p, w), last ^ p, "page {p} word {w} (guest)");
         }
     }
+    // Demand reads come one page at a time: they landed in bounce pages and were installed
+    // by a copy (the evicted frames still recycled for them would need a move each).
+    let s = vm.engine.stats();
+    assert!(s.counters.bounce_landings > 1000, "{:?}", s.counters);
     assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
 }
 

@@ -27,6 +27,10 @@ pub struct AnonRam {
     pool: *mut u8,
     len: usize,
     pool_len: usize,
+    /// Bounce pages: plain memory single pages land in and are copied from (UFFDIO_COPY),
+    /// never moved; mapped on demand by [`AnonRam::with_bounce`].
+    bounce: *mut u8,
+    bounce_len: usize,
     uffd: Uffd,
 }
 
@@ -100,6 +104,8 @@ impl AnonRam {
                 pool: made[2].0,
                 len,
                 pool_len,
+                bounce: core::ptr::null_mut(),
+                bounce_len: 0,
                 uffd,
             }),
             Err(e) => {
@@ -110,6 +116,28 @@ impl AnonRam {
                 Err(e)
             }
         }
+    }
+
+    /// Adds `pages` bounce pages (a private anonymous mapping, not registered with the uffd).
+    pub fn with_bounce(mut self, pages: u64) -> io::Result<Self> {
+        let len = pages as usize * PAGE_SIZE;
+        if len > 0 {
+            self.bounce = map(len, "bounce pages")?;
+            self.bounce_len = len;
+        }
+        Ok(self)
+    }
+
+    /// Bounce pages.
+    pub fn bounce_pages(&self) -> u64 {
+        (self.bounce_len / PAGE_SIZE) as u64
+    }
+
+    /// Bounce page `b` (caller guarantees `b < bounce_pages()`).
+    pub fn bounce_page(&self, b: u64) -> *mut u8 {
+        debug_assert!(b < self.bounce_pages());
+        // SAFETY: in bounds of the bounce mapping by the caller's guarantee.
+        unsafe { self.bounce.add(b as usize * PAGE_SIZE) }
     }
 
     /// The userfaultfd the guest view is registered with (its faults, wakes, moves).
@@ -289,6 +317,9 @@ impl Drop for AnonRam {
             libc::munmap(self.guest.cast(), self.len);
             libc::munmap(self.staging.cast(), self.len);
             libc::munmap(self.pool.cast(), self.pool_len);
+            if self.bounce_len > 0 {
+                libc::munmap(self.bounce.cast(), self.bounce_len);
+            }
         }
     }
 }
