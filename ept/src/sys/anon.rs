@@ -14,6 +14,7 @@
 
 use std::io;
 
+use crate::sys::mem::Advisor;
 use crate::sys::uffd::{self, Uffd};
 use crate::PAGE_SIZE;
 
@@ -32,6 +33,7 @@ pub struct AnonRam {
     bounce: *mut u8,
     bounce_len: usize,
     uffd: Uffd,
+    advisor: Advisor,
 }
 
 // SAFETY: the raw pointers denote process-wide mappings owned by this struct; access to the
@@ -107,6 +109,7 @@ impl AnonRam {
                 bounce: core::ptr::null_mut(),
                 bounce_len: 0,
                 uffd,
+                advisor: Advisor::new(),
             }),
             Err(e) => {
                 for (p, l) in made {
@@ -275,6 +278,15 @@ impl AnonRam {
     pub fn drop_staging(&self, p: u64, n: u64) -> io::Result<()> {
         self.check(p, n, self.pages())?;
         Self::dontneed(self.staging_page(p), n)
+    }
+
+    /// Frees the frames in the staging slots of `runs` (`(first page, pages)`; empty slots stay
+    /// empty), with one vectored MADV_DONTNEED where the kernel allows it.
+    pub fn drop_staging_runs(&self, runs: &[(u64, u64)]) -> io::Result<()> {
+        self.advisor
+            .advise(self.staging, self.pages(), libc::MADV_DONTNEED, |f| {
+                runs.iter().try_for_each(|&(s, n)| f(s, n))
+            })
     }
 
     /// Frees the frames in pool slots `[s, s+n)` (MADV_DONTNEED; empty slots stay empty).
