@@ -3,24 +3,36 @@
 //! - **memfd** (default): one memfd mapped twice, the guest view (registered MISSING|MINOR)
 //!   and the engine's alias; data lands in the memfd through the alias and is mapped with
 //!   `UFFDIO_CONTINUE`; eviction zaps the guest view and punches the page out.
-//! - **anon**: private anonymous guest RAM (`sys::anon::AnonRam`): data lands in the page's
-//!   staging slot, `UFFDIO_MOVE` moves the frame into the guest view and, at eviction, back out;
-//!   freed frames go to a pool the fault handler takes landing frames from, so a page cycle
-//!   allocates, zeroes and frees nothing (`docs/data-path.md`).
+//! - **anon**: private anonymous guest RAM (`sys::anon::AnonRam`): data lands in a free frame
+//!   of the pool (or, with the pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the
+//!   frame into the guest view and, at eviction, out to its staging slot and back to the pool,
+//!   so a page cycle allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per
+//!   cycle, none of them on the fault handler.
 //!
-//! Where a page's data is, by its state (anon): INFLIGHT, STAGED and EVICTING pages have it in
-//! their staging slot; a LOCAL page in the guest view once its `mapped` bit is set, else (a
-//! victim given back, or between claim and map) in its staging slot. A reader of a pinned LOCAL
-//! page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and only
-//! after claiming it, which a pin prevents.
+//! Where a page's data is, by its state (anon): an INFLIGHT page's in its *landing* frame (the
+//! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it
+//! was assigned none); STAGED and EVICTING pages' in their staging slot; a LOCAL page's in the
+//! guest view once its `mapped` bit is set, else (a victim given back, or between claim and
+//! map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
+//! LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and
+//! only after claiming it, which a pin prevents.
 //!
 //! The pool is a ring of pool slots with one producer (the evictor, [`Backing::free`]) and one
-//! consumer (the fault handler's read batches, [`Backing::take_frames`]): no lock, no
-//! allocation. A read that finds no pool frame lands in an empty slot, which the kernel fills
-//! with a zeroed page as the memfd does; a freed frame that finds the pool full is freed.
+//! consumer (the fault handler's read batches): no lock, no allocation, no syscall for the
+//! consumer, which only hands out positions. A slot handed out keeps its frame until the
+//! page's install moves it into the guest view (or a read that ends otherwise gives it up):
+//! the producer moves frames only into empty slots, and stops at a slot still in use (the
+//! kernel refuses the move, EEXIST) as at a full pool. A read that finds no pool frame lands
+//! in its empty staging slot, which the kernel fills with a zeroed page as the memfd does; a
+//! freed frame that finds the pool full is freed.
+//!
+//! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
+//! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a
+//! row the page is kept resident for good ([`Backing::evictable`] says no) and counted, so
+//! eviction carries on with other victims.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +42,17 @@ use crate::sys::uffd::{self, Installed, Uffd};
 use crate::PAGE_SIZE;
 
 const PG: u64 = PAGE_SIZE as u64;
+
+/// Refused move-outs in a row after which a page is kept resident for good.
+pub(crate) const UNMOVABLE_AFTER: u8 = 3;
+
+/// `Anon::landing` of a page that has no landing frame (its data lands in its staging slot).
+const NO_SLOT: u32 = u32::MAX;
+/// `Anon::landing` flag: the rest is a bounce page, not a pool slot.
+const BOUNCE: u32 = 1 << 31;
+/// Bounce pages: single-page reads in flight at once that land in one (the rest take pool
+/// frames).
+const BOUNCE_PAGES: u64 = 512;
 
 /// Which backing guest RAM uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,9 +85,29 @@ pub(crate) struct Anon {
     ram: AnonRam,
     /// One bit per guest page: its frame is in the guest view.
     mapped: Box<[AtomicU64]>,
-    /// Frames in pool slots `head..tail` (mod the pool size).
+    /// Per guest page: the pool slot its read lands in ([`NO_SLOT`]: its staging slot). Set by
+    /// the fault handler for a page it owns (INFLIGHT), cleared when the frame leaves the slot.
+    landing: Box<[AtomicU32]>,
+    /// Per guest page: move-outs the kernel refused in a row (EBUSY), up to
+    /// [`UNMOVABLE_AFTER`].
+    refused: Box<[AtomicU8]>,
+    /// One bit per bounce page: free.
+    bounce_free: Box<[AtomicU64]>,
+    /// Where the fault handler last found a free bounce page.
+    bounce_hint: AtomicUsize,
+    /// Frames in pool slots `head..tail` (mod the pool size) are free.
     head: AtomicU64,
     tail: AtomicU64,
+}
+
+/// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
+/// and how many of them just reached [`UNMOVABLE_AFTER`] refusals.
+#[derive(Default)]
+pub(crate) struct Refused {
+    /// Victims still mapped.
+    pub pages: Vec<u64>,
+    /// Of those, newly kept resident for good.
+    pub unmovable: u64,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -90,11 +133,23 @@ impl Backing {
                 Ok(Self::Memfd { ram, uffd })
             }
             GuestMemory::Anon => {
-                let ram = AnonRam::new(len, pool_pages.max(1), features)?;
+                let ram =
+                    AnonRam::new(len, pool_pages.max(1), features)?.with_bounce(BOUNCE_PAGES)?;
+                if ram.pool_pages() >= u64::from(BOUNCE) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the anonymous memory's free pool must have fewer than 2^31 pages",
+                    ));
+                }
                 let words = ram.pages().div_ceil(64) as usize;
+                let pages = ram.pages() as usize;
                 Ok(Self::Anon(Anon {
-                    ram,
                     mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
+                    landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
+                    refused: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+                    bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
+                    bounce_hint: AtomicUsize::new(0),
+                    ram,
                     head: AtomicU64::new(0),
                     tail: AtomicU64::new(0),
                 }))
@@ -128,12 +183,12 @@ impl Backing {
     }
 
     /// Where the data of page `p` is while the engine owns it unmapped (INFLIGHT, STAGED,
-    /// EVICTING after the zap): the alias page, or the staging slot.
+    /// EVICTING after the zap): the alias page, or the landing frame or staging slot.
     #[inline]
     pub fn data_ptr(&self, p: u64) -> *mut u8 {
         match self {
             Self::Memfd { ram, .. } => ram.alias_page(p),
-            Self::Anon(a) => a.ram.staging_page(p),
+            Self::Anon(a) => a.data_ptr(p),
         }
     }
 
@@ -156,18 +211,36 @@ impl Backing {
             Self::Memfd { ram, .. } => unsafe {
                 core::ptr::write_bytes(ram.alias_page(p), 0, PAGE_SIZE)
             },
-            // The staging slot may hold a reused frame: clear all of it.
-            // SAFETY: as above; the staging area's missing faults are the kernel's.
-            Self::Anon(a) => unsafe { core::ptr::write_bytes(a.ram.staging_page(p), 0, PAGE_SIZE) },
+            // The landing frame or staging slot may hold a reused frame: clear all of it.
+            // SAFETY: as above; the staging area's and pool's missing faults are the kernel's.
+            Self::Anon(a) => unsafe { core::ptr::write_bytes(a.data_ptr(p), 0, PAGE_SIZE) },
         }
     }
 
     /// Takes the claimed victims `pages` (sorted) out of the guest view; `spans` (bridged runs
-    /// covering them, see `spans.rs`) for the memfd zap.
-    pub fn zap(&self, pages: &[u64], spans: &[(u64, u64)]) -> io::Result<()> {
+    /// covering them, see `spans.rs`) for the memfd zap. Victims the kernel refused to move
+    /// (anon) are left mapped and listed in `refused`.
+    pub fn zap(
+        &self,
+        pages: &[u64],
+        spans: &[(u64, u64)],
+        refused: &mut Refused,
+    ) -> io::Result<()> {
+        refused.pages.clear();
+        refused.unmovable = 0;
         match self {
             Self::Memfd { ram, .. } => ram.zap_guest_spans(spans),
-            Self::Anon(a) => a.move_out(pages),
+            Self::Anon(a) => a.move_out(pages, refused),
+        }
+    }
+
+    /// Whether page `p` may be evicted: false once the kernel refused to move it out
+    /// [`UNMOVABLE_AFTER`] times in a row (anon).
+    #[inline]
+    pub fn evictable(&self, p: u64) -> bool {
+        match self {
+            Self::Memfd { .. } => true,
+            Self::Anon(a) => a.refused[p as usize].load(Ordering::Relaxed) < UNMOVABLE_AFTER,
         }
     }
 
@@ -178,7 +251,7 @@ impl Backing {
                 ram.unmap_alias_spans(spans)?;
                 ram.free(pages)
             }
-            Self::Anon(a) => mem::for_runs(pages, |p, n| a.give(p, n)),
+            Self::Anon(a) => a.free(pages),
         }
     }
 
@@ -199,14 +272,32 @@ impl Backing {
         }
     }
 
-    /// Gives the staging slots of `pages` (about to be read into) frames from the pool, where
-    /// it has some. Only the fault handler calls this (the pool's one consumer).
-    pub fn take_frames(&self, pages: &[u64]) {
+    /// Assigns the owned pages `pages` (sorted; about to be read) landing frames from the pool
+    /// while it has some, neighbours consecutive slots: positions only, no syscall. A page that
+    /// has a landing frame already (a read retried) keeps it. Only the fault handler calls
+    /// this (the pool's one consumer). Returns (pool frames, bounce pages) handed out.
+    pub fn assign_frames(&self, pages: &[u64]) -> (u64, u64) {
+        match self {
+            Self::Anon(a) => a.assign(pages),
+            Self::Memfd { .. } => (0, 0),
+        }
+    }
+
+    /// A read of owned page `p` ended without an install (the page goes back to REMOTE or is
+    /// LOST): its landing frame, if it has one, is freed and the slot left empty for the pool.
+    pub fn drop_landing(&self, p: u64) {
         if let Self::Anon(a) = self {
-            let _ = mem::for_runs(pages, |p, n| {
-                a.take(p, n);
-                Ok(())
-            });
+            a.drop_landing(p);
+        }
+    }
+
+    /// Owned page `p`'s data stays unmapped for a while (a STAGED prefetch): moves it from its
+    /// landing frame to its staging slot, so that the pool slot is not held.
+    pub fn settle(&self, p: u64) {
+        if let Self::Anon(a) = self {
+            if let Err(e) = a.settle(p) {
+                tracing::error!("moving guest page {p:#x} to its staging slot: {e}");
+            }
         }
     }
 
@@ -218,7 +309,170 @@ impl Backing {
     }
 }
 
+/// Where an owned, unmapped page's data lands and waits for its install.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Land {
+    /// Its staging slot.
+    Staging,
+    /// Pool slot `s` (installed by a move).
+    Pool(u64),
+    /// Bounce page `b` (installed by a copy).
+    Bounce(u64),
+}
+
+impl Land {
+    fn of(v: u32) -> Self {
+        match v {
+            NO_SLOT => Self::Staging,
+            v if v & BOUNCE != 0 => Self::Bounce(u64::from(v & !BOUNCE)),
+            s => Self::Pool(u64::from(s)),
+        }
+    }
+}
+
 impl Anon {
+    #[inline]
+    fn land(&self, p: u64) -> Land {
+        Land::of(self.landing[p as usize].load(Ordering::Acquire))
+    }
+
+    #[inline]
+    fn addr(&self, p: u64, l: Land) -> *mut u8 {
+        match l {
+            Land::Staging => self.ram.staging_page(p),
+            Land::Pool(s) => self.ram.pool_page(s),
+            Land::Bounce(b) => self.ram.bounce_page(b),
+        }
+    }
+
+    #[inline]
+    fn data_ptr(&self, p: u64) -> *mut u8 {
+        self.addr(p, self.land(p))
+    }
+
+    /// Takes a free bounce page (any thread may give one back, only the fault handler takes).
+    fn take_bounce(&self) -> Option<u64> {
+        let n = self.bounce_free.len();
+        let start = self.bounce_hint.load(Ordering::Relaxed);
+        for k in 0..n {
+            let w = (start + k) % n;
+            let word = &self.bounce_free[w];
+            let mut v = word.load(Ordering::Acquire);
+            while v != 0 {
+                let bit = v & v.wrapping_neg();
+                match word.compare_exchange_weak(v, v & !bit, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        self.bounce_hint.store(w, Ordering::Relaxed);
+                        return Some(w as u64 * 64 + u64::from(bit.trailing_zeros()));
+                    }
+                    Err(now) => v = now,
+                }
+            }
+        }
+        None
+    }
+
+    fn give_bounce(&self, b: u64) {
+        self.bounce_free[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::AcqRel);
+    }
+
+    /// Gives up page `p`'s landing place `seen` if it is still the page's (whoever clears it
+    /// first owns it): a bounce page goes back to the free set; a pool slot's frame is freed
+    /// with `drop` (leaving the slot empty for the pool).
+    fn release_landing(&self, p: u64, seen: Land, drop: bool) -> io::Result<()> {
+        let cur = self.landing[p as usize].load(Ordering::Acquire);
+        if Land::of(cur) != seen
+            || seen == Land::Staging
+            || self.landing[p as usize]
+                .compare_exchange(cur, NO_SLOT, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return Ok(());
+        }
+        match seen {
+            Land::Bounce(b) => self.give_bounce(b),
+            Land::Pool(s) if drop => self.ram.drop_pool(s, 1)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Consumer: gives the pages without a landing place one. A page alone in the batch (no
+    /// neighbour) gets a bounce page, installed later by a copy, which flushes no TLB; runs
+    /// get pool positions `head..` (consecutive for neighbours), installed by one move per
+    /// run. Returns (pool frames, bounce pages) handed out.
+    fn assign(&self, pages: &[u64]) -> (u64, u64) {
+        let cap = self.ram.pool_pages();
+        let tail = self.tail.load(Ordering::Acquire);
+        let start = self.head.load(Ordering::Relaxed);
+        let mut head = start;
+        let mut bounced = 0;
+        for (i, &p) in pages.iter().enumerate() {
+            let l = &self.landing[p as usize];
+            if l.load(Ordering::Relaxed) != NO_SLOT {
+                continue;
+            }
+            let alone =
+                (i == 0 || pages[i - 1] + 1 != p) && pages.get(i + 1).is_none_or(|&q| q != p + 1);
+            if alone {
+                if let Some(b) = self.take_bounce() {
+                    l.store(BOUNCE | b as u32, Ordering::Release);
+                    bounced += 1;
+                    continue;
+                }
+            }
+            if head < tail {
+                l.store((head % cap) as u32, Ordering::Release);
+                head += 1;
+            }
+        }
+        self.head.store(head, Ordering::Release);
+        (head - start, bounced)
+    }
+
+    fn drop_landing(&self, p: u64) {
+        if let Err(e) = self.release_landing(p, self.land(p), true) {
+            tracing::error!("freeing the landing frame of guest page {p:#x}: {e}");
+        }
+    }
+
+    fn settle(&self, p: u64) -> io::Result<()> {
+        let l = self.land(p);
+        let src = match l {
+            Land::Staging => return Ok(()),
+            Land::Bounce(b) => {
+                // SAFETY: both are 4 KiB of this RAM's mappings, the staging slot's missing
+                // fault is the kernel's; the caller owns the page, so nobody else uses either.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(
+                        self.ram.bounce_page(b),
+                        self.ram.staging_page(p),
+                        PAGE_SIZE,
+                    )
+                };
+                return self.release_landing(p, l, false);
+            }
+            Land::Pool(s) => self.ram.pool_page(s) as u64,
+        };
+        let dst = self.ram.staging_page(p) as u64;
+        let r = match self.ram.uffd().move_some(dst, src, PG, false) {
+            // A stale frame in the staging slot (an earlier read that landed there): its data
+            // is not the page's.
+            Err(e) if errno(&e) == libc::EEXIST => {
+                self.ram.drop_staging(p, 1)?;
+                self.ram.uffd().move_some(dst, src, PG, false)
+            }
+            r => r,
+        };
+        match r {
+            Ok(_) => {}
+            // Nothing landed (the read wrote no byte): an empty slot reads as zeros either way.
+            Err(e) if errno(&e) == libc::ENOENT => {}
+            Err(e) => return Err(e),
+        }
+        self.release_landing(p, l, false)
+    }
+
     fn is_mapped(&self, p: u64) -> bool {
         self.mapped[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
     }
@@ -234,20 +488,47 @@ impl Anon {
         }
     }
 
+    /// Puts the frames of `n` owned pages from `p` into the guest view: one move per run of
+    /// pages whose frames lie next to each other (landing frames in consecutive pool slots,
+    /// or staging slots), one copy per page landed in a bounce page.
     fn move_in(&self, p: u64, n: u64, wake: bool) -> io::Result<Installed> {
         let u = self.ram.uffd();
         let mut outcome = Installed::Done;
         let mut i = 0;
         while i < n {
-            let dst = self.ram.guest_page_addr(p + i);
-            match u.move_some(dst, self.ram.staging_page(p + i) as u64, (n - i) * PG, wake) {
-                Ok(b) => {
-                    self.set_mapped(p + i, b / PG, true);
-                    i += b / PG;
+            let q = p + i;
+            let dst = self.ram.guest_page_addr(q);
+            let l = self.land(q);
+            let src = self.addr(q, l) as u64;
+            let mut m = 1;
+            if !matches!(l, Land::Bounce(_)) {
+                while i + m < n && {
+                    let l2 = self.land(q + m);
+                    !matches!(l2, Land::Bounce(_)) && self.addr(q + m, l2) as u64 == src + m * PG
+                } {
+                    m += 1;
                 }
-                // Mapped already by a racing fault or reader (which moved the frame in).
+            }
+            let r = match l {
+                Land::Bounce(_) => u.copy_page(dst, src, wake).map(|()| PG),
+                _ => u.move_some(dst, src, m * PG, wake),
+            };
+            match r {
+                Ok(b) => {
+                    let k = b / PG;
+                    self.set_mapped(q, k, true);
+                    for r in q..q + k {
+                        let lr = if r == q { l } else { self.land(r) };
+                        self.release_landing(r, lr, false)?;
+                    }
+                    i += k;
+                }
+                // Mapped already by a racing fault or reader (which installed the frame).
                 Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOENT) => {
-                    self.set_mapped(p + i, 1, true);
+                    self.set_mapped(q, 1, true);
+                    // A frame still in a pool slot is not the page's any more: freed, so
+                    // that the pool can fill the slot again.
+                    self.release_landing(q, l, errno(&e) == libc::EEXIST)?;
                     if wake {
                         u.wake(dst, PG)?;
                     }
@@ -260,11 +541,13 @@ impl Anon {
         Ok(outcome)
     }
 
-    /// Moves the mapped ones of `pages` out into their staging slots.
-    fn move_out(&self, pages: &[u64]) -> io::Result<()> {
+    /// Moves the mapped ones of `pages` out into their staging slots; those the kernel refuses
+    /// (EBUSY) stay mapped and go to `refused`.
+    fn move_out(&self, pages: &[u64], refused: &mut Refused) -> io::Result<()> {
         let u = self.ram.uffd();
         mem::for_runs(pages, |p, n| {
             let mut i = 0;
+            let mut stale_dropped = u64::MAX;
             while i < n {
                 if !self.is_mapped(p + i) {
                     i += 1;
@@ -277,12 +560,36 @@ impl Anon {
                 let src = self.ram.guest_page_addr(p + i);
                 match u.move_some(self.ram.staging_page(p + i) as u64, src, m * PG, false) {
                     Ok(b) => {
-                        self.set_mapped(p + i, b / PG, false);
-                        i += b / PG;
+                        let k = b / PG;
+                        self.set_mapped(p + i, k, false);
+                        for q in p + i..p + i + k {
+                            let r = &self.refused[q as usize];
+                            if r.load(Ordering::Relaxed) != 0 {
+                                r.store(0, Ordering::Relaxed);
+                            }
+                        }
+                        i += k;
                     }
                     // Not mapped after all.
                     Err(e) if errno(&e) == libc::ENOENT => {
                         self.set_mapped(p + i, 1, false);
+                        i += 1;
+                    }
+                    // A stale frame in the staging slot (a read that landed there before a
+                    // retry took a pool frame): not the page's data. Freed, then once more.
+                    Err(e) if errno(&e) == libc::EEXIST && stale_dropped != p + i => {
+                        self.ram.drop_staging(p + i, 1)?;
+                        stale_dropped = p + i;
+                    }
+                    // Shared or pinned: it stays mapped (and resident); the others go on.
+                    Err(e) if errno(&e) == libc::EBUSY => {
+                        let r = &self.refused[(p + i) as usize];
+                        let c = r.load(Ordering::Relaxed).saturating_add(1);
+                        r.store(c, Ordering::Relaxed);
+                        if c == UNMOVABLE_AFTER {
+                            refused.unmovable += 1;
+                        }
+                        refused.pages.push(p + i);
                         i += 1;
                     }
                     Err(e) => return Err(e),
@@ -296,13 +603,36 @@ impl Anon {
         self.ram.pool_page(pos % self.ram.pool_pages()) as u64
     }
 
-    /// Producer: frames of staging slots `[p, p+n)` into the pool, the rest freed.
-    fn give(&self, p: u64, n: u64) -> io::Result<()> {
+    /// Frees evicted `pages` (sorted): their frames into the pool while it has room, the rest
+    /// dropped with one vectored call per 64 runs (one TLB flush, not one per run).
+    fn free(&self, pages: &[u64]) -> io::Result<()> {
+        let mut rest = [(0u64, 0u64); 64];
+        let mut k = 0;
+        mem::for_runs(pages, |p, n| {
+            let given = self.give(p, n);
+            if given < n {
+                rest[k] = (p + given, n - given);
+                k += 1;
+                if k == rest.len() {
+                    self.ram.drop_staging_runs(&rest)?;
+                    k = 0;
+                }
+            }
+            Ok(())
+        })?;
+        if k > 0 {
+            self.ram.drop_staging_runs(&rest[..k])?;
+        }
+        Ok(())
+    }
+
+    /// Producer: frames of staging slots `[p, p+n)` into the pool while it has room. Returns
+    /// how many of the slots it dealt with (from `p`); the caller frees the rest.
+    fn give(&self, p: u64, n: u64) -> u64 {
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
         let mut tail = self.tail.load(Ordering::Relaxed);
         let mut i = 0;
-        let mut result = Ok(());
         while i < n {
             let space = cap - (tail - head);
             if space == 0 {
@@ -321,45 +651,16 @@ impl Anon {
                 }
                 // No frame in this slot (nothing landed there): nothing to give.
                 Err(e) if errno(&e) == libc::ENOENT => i += 1,
+                // The pool slot is still a read's landing frame: the pool is full up to it.
+                Err(e) if errno(&e) == libc::EEXIST => break,
                 Err(e) => {
-                    result = Err(e);
+                    // The pages' data is not needed any more: the rest is freed instead.
+                    tracing::warn!("moving freed guest pages {p:#x}+{n} to the pool: {e}");
                     break;
                 }
             }
         }
         self.tail.store(tail, Ordering::Release);
-        if i < n {
-            self.ram.drop_staging(p + i, n - i)?;
-        }
-        result
-    }
-
-    /// Consumer: pool frames into staging slots `[p, p+n)` while the pool has some.
-    fn take(&self, p: u64, n: u64) {
-        let cap = self.ram.pool_pages();
-        let tail = self.tail.load(Ordering::Acquire);
-        let mut head = self.head.load(Ordering::Relaxed);
-        let mut i = 0;
-        while i < n && head < tail {
-            let m = (n - i).min(tail - head).min(cap - head % cap);
-            let dst = self.ram.staging_page(p + i) as u64;
-            match self
-                .ram
-                .uffd()
-                .move_some(dst, self.pool_addr(head), m * PG, false)
-            {
-                Ok(b) => {
-                    head += b / PG;
-                    i += b / PG;
-                }
-                // The slot has a frame already (an earlier read's): reuse it.
-                Err(e) if errno(&e) == libc::EEXIST => i += 1,
-                Err(e) => {
-                    tracing::error!("taking pool frames for guest pages {p:#x}+{n}: {e}");
-                    break;
-                }
-            }
-        }
-        self.head.store(head, Ordering::Release);
+        i
     }
 }

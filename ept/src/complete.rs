@@ -145,6 +145,8 @@ impl Completer {
     /// reported, a prefetch that found it is not (the guest may never need it).
     fn lose(&self, p: u64) {
         self.counters.inc(Counter::RemoteAbsent);
+        // The read owns the page (INFLIGHT): nothing of its landing frame is kept.
+        self.installer.drop_landing(p);
         self.errors.push(EngineError::PageLost {
             gpa: p * PAGE_SIZE as u64,
         });
@@ -162,6 +164,9 @@ impl Completer {
     /// `Failed`: retried while somebody waits, dropped otherwise (module docs).
     fn failed(&self, p: u64, error: crate::store::StoreError) {
         self.counters.inc(Counter::StoreErrors);
+        // The read owns the page (INFLIGHT): its landing frame holds nothing worth keeping, and
+        // a retry assigns a new one.
+        self.installer.drop_landing(p);
         self.errors.push(EngineError::Store {
             op: "read",
             gpa: p * PAGE_SIZE as u64,
@@ -196,6 +201,8 @@ impl Completer {
                     | st::F_REF
                     | (w & st::F_PROBE);
                 self.meta.set_io_at(p, now);
+                // Off the landing frame: a staged page may stay unmapped for long.
+                self.installer.settle(p);
                 if self.table.cas(p, w, staged).is_err() {
                     continue;
                 }

@@ -36,6 +36,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backing::Refused;
 use crate::clock::Clock;
 use crate::errlog::ErrorLog;
 use crate::error::EngineError;
@@ -130,6 +131,10 @@ pub(crate) struct Evictor {
     /// Victims per round (`EngineConfig::evict_batch`).
     batch: usize,
     backoff: WriteBackoff,
+    /// Victims the kernel refused to move out in the current round (anon).
+    refused: Refused,
+    /// Pages kept resident for good so far (logged at powers of two: rate-limited).
+    unmovable: u64,
 }
 
 impl Evictor {
@@ -150,6 +155,8 @@ impl Evictor {
             clock: parts.clock(),
             batch: cfg.evict_batch,
             backoff: WriteBackoff::new(cfg.retry_backoff_ms.max(1) * 1_000_000),
+            refused: Refused::default(),
+            unmovable: 0,
         }
     }
 
@@ -302,7 +309,10 @@ impl Evictor {
         let table = &*self.table;
         let claim = |p: u64, w: u32, out: &mut Vec<Victim>| -> bool {
             let s = state_of(w);
-            if (s != st::LOCAL && s != st::STAGED) || st::pins_of(w) != 0 {
+            if (s != st::LOCAL && s != st::STAGED)
+                || st::pins_of(w) != 0
+                || !self.installer.evictable(p)
+            {
                 return false;
             }
             let ev = (w & !0xF) | st::EVICTING;
@@ -356,7 +366,6 @@ impl Evictor {
     /// Steps 1-4 of a round: zap the claimed victims, fingerprint them, submit the dirty ones'
     /// write-backs (their completions arrive later, see [`Evictor::write_back_done`]).
     fn start_round(&mut self, r: &mut Round) {
-        let c = &self.counters;
         r.started = self.clock.now();
         r.warned = 0;
         r.pending = 0;
@@ -369,7 +378,7 @@ impl Evictor {
                 .map(|v| v.page),
         );
         spans::bridge(&self.table, &r.pages, &mut r.spans);
-        if let Err(e) = self.installer.zap(&r.pages, &r.spans) {
+        if let Err(e) = self.installer.zap(&r.pages, &r.spans, &mut self.refused) {
             // Nothing was proven unmapped: give every victim back untouched.
             self.errors
                 .push(EngineError::os("zapping evicted pages", e));
@@ -378,6 +387,9 @@ impl Evictor {
             }
             r.victims.clear();
             return;
+        }
+        if !self.refused.pages.is_empty() {
+            self.keep_refused(r);
         }
         // 3. Content verdicts, now that the guest cannot write.
         r.writes.clear();
@@ -401,6 +413,7 @@ impl Evictor {
         if r.writes.is_empty() {
             return;
         }
+        let c = &self.counters;
         if let Err(e) = self.port.write(&r.writes) {
             c.inc(Counter::StoreErrors);
             c.add(Counter::EvictWriteFailed, r.writes.len() as u64);
@@ -494,6 +507,35 @@ impl Evictor {
             .record(Hist::EvictRound, self.clock.now().saturating_sub(r.started));
         c.inc(Counter::EvictRounds);
         self.queues.kick();
+    }
+
+    /// Victims the kernel refused to move out stay mapped and resident: given back, so that the
+    /// round goes on with the others; pages refused too often are kept for good, counted and
+    /// logged (at 1, 2, 4, ... such pages).
+    fn keep_refused(&mut self, r: &mut Round) {
+        let refused = &self.refused.pages;
+        r.victims.retain(|v| {
+            let keep = refused.binary_search(&v.page).is_err();
+            if !keep {
+                // Still mapped: LOCAL again (a waiter is woken; the map finds it mapped).
+                self.restore(v.page);
+            }
+            keep
+        });
+        let n = self.refused.unmovable;
+        if n > 0 {
+            self.counters.add(Counter::EvictUnmovable, n);
+            let before = self.unmovable;
+            self.unmovable += n;
+            if (before + 1..=self.unmovable).any(u64::is_power_of_two) {
+                tracing::warn!(
+                    "{} guest pages kept resident: the kernel refused to move them out {} \
+                     times (shared or pinned pages)",
+                    self.unmovable,
+                    crate::backing::UNMOVABLE_AFTER
+                );
+            }
+        }
     }
 
     /// Counts an eviction that completed.

@@ -15,7 +15,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::backing::{Backing, GuestMemory};
+use crate::backing::{Backing, GuestMemory, Refused};
 use crate::error::EngineError;
 use crate::hash::{self, Fingerprint};
 use crate::pagemeta::PageMeta;
@@ -105,10 +105,35 @@ impl Installer {
         unsafe { PageBuf::new(self.ram.data_ptr(p)) }.expect("guest RAM mappings are non-null")
     }
 
-    /// Gives the landing slots of `pages` (sorted runs read next) reused frames where the
-    /// backing keeps some (anon); the fault handler's read batches only.
-    pub fn take_frames(&self, pages: &[u64]) {
-        self.ram.take_frames(pages);
+    /// Assigns the owned pages `pages` (sorted, read next) landing frames where the backing
+    /// keeps free ones (anon: no syscall); the fault handler's read batches only. Their
+    /// [`Installer::page_buf`] is the landing frame from here.
+    pub fn assign_frames(&self, pages: &[u64]) {
+        let (pooled, bounced) = self.ram.assign_frames(pages);
+        if pooled > 0 {
+            self.counters.add(Counter::PoolLandings, pooled);
+        }
+        if bounced > 0 {
+            self.counters.add(Counter::BounceLandings, bounced);
+        }
+    }
+
+    /// A read of owned page `p` ended without data to keep (failed, or the page was lost):
+    /// frees its landing frame, if any.
+    pub fn drop_landing(&self, p: u64) {
+        self.ram.drop_landing(p);
+    }
+
+    /// Owned page `p` stays unmapped for a while (STAGED): its data leaves the landing frame
+    /// for the page's own slot (anon), keeping the pool's slots for reads in flight.
+    pub fn settle(&self, p: u64) {
+        self.ram.settle(p);
+    }
+
+    /// Whether page `p` may be evicted (see `backing::UNMOVABLE_AFTER`).
+    #[inline]
+    pub fn evictable(&self, p: u64) -> bool {
+        self.ram.evictable(p)
     }
 
     /// Fingerprint of the memfd page behind `p`. The caller owns the page (INFLIGHT with data
@@ -223,9 +248,15 @@ impl Installer {
 
     /// Takes the claimed victims `pages` (sorted) out of the guest view, keeping their data:
     /// memfd, by unmapping the ranges `spans` (`(first page, pages)`, see `spans.rs`, covering
-    /// `pages`); anon, by moving each run of victims out to its staging slots.
-    pub fn zap(&self, pages: &[u64], spans: &[(u64, u64)]) -> io::Result<()> {
-        self.ram.zap(pages, spans)
+    /// `pages`); anon, by moving each run of victims out to its staging slots. Victims the
+    /// kernel refused to move stay mapped and are listed in `refused`.
+    pub fn zap(
+        &self,
+        pages: &[u64],
+        spans: &[(u64, u64)],
+        refused: &mut Refused,
+    ) -> io::Result<()> {
+        self.ram.zap(pages, spans, refused)
     }
 
     /// Frees the data of evicted `pages`: memfd, by punching them out after unmapping the

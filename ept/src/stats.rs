@@ -159,6 +159,15 @@ counters! {
     evict_rescued: EvictRescued,
     /// Write-backs that failed (the page stays resident).
     evict_write_failed: EvictWriteFailed,
+    /// Reads landed in a free frame of the pool (anonymous guest memory), not in a page the
+    /// kernel allocates and zeroes.
+    pool_landings: PoolLandings,
+    /// Single-page reads landed in a bounce page (anonymous guest memory) and installed with
+    /// a copy, which flushes no TLB (a move would).
+    bounce_landings: BounceLandings,
+    /// Pages kept resident for good: the kernel refused to move them out of the guest view
+    /// (anonymous guest memory, EBUSY: shared or pinned) several times in a row.
+    evict_unmovable: EvictUnmovable,
     /// Eviction rounds.
     evict_rounds: EvictRounds,
     /// Stage-2 pre-fault calls attempted.

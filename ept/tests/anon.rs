@@ -90,6 +90,10 @@ fn guest_writes_racing_the_move_out_and_write_back_are_never_lost() {
             assert_eq!(g.load(p, w), last ^ p, "page {p} word {w} (guest)");
         }
     }
+    // Demand reads come one page at a time: they landed in bounce pages and were installed
+    // by a copy (the evicted frames still recycled for them would need a move each).
+    let s = vm.engine.stats();
+    assert!(s.counters.bounce_landings > 1000, "{:?}", s.counters);
     assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
 }
 
@@ -129,6 +133,9 @@ fn prefetched_runs_straddling_evictions_keep_every_page() {
     let s = vm.engine.stats();
     assert!(s.counters.prefetch_injected > 1000, "{:?}", s.counters);
     assert!(s.counters.evictions > 10_000, "{:?}", s.counters);
+    // The runs landed in the pool's free frames (the evicted pages' frames), not in pages the
+    // kernel allocated.
+    assert!(s.counters.pool_landings > 10_000, "{:?}", s.counters);
     for p in 0..g.pages {
         assert_eq!(g.check(p, 4), None, "final page {p}");
     }
@@ -137,14 +144,16 @@ fn prefetched_runs_straddling_evictions_keep_every_page() {
 
 #[test]
 fn partially_failed_read_batches_lose_no_page_and_no_frame() {
-    // Prefetch batches whose reads partly fail: the failed pages' staging slots keep the
-    // frames taken for them, and their retries (or later reads) must land in them intact.
+    // Prefetch batches whose reads partly fail: the failed pages give up the pool frames they
+    // were to land in (their retries, or later reads, land in others intact), and the pool
+    // goes on handing out frames: no slot stays held by a read that ended.
     let vm = anon(16, Budget::Bytes(2 << 20), MemStoreConfig::default(), true);
     let g = vm.guest();
     for p in 0..g.pages {
         g.fill(p, 7);
     }
     vm.settle();
+    let mut landed = vm.engine.stats().counters.pool_landings;
     for round in 0..4u64 {
         vm.store.fail_next_reads(3 + round * 5);
         let seed = 7 + round;
@@ -154,6 +163,14 @@ fn partially_failed_read_batches_lose_no_page_and_no_frame() {
             }
             g.fill(p, seed + 1);
         }
+        let now = vm.engine.stats().counters.pool_landings;
+        assert!(
+            now - landed > g.pages / 2,
+            "round {round}: only {} of {} reads landed in pool frames",
+            now - landed,
+            g.pages
+        );
+        landed = now;
     }
     let s = vm.engine.stats();
     assert!(s.counters.store_errors >= 3, "{:?}", s.counters);
@@ -165,4 +182,87 @@ fn partially_failed_read_batches_lose_no_page_and_no_frame() {
         "{resident} frames for a budget of {} pages",
         s.budget_pages
     );
+}
+
+#[test]
+fn pages_the_kernel_refuses_to_move_out_stay_resident_and_eviction_goes_on() {
+    // A fork that shares guest RAM (MADV_DOFORK) leaves every mapped page no longer exclusive
+    // to this process, and UFFDIO_MOVE refuses to move such a page (EBUSY) until it is written
+    // again. Pages written afterwards become movable again; a few left unwritten must be kept
+    // resident after a bounded number of refusals, while eviction goes on with the others.
+    let vm = anon(16, Budget::Bytes(2 << 20), MemStoreConfig::default(), false);
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 1);
+    }
+    vm.settle();
+    let local = |p: u64| {
+        matches!(
+            vm.engine.page_state(p * PAGE_SIZE as u64),
+            Some(PageState::Local { .. })
+        )
+    };
+    // Up to 16 mapped pages (read now, so mapped), never written again: they stay shared.
+    let kept: Vec<u64> = (0..g.pages)
+        .rev()
+        .filter(|&p| local(p) && g.check(p, 1).is_none())
+        .take(16)
+        .collect();
+    assert!(!kept.is_empty(), "no resident page after the fill");
+    let len = g.pages as usize * PAGE_SIZE;
+    let advise = |advice| {
+        // SAFETY: advisory call on the engine's guest view, a mapping that lives as long as
+        // `vm`; DOFORK and DONTFORK change only what a fork copies.
+        let r = unsafe { libc::madvise(vm.base as *mut libc::c_void, len, advice) };
+        assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+    };
+    advise(libc::MADV_DOFORK);
+    // SAFETY: the child calls only _exit, which is async-signal-safe.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaving the forked child at once.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: reaping the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    advise(libc::MADV_DONTFORK);
+    // Write the other resident pages first (no fault: the evictor stays idle), which makes
+    // them exclusive again.
+    let others: Vec<u64> = (0..g.pages).filter(|p| !kept.contains(p)).collect();
+    let evicted = vm.engine.stats().counters.evictions;
+    let (resident, remote): (Vec<u64>, Vec<u64>) = others.iter().partition(|&&p| local(p));
+    for &p in resident.iter().chain(&remote) {
+        g.fill(p, 2);
+    }
+    // Read and rewrite them, sweeping guest RAM eight times its budget over, until the kept
+    // pages were refused often enough (bounded).
+    let mut pass = 0u64;
+    while pass == 0 || pass < 40 && vm.engine.stats().counters.evict_unmovable < kept.len() as u64 {
+        pass += 1;
+        for &p in &others {
+            if let Some((w, got, want)) = g.check(p, pass + 1) {
+                panic!("pass {pass}: page {p} word {w}: got {got:#x} want {want:#x}");
+            }
+            g.fill(p, pass + 2);
+        }
+    }
+    let s = vm.engine.stats();
+    assert_eq!(
+        s.counters.evict_unmovable,
+        kept.len() as u64,
+        "pages kept resident after {pass} passes: {:?}",
+        s.counters
+    );
+    assert!(
+        s.counters.evictions - evicted > g.pages * 3 / 2,
+        "eviction stopped: {:?}",
+        s.counters
+    );
+    for &p in &kept {
+        assert!(local(p), "kept page {p} was evicted");
+        assert_eq!(g.check(p, 1), None, "kept page {p}");
+    }
+    assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
 }

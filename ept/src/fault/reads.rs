@@ -67,15 +67,20 @@ impl Reads {
         }
     }
 
-    /// Gives the landing slots of a batch's pages reused frames (anon backing).
-    fn take_frames(installer: &Installer, reqs: &[ReadReq]) {
+    /// Assigns a batch's pages free frames to land in (anon backing: pool positions, no
+    /// syscall), neighbours in consecutive frames so that each run installs with one move, and
+    /// points each request at its page's landing place.
+    fn assign_frames(installer: &Installer, reqs: &mut [ReadReq]) {
         let mut pages = [0u64; BATCH];
-        for (d, r) in pages.iter_mut().zip(reqs) {
+        for (d, r) in pages.iter_mut().zip(reqs.iter()) {
             *d = r.page;
         }
         let pages = &mut pages[..reqs.len()];
         pages.sort_unstable();
-        installer.take_frames(pages);
+        installer.assign_frames(pages);
+        for r in reqs.iter_mut() {
+            r.dst = installer.page_buf(r.page);
+        }
     }
 
     /// Submits the queued demand reads: each served on this thread where the store can, the
@@ -83,7 +88,7 @@ impl Reads {
     pub fn flush_demand(&mut self) {
         let b = &mut self.demand;
         let n = std::mem::take(&mut b.n);
-        Self::take_frames(&self.installer, &b.reqs[..n]);
+        Self::assign_frames(&self.installer, &mut b.reqs[..n]);
         let mut left = 0;
         for i in 0..n {
             let r = b.reqs[i];
@@ -98,7 +103,7 @@ impl Reads {
     pub fn flush_prefetch(&mut self) {
         let b = &mut self.prefetch;
         let n = std::mem::take(&mut b.n);
-        Self::take_frames(&self.installer, &b.reqs[..n]);
+        Self::assign_frames(&self.installer, &mut b.reqs[..n]);
         self.port.read(&b.reqs[..n]);
     }
 }

@@ -14,6 +14,7 @@
 
 use std::io;
 
+use crate::sys::mem::Advisor;
 use crate::sys::uffd::{self, Uffd};
 use crate::PAGE_SIZE;
 
@@ -27,7 +28,12 @@ pub struct AnonRam {
     pool: *mut u8,
     len: usize,
     pool_len: usize,
+    /// Bounce pages: plain memory single pages land in and are copied from (UFFDIO_COPY),
+    /// never moved; mapped on demand by [`AnonRam::with_bounce`].
+    bounce: *mut u8,
+    bounce_len: usize,
     uffd: Uffd,
+    advisor: Advisor,
 }
 
 // SAFETY: the raw pointers denote process-wide mappings owned by this struct; access to the
@@ -100,7 +106,10 @@ impl AnonRam {
                 pool: made[2].0,
                 len,
                 pool_len,
+                bounce: core::ptr::null_mut(),
+                bounce_len: 0,
                 uffd,
+                advisor: Advisor::new(),
             }),
             Err(e) => {
                 for (p, l) in made {
@@ -110,6 +119,28 @@ impl AnonRam {
                 Err(e)
             }
         }
+    }
+
+    /// Adds `pages` bounce pages (a private anonymous mapping, not registered with the uffd).
+    pub fn with_bounce(mut self, pages: u64) -> io::Result<Self> {
+        let len = pages as usize * PAGE_SIZE;
+        if len > 0 {
+            self.bounce = map(len, "bounce pages")?;
+            self.bounce_len = len;
+        }
+        Ok(self)
+    }
+
+    /// Bounce pages.
+    pub fn bounce_pages(&self) -> u64 {
+        (self.bounce_len / PAGE_SIZE) as u64
+    }
+
+    /// Bounce page `b` (caller guarantees `b < bounce_pages()`).
+    pub fn bounce_page(&self, b: u64) -> *mut u8 {
+        debug_assert!(b < self.bounce_pages());
+        // SAFETY: in bounds of the bounce mapping by the caller's guarantee.
+        unsafe { self.bounce.add(b as usize * PAGE_SIZE) }
     }
 
     /// The userfaultfd the guest view is registered with (its faults, wakes, moves).
@@ -246,14 +277,29 @@ impl AnonRam {
     /// Frees the frames in staging slots `[p, p+n)` (MADV_DONTNEED; empty slots stay empty).
     pub fn drop_staging(&self, p: u64, n: u64) -> io::Result<()> {
         self.check(p, n, self.pages())?;
-        // SAFETY: the range lies inside the staging mapping (checked above).
-        let r = unsafe {
-            libc::madvise(
-                self.staging_page(p).cast(),
-                n as usize * PAGE_SIZE,
-                libc::MADV_DONTNEED,
-            )
-        };
+        Self::dontneed(self.staging_page(p), n)
+    }
+
+    /// Frees the frames in the staging slots of `runs` (`(first page, pages)`; empty slots stay
+    /// empty), with one vectored MADV_DONTNEED where the kernel allows it.
+    pub fn drop_staging_runs(&self, runs: &[(u64, u64)]) -> io::Result<()> {
+        self.advisor
+            .advise(self.staging, self.pages(), libc::MADV_DONTNEED, |f| {
+                runs.iter().try_for_each(|&(s, n)| f(s, n))
+            })
+    }
+
+    /// Frees the frames in pool slots `[s, s+n)` (MADV_DONTNEED; empty slots stay empty).
+    pub fn drop_pool(&self, s: u64, n: u64) -> io::Result<()> {
+        self.check(s, n, self.pool_pages())?;
+        Self::dontneed(self.pool_page(s), n)
+    }
+
+    /// MADV_DONTNEED of `n` pages from `start`, which the caller checked lie inside one of
+    /// the mappings.
+    fn dontneed(start: *mut u8, n: u64) -> io::Result<()> {
+        // SAFETY: the range lies inside a mapping of `self` (the caller checked it).
+        let r = unsafe { libc::madvise(start.cast(), n as usize * PAGE_SIZE, libc::MADV_DONTNEED) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -283,6 +329,9 @@ impl Drop for AnonRam {
             libc::munmap(self.guest.cast(), self.len);
             libc::munmap(self.staging.cast(), self.len);
             libc::munmap(self.pool.cast(), self.pool_len);
+            if self.bounce_len > 0 {
+                libc::munmap(self.bounce.cast(), self.bounce_len);
+            }
         }
     }
 }

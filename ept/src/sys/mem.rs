@@ -18,10 +18,17 @@ use crate::PAGE_SIZE;
 pub struct GuestRam {
     /// Held for as long as the mappings (they alone would keep the file alive).
     _memfd: OwnedFd,
-    pidfd: Option<OwnedFd>,
     guest: *mut u8,
     alias: *mut u8,
     len: usize,
+    advisor: Advisor,
+}
+
+/// madvise() over many runs of pages of one mapping: one vectored `process_madvise` on this
+/// process where the kernel allows it (one TLB flush for all the runs), else one call per run.
+#[derive(Debug)]
+pub(crate) struct Advisor {
+    pidfd: Option<OwnedFd>,
     /// process_madvise() on self works (Linux >= 6.13); otherwise fall back to one call per run.
     vectored: AtomicBool,
 }
@@ -89,19 +96,12 @@ impl GuestRam {
                 return Err(e);
             }
         };
-        // SAFETY: pidfd_open on our own pid; the result is checked.
-        let pfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-        let pidfd = (pfd >= 0).then(|| {
-            // SAFETY: fresh fd from the kernel.
-            unsafe { OwnedFd::from_raw_fd(pfd as i32) }
-        });
         Ok(Self {
             _memfd: memfd,
-            vectored: AtomicBool::new(pidfd.is_some()),
-            pidfd,
             guest,
             alias,
             len,
+            advisor: Advisor::new(),
         })
     }
 
@@ -146,7 +146,10 @@ impl GuestRam {
 
     /// Unmaps `pages` from the guest view only (the data stays in the memfd).
     pub fn zap_guest(&self, pages: &[u64]) -> io::Result<()> {
-        self.advise(self.guest, libc::MADV_DONTNEED, |f| for_runs(pages, f))
+        self.advisor
+            .advise(self.guest, self.pages(), libc::MADV_DONTNEED, |f| {
+                for_runs(pages, f)
+            })
     }
 
     /// Unmaps the page ranges `spans` (`(first page, pages)`) from the guest view only, with
@@ -154,48 +157,96 @@ impl GuestRam {
     /// once per range it unmapped dirty shared entries from (every entry UFFDIO_CONTINUE
     /// installs is dirty), so fewer, longer ranges mean fewer TLB-shootdown IPIs.
     pub fn zap_guest_spans(&self, spans: &[(u64, u64)]) -> io::Result<()> {
-        self.advise(self.guest, libc::MADV_DONTNEED, |f| {
-            spans.iter().try_for_each(|&(s, n)| f(s, n))
-        })
+        self.advisor
+            .advise(self.guest, self.pages(), libc::MADV_DONTNEED, |f| {
+                spans.iter().try_for_each(|&(s, n)| f(s, n))
+            })
     }
 
     /// Unmaps the page ranges `spans` from the engine's alias only (the data stays in the
     /// memfd; the engine's next access maps it again).
     pub fn unmap_alias_spans(&self, spans: &[(u64, u64)]) -> io::Result<()> {
-        self.advise(self.alias, libc::MADV_DONTNEED, |f| {
-            spans.iter().try_for_each(|&(s, n)| f(s, n))
-        })
+        self.advisor
+            .advise(self.alias, self.pages(), libc::MADV_DONTNEED, |f| {
+                spans.iter().try_for_each(|&(s, n)| f(s, n))
+            })
     }
 
     /// Frees the memfd pages behind `pages` (both views lose them).
     pub fn free(&self, pages: &[u64]) -> io::Result<()> {
-        self.advise(self.alias, libc::MADV_REMOVE, |f| for_runs(pages, f))
+        self.advisor
+            .advise(self.alias, self.pages(), libc::MADV_REMOVE, |f| {
+                for_runs(pages, f)
+            })
     }
 
-    /// Refuses a run that does not lie inside guest RAM.
-    fn check_run(&self, start: u64, n: u64) -> io::Result<()> {
+    /// How many pages have memfd backing present (mincore on the alias).
+    pub fn resident_count(&self) -> io::Result<u64> {
+        let mut vec = vec![0u8; self.pages() as usize];
+        // SAFETY: `vec` has one byte per page of the alias mapping, as mincore requires.
+        let r = unsafe { libc::mincore(self.alias.cast(), self.len, vec.as_mut_ptr()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the two mappings this struct created; no references outlive it
+        // (the engine joins its threads before dropping).
+        unsafe {
+            libc::munmap(self.guest.cast(), self.len);
+            libc::munmap(self.alias.cast(), self.len);
+        }
+    }
+}
+
+impl Default for Advisor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Advisor {
+    /// Opens a pidfd of this process for `process_madvise` (without one: a call per run).
+    pub fn new() -> Self {
+        // SAFETY: pidfd_open on our own pid; the result is checked.
+        let pfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+        let pidfd = (pfd >= 0).then(|| {
+            // SAFETY: fresh fd from the kernel.
+            unsafe { OwnedFd::from_raw_fd(pfd as i32) }
+        });
+        Self {
+            vectored: AtomicBool::new(pidfd.is_some()),
+            pidfd,
+        }
+    }
+
+    /// Refuses a run that does not lie inside a mapping of `pages` pages.
+    fn check_run(pages: u64, start: u64, n: u64) -> io::Result<()> {
         match start.checked_add(n) {
-            Some(end) if end <= self.pages() => Ok(()),
+            Some(end) if end <= pages => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "pages {start}+{n} outside guest RAM of {} pages",
-                    self.pages()
-                ),
+                format!("pages {start}+{n} outside a mapping of {pages} pages"),
             )),
         }
     }
 
     /// Applies `advice` to the runs `runs` produces (`(first page, pages)`, each inside the
-    /// mapping at `base`): one vectored call where the kernel allows it, else one per run.
-    fn advise(
+    /// mapping of `pages` pages at `base`): one vectored call where the kernel allows it, else
+    /// one per run.
+    pub(crate) fn advise(
         &self,
         base: *mut u8,
+        pages: u64,
         advice: i32,
         runs: impl Fn(RunVisitor<'_>) -> io::Result<()>,
     ) -> io::Result<()> {
         if self.vectored.load(Ordering::Relaxed) {
-            match self.advise_vectored(base, advice, &runs) {
+            match self.advise_vectored(base, pages, advice, &runs) {
                 Ok(()) => return Ok(()),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
                     tracing::info!("process_madvise on self unsupported ({e}); one call per run");
@@ -205,8 +256,9 @@ impl GuestRam {
             }
         }
         runs(&mut |start, n| {
-            self.check_run(start, n)?;
-            // SAFETY: the run lies inside the mapping at `base` (checked above).
+            Self::check_run(pages, start, n)?;
+            // SAFETY: the run lies inside the mapping at `base` (checked above; the caller
+            // gives its size).
             let r = unsafe {
                 libc::madvise(
                     base.add(start as usize * PAGE_SIZE).cast(),
@@ -225,6 +277,7 @@ impl GuestRam {
     fn advise_vectored(
         &self,
         base: *mut u8,
+        pages: u64,
         advice: i32,
         runs: &dyn Fn(RunVisitor<'_>) -> io::Result<()>,
     ) -> io::Result<()> {
@@ -261,7 +314,7 @@ impl GuestRam {
         };
         const _: () = assert!(64 <= MAX_IOV);
         runs(&mut |start, len| {
-            self.check_run(start, len)?;
+            Self::check_run(pages, start, len)?;
             iov[n] = libc::iovec {
                 // SAFETY: in bounds of the mapping (checked above).
                 iov_base: unsafe { base.add(start as usize * PAGE_SIZE).cast() },
@@ -278,28 +331,6 @@ impl GuestRam {
             flush(&iov[..n])?;
         }
         Ok(())
-    }
-
-    /// How many pages have memfd backing present (mincore on the alias).
-    pub fn resident_count(&self) -> io::Result<u64> {
-        let mut vec = vec![0u8; self.pages() as usize];
-        // SAFETY: `vec` has one byte per page of the alias mapping, as mincore requires.
-        let r = unsafe { libc::mincore(self.alias.cast(), self.len, vec.as_mut_ptr()) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
-    }
-}
-
-impl Drop for GuestRam {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the two mappings this struct created; no references outlive it
-        // (the engine joins its threads before dropping).
-        unsafe {
-            libc::munmap(self.guest.cast(), self.len);
-            libc::munmap(self.alias.cast(), self.len);
-        }
     }
 }
 
