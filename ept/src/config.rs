@@ -104,7 +104,8 @@ impl Budget {
 /// Default probe sampling: 1 in 64 prefetches stays staged. Each probe costs the guest a
 /// minor fault (tens of µs on this host): at 1 in 16, probes took ~15% of a sequential scan's
 /// time at 25% local; at 1 in 64 the accuracy estimate still rests on ~150 samples per 10^4
-/// prefetches (measured with `farvm run --probe-every`, README "Remote memory").
+/// prefetches (measured with `farvm run --probe-every`, README "Remote memory"). After its
+/// first 256 probes the engine samples 4 times more sparsely (`fault/mod.rs`, `YOUNG_PROBES`).
 pub const DEFAULT_PROBE_EVERY: u32 = 64;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -122,7 +123,8 @@ pub struct EngineConfig {
     /// Pages zapped / written back per eviction round (>= 64 amortises the zap, see notes).
     pub evict_batch: usize,
     /// Besides the prefetcher's own markers, leave every N-th injected candidate staged as a
-    /// probe so the hit rate of injected prefetching stays measurable (0 = off).
+    /// probe so the hit rate of injected prefetching stays measurable (0 = off); every 4N-th
+    /// after the first 256 probes (1 stays 1).
     pub probe_every: u32,
     /// Prefetching on/off (the prefetcher is still told nothing when off).
     pub prefetch: bool,

@@ -292,6 +292,43 @@ fn sequential_scan_is_mostly_served_by_prefetch() {
 }
 
 #[test]
+fn the_probe_sample_turns_sparser_after_its_first_probes() {
+    // Every 2nd prefetch is a probe until 256 probes were taken, then every 8th: a scan of
+    // 8,192 pages with next-n issues several thousand prefetches, well past the young phase.
+    let cfg = farvm_prefetch::registry::Config::default();
+    let pf = farvm_prefetch::registry::build("next-n", &cfg).expect("next-n exists");
+    let vm = Vm::with(
+        32,
+        Budget::Percent(25.0),
+        pf,
+        MemStoreConfig::default(),
+        |c| c.probe_every = 2,
+    );
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 0, p * 5);
+    }
+    vm.settle();
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, 0), p * 5, "page {p}");
+    }
+    vm.settle();
+    let c = vm.engine.stats().counters;
+    let (issued, probes) = (c.prefetch_issued, c.probe_staged);
+    assert!(
+        issued > 4 * 512,
+        "the scan issues prefetches well past the young sample: {c:?}"
+    );
+    assert!(probes >= 256, "the young sample is taken in full: {c:?}");
+    // 256 probes in the first 512 prefetches, then one per 8 (the counter wraps nowhere here).
+    assert!(
+        probes <= 256 + (issued - 512) / 8 + 1,
+        "after 256 probes only every 8th prefetch is one: {probes} of {issued}"
+    );
+    assert!(c.probe_hits > 0, "probes reveal hits: {c:?}");
+}
+
+#[test]
 fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
     let rec = Recorder::new(8, 2);
     let hits = rec.hits.clone();

@@ -295,8 +295,9 @@ pub struct RunArgs {
 
     /// Leave every N-th prefetched page unmapped until the guest touches it, so the hit rate
     /// of the (otherwise invisible) injected prefetches can be measured; each such probe
-    /// costs the guest one minor fault (0 = no probes: accuracy then comes from the
-    /// prefetcher's own markers only).
+    /// costs the guest one minor fault. After the first 256 probes only every 4N-th page is one
+    /// (N = 1 stays 1). 0 = no probes: accuracy then comes from the prefetcher's own markers
+    /// only.
     #[arg(long, value_name = "N", default_value_t = farvm_vmm::remote::DEFAULT_PROBE_EVERY)]
     pub probe_every: u32,
 

@@ -45,8 +45,8 @@ next to which demand-fault latency is shown, and the raw TCP streaming rate of 4
 most pages per second any remote-memory design can move over this loopback).
 
 Columns: measured-phase time normalised to all-local; demand faults; prefetch accuracy and
-coverage (the engine's estimates: staged markers and 1-in-64 probes reveal hits of injected
-prefetches); demand-fault service latency p50/p99 (fault read -> page installed and vCPU woken);
+coverage (the engine's estimates: staged markers and probes, 1 in 64 prefetches and 1 in 256
+after the first 256, reveal hits of injected prefetches); demand-fault service latency p50/p99 (fault read -> page installed and vCPU woken);
 install p50 (UFFDIO_CONTINUE); ns per access (measured time / accesses); page access p50 (stride
 only: the guest's own rdtsc timing of each page's first access in a pass: a fault, a prefetch
 hit or a resident page).
