@@ -1,9 +1,9 @@
 //! Where guest RAM's pages live: the two backings the installer runs on.
 //!
-//! - **memfd** (default): one memfd mapped twice, the guest view (registered MISSING|MINOR)
+//! - **memfd** (the default where the kernel lacks `UFFDIO_MOVE`): one memfd mapped twice, the guest view (registered MISSING|MINOR)
 //!   and the engine's alias; data lands in the memfd through the alias and is mapped with
 //!   `UFFDIO_CONTINUE`; eviction zaps the guest view and punches the page out.
-//! - **anon**: private anonymous guest RAM (`sys::anon::AnonRam`): data lands in a free frame
+//! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous guest RAM (`sys::anon::AnonRam`): data lands in a free frame
 //!   of the pool (or, with the pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the
 //!   frame into the guest view and, at eviction, out to its staging slot and back to the pool,
 //!   so a page cycle allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per
@@ -55,14 +55,29 @@ const BOUNCE: u32 = 1 << 31;
 const BOUNCE_PAGES: u64 = 512;
 
 /// Which backing guest RAM uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GuestMemory {
     /// A memfd mapped twice; installs with UFFDIO_CONTINUE.
-    #[default]
     Memfd,
     /// Private anonymous memory; pages move with UFFDIO_MOVE (Linux 6.8 or later).
     Anon,
+}
+
+/// The default: anon where this kernel's userfaultfd offers `UFFD_FEATURE_MOVE` (it takes
+/// 0.6-0.85x the CPU per remote page of memfd, `docs/data-path.md`), memfd elsewhere, so a
+/// host on an older kernel runs as before instead of failing at engine set-up.
+impl Default for GuestMemory {
+    fn default() -> Self {
+        static PROBED: std::sync::OnceLock<GuestMemory> = std::sync::OnceLock::new();
+        *PROBED.get_or_init(|| match Uffd::open(uffd::feature::MOVE) {
+            Ok(_) => Self::Anon,
+            Err(e) => {
+                tracing::info!("userfaultfd without UFFD_FEATURE_MOVE ({e}): guest RAM on a memfd");
+                Self::Memfd
+            }
+        })
+    }
 }
 
 impl GuestMemory {

@@ -47,6 +47,7 @@ impl Installer {
         meta: Arc<PageMeta>,
         counters: Arc<Counters>,
     ) -> Result<Self, EngineError> {
+        tracing::info!(backing = ?kind, "guest RAM backing");
         let ram = Backing::new(len, kind, pool_pages).map_err(|e| {
             EngineError::os(
                 "creating guest RAM and its userfaultfd (needs root or \
