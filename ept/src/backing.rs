@@ -1,13 +1,15 @@
 //! Where guest RAM's pages live: the two backings the installer runs on.
 //!
-//! - **memfd** (the default where the kernel lacks `UFFDIO_MOVE`): one memfd mapped twice, the guest view (registered MISSING|MINOR)
-//!   and the engine's alias; data lands in the memfd through the alias and is mapped with
-//!   `UFFDIO_CONTINUE`; eviction zaps the guest view and punches the page out.
-//! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous guest RAM (`sys::anon::AnonRam`): data lands in a free frame
-//!   of the pool (or, with the pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the
-//!   frame into the guest view and, at eviction, out to its staging slot and back to the pool,
-//!   so a page cycle allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per
-//!   cycle, none of them on the fault handler.
+//! - **memfd** (the default where the kernel lacks `UFFDIO_MOVE`): one memfd mapped twice,
+//!   the guest view (registered MISSING|MINOR) and the engine's alias; data lands in the memfd
+//!   through the alias and is mapped with `UFFDIO_CONTINUE`; eviction zaps the guest view and
+//!   punches the page out.
+//! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous
+//!   guest RAM (`sys::anon::AnonRam`): data lands in a free frame of the pool (or, with the
+//!   pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the frame into the guest view
+//!   and, at eviction, out to its staging slot and back to the pool, so a page cycle
+//!   allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per cycle, none of
+//!   them on the fault handler.
 //!
 //! Where a page's data is, by its state (anon): an INFLIGHT page's in its *landing* frame (the
 //! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it

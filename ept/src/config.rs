@@ -142,9 +142,9 @@ pub struct EngineConfig {
     /// slot named) for attribution checks (`faultlog`); 0 = off.
     pub fault_log_records: usize,
     /// Guest RAM's backing: anonymous memory whose pages move with UFFDIO_MOVE (the default
-    /// where the kernel has it) or a memfd (`backing.rs`). [`EngineConfig::new`] takes it from the environment
-    /// variable `FARVM_GUEST_MEMORY` (`memfd` or `anon`) when set, so that a whole test suite
-    /// can run on either.
+    /// where the kernel has it) or a memfd (`backing.rs`). [`EngineConfig::new`] takes it from
+    /// the environment variable `FARVM_GUEST_MEMORY` (`memfd` or `anon`) when set, so that a
+    /// whole test suite can run on either.
     #[serde(default)]
     pub guest_memory: crate::GuestMemory,
 }
