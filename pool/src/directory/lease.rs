@@ -281,6 +281,12 @@ impl Task {
         let (mut keeper, mut stream) =
             match tokio::time::timeout(self.timeout, c.lease_keep_alive(lease)).await {
                 Ok(Ok(pair)) => pair,
+                // etcd-client opens the stream with one keep-alive and reports a lease etcd no
+                // longer has (TTL 0 in the answer) as this error: the lease expired or was
+                // revoked before the stream opened, e.g. between a reconnect and this call.
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m == "lease not found" => {
+                    return Exit::Expired;
+                }
                 Ok(Err(e)) => return Exit::Transport(e.to_string()),
                 Err(_) => return Exit::Transport("keep-alive stream: no answer".into()),
             };
