@@ -172,7 +172,7 @@ impl EngineConfig {
             mem_bytes,
             budget: Budget::Unlimited,
             free_reserve_pages: 0,
-            max_prefetch_inflight: 128,
+            max_prefetch_inflight: 256,
             evict_batch: 64,
             probe_every: DEFAULT_PROBE_EVERY,
             prefetch: true,

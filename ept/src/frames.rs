@@ -15,6 +15,11 @@ use std::thread::Thread;
 
 use crate::config::{ConfigError, EngineConfig};
 
+/// Prefetch reads in flight the headroom below low water is sized for, at most: a larger cap
+/// lets more reads wait for frames instead of lowering what stays resident (measured: sizing
+/// it for 256 cost the key-value workload at 50% local 14% more demand faults).
+const HEADROOM_INFLIGHT: u64 = 128;
+
 pub(crate) struct Frames {
     resident: AtomicU64,
     budget: u64,
@@ -36,10 +41,12 @@ impl Frames {
         } else {
             (reserve, budget - reserve)
         };
-        // Prefetch headroom below the low-water mark: the larger of the in-flight cap, two
-        // eviction batches and 1/8 of the budget, at most a quarter of it (small budgets). The
-        // evictor then works in batches while prefetches keep finding frames.
+        // Prefetch headroom below the low-water mark: the larger of the in-flight cap (at most
+        // HEADROOM_INFLIGHT), two eviction batches and 1/8 of the budget, at most a quarter of
+        // it (small budgets). The evictor then works in batches while prefetches keep finding
+        // frames.
         let headroom = (cfg.max_prefetch_inflight as u64)
+            .min(HEADROOM_INFLIGHT)
             .max(cfg.evict_batch as u64 * 2)
             .max(low_water / 8)
             .min(low_water / 4);

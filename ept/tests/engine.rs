@@ -359,6 +359,82 @@ fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
     assert!(s.prefetch_timeliness.count > 0);
 }
 
+/// Proposes the page after each fault, and on a late hit the `ahead` pages after the one hit.
+struct LateAhead {
+    ahead: u64,
+    late: Arc<AtomicU64>,
+}
+
+impl farvm_prefetch::Prefetcher for LateAhead {
+    fn name(&self) -> &'static str {
+        "test-late-ahead"
+    }
+    fn on_fault(&mut self, _k: u64, page: u64, _now: u64, out: &mut farvm_prefetch::Candidates) {
+        out.clear();
+        out.push(page + 1);
+    }
+    fn on_hit(&mut self, _k: u64, _page: u64, _now: u64) {}
+    fn on_late_hit(&mut self, _k: u64, page: u64, _now: u64, out: &mut farvm_prefetch::Candidates) {
+        self.late.fetch_add(1, Ordering::Relaxed);
+        out.clear();
+        for i in 1..=self.ahead {
+            out.push(page + i);
+        }
+    }
+    fn forget(&mut self, _k: u64) {}
+}
+
+#[test]
+fn a_late_hit_issues_what_the_prefetcher_answers_while_the_guest_waits() {
+    let late = Arc::new(AtomicU64::new(0));
+    let pf = LateAhead {
+        ahead: 3,
+        late: late.clone(),
+    };
+    let vm = Vm::with(
+        8,
+        Budget::Percent(25.0),
+        Box::new(pf),
+        MemStoreConfig {
+            demand_latency: Duration::from_millis(1),
+            prefetch_latency: Duration::from_millis(100),
+            write_latency: Duration::from_millis(1),
+        },
+        |c| c.probe_every = 0,
+    );
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 2, p ^ 0x5a5a);
+    }
+    vm.settle();
+    let remote = |p: u64| vm.engine.page_state(p * PAGE_SIZE as u64) == Some(PageState::Remote);
+    let p = (0..g.pages - 5)
+        .find(|&p| (p..p + 5).all(remote))
+        .expect("a run of 5 remote pages");
+    let before = vm.engine.stats().counters;
+    let reads_before = vm.store.counts().reads_prefetch;
+    // A demand read of p (1 ms); the prefetch of p + 1 (100 ms) is still in flight when the
+    // guest touches p + 1.
+    assert_eq!(g.load(p, 2), p ^ 0x5a5a);
+    assert_eq!(g.load(p + 1, 2), (p + 1) ^ 0x5a5a);
+    let mid = vm.engine.stats().counters;
+    assert_eq!(mid.prefetch_late_hits - before.prefetch_late_hits, 1);
+    assert_eq!(
+        late.load(Ordering::Relaxed),
+        1,
+        "the late hit reached the prefetcher"
+    );
+    // Its answer went out while the guest waited for p + 1.
+    assert_eq!(vm.store.counts().reads_prefetch - reads_before, 4);
+    // p + 2 .. p + 4 are no demand faults.
+    for q in p + 2..p + 5 {
+        assert_eq!(g.load(q, 2), q ^ 0x5a5a, "page {q}");
+    }
+    let after = vm.engine.stats().counters;
+    assert_eq!(after.demand_faults - before.demand_faults, 1, "{after:?}");
+    assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
+}
+
 #[test]
 fn transient_read_failures_are_retried_and_surfaced() {
     let vm = Vm::new(8, Budget::Bytes(1 << 20), none());

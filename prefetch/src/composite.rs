@@ -107,6 +107,13 @@ impl Prefetcher for LeapStream {
         self.leap.on_hit(key, page, now);
     }
 
+    fn on_late_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        // The stream answers a late hit in its window with a window further ahead; Leap's
+        // windows are fetched only on its own decisions (a hit is history to it).
+        self.stream.late_hit(key, page, out);
+        self.leap.on_hit(key, page, now);
+    }
+
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         if self.stream.marker_hit(key, page, out) || self.runahead.marker_hit(key, page, out) {
             return;

@@ -207,6 +207,14 @@ pub trait Prefetcher: Send {
         out.clear();
         self.on_hit(key, page, now);
     }
+    /// The first use of a page proposed earlier whose fetch is still under way: a *late hit*
+    /// (the guest waits for it). Like [`Prefetcher::on_hit`], but it says the guest caught up
+    /// with the prefetcher's pipeline, so the prefetcher may answer with pages further ahead.
+    /// The default forwards to `on_hit` and proposes nothing.
+    fn on_late_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        out.clear();
+        self.on_hit(key, page, now);
+    }
     /// The process is gone; drop its state.
     fn forget(&mut self, key: ProcessKey);
 }

@@ -16,6 +16,11 @@
 //! ([`Prefetcher::on_marker_hit`]) the stream issues its next window at once, so a steady scan
 //! never misses even when ordinary hits are invisible (injected pages).
 //!
+//! A late hit (the guest reached a page of the stream's window whose read is still in flight,
+//! [`Prefetcher::on_late_hit`]) means one window ahead is less than the reads' latency: the
+//! stream doubles its depth (past the depth budget) and issues its next window at once, keeping
+//! its outstanding marker, and so keeps one more window in flight from then on.
+//!
 //! A fault *inside* the issued window means the window is behind the guest (a page of it was
 //! evicted before use, or the caller still holds it in a queue): the window restarts right
 //! after the fault at half the depth (not below `init_depth`), instead of fetching further past
@@ -364,15 +369,23 @@ impl Stream {
     }
 
     /// Fetches the next `depth` pages along the stride, after the frontier if it is still
-    /// ahead of the stream's last page, else after the last page.
+    /// ahead of the stream's last page, else after the last page, with a marker in the middle.
     fn issue(&mut self, i: usize, out: &mut Candidates) {
+        self.issue_window(i, out, true);
+    }
+
+    /// [`Stream::issue`]; with `marker` false the window carries no marker and the stream's
+    /// outstanding one stays.
+    fn issue_window(&mut self, i: usize, out: &mut Candidates, marker: bool) {
         let e = &mut self.entries[i];
         let p = match e.frontier {
             Some(f) if e.ahead_on_lattice(f) => f,
             _ => e.last,
         };
         let depth = e.depth.clamp(1, MAX_CANDIDATES);
-        self.markers[i] = NO_MARKER;
+        if marker {
+            self.markers[i] = NO_MARKER;
+        }
         let Some(first) = p.checked_add_signed(e.stride) else {
             return;
         };
@@ -386,7 +399,7 @@ impl Stream {
         e.frontier = Some(slice[start + added - 1]);
         // One marker in the middle of the window.
         let m = start + added / 2;
-        if slice[m] != NO_MARKER {
+        if marker && slice[m] != NO_MARKER {
             self.markers[i] = slice[m];
             out.set_marker(m);
         }
@@ -488,6 +501,10 @@ impl Prefetcher for Stream {
         self.marker_hit(key, page, out);
     }
 
+    fn on_late_hit(&mut self, key: ProcessKey, page: PageNo, _now: Nanos, out: &mut Candidates) {
+        self.late_hit(key, page, out);
+    }
+
     fn forget(&mut self, key: ProcessKey) {
         let key = self.key(key);
         for i in 0..self.keys.len() {
@@ -536,6 +553,38 @@ impl Stream {
             e.advance_to(page);
         }
         self.touch(i);
+    }
+
+    /// [`Prefetcher::on_late_hit`]; returns whether a window was issued. A late hit inside a
+    /// confirmed stream's fetched region means the guest caught up with the stream's reads:
+    /// one window ahead is less than the reads' latency. The stream answers with its next
+    /// window past the frontier, twice as deep (up to `max_depth`, whatever the depth budget:
+    /// the guest consumes the stream faster than it is fetched), so from then on it has one
+    /// more window in flight; its
+    /// outstanding marker (still ahead of the guest) stays the marker, and its hit issues the
+    /// window after that. The lead so grows by a window per late hit until the guest stops
+    /// catching up; the caller's in-flight cap bounds it. Anything else is an ordinary hit
+    /// ([`Stream::hit`]).
+    pub fn late_hit(&mut self, key: ProcessKey, page: PageNo, out: &mut Candidates) -> bool {
+        out.clear();
+        let k = self.key(key);
+        let i = match self.find(k, page) {
+            Ok(i) if self.entries[i].confirmed() && self.entries[i].covers(page) => i,
+            _ => {
+                self.hit(key, page);
+                return false;
+            }
+        };
+        let max_depth = self.params.max_depth;
+        let e = &mut self.entries[i];
+        e.advance_to(page);
+        // Consumed faster than fetched: the depth budget (which keeps a slowly used stream
+        // from holding pages the LRU evicts before use) does not apply.
+        e.depth = (e.depth * 2).min(max_depth);
+        let keep = self.markers[i] != NO_MARKER && self.entries[i].covers(self.markers[i]);
+        self.touch(i);
+        self.issue_window(i, out, !keep);
+        !out.is_empty()
     }
 
     /// [`Prefetcher::on_marker_hit`]; returns whether `page` was one of this table's markers.
@@ -683,6 +732,89 @@ mod tests {
         assert_eq!(out.len(), 4, "13 used pages earn 6, rounded down to 4");
         s.on_fault(1, 17, 5, &mut out);
         assert_eq!(out.as_slice(), (18..26).collect::<Vec<_>>().as_slice());
+    }
+
+    #[test]
+    fn a_late_hit_issues_the_next_window_deeper_and_keeps_the_marker() {
+        let mut s = Stream::new(StreamParams {
+            used_per_depth: 16,
+            ..StreamParams::default()
+        });
+        let mut out = Candidates::new();
+        for p in 0..3 {
+            s.on_fault(1, p, p, &mut out);
+        }
+        // Confirmed at page 2: pages 3..7 with the marker at 5.
+        assert_eq!(out.as_slice(), &[3, 4, 5, 6]);
+        assert!(out.is_marker(2));
+        // The guest reached page 3 while it was in flight: the next window goes out at once,
+        // twice as deep although the budget (3 used pages) would hold it at 4, and without a
+        // marker: page 5 stays the marker.
+        assert!(s.late_hit(1, 3, &mut out));
+        assert_eq!(out.as_slice(), (7..15).collect::<Vec<_>>().as_slice());
+        assert!((0..out.len()).all(|i| !out.is_marker(i)));
+        assert!(s.owns_marker(1, 5));
+        // The marker's hit issues the window after that one.
+        assert!(s.marker_hit(1, 5, &mut out));
+        assert_eq!(out.as_slice()[0], 15);
+        assert!(!s.owns_marker(1, 5));
+        // A late hit outside every stream's window issues nothing and creates no stream.
+        assert!(!s.late_hit(1, 5_000, &mut out));
+        assert!(out.is_empty());
+        assert_eq!(s.confirmed_streams(1), 1);
+    }
+
+    #[test]
+    fn late_hits_keep_a_slow_pipeline_windows_ahead() {
+        // A caller whose reads take `lag` accesses to arrive: a page proposed at access t is
+        // there from access t + lag on; touching it earlier is a late hit.
+        fn run(s: &mut Stream, late_hits: bool) -> (usize, usize) {
+            let lag = 40u64;
+            let mut arrives = std::collections::HashMap::<u64, (u64, bool)>::new();
+            let mut out = Candidates::new();
+            let (mut late, mut misses) = (0, 0);
+            for t in 0..20_000u64 {
+                match arrives.remove(&t) {
+                    Some((at, marker)) => {
+                        if marker {
+                            s.on_marker_hit(1, t, t, &mut out);
+                        } else if at > t {
+                            late += 1;
+                            if late_hits {
+                                s.on_late_hit(1, t, t, &mut out);
+                            } else {
+                                s.on_hit(1, t, t);
+                                out.clear();
+                            }
+                        } else {
+                            out.clear();
+                        }
+                    }
+                    None => {
+                        misses += 1;
+                        s.on_fault(1, t, t, &mut out);
+                    }
+                }
+                for (c, m) in out.iter() {
+                    arrives.entry(c).or_insert((t + lag, m));
+                }
+            }
+            (late, misses)
+        }
+        let params = StreamParams {
+            used_per_depth: 16,
+            ..StreamParams::default()
+        };
+        let (late_before, misses_before) = run(&mut Stream::new(params), false);
+        let (late_after, misses_after) = run(&mut Stream::new(params), true);
+        assert!(
+            misses_after <= misses_before,
+            "{misses_after} > {misses_before}"
+        );
+        assert!(
+            late_after * 10 < late_before,
+            "late hits {late_before} -> {late_after}"
+        );
     }
 
     #[test]

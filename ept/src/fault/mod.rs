@@ -23,7 +23,7 @@
 //! | `NEVER` | fault | a frame is free | `zero_fill`: zero page mapped, vCPU woken | `LOCAL` (through `INFLIGHT+DEMAND`) |
 //! | `REMOTE` | fault | a frame is free | `demand_read` | `INFLIGHT+DEMAND` (`+HOT` if a refault within the working set) |
 //! | `NEVER`, `REMOTE` | fault | no frame free | parked, run again next round | unchanged |
-//! | `INFLIGHT` | fault | `PREFETCHED` (a prefetch nobody faulted on yet) | `late_hit`: store told to hurry, prefetcher told of the hit | `+DEMAND+WAITERS+CONSUMED −PREFETCHED−MARKER−PROBE`: installed and woken on arrival, not staged |
+//! | `INFLIGHT` | fault | `PREFETCHED` (a prefetch nobody faulted on yet) | `late_hit`: store told to hurry, prefetcher told of the hit (it may answer with pages further ahead) | `+DEMAND+WAITERS+CONSUMED −PREFETCHED−MARKER−PROBE`: installed and woken on arrival, not staged |
 //! | `INFLIGHT` | fault | otherwise (a demand read) | `join_read`: waits for the same read | `+WAITERS` |
 //! | `STAGED` | fault | | `marker_hit`: prefetcher told, mapped, vCPU woken, offered to the evictor first | `LOCAL+CONSUMED` (through `INFLIGHT+DEMAND`) |
 //! | `LOCAL` | fault | | `remap`: mapped again under a pin (raced with an install or an eviction that gave it back) | `LOCAL` |
@@ -538,11 +538,10 @@ impl Handler {
         // A marker (or probe) still in flight: the guest reached it, the very signal a
         // prefetcher's continuation waits for. Answer it now: otherwise a stream the guest
         // caught up with issues nothing more and restarts small at the next miss, and the
-        // guest keeps catching up.
-        let key = self.learner.hit(key, p, marker, now);
-        if marker {
-            self.issue_candidates(key, entry, now);
-        }
+        // guest keeps catching up. Any other page in flight says the same of the distance
+        // ahead: the prefetcher may answer with pages further ahead.
+        let key = self.learner.late_hit(key, p, marker, now);
+        self.issue_candidates(key, entry, now);
         Step::Done
     }
 

@@ -110,6 +110,19 @@ impl Learner {
         key
     }
 
+    /// Process `key` reached page `p` of a prefetch still in flight (a late hit): a marker is
+    /// answered as by [`Learner::hit`], any other page with what the prefetcher fetches
+    /// further ahead (the guest caught up with its reads), in the candidates. Returns the
+    /// history the hit went to.
+    pub fn late_hit(&mut self, key: u64, p: u64, marker: bool, now: u64) -> u64 {
+        if marker {
+            return self.hit(key, p, true, now);
+        }
+        let (key, pf) = self.space.to_prefetch(&*self.installer, key, p);
+        self.prefetcher.on_late_hit(key, pf, now, &mut self.cands);
+        key
+    }
+
     pub fn candidates(&self) -> usize {
         self.cands.len()
     }
