@@ -5,7 +5,9 @@
 //! plain evaluator can still run away from the guest in the engine. This model reproduces the
 //! engine's realities deterministically, with time counted in guest accesses (*ticks*):
 //! - every read (demand or prefetch) takes `latency` ticks; a touch of a page whose prefetch is
-//!   still in flight is a *late hit*: the guest waits for it and the prefetcher hears `on_hit`;
+//!   still in flight is a *late hit*: the guest waits for it and the prefetcher hears
+//!   `on_late_hit` (`on_marker_hit` for a marker; `on_hit` with `marker_continuation` off), and
+//!   its answer is issued as the engine's is;
 //!   a demand fault stalls the guest `latency` ticks, and the prefetcher is consulted when the
 //!   demand read is already on its way (its candidates are issued before the stall);
 //! - at most `max_inflight` prefetch reads are in flight; candidates beyond that are *deferred*
@@ -53,7 +55,7 @@ impl Default for EngineModelConfig {
         Self {
             local_pages: 4096,
             latency: 64,
-            max_inflight: 128,
+            max_inflight: 256,
             defer_cap: 1024,
             defer_max_age: 2048,
             marker_continuation: true,
@@ -226,13 +228,24 @@ impl Model<'_> {
             return;
         }
         if let Some(f) = self.inflight.get_mut(&(key, page)) {
-            if f.prefetched {
-                // The engine installs a late prefetch on arrival and reports a visible hit.
-                f.marker = false;
+            let (prefetched, marker, ready) =
+                (f.prefetched, std::mem::take(&mut f.marker), f.ready);
+            if prefetched {
+                // The engine installs a late prefetch on arrival and reports a visible hit: a
+                // marker's as a marker hit, any other page's as a late hit, whose answer
+                // (pages further ahead) it fetches.
                 self.s.late_hits += 1;
-                self.pf.on_hit(key, page, now);
+                if !self.cfg.marker_continuation {
+                    self.pf.on_hit(key, page, now);
+                } else {
+                    if marker {
+                        self.pf.on_marker_hit(key, page, now, &mut self.cands);
+                    } else {
+                        self.pf.on_late_hit(key, page, now, &mut self.cands);
+                    }
+                    self.issue(key);
+                }
             }
-            let ready = f.ready;
             self.advance(ready);
             if let Some(idx) = self.lru.get(key, page) {
                 self.lru.meta(idx).unused_prefetch = false;
