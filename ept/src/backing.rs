@@ -30,11 +30,14 @@
 //!
 //! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
 //! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a
-//! row the page is kept resident for good ([`Backing::evictable`] says no) and counted, so
-//! eviction carries on with other victims.
+//! row the page is kept resident ([`Backing::evictable`] says no) and counted, so eviction
+//! carries on with other victims. It is tried again after [`RETRY_EPOCH_ROUNDS`] eviction
+//! rounds, and after each further refusal twice as many (at most 2^[`MAX_RETRY_SHIFT`] times
+//! that): a page that becomes movable later (its sharer gone, the page written again) is
+//! evicted again, and one that stays pinned costs a refused move ever more rarely.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -45,8 +48,16 @@ use crate::PAGE_SIZE;
 
 const PG: u64 = PAGE_SIZE as u64;
 
-/// Refused move-outs in a row after which a page is kept resident for good.
-pub(crate) const UNMOVABLE_AFTER: u8 = 3;
+/// Refused move-outs in a row after which a page is kept resident (and retried later).
+pub(crate) const UNMOVABLE_AFTER: u32 = 3;
+/// Eviction rounds (move-outs) per retry epoch of pages kept resident.
+const RETRY_EPOCH_ROUNDS: u64 = 16;
+/// A page kept resident is tried again `1 << min(refusals - UNMOVABLE_AFTER, MAX_RETRY_SHIFT)`
+/// epochs after its last refusal.
+const MAX_RETRY_SHIFT: u32 = 10;
+/// `Anon::refused`: the refusals in a row are the low 8 bits, the epoch of the last one the
+/// rest (24 bits, wrapping).
+const REFUSALS: u32 = 0xFF;
 
 /// `Anon::landing` of a page that has no landing frame (its data lands in its staging slot).
 const NO_SLOT: u32 = u32::MAX;
@@ -105,9 +116,11 @@ pub(crate) struct Anon {
     /// Per guest page: the pool slot its read lands in ([`NO_SLOT`]: its staging slot). Set by
     /// the fault handler for a page it owns (INFLIGHT), cleared when the frame leaves the slot.
     landing: Box<[AtomicU32]>,
-    /// Per guest page: move-outs the kernel refused in a row (EBUSY), up to
-    /// [`UNMOVABLE_AFTER`].
-    refused: Box<[AtomicU8]>,
+    /// Per guest page: move-outs the kernel refused in a row (EBUSY; low 8 bits, saturating)
+    /// and the retry epoch of the last refusal (the rest, see [`REFUSALS`]).
+    refused: Box<[AtomicU32]>,
+    /// Move-outs so far (eviction rounds): the clock of retries.
+    rounds: AtomicU64,
     /// One bit per bounce page: free.
     bounce_free: Box<[AtomicU64]>,
     /// Where the fault handler last found a free bounce page.
@@ -123,7 +136,7 @@ pub(crate) struct Anon {
 pub(crate) struct Refused {
     /// Victims still mapped.
     pub pages: Vec<u64>,
-    /// Of those, newly kept resident for good.
+    /// Of those, newly kept resident (see [`UNMOVABLE_AFTER`]).
     pub unmovable: u64,
 }
 
@@ -163,7 +176,8 @@ impl Backing {
                 Ok(Self::Anon(Anon {
                     mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
                     landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
-                    refused: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+                    refused: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+                    rounds: AtomicU64::new(0),
                     bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
                     bounce_hint: AtomicUsize::new(0),
                     ram,
@@ -252,12 +266,12 @@ impl Backing {
     }
 
     /// Whether page `p` may be evicted: false once the kernel refused to move it out
-    /// [`UNMOVABLE_AFTER`] times in a row (anon).
+    /// [`UNMOVABLE_AFTER`] times in a row (anon), until its retry epoch comes.
     #[inline]
     pub fn evictable(&self, p: u64) -> bool {
         match self {
             Self::Memfd { .. } => true,
-            Self::Anon(a) => a.refused[p as usize].load(Ordering::Relaxed) < UNMOVABLE_AFTER,
+            Self::Anon(a) => a.evictable(p),
         }
     }
 
@@ -490,6 +504,30 @@ impl Anon {
         self.release_landing(p, l, false)
     }
 
+    /// The retry epoch now (24 bits, wrapping).
+    fn epoch(&self) -> u32 {
+        ((self.rounds.load(Ordering::Relaxed) / RETRY_EPOCH_ROUNDS) as u32) & (u32::MAX >> 8)
+    }
+
+    fn evictable(&self, p: u64) -> bool {
+        let v = self.refused[p as usize].load(Ordering::Relaxed);
+        let n = v & REFUSALS;
+        if n < UNMOVABLE_AFTER {
+            return true;
+        }
+        let wait = 1u32 << (n - UNMOVABLE_AFTER).min(MAX_RETRY_SHIFT);
+        let since = self.epoch().wrapping_sub(v >> 8) & (u32::MAX >> 8);
+        since >= wait
+    }
+
+    /// Counts a refused move-out of page `p`; true if it makes the page kept resident.
+    fn refuse(&self, p: u64) -> bool {
+        let r = &self.refused[p as usize];
+        let n = ((r.load(Ordering::Relaxed) & REFUSALS) + 1).min(REFUSALS);
+        r.store((self.epoch() << 8) | n, Ordering::Relaxed);
+        n == UNMOVABLE_AFTER
+    }
+
     fn is_mapped(&self, p: u64) -> bool {
         self.mapped[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
     }
@@ -562,6 +600,7 @@ impl Anon {
     /// (EBUSY) stay mapped and go to `refused`.
     fn move_out(&self, pages: &[u64], refused: &mut Refused) -> io::Result<()> {
         let u = self.ram.uffd();
+        self.rounds.fetch_add(1, Ordering::Relaxed);
         mem::for_runs(pages, |p, n| {
             let mut i = 0;
             let mut stale_dropped = u64::MAX;
@@ -600,10 +639,7 @@ impl Anon {
                     }
                     // Shared or pinned: it stays mapped (and resident); the others go on.
                     Err(e) if errno(&e) == libc::EBUSY => {
-                        let r = &self.refused[(p + i) as usize];
-                        let c = r.load(Ordering::Relaxed).saturating_add(1);
-                        r.store(c, Ordering::Relaxed);
-                        if c == UNMOVABLE_AFTER {
+                        if self.refuse(p + i) {
                             refused.unmovable += 1;
                         }
                         refused.pages.push(p + i);
@@ -679,5 +715,112 @@ impl Anon {
         }
         self.tail.store(tail, Ordering::Release);
         i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anon(pages: u64) -> Backing {
+        Backing::new(pages as usize * PAGE_SIZE, GuestMemory::Anon, 4)
+            .expect("anonymous guest RAM with UFFDIO_MOVE (Linux 6.8 or later)")
+    }
+
+    /// Zaps `p` alone; returns (refused, newly kept resident).
+    fn zap_one(b: &Backing, p: u64, refused: &mut Refused) -> (bool, u64) {
+        b.zap(&[p], &[(p, 1)], refused).expect("zap");
+        (refused.pages == [p], refused.unmovable)
+    }
+
+    /// Eviction rounds that touch nothing, until `epochs` retry epochs have passed.
+    fn pass_epochs(b: &Backing, epochs: u64, refused: &mut Refused) {
+        for _ in 0..epochs * RETRY_EPOCH_ROUNDS {
+            b.zap(&[], &[], refused).expect("empty zap");
+        }
+    }
+
+    #[test]
+    fn a_page_kept_resident_after_refusals_is_retried_and_evicted_once_movable() {
+        let b = anon(8);
+        let p = 3;
+        // SAFETY: page 3 has no landing frame: its data pointer is its staging slot, whose
+        // missing fault is the kernel's; nobody else uses this RAM.
+        unsafe { core::ptr::write_volatile(b.data_ptr(p) as *mut u64, 0x5eed) };
+        b.map(p, 1, false).expect("map page 3");
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let guest = a.ram.guest_page_addr(p) as *mut u64;
+        // Share the guest view's pages with a child (as a fork without MADV_DONTFORK does):
+        // they are no longer exclusive to this process, which UFFDIO_MOVE refuses (EBUSY)
+        // until the page is written again, even after the child is gone.
+        // SAFETY: advisory call on the guest view, which `b` owns.
+        let r = unsafe {
+            libc::madvise(
+                a.ram.guest_base() as *mut libc::c_void,
+                a.ram.len(),
+                libc::MADV_DOFORK,
+            )
+        };
+        assert_eq!(r, 0, "madvise DOFORK");
+        crate::sys::anon::fork_a_child_that_exits();
+
+        let mut refused = Refused::default();
+        for k in 1..=UNMOVABLE_AFTER {
+            assert!(
+                b.evictable(p),
+                "refusal {k} of {UNMOVABLE_AFTER}: still evictable"
+            );
+            let kept = u64::from(k == UNMOVABLE_AFTER);
+            assert_eq!(zap_one(&b, p, &mut refused), (true, kept), "refusal {k}");
+        }
+        assert!(
+            !b.evictable(p),
+            "kept resident after {UNMOVABLE_AFTER} refusals"
+        );
+        pass_epochs(&b, 1, &mut refused);
+        assert!(b.evictable(p), "eligible again after one retry epoch");
+        // Still shared: refused again, kept again (not counted anew), and now it waits twice
+        // as long.
+        assert_eq!(zap_one(&b, p, &mut refused), (true, 0), "first retry");
+        pass_epochs(&b, 1, &mut refused);
+        assert!(!b.evictable(p), "the second retry waits two epochs");
+        pass_epochs(&b, 1, &mut refused);
+        assert!(b.evictable(p), "eligible after two epochs");
+        // The guest writes the page: exclusive again, so it moves out, data and all.
+        // SAFETY: page 3 is mapped in the guest view; this is the guest writing it.
+        unsafe { core::ptr::write_volatile(guest, 0xbeef) };
+        assert_eq!(
+            zap_one(&b, p, &mut refused),
+            (false, 0),
+            "moved out once movable"
+        );
+        // SAFETY: page 3's frame is in its staging slot now (EVICTING: the caller owns it).
+        let moved = unsafe { core::ptr::read_volatile(b.data_ptr(p) as *const u64) };
+        assert_eq!(moved, 0xbeef);
+        assert!(b.evictable(p), "a page that moved starts over");
+        assert_eq!(a.refused[p as usize].load(Ordering::Relaxed) & REFUSALS, 0);
+    }
+
+    #[test]
+    fn a_retried_page_waits_at_most_the_longest_back_off() {
+        let b = anon(4);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let p = 1;
+        // As after many refusals: the count saturates and the wait stops doubling.
+        for _ in 0..300 {
+            a.refuse(p);
+        }
+        assert_eq!(
+            a.refused[p as usize].load(Ordering::Relaxed) & REFUSALS,
+            REFUSALS
+        );
+        let mut refused = Refused::default();
+        pass_epochs(&b, (1 << MAX_RETRY_SHIFT) - 1, &mut refused);
+        assert!(!b.evictable(p));
+        pass_epochs(&b, 1, &mut refused);
+        assert!(
+            b.evictable(p),
+            "retried after 2^{MAX_RETRY_SHIFT} epochs at most"
+        );
     }
 }

@@ -133,7 +133,7 @@ pub(crate) struct Evictor {
     backoff: WriteBackoff,
     /// Victims the kernel refused to move out in the current round (anon).
     refused: Refused,
-    /// Pages kept resident for good so far (logged at powers of two: rate-limited).
+    /// Pages kept resident so far (logged at powers of two: rate-limited).
     unmovable: u64,
 }
 
@@ -510,8 +510,8 @@ impl Evictor {
     }
 
     /// Victims the kernel refused to move out stay mapped and resident: given back, so that the
-    /// round goes on with the others; pages refused too often are kept for good, counted and
-    /// logged (at 1, 2, 4, ... such pages).
+    /// round goes on with the others; pages refused too often are kept resident until their
+    /// retry (`backing.rs`), counted and logged (at 1, 2, 4, ... such pages).
     fn keep_refused(&mut self, r: &mut Round) {
         let refused = &self.refused.pages;
         r.victims.retain(|v| {
@@ -530,7 +530,7 @@ impl Evictor {
             if (before + 1..=self.unmovable).any(u64::is_power_of_two) {
                 tracing::warn!(
                     "{} guest pages kept resident: the kernel refused to move them out {} \
-                     times (shared or pinned pages)",
+                     times (shared or pinned pages; retried later, ever more rarely)",
                     self.unmovable,
                     crate::backing::UNMOVABLE_AFTER
                 );
