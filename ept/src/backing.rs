@@ -24,9 +24,11 @@
 //! consumer, which only hands out positions. A slot handed out keeps its frame until the
 //! page's install moves it into the guest view (or a read that ends otherwise gives it up):
 //! the producer moves frames only into empty slots, and stops at a slot still in use (the
-//! kernel refuses the move, EEXIST) as at a full pool. A read that finds no pool frame lands
-//! in its empty staging slot, which the kernel fills with a zeroed page as the memfd does; a
-//! freed frame that finds the pool full is freed.
+//! kernel refuses the move, EEXIST) as at a full pool. The ring has [`LANDING_SLOTS`] more
+//! slots than the free frames it may hold, so that the reads in flight, whose landing frames
+//! sit in the slots just behind the free ones, seldom stop the producer. A read that finds no
+//! pool frame lands in its empty staging slot, which the kernel fills with a zeroed page as
+//! the memfd does; a freed frame that finds the pool full is freed.
 //!
 //! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
 //! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a
@@ -66,6 +68,10 @@ const BOUNCE: u32 = 1 << 31;
 /// Bounce pages: single-page reads in flight at once that land in one (the rest take pool
 /// frames).
 const BOUNCE_PAGES: u64 = 512;
+/// Pool slots beyond the free frames the pool may hold: room for the landing frames handed out
+/// and not installed yet (reads in flight), so that the producer's next slot is rarely still
+/// one of them (address space only: a slot holds a frame only while it is free or landing).
+const LANDING_SLOTS: u64 = 1024;
 
 /// Which backing guest RAM uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +134,9 @@ pub(crate) struct Anon {
     /// Frames in pool slots `head..tail` (mod the pool size) are free.
     head: AtomicU64,
     tail: AtomicU64,
+    /// At most this many free frames are kept (`tail - head`); the pool has
+    /// [`LANDING_SLOTS`] more slots than that.
+    max_free: u64,
 }
 
 /// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
@@ -146,7 +155,8 @@ fn errno(e: &io::Error) -> i32 {
 
 impl Backing {
     /// Guest RAM of `len` bytes, its guest view registered with a new uffd; `pool_pages` is
-    /// the anon pool's size (free frames kept for reuse).
+    /// how many free frames the anon pool keeps for reuse at most (its ring has
+    /// [`LANDING_SLOTS`] more slots, for the frames of reads in flight).
     pub fn new(len: usize, kind: GuestMemory, pool_pages: u64) -> io::Result<Self> {
         let features = uffd::feature::THREAD_ID;
         match kind {
@@ -163,8 +173,9 @@ impl Backing {
                 Ok(Self::Memfd { ram, uffd })
             }
             GuestMemory::Anon => {
-                let ram =
-                    AnonRam::new(len, pool_pages.max(1), features)?.with_bounce(BOUNCE_PAGES)?;
+                let max_free = pool_pages.max(1);
+                let ram = AnonRam::new(len, max_free + LANDING_SLOTS, features)?
+                    .with_bounce(BOUNCE_PAGES)?;
                 if ram.pool_pages() >= u64::from(BOUNCE) {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -183,6 +194,7 @@ impl Backing {
                     ram,
                     head: AtomicU64::new(0),
                     tail: AtomicU64::new(0),
+                    max_free,
                 }))
             }
         }
@@ -679,15 +691,16 @@ impl Anon {
         Ok(())
     }
 
-    /// Producer: frames of staging slots `[p, p+n)` into the pool while it has room. Returns
-    /// how many of the slots it dealt with (from `p`); the caller frees the rest.
+    /// Producer: frames of staging slots `[p, p+n)` into the pool while it has room (fewer
+    /// than `max_free` free frames). Returns how many of the slots it dealt with (from `p`);
+    /// the caller frees the rest.
     fn give(&self, p: u64, n: u64) -> u64 {
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
         let mut tail = self.tail.load(Ordering::Relaxed);
         let mut i = 0;
         while i < n {
-            let space = cap - (tail - head);
+            let space = self.max_free.saturating_sub(tail - head);
             if space == 0 {
                 break;
             }
@@ -799,6 +812,48 @@ mod tests {
         assert_eq!(moved, 0xbeef);
         assert!(b.evictable(p), "a page that moved starts over");
         assert_eq!(a.refused[p as usize].load(Ordering::Relaxed) & REFUSALS, 0);
+    }
+
+    /// Writes `v` into the first word of owned, unmapped page `p`'s data.
+    fn put(b: &Backing, p: u64, v: u64) {
+        // SAFETY: `p` is in range and unmapped; its data (staging slot or landing frame) is
+        // this RAM's, whose missing faults are the kernel's; nobody else uses this RAM.
+        unsafe { core::ptr::write_volatile(b.data_ptr(p) as *mut u64, v) };
+    }
+
+    fn get(b: &Backing, p: u64) -> u64 {
+        // SAFETY: as in `put`.
+        unsafe { core::ptr::read_volatile(b.data_ptr(p) as *const u64) }
+    }
+
+    #[test]
+    fn the_pool_keeps_its_free_frames_and_reads_in_flight_do_not_stop_it() {
+        let b = anon(64);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let free = |a: &Anon| a.tail.load(Ordering::Relaxed) - a.head.load(Ordering::Relaxed);
+        for p in 0..8 {
+            put(&b, p, 100 + p);
+        }
+        // Evicted pages 0..6: four frames kept (the pool's free frames), two freed.
+        b.free(&[0, 1, 2, 3, 4, 5], &[]).expect("free");
+        assert_eq!(free(a), 4, "at most 4 free frames");
+        // Two reads in flight take the two oldest free frames and land there.
+        assert_eq!(b.assign_frames(&[20, 21]), (2, 0));
+        put(&b, 20, 20);
+        put(&b, 21, 21);
+        // Further evictions refill the pool behind them, in slots of their own: the frames
+        // of the reads in flight (not installed yet) stay theirs.
+        b.free(&[6, 7], &[]).expect("free");
+        assert_eq!(free(a), 4, "refilled up to 4 free frames");
+        assert_eq!((get(&b, 20), get(&b, 21)), (20, 21), "landed data intact");
+        // The next reads get the refilled frames (reused: they hold the evicted data until
+        // overwritten), none of which is a frame of the reads in flight.
+        assert_eq!(b.assign_frames(&[30, 31, 32, 33]), (4, 0));
+        let reused: Vec<u64> = (30..34).map(|p| get(&b, p)).collect();
+        assert_eq!(reused, [102, 103, 106, 107]);
+        // Installing the first reads frees their slots for the pool's later turns.
+        b.map(20, 2, false).expect("install 20..22");
+        assert_eq!(b.assign_frames(&[40, 41]), (0, 0), "no free frame left");
     }
 
     #[test]
