@@ -7,13 +7,16 @@
 //! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous
 //!   guest RAM (`sys::anon::AnonRam`): data lands in a free frame of the pool (or, with the
 //!   pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the frame into the guest view
-//!   and, at eviction, out to its staging slot and back to the pool, so a page cycle
-//!   allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per cycle, none of
-//!   them on the fault handler.
+//!   and, at eviction, straight back into a pool slot (or, in a round with write-backs or with
+//!   the pool full, out to its staging slot and from there to the pool), so a page cycle
+//!   allocates, zeroes and frees nothing (`docs/data-path.md`): two moves per cycle of a clean
+//!   page, none of them on the fault handler.
 //!
 //! Where a page's data is, by its state (anon): an INFLIGHT page's in its *landing* frame (the
 //! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it
-//! was assigned none); STAGED and EVICTING pages' in their staging slot; a LOCAL page's in the
+//! was assigned none); STAGED pages' in their staging slot; EVICTING pages' in the pool slot
+//! the move-out put them in (their landing frame from there) or their staging slot; a LOCAL
+//! page's in the
 //! guest view once its `mapped` bit is set, else (a victim given back, or between claim and
 //! map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
 //! LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and
@@ -29,6 +32,14 @@
 //! sit in the slots just behind the free ones, seldom stop the producer. A read that finds no
 //! pool frame lands in its empty staging slot, which the kernel fills with a zeroed page as
 //! the memfd does; a freed frame that finds the pool full is freed.
+//!
+//! The evictor moves a round's victims straight into the pool's next slots (positions from
+//! `fill`), which become free frames only once the round is freed: [`Backing::publish_pool`]
+//! advances `tail` up to the first position of the oldest round not freed yet. A round that
+//! turns out to need write-backs moves its victims on to their staging slots and gives the
+//! positions back ([`Backing::unpool`]) before it waits, so that no round holds positions
+//! while the frames freed after it queue behind them; and the round after one with write-backs
+//! (a write-heavy phase) moves its victims to staging slots in the first place.
 //!
 //! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
 //! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a
@@ -134,19 +145,30 @@ pub(crate) struct Anon {
     /// Frames in pool slots `head..tail` (mod the pool size) are free.
     head: AtomicU64,
     tail: AtomicU64,
+    /// The producer's fill position (`>= tail`): positions `tail..fill` hold frames of
+    /// victims still being evicted (published by [`Backing::publish_pool`]) or freed ones
+    /// waiting behind them.
+    fill: AtomicU64,
     /// At most this many free frames are kept (`tail - head`); the pool has
     /// [`LANDING_SLOTS`] more slots than that.
     max_free: u64,
 }
 
 /// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
-/// and how many of them just reached [`UNMOVABLE_AFTER`] refusals.
+/// how many of them just reached [`UNMOVABLE_AFTER`] refusals, and where in the pool the
+/// moved ones went.
 #[derive(Default)]
 pub(crate) struct Refused {
     /// Victims still mapped.
     pub pages: Vec<u64>,
     /// Of those, newly kept resident (see [`UNMOVABLE_AFTER`]).
     pub unmovable: u64,
+    /// The first pool position the move-out filled (anon), if it moved victims straight into
+    /// pool slots: positions from there on are not free until the round is freed and
+    /// [`Backing::publish_pool`] is told so.
+    pub pool_from: Option<u64>,
+    /// Input: whether the move-out may put victims straight into pool slots.
+    pub to_pool: bool,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -194,6 +216,7 @@ impl Backing {
                     ram,
                     head: AtomicU64::new(0),
                     tail: AtomicU64::new(0),
+                    fill: AtomicU64::new(0),
                     max_free,
                 }))
             }
@@ -271,6 +294,7 @@ impl Backing {
     ) -> io::Result<()> {
         refused.pages.clear();
         refused.unmovable = 0;
+        refused.pool_from = None;
         match self {
             Self::Memfd { ram, .. } => ram.zap_guest_spans(spans),
             Self::Anon(a) => a.move_out(pages, refused),
@@ -284,6 +308,28 @@ impl Backing {
         match self {
             Self::Memfd { .. } => true,
             Self::Anon(a) => a.evictable(p),
+        }
+    }
+
+    /// Takes the victims among `pages` (sorted) that the last move-out put into pool slots
+    /// from position `from` out again, into their staging slots (one move per run), and gives
+    /// the positions back: a round that must wait for write-backs holds no pool slot, which
+    /// would keep the pool from publishing the frames freed after it.
+    pub fn unpool(&self, pages: &[u64], from: u64) -> io::Result<()> {
+        match self {
+            Self::Anon(a) => a.unpool(pages, from),
+            Self::Memfd { .. } => Ok(()),
+        }
+    }
+
+    /// Publishes the pool's filled positions before `limit` (the first position of the oldest
+    /// eviction round not freed yet, `u64::MAX` for none) as free frames (anon).
+    pub fn publish_pool(&self, limit: u64) {
+        if let Self::Anon(a) = self {
+            let to = limit.min(a.fill.load(Ordering::Relaxed));
+            if to > a.tail.load(Ordering::Relaxed) {
+                a.tail.store(to, Ordering::Release);
+            }
         }
     }
 
@@ -608,12 +654,19 @@ impl Anon {
         Ok(outcome)
     }
 
-    /// Moves the mapped ones of `pages` out into their staging slots; those the kernel refuses
-    /// (EBUSY) stay mapped and go to `refused`.
+    /// Moves the mapped ones of `pages` out, one move per run: straight into the pool's next
+    /// slots while it has room (the page's landing frame from here: freeing it then moves
+    /// nothing), else into their staging slots; those the kernel refuses (EBUSY) stay mapped
+    /// and go to `refused`.
     fn move_out(&self, pages: &[u64], refused: &mut Refused) -> io::Result<()> {
         let u = self.ram.uffd();
         self.rounds.fetch_add(1, Ordering::Relaxed);
-        mem::for_runs(pages, |p, n| {
+        let cap = self.ram.pool_pages();
+        let head = self.head.load(Ordering::Acquire);
+        let start = self.fill.load(Ordering::Relaxed);
+        let mut fill = start;
+        let mut pool_ok = refused.to_pool;
+        let r = mem::for_runs(pages, |p, n| {
             let mut i = 0;
             let mut stale_dropped = u64::MAX;
             while i < n {
@@ -626,10 +679,25 @@ impl Anon {
                     m += 1;
                 }
                 let src = self.ram.guest_page_addr(p + i);
-                match u.move_some(self.ram.staging_page(p + i) as u64, src, m * PG, false) {
+                let room = self.max_free.saturating_sub(fill - head);
+                let to_pool = pool_ok && room > 0;
+                let dst = if to_pool {
+                    m = m.min(room).min(cap - fill % cap);
+                    self.pool_addr(fill)
+                } else {
+                    self.ram.staging_page(p + i) as u64
+                };
+                match u.move_some(dst, src, m * PG, false) {
                     Ok(b) => {
                         let k = b / PG;
                         self.set_mapped(p + i, k, false);
+                        if to_pool {
+                            for j in 0..k {
+                                let slot = ((fill + j) % cap) as u32;
+                                self.landing[(p + i + j) as usize].store(slot, Ordering::Release);
+                            }
+                            fill += k;
+                        }
                         for q in p + i..p + i + k {
                             let r = &self.refused[q as usize];
                             if r.load(Ordering::Relaxed) != 0 {
@@ -643,6 +711,9 @@ impl Anon {
                         self.set_mapped(p + i, 1, false);
                         i += 1;
                     }
+                    // The pool slot is still a read's landing frame: the rest of the round
+                    // goes to staging slots.
+                    Err(e) if to_pool && errno(&e) == libc::EEXIST => pool_ok = false,
                     // A stale frame in the staging slot (a read that landed there before a
                     // retry took a pool frame): not the page's data. Freed, then once more.
                     Err(e) if errno(&e) == libc::EEXIST && stale_dropped != p + i => {
@@ -661,26 +732,86 @@ impl Anon {
                 }
             }
             Ok(())
-        })
+        });
+        self.fill.store(fill, Ordering::Relaxed);
+        if fill > start {
+            refused.pool_from = Some(start);
+        }
+        r
+    }
+
+    fn unpool(&self, pages: &[u64], from: u64) -> io::Result<()> {
+        let u = self.ram.uffd();
+        let mut i = 0;
+        while i < pages.len() {
+            let p = pages[i];
+            let Land::Pool(s) = self.land(p) else {
+                i += 1;
+                continue;
+            };
+            let src = self.ram.pool_page(s) as u64;
+            let mut m = 1;
+            while i + m < pages.len()
+                && pages[i + m] == p + m as u64
+                && self.land(p + m as u64) == Land::Pool(s + m as u64)
+            {
+                m += 1;
+            }
+            let dst = self.ram.staging_page(p) as u64;
+            let moved = match u.move_some(dst, src, m as u64 * PG, false) {
+                Ok(b) => (b / PG) as usize,
+                // A stale frame in the staging slot: not the page's data. Freed, once more.
+                Err(e) if errno(&e) == libc::EEXIST => {
+                    self.ram.drop_staging(p, m as u64)?;
+                    (u.move_some(dst, src, m as u64 * PG, false)? / PG) as usize
+                }
+                Err(e) => return Err(e),
+            };
+            for q in p..p + moved as u64 {
+                self.landing[q as usize].store(NO_SLOT, Ordering::Release);
+            }
+            i += moved.max(1);
+        }
+        self.fill.store(from, Ordering::Relaxed);
+        Ok(())
     }
 
     fn pool_addr(&self, pos: u64) -> u64 {
         self.ram.pool_page(pos % self.ram.pool_pages()) as u64
     }
 
-    /// Frees evicted `pages` (sorted): their frames into the pool while it has room, the rest
-    /// dropped with one vectored call per 64 runs (one TLB flush, not one per run).
+    /// Frees evicted `pages` (sorted): frames the move-out put in pool slots stay there (free
+    /// once published), the others go into the pool while it has room, the rest dropped with
+    /// one vectored call per 64 runs (one TLB flush, not one per run).
     fn free(&self, pages: &[u64]) -> io::Result<()> {
         let mut rest = [(0u64, 0u64); 64];
         let mut k = 0;
-        mem::for_runs(pages, |p, n| {
-            let given = self.give(p, n);
-            if given < n {
-                rest[k] = (p + given, n - given);
-                k += 1;
-                if k == rest.len() {
-                    self.ram.drop_staging_runs(&rest)?;
-                    k = 0;
+        let pooled = |p: u64| matches!(self.land(p), Land::Pool(_));
+        mem::for_runs(pages, |first, len| {
+            // Split off the pages already in pool slots.
+            let mut i = 0;
+            while i < len {
+                let in_pool = pooled(first + i);
+                let mut m = 1;
+                while i + m < len && pooled(first + i + m) == in_pool {
+                    m += 1;
+                }
+                let (p, n) = (first + i, m);
+                i += m;
+                if in_pool {
+                    for q in p..p + n {
+                        self.landing[q as usize].store(NO_SLOT, Ordering::Release);
+                    }
+                    continue;
+                }
+                let given = self.give(p, n);
+                if given < n {
+                    rest[k] = (p + given, n - given);
+                    k += 1;
+                    if k == rest.len() {
+                        self.ram.drop_staging_runs(&rest)?;
+                        k = 0;
+                    }
                 }
             }
             Ok(())
@@ -697,7 +828,7 @@ impl Anon {
     fn give(&self, p: u64, n: u64) -> u64 {
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
-        let mut tail = self.tail.load(Ordering::Relaxed);
+        let mut tail = self.fill.load(Ordering::Relaxed);
         let mut i = 0;
         while i < n {
             let space = self.max_free.saturating_sub(tail - head);
@@ -726,7 +857,7 @@ impl Anon {
                 }
             }
         }
-        self.tail.store(tail, Ordering::Release);
+        self.fill.store(tail, Ordering::Relaxed);
         i
     }
 }
@@ -836,6 +967,7 @@ mod tests {
         }
         // Evicted pages 0..6: four frames kept (the pool's free frames), two freed.
         b.free(&[0, 1, 2, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
         assert_eq!(free(a), 4, "at most 4 free frames");
         // Two reads in flight take the two oldest free frames and land there.
         assert_eq!(b.assign_frames(&[20, 21]), (2, 0));
@@ -844,6 +976,7 @@ mod tests {
         // Further evictions refill the pool behind them, in slots of their own: the frames
         // of the reads in flight (not installed yet) stay theirs.
         b.free(&[6, 7], &[]).expect("free");
+        b.publish_pool(u64::MAX);
         assert_eq!(free(a), 4, "refilled up to 4 free frames");
         assert_eq!((get(&b, 20), get(&b, 21)), (20, 21), "landed data intact");
         // The next reads get the refilled frames (reused: they hold the evicted data until
@@ -854,6 +987,84 @@ mod tests {
         // Installing the first reads frees their slots for the pool's later turns.
         b.map(20, 2, false).expect("install 20..22");
         assert_eq!(b.assign_frames(&[40, 41]), (0, 0), "no free frame left");
+    }
+
+    #[test]
+    fn victims_move_straight_into_pool_slots_and_become_free_frames_when_published() {
+        let b = anon(64);
+        for p in 0..6 {
+            put(&b, p, 100 + p);
+            b.map(p, 1, false).expect("map");
+        }
+        let mut refused = Refused {
+            to_pool: true,
+            ..Refused::default()
+        };
+        b.zap(&[0, 1, 2, 3, 4, 5], &[], &mut refused).expect("zap");
+        assert!(refused.pages.is_empty());
+        assert_eq!(
+            refused.pool_from,
+            Some(0),
+            "the round's first pool position"
+        );
+        // Four victims fit the pool (its free frames at most), the rest went to staging; the
+        // data is where the evictor fingerprints and writes back from.
+        let lands: Vec<bool> = (0..6)
+            .map(|p| {
+                let Backing::Anon(a) = &b else { unreachable!() };
+                matches!(a.land(p), Land::Pool(_))
+            })
+            .collect();
+        assert_eq!(lands, [true, true, true, true, false, false]);
+        assert_eq!(
+            (0..6).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            (100..106).collect::<Vec<_>>()
+        );
+        // Not free before the round is freed and published.
+        b.publish_pool(0);
+        assert_eq!(b.assign_frames(&[20, 21]), (0, 0));
+        // A victim given back leaves its pool slot for its staging slot, data and all.
+        b.settle(2);
+        assert_eq!(get(&b, 2), 102);
+        b.free(&[0, 1, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        // The freed victims' frames are the next reads' landing frames, in place (no move);
+        // the slot given back is empty (a read landing there gets a zeroed page).
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        let landed: Vec<u64> = (20..24).map(|p| get(&b, p)).collect();
+        assert_eq!(landed, [100, 101, 0, 103]);
+    }
+
+    #[test]
+    fn a_round_with_write_backs_gives_its_pool_slots_back() {
+        let b = anon(64);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        for p in 8..12 {
+            put(&b, p, p);
+            b.map(p, 1, false).expect("map");
+        }
+        let mut refused = Refused {
+            to_pool: true,
+            ..Refused::default()
+        };
+        b.zap(&[8, 9, 10, 11], &[], &mut refused).expect("zap");
+        let from = refused.pool_from.expect("moved into pool slots");
+        b.unpool(&[8, 9, 10, 11], from).expect("unpool");
+        // Data in the staging slots (write-back reads it there), the positions given back.
+        assert!((8..12).all(|p| a.land(p) == Land::Staging));
+        assert_eq!(
+            (8..12).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            [8, 9, 10, 11]
+        );
+        assert_eq!(a.fill.load(Ordering::Relaxed), from);
+        // Freed after its write-backs, the round fills the pool as before.
+        b.free(&[8, 9, 10, 11], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        assert_eq!(
+            (20..24).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            [8, 9, 10, 11]
+        );
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! MOVE destinations whose own missing faults stay the kernel's (a zero-filled page), never a
 //! uffd message nobody serves.
 //!
-//! A page's frame goes pool → staging slot (before its data lands there) → guest view (the
-//! install) → staging slot (the eviction; write-back and the fingerprint read it there) → pool.
+//! A page's frame goes pool slot (its data lands there) → guest view (the install) → pool slot
+//! (the eviction; the fingerprint reads it there); staging slots take a frame whose data must
+//! wait outside the pool (a staged prefetch, a victim being written back).
 //! Page `p` of guest RAM always uses staging slot `p`, so a run of guest pages has a run of
 //! slots and moves in one call either way. Which pool slots hold free frames is the caller's
 //! bookkeeping. See `docs/data-path.md` for what the cycle costs against the memfd one.
