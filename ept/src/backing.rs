@@ -38,8 +38,8 @@
 //! advances `tail` up to the first position of the oldest round not freed yet. A round that
 //! turns out to need write-backs moves its victims on to their staging slots and gives the
 //! positions back ([`Backing::unpool`]) before it waits, so that no round holds positions
-//! while the frames freed after it queue behind them; and the round after one with write-backs
-//! (a write-heavy phase) moves its victims to staging slots in the first place.
+//! while the frames freed after it queue behind them; and victims go to pool slots first only
+//! after a few rounds in a row without write-backs (`evict.rs`, `CLEAN_ROUNDS_TO_POOL`).
 //!
 //! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
 //! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a

@@ -15,9 +15,10 @@
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
 //! 2. zap the guest view (memfd: one vectored MADV_DONTNEED over the victims' spans,
 //!    `spans.rs`: runs bridged over unmapped gaps, one TLB shootdown per span; anon: one
-//!    `UFFDIO_MOVE` per run of victims, straight into the pool's next slots unless the last
-//!    round had write-backs, see `backing.rs`): from here the guest cannot write the page, its
-//!    data stays in the memfd (or the moved frame), and a guest touch faults and waits;
+//!    `UFFDIO_MOVE` per run of victims, straight into the pool's next slots after a few
+//!    rounds in a row without write-backs, see `backing.rs`): from here the guest cannot write
+//!    the page, its data stays in the memfd (or the moved frame), and a guest touch faults and
+//!    waits;
 //! 3. dirty check by content: fingerprint the memfd page and compare with the fingerprint of
 //!    the remote copy taken at install. This is race-free — it looks at the final content after
 //!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
@@ -86,6 +87,12 @@ struct Victim {
 /// eviction rate of dirty pages.
 const ROUNDS_IN_FLIGHT: usize = 4;
 
+/// Rounds in a row with no write-back after which victims move straight into pool slots
+/// (`backing.rs`): a round that turns out to have write-backs moves them out again, one more
+/// move per run, which rounds of scattered victims with a few dirty ones each (a key-value
+/// workload) would pay often.
+const CLEAN_ROUNDS_TO_POOL: u32 = 4;
+
 /// One round's victims and buffers (allocated once, reused).
 struct Round {
     /// Sorted by page.
@@ -142,9 +149,9 @@ pub(crate) struct Evictor {
     refused: Refused,
     /// Pages kept resident so far (logged at powers of two: rate-limited).
     unmovable: u64,
-    /// The last round had write-backs: the next moves its victims to their staging slots, not
+    /// Rounds in a row with no write-back: from [`CLEAN_ROUNDS_TO_POOL`] on, victims move
     /// straight into pool slots.
-    last_dirty: bool,
+    clean_rounds: u32,
 }
 
 impl Evictor {
@@ -167,7 +174,7 @@ impl Evictor {
             backoff: WriteBackoff::new(cfg.retry_backoff_ms.max(1) * 1_000_000),
             refused: Refused::default(),
             unmovable: 0,
-            last_dirty: false,
+            clean_rounds: 0,
         }
     }
 
@@ -392,9 +399,9 @@ impl Evictor {
                 .map(|v| v.page),
         );
         spans::bridge(&self.table, &r.pages, &mut r.spans);
-        // Straight into pool slots unless the last round had write-backs (a write-heavy
-        // phase): such a round takes its victims out of the pool again (below).
-        self.refused.to_pool = !self.last_dirty;
+        // Straight into pool slots after a few rounds with no write-back in a row (not in a
+        // phase with writes: a round that has some takes its victims out again, below).
+        self.refused.to_pool = self.clean_rounds >= CLEAN_ROUNDS_TO_POOL;
         let zapped = self.installer.zap(&r.pages, &r.spans, &mut self.refused);
         r.pool_from = self.refused.pool_from;
         if let Err(e) = zapped {
@@ -429,7 +436,11 @@ impl Evictor {
                 r.writes.push(WriteReq { page: v.page, src });
             }
         }
-        self.last_dirty = !r.writes.is_empty();
+        self.clean_rounds = if r.writes.is_empty() {
+            self.clean_rounds.saturating_add(1)
+        } else {
+            0
+        };
         // 4. Write back (asynchronously).
         if r.writes.is_empty() {
             return;
