@@ -7,13 +7,16 @@
 //! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous
 //!   guest RAM (`sys::anon::AnonRam`): data lands in a free frame of the pool (or, with the
 //!   pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the frame into the guest view
-//!   and, at eviction, out to its staging slot and back to the pool, so a page cycle
-//!   allocates, zeroes and frees nothing (`docs/data-path.md`): three moves per cycle, none of
-//!   them on the fault handler.
+//!   and, at eviction, straight back into a pool slot (or, in a round with write-backs or with
+//!   the pool full, out to its staging slot and from there to the pool), so a page cycle
+//!   allocates, zeroes and frees nothing (`docs/data-path.md`): two moves per cycle of a clean
+//!   page, none of them on the fault handler.
 //!
 //! Where a page's data is, by its state (anon): an INFLIGHT page's in its *landing* frame (the
 //! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it
-//! was assigned none); STAGED and EVICTING pages' in their staging slot; a LOCAL page's in the
+//! was assigned none); STAGED pages' in their staging slot; EVICTING pages' in the pool slot
+//! the move-out put them in (their landing frame from there) or their staging slot; a LOCAL
+//! page's in the
 //! guest view once its `mapped` bit is set, else (a victim given back, or between claim and
 //! map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
 //! LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and
@@ -24,17 +27,30 @@
 //! consumer, which only hands out positions. A slot handed out keeps its frame until the
 //! page's install moves it into the guest view (or a read that ends otherwise gives it up):
 //! the producer moves frames only into empty slots, and stops at a slot still in use (the
-//! kernel refuses the move, EEXIST) as at a full pool. A read that finds no pool frame lands
-//! in its empty staging slot, which the kernel fills with a zeroed page as the memfd does; a
-//! freed frame that finds the pool full is freed.
+//! kernel refuses the move, EEXIST) as at a full pool. The ring has [`LANDING_SLOTS`] more
+//! slots than the free frames it may hold, so that the reads in flight, whose landing frames
+//! sit in the slots just behind the free ones, seldom stop the producer. A read that finds no
+//! pool frame lands in its empty staging slot, which the kernel fills with a zeroed page as
+//! the memfd does; a freed frame that finds the pool full is freed.
+//!
+//! The evictor moves a round's victims straight into the pool's next slots (positions from
+//! `fill`), which become free frames only once the round is freed: [`Backing::publish_pool`]
+//! advances `tail` up to the first position of the oldest round not freed yet. A round that
+//! turns out to need write-backs moves its victims on to their staging slots and gives the
+//! positions back ([`Backing::unpool`]) before it waits, so that no round holds positions
+//! while the frames freed after it queue behind them; and victims go to pool slots first only
+//! after a few rounds in a row without write-backs (`evict.rs`, `CLEAN_ROUNDS_TO_POOL`).
 //!
 //! A victim the kernel refuses to move out (EBUSY: shared or pinned, e.g. after a fork
 //! without `MADV_DONTFORK`) stays mapped and resident; after [`UNMOVABLE_AFTER`] refusals in a
-//! row the page is kept resident for good ([`Backing::evictable`] says no) and counted, so
-//! eviction carries on with other victims.
+//! row the page is kept resident ([`Backing::evictable`] says no) and counted, so eviction
+//! carries on with other victims. It is tried again after [`RETRY_EPOCH_ROUNDS`] eviction
+//! rounds, and after each further refusal twice as many (at most 2^[`MAX_RETRY_SHIFT`] times
+//! that): a page that becomes movable later (its sharer gone, the page written again) is
+//! evicted again, and one that stays pinned costs a refused move ever more rarely.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -45,8 +61,16 @@ use crate::PAGE_SIZE;
 
 const PG: u64 = PAGE_SIZE as u64;
 
-/// Refused move-outs in a row after which a page is kept resident for good.
-pub(crate) const UNMOVABLE_AFTER: u8 = 3;
+/// Refused move-outs in a row after which a page is kept resident (and retried later).
+pub(crate) const UNMOVABLE_AFTER: u32 = 3;
+/// Eviction rounds (move-outs) per retry epoch of pages kept resident.
+const RETRY_EPOCH_ROUNDS: u64 = 16;
+/// A page kept resident is tried again `1 << min(refusals - UNMOVABLE_AFTER, MAX_RETRY_SHIFT)`
+/// epochs after its last refusal.
+const MAX_RETRY_SHIFT: u32 = 10;
+/// `Anon::refused`: the refusals in a row are the low 8 bits, the epoch of the last one the
+/// rest (24 bits, wrapping).
+const REFUSALS: u32 = 0xFF;
 
 /// `Anon::landing` of a page that has no landing frame (its data lands in its staging slot).
 const NO_SLOT: u32 = u32::MAX;
@@ -55,6 +79,10 @@ const BOUNCE: u32 = 1 << 31;
 /// Bounce pages: single-page reads in flight at once that land in one (the rest take pool
 /// frames).
 const BOUNCE_PAGES: u64 = 512;
+/// Pool slots beyond the free frames the pool may hold: room for the landing frames handed out
+/// and not installed yet (reads in flight), so that the producer's next slot is rarely still
+/// one of them (address space only: a slot holds a frame only while it is free or landing).
+const LANDING_SLOTS: u64 = 1024;
 
 /// Which backing guest RAM uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,9 +133,11 @@ pub(crate) struct Anon {
     /// Per guest page: the pool slot its read lands in ([`NO_SLOT`]: its staging slot). Set by
     /// the fault handler for a page it owns (INFLIGHT), cleared when the frame leaves the slot.
     landing: Box<[AtomicU32]>,
-    /// Per guest page: move-outs the kernel refused in a row (EBUSY), up to
-    /// [`UNMOVABLE_AFTER`].
-    refused: Box<[AtomicU8]>,
+    /// Per guest page: move-outs the kernel refused in a row (EBUSY; low 8 bits, saturating)
+    /// and the retry epoch of the last refusal (the rest, see [`REFUSALS`]).
+    refused: Box<[AtomicU32]>,
+    /// Move-outs so far (eviction rounds): the clock of retries.
+    rounds: AtomicU64,
     /// One bit per bounce page: free.
     bounce_free: Box<[AtomicU64]>,
     /// Where the fault handler last found a free bounce page.
@@ -115,16 +145,30 @@ pub(crate) struct Anon {
     /// Frames in pool slots `head..tail` (mod the pool size) are free.
     head: AtomicU64,
     tail: AtomicU64,
+    /// The producer's fill position (`>= tail`): positions `tail..fill` hold frames of
+    /// victims still being evicted (published by [`Backing::publish_pool`]) or freed ones
+    /// waiting behind them.
+    fill: AtomicU64,
+    /// At most this many free frames are kept (`tail - head`); the pool has
+    /// [`LANDING_SLOTS`] more slots than that.
+    max_free: u64,
 }
 
 /// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
-/// and how many of them just reached [`UNMOVABLE_AFTER`] refusals.
+/// how many of them just reached [`UNMOVABLE_AFTER`] refusals, and where in the pool the
+/// moved ones went.
 #[derive(Default)]
 pub(crate) struct Refused {
     /// Victims still mapped.
     pub pages: Vec<u64>,
-    /// Of those, newly kept resident for good.
+    /// Of those, newly kept resident (see [`UNMOVABLE_AFTER`]).
     pub unmovable: u64,
+    /// The first pool position the move-out filled (anon), if it moved victims straight into
+    /// pool slots: positions from there on are not free until the round is freed and
+    /// [`Backing::publish_pool`] is told so.
+    pub pool_from: Option<u64>,
+    /// Input: whether the move-out may put victims straight into pool slots.
+    pub to_pool: bool,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -133,7 +177,8 @@ fn errno(e: &io::Error) -> i32 {
 
 impl Backing {
     /// Guest RAM of `len` bytes, its guest view registered with a new uffd; `pool_pages` is
-    /// the anon pool's size (free frames kept for reuse).
+    /// how many free frames the anon pool keeps for reuse at most (its ring has
+    /// [`LANDING_SLOTS`] more slots, for the frames of reads in flight).
     pub fn new(len: usize, kind: GuestMemory, pool_pages: u64) -> io::Result<Self> {
         let features = uffd::feature::THREAD_ID;
         match kind {
@@ -150,8 +195,9 @@ impl Backing {
                 Ok(Self::Memfd { ram, uffd })
             }
             GuestMemory::Anon => {
-                let ram =
-                    AnonRam::new(len, pool_pages.max(1), features)?.with_bounce(BOUNCE_PAGES)?;
+                let max_free = pool_pages.max(1);
+                let ram = AnonRam::new(len, max_free + LANDING_SLOTS, features)?
+                    .with_bounce(BOUNCE_PAGES)?;
                 if ram.pool_pages() >= u64::from(BOUNCE) {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -163,12 +209,15 @@ impl Backing {
                 Ok(Self::Anon(Anon {
                     mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
                     landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
-                    refused: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+                    refused: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+                    rounds: AtomicU64::new(0),
                     bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
                     bounce_hint: AtomicUsize::new(0),
                     ram,
                     head: AtomicU64::new(0),
                     tail: AtomicU64::new(0),
+                    fill: AtomicU64::new(0),
+                    max_free,
                 }))
             }
         }
@@ -245,6 +294,7 @@ impl Backing {
     ) -> io::Result<()> {
         refused.pages.clear();
         refused.unmovable = 0;
+        refused.pool_from = None;
         match self {
             Self::Memfd { ram, .. } => ram.zap_guest_spans(spans),
             Self::Anon(a) => a.move_out(pages, refused),
@@ -252,12 +302,34 @@ impl Backing {
     }
 
     /// Whether page `p` may be evicted: false once the kernel refused to move it out
-    /// [`UNMOVABLE_AFTER`] times in a row (anon).
+    /// [`UNMOVABLE_AFTER`] times in a row (anon), until its retry epoch comes.
     #[inline]
     pub fn evictable(&self, p: u64) -> bool {
         match self {
             Self::Memfd { .. } => true,
-            Self::Anon(a) => a.refused[p as usize].load(Ordering::Relaxed) < UNMOVABLE_AFTER,
+            Self::Anon(a) => a.evictable(p),
+        }
+    }
+
+    /// Takes the victims among `pages` (sorted) that the last move-out put into pool slots
+    /// from position `from` out again, into their staging slots (one move per run), and gives
+    /// the positions back: a round that must wait for write-backs holds no pool slot, which
+    /// would keep the pool from publishing the frames freed after it.
+    pub fn unpool(&self, pages: &[u64], from: u64) -> io::Result<()> {
+        match self {
+            Self::Anon(a) => a.unpool(pages, from),
+            Self::Memfd { .. } => Ok(()),
+        }
+    }
+
+    /// Publishes the pool's filled positions before `limit` (the first position of the oldest
+    /// eviction round not freed yet, `u64::MAX` for none) as free frames (anon).
+    pub fn publish_pool(&self, limit: u64) {
+        if let Self::Anon(a) = self {
+            let to = limit.min(a.fill.load(Ordering::Relaxed));
+            if to > a.tail.load(Ordering::Relaxed) {
+                a.tail.store(to, Ordering::Release);
+            }
         }
     }
 
@@ -490,6 +562,30 @@ impl Anon {
         self.release_landing(p, l, false)
     }
 
+    /// The retry epoch now (24 bits, wrapping).
+    fn epoch(&self) -> u32 {
+        ((self.rounds.load(Ordering::Relaxed) / RETRY_EPOCH_ROUNDS) as u32) & (u32::MAX >> 8)
+    }
+
+    fn evictable(&self, p: u64) -> bool {
+        let v = self.refused[p as usize].load(Ordering::Relaxed);
+        let n = v & REFUSALS;
+        if n < UNMOVABLE_AFTER {
+            return true;
+        }
+        let wait = 1u32 << (n - UNMOVABLE_AFTER).min(MAX_RETRY_SHIFT);
+        let since = self.epoch().wrapping_sub(v >> 8) & (u32::MAX >> 8);
+        since >= wait
+    }
+
+    /// Counts a refused move-out of page `p`; true if it makes the page kept resident.
+    fn refuse(&self, p: u64) -> bool {
+        let r = &self.refused[p as usize];
+        let n = ((r.load(Ordering::Relaxed) & REFUSALS) + 1).min(REFUSALS);
+        r.store((self.epoch() << 8) | n, Ordering::Relaxed);
+        n == UNMOVABLE_AFTER
+    }
+
     fn is_mapped(&self, p: u64) -> bool {
         self.mapped[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
     }
@@ -558,11 +654,19 @@ impl Anon {
         Ok(outcome)
     }
 
-    /// Moves the mapped ones of `pages` out into their staging slots; those the kernel refuses
-    /// (EBUSY) stay mapped and go to `refused`.
+    /// Moves the mapped ones of `pages` out, one move per run: straight into the pool's next
+    /// slots while it has room (the page's landing frame from here: freeing it then moves
+    /// nothing), else into their staging slots; those the kernel refuses (EBUSY) stay mapped
+    /// and go to `refused`.
     fn move_out(&self, pages: &[u64], refused: &mut Refused) -> io::Result<()> {
         let u = self.ram.uffd();
-        mem::for_runs(pages, |p, n| {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        let cap = self.ram.pool_pages();
+        let head = self.head.load(Ordering::Acquire);
+        let start = self.fill.load(Ordering::Relaxed);
+        let mut fill = start;
+        let mut pool_ok = refused.to_pool;
+        let r = mem::for_runs(pages, |p, n| {
             let mut i = 0;
             let mut stale_dropped = u64::MAX;
             while i < n {
@@ -575,10 +679,25 @@ impl Anon {
                     m += 1;
                 }
                 let src = self.ram.guest_page_addr(p + i);
-                match u.move_some(self.ram.staging_page(p + i) as u64, src, m * PG, false) {
+                let room = self.max_free.saturating_sub(fill - head);
+                let to_pool = pool_ok && room > 0;
+                let dst = if to_pool {
+                    m = m.min(room).min(cap - fill % cap);
+                    self.pool_addr(fill)
+                } else {
+                    self.ram.staging_page(p + i) as u64
+                };
+                match u.move_some(dst, src, m * PG, false) {
                     Ok(b) => {
                         let k = b / PG;
                         self.set_mapped(p + i, k, false);
+                        if to_pool {
+                            for j in 0..k {
+                                let slot = ((fill + j) % cap) as u32;
+                                self.landing[(p + i + j) as usize].store(slot, Ordering::Release);
+                            }
+                            fill += k;
+                        }
                         for q in p + i..p + i + k {
                             let r = &self.refused[q as usize];
                             if r.load(Ordering::Relaxed) != 0 {
@@ -592,6 +711,9 @@ impl Anon {
                         self.set_mapped(p + i, 1, false);
                         i += 1;
                     }
+                    // The pool slot is still a read's landing frame: the rest of the round
+                    // goes to staging slots.
+                    Err(e) if to_pool && errno(&e) == libc::EEXIST => pool_ok = false,
                     // A stale frame in the staging slot (a read that landed there before a
                     // retry took a pool frame): not the page's data. Freed, then once more.
                     Err(e) if errno(&e) == libc::EEXIST && stale_dropped != p + i => {
@@ -600,10 +722,7 @@ impl Anon {
                     }
                     // Shared or pinned: it stays mapped (and resident); the others go on.
                     Err(e) if errno(&e) == libc::EBUSY => {
-                        let r = &self.refused[(p + i) as usize];
-                        let c = r.load(Ordering::Relaxed).saturating_add(1);
-                        r.store(c, Ordering::Relaxed);
-                        if c == UNMOVABLE_AFTER {
+                        if self.refuse(p + i) {
                             refused.unmovable += 1;
                         }
                         refused.pages.push(p + i);
@@ -613,26 +732,86 @@ impl Anon {
                 }
             }
             Ok(())
-        })
+        });
+        self.fill.store(fill, Ordering::Relaxed);
+        if fill > start {
+            refused.pool_from = Some(start);
+        }
+        r
+    }
+
+    fn unpool(&self, pages: &[u64], from: u64) -> io::Result<()> {
+        let u = self.ram.uffd();
+        let mut i = 0;
+        while i < pages.len() {
+            let p = pages[i];
+            let Land::Pool(s) = self.land(p) else {
+                i += 1;
+                continue;
+            };
+            let src = self.ram.pool_page(s) as u64;
+            let mut m = 1;
+            while i + m < pages.len()
+                && pages[i + m] == p + m as u64
+                && self.land(p + m as u64) == Land::Pool(s + m as u64)
+            {
+                m += 1;
+            }
+            let dst = self.ram.staging_page(p) as u64;
+            let moved = match u.move_some(dst, src, m as u64 * PG, false) {
+                Ok(b) => (b / PG) as usize,
+                // A stale frame in the staging slot: not the page's data. Freed, once more.
+                Err(e) if errno(&e) == libc::EEXIST => {
+                    self.ram.drop_staging(p, m as u64)?;
+                    (u.move_some(dst, src, m as u64 * PG, false)? / PG) as usize
+                }
+                Err(e) => return Err(e),
+            };
+            for q in p..p + moved as u64 {
+                self.landing[q as usize].store(NO_SLOT, Ordering::Release);
+            }
+            i += moved.max(1);
+        }
+        self.fill.store(from, Ordering::Relaxed);
+        Ok(())
     }
 
     fn pool_addr(&self, pos: u64) -> u64 {
         self.ram.pool_page(pos % self.ram.pool_pages()) as u64
     }
 
-    /// Frees evicted `pages` (sorted): their frames into the pool while it has room, the rest
-    /// dropped with one vectored call per 64 runs (one TLB flush, not one per run).
+    /// Frees evicted `pages` (sorted): frames the move-out put in pool slots stay there (free
+    /// once published), the others go into the pool while it has room, the rest dropped with
+    /// one vectored call per 64 runs (one TLB flush, not one per run).
     fn free(&self, pages: &[u64]) -> io::Result<()> {
         let mut rest = [(0u64, 0u64); 64];
         let mut k = 0;
-        mem::for_runs(pages, |p, n| {
-            let given = self.give(p, n);
-            if given < n {
-                rest[k] = (p + given, n - given);
-                k += 1;
-                if k == rest.len() {
-                    self.ram.drop_staging_runs(&rest)?;
-                    k = 0;
+        let pooled = |p: u64| matches!(self.land(p), Land::Pool(_));
+        mem::for_runs(pages, |first, len| {
+            // Split off the pages already in pool slots.
+            let mut i = 0;
+            while i < len {
+                let in_pool = pooled(first + i);
+                let mut m = 1;
+                while i + m < len && pooled(first + i + m) == in_pool {
+                    m += 1;
+                }
+                let (p, n) = (first + i, m);
+                i += m;
+                if in_pool {
+                    for q in p..p + n {
+                        self.landing[q as usize].store(NO_SLOT, Ordering::Release);
+                    }
+                    continue;
+                }
+                let given = self.give(p, n);
+                if given < n {
+                    rest[k] = (p + given, n - given);
+                    k += 1;
+                    if k == rest.len() {
+                        self.ram.drop_staging_runs(&rest)?;
+                        k = 0;
+                    }
                 }
             }
             Ok(())
@@ -643,15 +822,16 @@ impl Anon {
         Ok(())
     }
 
-    /// Producer: frames of staging slots `[p, p+n)` into the pool while it has room. Returns
-    /// how many of the slots it dealt with (from `p`); the caller frees the rest.
+    /// Producer: frames of staging slots `[p, p+n)` into the pool while it has room (fewer
+    /// than `max_free` free frames). Returns how many of the slots it dealt with (from `p`);
+    /// the caller frees the rest.
     fn give(&self, p: u64, n: u64) -> u64 {
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
-        let mut tail = self.tail.load(Ordering::Relaxed);
+        let mut tail = self.fill.load(Ordering::Relaxed);
         let mut i = 0;
         while i < n {
-            let space = cap - (tail - head);
+            let space = self.max_free.saturating_sub(tail - head);
             if space == 0 {
                 break;
             }
@@ -677,7 +857,236 @@ impl Anon {
                 }
             }
         }
-        self.tail.store(tail, Ordering::Release);
+        self.fill.store(tail, Ordering::Relaxed);
         i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anon(pages: u64) -> Backing {
+        Backing::new(pages as usize * PAGE_SIZE, GuestMemory::Anon, 4)
+            .expect("anonymous guest RAM with UFFDIO_MOVE (Linux 6.8 or later)")
+    }
+
+    /// Zaps `p` alone; returns (refused, newly kept resident).
+    fn zap_one(b: &Backing, p: u64, refused: &mut Refused) -> (bool, u64) {
+        b.zap(&[p], &[(p, 1)], refused).expect("zap");
+        (refused.pages == [p], refused.unmovable)
+    }
+
+    /// Eviction rounds that touch nothing, until `epochs` retry epochs have passed.
+    fn pass_epochs(b: &Backing, epochs: u64, refused: &mut Refused) {
+        for _ in 0..epochs * RETRY_EPOCH_ROUNDS {
+            b.zap(&[], &[], refused).expect("empty zap");
+        }
+    }
+
+    #[test]
+    fn a_page_kept_resident_after_refusals_is_retried_and_evicted_once_movable() {
+        let b = anon(8);
+        let p = 3;
+        // SAFETY: page 3 has no landing frame: its data pointer is its staging slot, whose
+        // missing fault is the kernel's; nobody else uses this RAM.
+        unsafe { core::ptr::write_volatile(b.data_ptr(p) as *mut u64, 0x5eed) };
+        b.map(p, 1, false).expect("map page 3");
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let guest = a.ram.guest_page_addr(p) as *mut u64;
+        // Share the guest view's pages with a child (as a fork without MADV_DONTFORK does):
+        // they are no longer exclusive to this process, which UFFDIO_MOVE refuses (EBUSY)
+        // until the page is written again, even after the child is gone.
+        // SAFETY: advisory call on the guest view, which `b` owns.
+        let r = unsafe {
+            libc::madvise(
+                a.ram.guest_base() as *mut libc::c_void,
+                a.ram.len(),
+                libc::MADV_DOFORK,
+            )
+        };
+        assert_eq!(r, 0, "madvise DOFORK");
+        crate::sys::anon::fork_a_child_that_exits();
+
+        let mut refused = Refused::default();
+        for k in 1..=UNMOVABLE_AFTER {
+            assert!(
+                b.evictable(p),
+                "refusal {k} of {UNMOVABLE_AFTER}: still evictable"
+            );
+            let kept = u64::from(k == UNMOVABLE_AFTER);
+            assert_eq!(zap_one(&b, p, &mut refused), (true, kept), "refusal {k}");
+        }
+        assert!(
+            !b.evictable(p),
+            "kept resident after {UNMOVABLE_AFTER} refusals"
+        );
+        pass_epochs(&b, 1, &mut refused);
+        assert!(b.evictable(p), "eligible again after one retry epoch");
+        // Still shared: refused again, kept again (not counted anew), and now it waits twice
+        // as long.
+        assert_eq!(zap_one(&b, p, &mut refused), (true, 0), "first retry");
+        pass_epochs(&b, 1, &mut refused);
+        assert!(!b.evictable(p), "the second retry waits two epochs");
+        pass_epochs(&b, 1, &mut refused);
+        assert!(b.evictable(p), "eligible after two epochs");
+        // The guest writes the page: exclusive again, so it moves out, data and all.
+        // SAFETY: page 3 is mapped in the guest view; this is the guest writing it.
+        unsafe { core::ptr::write_volatile(guest, 0xbeef) };
+        assert_eq!(
+            zap_one(&b, p, &mut refused),
+            (false, 0),
+            "moved out once movable"
+        );
+        // SAFETY: page 3's frame is in its staging slot now (EVICTING: the caller owns it).
+        let moved = unsafe { core::ptr::read_volatile(b.data_ptr(p) as *const u64) };
+        assert_eq!(moved, 0xbeef);
+        assert!(b.evictable(p), "a page that moved starts over");
+        assert_eq!(a.refused[p as usize].load(Ordering::Relaxed) & REFUSALS, 0);
+    }
+
+    /// Writes `v` into the first word of owned, unmapped page `p`'s data.
+    fn put(b: &Backing, p: u64, v: u64) {
+        // SAFETY: `p` is in range and unmapped; its data (staging slot or landing frame) is
+        // this RAM's, whose missing faults are the kernel's; nobody else uses this RAM.
+        unsafe { core::ptr::write_volatile(b.data_ptr(p) as *mut u64, v) };
+    }
+
+    fn get(b: &Backing, p: u64) -> u64 {
+        // SAFETY: as in `put`.
+        unsafe { core::ptr::read_volatile(b.data_ptr(p) as *const u64) }
+    }
+
+    #[test]
+    fn the_pool_keeps_its_free_frames_and_reads_in_flight_do_not_stop_it() {
+        let b = anon(64);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let free = |a: &Anon| a.tail.load(Ordering::Relaxed) - a.head.load(Ordering::Relaxed);
+        for p in 0..8 {
+            put(&b, p, 100 + p);
+        }
+        // Evicted pages 0..6: four frames kept (the pool's free frames), two freed.
+        b.free(&[0, 1, 2, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        assert_eq!(free(a), 4, "at most 4 free frames");
+        // Two reads in flight take the two oldest free frames and land there.
+        assert_eq!(b.assign_frames(&[20, 21]), (2, 0));
+        put(&b, 20, 20);
+        put(&b, 21, 21);
+        // Further evictions refill the pool behind them, in slots of their own: the frames
+        // of the reads in flight (not installed yet) stay theirs.
+        b.free(&[6, 7], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        assert_eq!(free(a), 4, "refilled up to 4 free frames");
+        assert_eq!((get(&b, 20), get(&b, 21)), (20, 21), "landed data intact");
+        // The next reads get the refilled frames (reused: they hold the evicted data until
+        // overwritten), none of which is a frame of the reads in flight.
+        assert_eq!(b.assign_frames(&[30, 31, 32, 33]), (4, 0));
+        let reused: Vec<u64> = (30..34).map(|p| get(&b, p)).collect();
+        assert_eq!(reused, [102, 103, 106, 107]);
+        // Installing the first reads frees their slots for the pool's later turns.
+        b.map(20, 2, false).expect("install 20..22");
+        assert_eq!(b.assign_frames(&[40, 41]), (0, 0), "no free frame left");
+    }
+
+    #[test]
+    fn victims_move_straight_into_pool_slots_and_become_free_frames_when_published() {
+        let b = anon(64);
+        for p in 0..6 {
+            put(&b, p, 100 + p);
+            b.map(p, 1, false).expect("map");
+        }
+        let mut refused = Refused {
+            to_pool: true,
+            ..Refused::default()
+        };
+        b.zap(&[0, 1, 2, 3, 4, 5], &[], &mut refused).expect("zap");
+        assert!(refused.pages.is_empty());
+        assert_eq!(
+            refused.pool_from,
+            Some(0),
+            "the round's first pool position"
+        );
+        // Four victims fit the pool (its free frames at most), the rest went to staging; the
+        // data is where the evictor fingerprints and writes back from.
+        let lands: Vec<bool> = (0..6)
+            .map(|p| {
+                let Backing::Anon(a) = &b else { unreachable!() };
+                matches!(a.land(p), Land::Pool(_))
+            })
+            .collect();
+        assert_eq!(lands, [true, true, true, true, false, false]);
+        assert_eq!(
+            (0..6).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            (100..106).collect::<Vec<_>>()
+        );
+        // Not free before the round is freed and published.
+        b.publish_pool(0);
+        assert_eq!(b.assign_frames(&[20, 21]), (0, 0));
+        // A victim given back leaves its pool slot for its staging slot, data and all.
+        b.settle(2);
+        assert_eq!(get(&b, 2), 102);
+        b.free(&[0, 1, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        // The freed victims' frames are the next reads' landing frames, in place (no move);
+        // the slot given back is empty (a read landing there gets a zeroed page).
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        let landed: Vec<u64> = (20..24).map(|p| get(&b, p)).collect();
+        assert_eq!(landed, [100, 101, 0, 103]);
+    }
+
+    #[test]
+    fn a_round_with_write_backs_gives_its_pool_slots_back() {
+        let b = anon(64);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        for p in 8..12 {
+            put(&b, p, p);
+            b.map(p, 1, false).expect("map");
+        }
+        let mut refused = Refused {
+            to_pool: true,
+            ..Refused::default()
+        };
+        b.zap(&[8, 9, 10, 11], &[], &mut refused).expect("zap");
+        let from = refused.pool_from.expect("moved into pool slots");
+        b.unpool(&[8, 9, 10, 11], from).expect("unpool");
+        // Data in the staging slots (write-back reads it there), the positions given back.
+        assert!((8..12).all(|p| a.land(p) == Land::Staging));
+        assert_eq!(
+            (8..12).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            [8, 9, 10, 11]
+        );
+        assert_eq!(a.fill.load(Ordering::Relaxed), from);
+        // Freed after its write-backs, the round fills the pool as before.
+        b.free(&[8, 9, 10, 11], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        assert_eq!(
+            (20..24).map(|p| get(&b, p)).collect::<Vec<_>>(),
+            [8, 9, 10, 11]
+        );
+    }
+
+    #[test]
+    fn a_retried_page_waits_at_most_the_longest_back_off() {
+        let b = anon(4);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let p = 1;
+        // As after many refusals: the count saturates and the wait stops doubling.
+        for _ in 0..300 {
+            a.refuse(p);
+        }
+        assert_eq!(
+            a.refused[p as usize].load(Ordering::Relaxed) & REFUSALS,
+            REFUSALS
+        );
+        let mut refused = Refused::default();
+        pass_epochs(&b, (1 << MAX_RETRY_SHIFT) - 1, &mut refused);
+        assert!(!b.evictable(p));
+        pass_epochs(&b, 1, &mut refused);
+        assert!(
+            b.evictable(p),
+            "retried after 2^{MAX_RETRY_SHIFT} epochs at most"
+        );
     }
 }

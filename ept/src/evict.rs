@@ -13,22 +13,27 @@
 //!
 //! One round, for up to `evict_batch` victims:
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
-//! 2. zap the guest view (one vectored MADV_DONTNEED over the victims' spans, `spans.rs`:
-//!    runs bridged over unmapped gaps, one TLB shootdown per span): from here the guest cannot
-//!    write the page, its data stays in the memfd, and a guest touch faults (MINOR) and waits;
+//! 2. zap the guest view (memfd: one vectored MADV_DONTNEED over the victims' spans,
+//!    `spans.rs`: runs bridged over unmapped gaps, one TLB shootdown per span; anon: one
+//!    `UFFDIO_MOVE` per run of victims, straight into the pool's next slots after a few
+//!    rounds in a row without write-backs, see `backing.rs`): from here the guest cannot write
+//!    the page, its data stays in the memfd (or the moved frame), and a guest touch faults and
+//!    waits;
 //! 3. dirty check by content: fingerprint the memfd page and compare with the fingerprint of
 //!    the remote copy taken at install. This is race-free — it looks at the final content after
 //!    the guest lost access, whereas a write tracker (KVM dirty log, uffd async WP +
 //!    PAGEMAP_SCAN) harvested *before* the zap misses writes between harvest and zap. It also
 //!    catches writes by the VMM and devices, and silent stores stay clean;
-//! 4. write back the dirty ones straight from the memfd (no copy), without waiting: up to
+//! 4. write back the dirty ones straight from the memfd (no copy; anon: after moving the
+//!    round's victims from pool slots to their staging slots), without waiting: up to
 //!    [`ROUNDS_IN_FLIGHT`] rounds wait for their write-backs while the next ones are claimed,
 //!    zapped and hashed (a write-back waited for inline bounded a write-heavy scan at 25%
 //!    local to ~15 µs per page: a round of 49 pages took ~750 µs, 450 µs of it waiting);
 //! 5. once a round's write-backs are all done: pages a guest faulted on meanwhile are rescued (mapped again, no I/O); failed write-backs
 //!    stay resident; the rest are unmapped from the alias (one vectored MADV_DONTNEED over
-//!    their spans) and freed with one vectored MADV_REMOVE and become REMOTE (or NEVER again
-//!    if still all-zero and never stored).
+//!    their spans) and freed with one vectored MADV_REMOVE (anon: frames in pool slots stay
+//!    there and are published as free, the others move to the pool) and become REMOTE (or
+//!    NEVER again if still all-zero and never stored).
 //!
 //! The thread owns its rounds, the CLOCK hand and the write back-off; everything else it acts
 //! on through the parts.
@@ -82,6 +87,12 @@ struct Victim {
 /// eviction rate of dirty pages.
 const ROUNDS_IN_FLIGHT: usize = 4;
 
+/// Rounds in a row with no write-back after which victims move straight into pool slots
+/// (`backing.rs`): a round that turns out to have write-backs moves them out again, one more
+/// move per run, which rounds of scattered victims with a few dirty ones each (a key-value
+/// workload) would pay often.
+const CLEAN_ROUNDS_TO_POOL: u32 = 4;
+
 /// One round's victims and buffers (allocated once, reused).
 struct Round {
     /// Sorted by page.
@@ -92,6 +103,8 @@ struct Round {
     writes: Vec<WriteReq>,
     /// Write-backs submitted and not completed yet.
     pending: usize,
+    /// The first pool position its victims were moved to (anon), until they are freed.
+    pool_from: Option<u64>,
     started: u64,
     /// When the last "still outstanding" warning was logged.
     warned: u64,
@@ -105,6 +118,7 @@ impl Round {
             spans: Vec::with_capacity(batch),
             writes: Vec::with_capacity(batch),
             pending: 0,
+            pool_from: None,
             started: 0,
             warned: 0,
         }
@@ -133,8 +147,11 @@ pub(crate) struct Evictor {
     backoff: WriteBackoff,
     /// Victims the kernel refused to move out in the current round (anon).
     refused: Refused,
-    /// Pages kept resident for good so far (logged at powers of two: rate-limited).
+    /// Pages kept resident so far (logged at powers of two: rate-limited).
     unmovable: u64,
+    /// Rounds in a row with no write-back: from [`CLEAN_ROUNDS_TO_POOL`] on, victims move
+    /// straight into pool slots.
+    clean_rounds: u32,
 }
 
 impl Evictor {
@@ -157,6 +174,7 @@ impl Evictor {
             backoff: WriteBackoff::new(cfg.retry_backoff_ms.max(1) * 1_000_000),
             refused: Refused::default(),
             unmovable: 0,
+            clean_rounds: 0,
         }
     }
 
@@ -169,6 +187,9 @@ impl Evictor {
         // Evicting down to `target` once resident pages passed `evict_start` (hysteresis).
         let mut active = false;
         loop {
+            // Pool positions filled by rounds that are freed now are free frames.
+            let oldest = rounds.iter().filter_map(|r| r.pool_from).min();
+            self.installer.publish_pool(oldest.unwrap_or(u64::MAX));
             let stopping = self.queues.stopping();
             let in_flight = rounds.iter().any(|r| !r.is_free());
             if stopping && !in_flight {
@@ -378,7 +399,12 @@ impl Evictor {
                 .map(|v| v.page),
         );
         spans::bridge(&self.table, &r.pages, &mut r.spans);
-        if let Err(e) = self.installer.zap(&r.pages, &r.spans, &mut self.refused) {
+        // Straight into pool slots after a few rounds with no write-back in a row (not in a
+        // phase with writes: a round that has some takes its victims out again, below).
+        self.refused.to_pool = self.clean_rounds >= CLEAN_ROUNDS_TO_POOL;
+        let zapped = self.installer.zap(&r.pages, &r.spans, &mut self.refused);
+        r.pool_from = self.refused.pool_from;
+        if let Err(e) = zapped {
             // Nothing was proven unmapped: give every victim back untouched.
             self.errors
                 .push(EngineError::os("zapping evicted pages", e));
@@ -386,6 +412,7 @@ impl Evictor {
                 self.restore(v.page);
             }
             r.victims.clear();
+            r.pool_from = None;
             return;
         }
         if !self.refused.pages.is_empty() {
@@ -409,9 +436,25 @@ impl Evictor {
                 r.writes.push(WriteReq { page: v.page, src });
             }
         }
+        self.clean_rounds = if r.writes.is_empty() {
+            self.clean_rounds.saturating_add(1)
+        } else {
+            0
+        };
         // 4. Write back (asynchronously).
         if r.writes.is_empty() {
             return;
+        }
+        if let Some(from) = r.pool_from.take() {
+            // Waiting for write-backs, the round would hold pool slots that the frames freed
+            // meanwhile queue behind: its victims go to their staging slots instead.
+            if let Err(e) = self.installer.unpool(&r.pages, from) {
+                self.errors
+                    .push(EngineError::os("moving victims out of the pool", e));
+            }
+            for w in r.writes.iter_mut() {
+                w.src = self.installer.page_buf(w.page);
+            }
         }
         let c = &self.counters;
         if let Err(e) = self.port.write(&r.writes) {
@@ -467,6 +510,7 @@ impl Evictor {
                 self.restore(v.page);
             }
             victims.clear();
+            r.pool_from = None;
             return;
         }
         for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
@@ -503,6 +547,7 @@ impl Evictor {
             }
         }
         victims.clear();
+        r.pool_from = None;
         self.hist
             .record(Hist::EvictRound, self.clock.now().saturating_sub(r.started));
         c.inc(Counter::EvictRounds);
@@ -510,8 +555,8 @@ impl Evictor {
     }
 
     /// Victims the kernel refused to move out stay mapped and resident: given back, so that the
-    /// round goes on with the others; pages refused too often are kept for good, counted and
-    /// logged (at 1, 2, 4, ... such pages).
+    /// round goes on with the others; pages refused too often are kept resident until their
+    /// retry (`backing.rs`), counted and logged (at 1, 2, 4, ... such pages).
     fn keep_refused(&mut self, r: &mut Round) {
         let refused = &self.refused.pages;
         r.victims.retain(|v| {
@@ -530,7 +575,7 @@ impl Evictor {
             if (before + 1..=self.unmovable).any(u64::is_power_of_two) {
                 tracing::warn!(
                     "{} guest pages kept resident: the kernel refused to move them out {} \
-                     times (shared or pinned pages)",
+                     times (shared or pinned pages; retried later, ever more rarely)",
                     self.unmovable,
                     crate::backing::UNMOVABLE_AFTER
                 );
@@ -578,6 +623,8 @@ impl Evictor {
     /// next guest touch faults and the handler maps it again (LOCAL case), so leave it
     /// unmapped.
     fn restore(&self, p: u64) {
+        // Its data leaves the pool slot the move-out put it in (anon), which the pool reuses.
+        self.installer.settle(p);
         let _ = self.table.update(p, |w| {
             if w & st::F_WAITERS != 0 {
                 None

@@ -260,6 +260,18 @@ impl Installer {
         self.ram.zap(pages, spans, refused)
     }
 
+    /// Moves the victims among `pages` that the last zap put into pool slots from position
+    /// `from` on to their staging slots, and gives the positions back (anon).
+    pub fn unpool(&self, pages: &[u64], from: u64) -> io::Result<()> {
+        self.ram.unpool(pages, from)
+    }
+
+    /// The evictor's pool positions before `limit` hold free frames now (anon: victims moved
+    /// straight into pool slots, see `backing.rs`); `u64::MAX` when no round holds any.
+    pub fn publish_pool(&self, limit: u64) {
+        self.ram.publish_pool(limit);
+    }
+
     /// Frees the data of evicted `pages`: memfd, by punching them out after unmapping the
     /// ranges `spans` (which cover `pages`) from the alias (one TLB flush per range there, and
     /// none left for the frees); anon, by moving their frames to the pool for reuse.

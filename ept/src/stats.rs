@@ -165,8 +165,9 @@ counters! {
     /// Single-page reads landed in a bounce page (anonymous guest memory) and installed with
     /// a copy, which flushes no TLB (a move would).
     bounce_landings: BounceLandings,
-    /// Pages kept resident for good: the kernel refused to move them out of the guest view
-    /// (anonymous guest memory, EBUSY: shared or pinned) several times in a row.
+    /// Pages kept resident: the kernel refused to move them out of the guest view (anonymous
+    /// guest memory, EBUSY: shared or pinned) several times in a row (retried later, ever
+    /// more rarely; counted each time a page is kept anew).
     evict_unmovable: EvictUnmovable,
     /// Eviction rounds.
     evict_rounds: EvictRounds,

@@ -936,9 +936,12 @@ fn per_process_counts_are_exact_for_two_processes_on_two_vcpus() {
     for (pid, events, c) in &seen {
         assert_eq!(c.zero_fills, 0, "pid {pid} only read written pages");
         // A page mapped by a hit can be evicted again before its reader re-runs the access
-        // (used prefetches are evicted first): that touch faults twice. Never fewer events.
+        // (used prefetches are evicted first): that touch faults twice. How often depends on
+        // when eviction rounds run against the two readers (up to 2% of the pages in 29 runs
+        // with victims moved straight into pool frames); 5% leaves room for a loaded host.
+        // Never fewer events: one process's events given to the other would show here.
         assert!(
-            *events >= n && *events <= n + n / 50,
+            *events >= n && *events <= n + n / 20,
             "pid {pid}: {events} fault events for {n} pages read once: {c:?}"
         );
         assert!(c.prefetch_hits() > 0 && c.prefetch_issued > 0, "{c:?}");

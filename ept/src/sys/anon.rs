@@ -6,8 +6,9 @@
 //! MOVE destinations whose own missing faults stay the kernel's (a zero-filled page), never a
 //! uffd message nobody serves.
 //!
-//! A page's frame goes pool → staging slot (before its data lands there) → guest view (the
-//! install) → staging slot (the eviction; write-back and the fingerprint read it there) → pool.
+//! A page's frame goes pool slot (its data lands there) → guest view (the install) → pool slot
+//! (the eviction; the fingerprint reads it there); staging slots take a frame whose data must
+//! wait outside the pool (a staged prefetch, a victim being written back).
 //! Page `p` of guest RAM always uses staging slot `p`, so a run of guest pages has a run of
 //! slots and moves in one call either way. Which pool slots hold free frames is the caller's
 //! bookkeeping. See `docs/data-path.md` for what the cycle costs against the memfd one.
@@ -336,6 +337,22 @@ impl Drop for AnonRam {
     }
 }
 
+/// Forks a child that exits at once and reaps it (tests: the process's private pages are
+/// shared with the child meanwhile, and stay non-exclusive until written again).
+#[cfg(test)]
+pub(crate) fn fork_a_child_that_exits() {
+    // SAFETY: the child calls only _exit, which is async-signal-safe.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaving the forked child at once.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork");
+    let mut status = 0;
+    // SAFETY: reaping the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,16 +404,7 @@ mod tests {
         ram.move_in(1, 1, false).unwrap();
         assert_eq!(word(ram.guest_page_addr(1) as *const u8), 0);
         // As a child started with fork + exec does (the local memserver, with its pre_exec).
-        // SAFETY: the child calls only _exit, which is async-signal-safe.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: leaving the forked child at once.
-            unsafe { libc::_exit(0) };
-        }
-        assert!(pid > 0, "fork");
-        let mut status = 0;
-        // SAFETY: reaping the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        fork_a_child_that_exits();
         // Without MADV_DONTFORK the pages are no longer exclusive and this is EBUSY.
         ram.move_out(1, 1).expect("move out after a fork");
         ram.give(1, 2, 1).expect("give after a fork");
