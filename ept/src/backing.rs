@@ -16,9 +16,8 @@
 //! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it
 //! was assigned none); STAGED pages' in their staging slot; EVICTING pages' in the pool slot
 //! the move-out put them in (their landing frame from there) or their staging slot; a LOCAL
-//! page's in the
-//! guest view once its `mapped` bit is set, else (a victim given back, or between claim and
-//! map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
+//! page's in the guest view once its `mapped` bit is set, else (a victim given back, or
+//! between claim and map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
 //! LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and
 //! only after claiming it, which a pin prevents.
 //!
