@@ -451,6 +451,9 @@ impl Evictor {
             if let Err(e) = self.installer.unpool(&r.pages, from) {
                 self.errors
                     .push(EngineError::os("moving victims out of the pool", e));
+                // Some victims may still be in their pool slots: the round keeps its
+                // positions (unpublished) until it is freed, so no read lands on their data.
+                r.pool_from = Some(from);
             }
             for w in r.writes.iter_mut() {
                 w.src = self.installer.page_buf(w.page);
