@@ -17,9 +17,9 @@
 //! was assigned none); STAGED pages' in their staging slot; EVICTING pages' in the pool slot
 //! the move-out put them in (their landing frame from there) or their staging slot; a LOCAL
 //! page's in the guest view once its `mapped` bit is set, else (a victim given back, or
-//! between claim and map: there, in the landing frame if it has one) in its staging slot. A reader of a pinned
-//! LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor moves a page out, and
-//! only after claiming it, which a pin prevents.
+//! between claim and map: there, in the landing frame if it has one) in its staging slot. A
+//! reader of a pinned LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor
+//! moves a page out, and only after claiming it, which a pin prevents.
 //!
 //! The pool is a ring of pool slots with one producer (the evictor, [`Backing::free`]) and one
 //! consumer (the fault handler's read batches): no lock, no allocation, no syscall for the
@@ -166,8 +166,6 @@ pub(crate) struct Refused {
     /// pool slots: positions from there on are not free until the round is freed and
     /// [`Backing::publish_pool`] is told so.
     pub pool_from: Option<u64>,
-    /// Input: whether the move-out may put victims straight into pool slots.
-    pub to_pool: bool,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -283,12 +281,14 @@ impl Backing {
     }
 
     /// Takes the claimed victims `pages` (sorted) out of the guest view; `spans` (bridged runs
-    /// covering them, see `spans.rs`) for the memfd zap. Victims the kernel refused to move
+    /// covering them, see `spans.rs`) for the memfd zap; with `to_pool`, anon moves them
+    /// straight into pool slots while the pool has room. Victims the kernel refused to move
     /// (anon) are left mapped and listed in `refused`.
     pub fn zap(
         &self,
         pages: &[u64],
         spans: &[(u64, u64)],
+        to_pool: bool,
         refused: &mut Refused,
     ) -> io::Result<()> {
         refused.pages.clear();
@@ -296,7 +296,7 @@ impl Backing {
         refused.pool_from = None;
         match self {
             Self::Memfd { ram, .. } => ram.zap_guest_spans(spans),
-            Self::Anon(a) => a.move_out(pages, refused),
+            Self::Anon(a) => a.move_out(pages, to_pool, refused),
         }
     }
 
@@ -653,18 +653,18 @@ impl Anon {
         Ok(outcome)
     }
 
-    /// Moves the mapped ones of `pages` out, one move per run: straight into the pool's next
-    /// slots while it has room (the page's landing frame from here: freeing it then moves
-    /// nothing), else into their staging slots; those the kernel refuses (EBUSY) stay mapped
-    /// and go to `refused`.
-    fn move_out(&self, pages: &[u64], refused: &mut Refused) -> io::Result<()> {
+    /// Moves the mapped ones of `pages` out, one move per run: with `to_pool`, straight into
+    /// the pool's next slots while it has room (the page's landing frame from here: freeing it
+    /// then moves nothing), else into their staging slots; those the kernel refuses (EBUSY)
+    /// stay mapped and go to `refused`.
+    fn move_out(&self, pages: &[u64], to_pool: bool, refused: &mut Refused) -> io::Result<()> {
         let u = self.ram.uffd();
         self.rounds.fetch_add(1, Ordering::Relaxed);
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
         let start = self.fill.load(Ordering::Relaxed);
         let mut fill = start;
-        let mut pool_ok = refused.to_pool;
+        let mut pool_ok = to_pool;
         let r = mem::for_runs(pages, |p, n| {
             let mut i = 0;
             let mut stale_dropped = u64::MAX;
@@ -827,22 +827,22 @@ impl Anon {
     fn give(&self, p: u64, n: u64) -> u64 {
         let cap = self.ram.pool_pages();
         let head = self.head.load(Ordering::Acquire);
-        let mut tail = self.fill.load(Ordering::Relaxed);
+        let mut fill = self.fill.load(Ordering::Relaxed);
         let mut i = 0;
         while i < n {
-            let space = self.max_free.saturating_sub(tail - head);
+            let space = self.max_free.saturating_sub(fill - head);
             if space == 0 {
                 break;
             }
-            let m = (n - i).min(space).min(cap - tail % cap);
+            let m = (n - i).min(space).min(cap - fill % cap);
             let src = self.ram.staging_page(p + i) as u64;
             match self
                 .ram
                 .uffd()
-                .move_some(self.pool_addr(tail), src, m * PG, false)
+                .move_some(self.pool_addr(fill), src, m * PG, false)
             {
                 Ok(b) => {
-                    tail += b / PG;
+                    fill += b / PG;
                     i += b / PG;
                 }
                 // No frame in this slot (nothing landed there): nothing to give.
@@ -856,7 +856,7 @@ impl Anon {
                 }
             }
         }
-        self.fill.store(tail, Ordering::Relaxed);
+        self.fill.store(fill, Ordering::Relaxed);
         i
     }
 }
@@ -872,14 +872,14 @@ mod tests {
 
     /// Zaps `p` alone; returns (refused, newly kept resident).
     fn zap_one(b: &Backing, p: u64, refused: &mut Refused) -> (bool, u64) {
-        b.zap(&[p], &[(p, 1)], refused).expect("zap");
+        b.zap(&[p], &[(p, 1)], false, refused).expect("zap");
         (refused.pages == [p], refused.unmovable)
     }
 
     /// Eviction rounds that touch nothing, until `epochs` retry epochs have passed.
     fn pass_epochs(b: &Backing, epochs: u64, refused: &mut Refused) {
         for _ in 0..epochs * RETRY_EPOCH_ROUNDS {
-            b.zap(&[], &[], refused).expect("empty zap");
+            b.zap(&[], &[], false, refused).expect("empty zap");
         }
     }
 
@@ -995,11 +995,9 @@ mod tests {
             put(&b, p, 100 + p);
             b.map(p, 1, false).expect("map");
         }
-        let mut refused = Refused {
-            to_pool: true,
-            ..Refused::default()
-        };
-        b.zap(&[0, 1, 2, 3, 4, 5], &[], &mut refused).expect("zap");
+        let mut refused = Refused::default();
+        b.zap(&[0, 1, 2, 3, 4, 5], &[], true, &mut refused)
+            .expect("zap");
         assert!(refused.pages.is_empty());
         assert_eq!(
             refused.pool_from,
@@ -1042,11 +1040,9 @@ mod tests {
             put(&b, p, p);
             b.map(p, 1, false).expect("map");
         }
-        let mut refused = Refused {
-            to_pool: true,
-            ..Refused::default()
-        };
-        b.zap(&[8, 9, 10, 11], &[], &mut refused).expect("zap");
+        let mut refused = Refused::default();
+        b.zap(&[8, 9, 10, 11], &[], true, &mut refused)
+            .expect("zap");
         let from = refused.pool_from.expect("moved into pool slots");
         b.unpool(&[8, 9, 10, 11], from).expect("unpool");
         // Data in the staging slots (write-back reads it there), the positions given back.

@@ -401,8 +401,10 @@ impl Evictor {
         spans::bridge(&self.table, &r.pages, &mut r.spans);
         // Straight into pool slots after a few rounds with no write-back in a row (not in a
         // phase with writes: a round that has some takes its victims out again, below).
-        self.refused.to_pool = self.clean_rounds >= CLEAN_ROUNDS_TO_POOL;
-        let zapped = self.installer.zap(&r.pages, &r.spans, &mut self.refused);
+        let to_pool = self.clean_rounds >= CLEAN_ROUNDS_TO_POOL;
+        let zapped = self
+            .installer
+            .zap(&r.pages, &r.spans, to_pool, &mut self.refused);
         r.pool_from = self.refused.pool_from;
         if let Err(e) = zapped {
             // Nothing was proven unmapped: give every victim back untouched.

@@ -249,15 +249,17 @@ impl Installer {
 
     /// Takes the claimed victims `pages` (sorted) out of the guest view, keeping their data:
     /// memfd, by unmapping the ranges `spans` (`(first page, pages)`, see `spans.rs`, covering
-    /// `pages`); anon, by moving each run of victims out to its staging slots. Victims the
-    /// kernel refused to move stay mapped and are listed in `refused`.
+    /// `pages`); anon, by moving each run of victims out, straight into pool slots with
+    /// `to_pool` (while the pool has room), else to its staging slots. Victims the kernel
+    /// refused to move stay mapped and are listed in `refused`.
     pub fn zap(
         &self,
         pages: &[u64],
         spans: &[(u64, u64)],
+        to_pool: bool,
         refused: &mut Refused,
     ) -> io::Result<()> {
-        self.ram.zap(pages, spans, refused)
+        self.ram.zap(pages, spans, to_pool, refused)
     }
 
     /// Moves the victims among `pages` that the last zap put into pool slots from position

@@ -561,9 +561,9 @@ impl Stream {
     /// window past the frontier, twice as deep (up to `max_depth`, whatever the depth budget:
     /// the guest consumes the stream faster than it is fetched), so from then on it has one
     /// more window in flight; its outstanding marker (still ahead of the guest) stays the
-    /// marker, and its hit issues the window after that. The lead so grows by a window per late hit until the guest stops
-    /// catching up; the caller's in-flight cap bounds it. Anything else is an ordinary hit
-    /// ([`Stream::hit`]).
+    /// marker, and its hit issues the window after that. The lead so grows by a window per
+    /// late hit until the guest stops catching up; the caller's in-flight cap bounds it.
+    /// Anything else is an ordinary hit ([`Stream::hit`]).
     pub fn late_hit(&mut self, key: ProcessKey, page: PageNo, out: &mut Candidates) -> bool {
         out.clear();
         let k = self.key(key);
