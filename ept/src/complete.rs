@@ -4,7 +4,10 @@
 //! 5–50 µs) and owns no state: it acts on the parts.
 //!
 //! On a read completion (the page is `INFLIGHT`, owned by the read):
-//! - `Ok`: fingerprint the data (the clean copy, for the dirty check at eviction), then
+//! - `Ok`: fingerprint the data (the clean copy, for the dirty check at eviction). If the
+//!   engine knows the page's remote content (it wrote the page back or read it before) and
+//!   this is not it, a server returned an older or damaged copy (a stale replica passes the
+//!   wire checksums): `LOST`, as for `Absent`. Otherwise
 //!   - a marker or probe nobody waits for → `STAGED`, left unmapped so the first touch reveals
 //!     the hit;
 //!   - a prefetch nobody waits for → `LOCAL|PREFETCHED`, *injected*: mapped without a wake,
@@ -31,7 +34,7 @@ use crate::error::EngineError;
 use crate::frames::Frames;
 use crate::installer::Installer;
 use crate::lost::LostPages;
-use crate::pagemeta::PageMeta;
+use crate::pagemeta::{PageMeta, UNKNOWN_FP};
 use crate::parts::Parts;
 use crate::prefetch_slots::PrefetchSlots;
 use crate::procstats::{ProcessCounter, ProcessTable};
@@ -130,26 +133,45 @@ impl Completer {
         match status {
             Status::Ok => {
                 self.counters.add(Counter::BytesRead, PAGE_SIZE as u64);
-                self.meta.set_clean_fp(p, self.installer.fingerprint(p));
+                let fp = self.installer.fingerprint(p);
+                let known = self.meta.clean_fp(p);
+                if known != UNKNOWN_FP && fp != known {
+                    // Not what this VM wrote back or read last: a server's older or damaged
+                    // copy. Lost, never installed (the guest would compute with it silently).
+                    self.counters.inc(Counter::RemoteStale);
+                    self.lose(
+                        p,
+                        EngineError::PageStale {
+                            gpa: p * PAGE_SIZE as u64,
+                        },
+                    );
+                    return None;
+                }
+                self.meta.set_clean_fp(p, fp);
                 self.hist
                     .record(Hist::StoreRead, now.saturating_sub(self.meta.io_at(p)));
                 return self.install_arrived(p, now);
             }
-            Status::Absent => self.lose(p),
+            Status::Absent => {
+                self.counters.inc(Counter::RemoteAbsent);
+                self.lose(
+                    p,
+                    EngineError::PageLost {
+                        gpa: p * PAGE_SIZE as u64,
+                    },
+                );
+            }
             Status::Failed(error) => self.failed(p, error),
         }
         None
     }
 
-    /// `Absent`: LOST for good (another read would say the same); whoever waits on it is
-    /// reported, a prefetch that found it is not (the guest may never need it).
-    fn lose(&self, p: u64) {
-        self.counters.inc(Counter::RemoteAbsent);
+    /// `Absent`, or stale content: LOST for good (another read would say the same); whoever
+    /// waits on it is reported, a prefetch that found it is not (the guest may never need it).
+    fn lose(&self, p: u64, why: EngineError) {
         // The read owns the page (INFLIGHT): nothing of its landing frame is kept.
         self.installer.drop_landing(p);
-        self.errors.push(EngineError::PageLost {
-            gpa: p * PAGE_SIZE as u64,
-        });
+        self.errors.push(why);
         let r = self.table.update(p, |w| {
             (state_of(w) == st::INFLIGHT).then_some(st::pins_only(w) | st::LOST)
         });

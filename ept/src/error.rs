@@ -53,6 +53,17 @@ pub enum EngineError {
         /// Guest-physical address of the page.
         gpa: u64,
     },
+    #[error(
+        "guest page {gpa:#x}: the memory server returned content that differs from what this \
+         VM last wrote back or read (an older or damaged copy); the page is lost rather than \
+         given to the guest wrong"
+    )]
+    /// A read returned content whose fingerprint differs from the page's known remote content
+    /// (the page is `LOST`).
+    PageStale {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
     /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),

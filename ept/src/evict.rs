@@ -524,6 +524,11 @@ impl Evictor {
                 _ => st::REMOTE,
             };
             self.account(v);
+            if v.verdict == Verdict::Written {
+                // The remote copy now holds exactly this content: a read that returns anything
+                // else found a stale copy (`complete`).
+                self.meta.set_clean_fp(v.page, v.fp);
+            }
             let r = self.table.update(v.page, |w| {
                 Some(st::pins_only(w) | next | (w & st::F_WAITERS))
             });

@@ -174,6 +174,23 @@ impl MemStore {
             .unwrap_or(false)
     }
 
+    /// Replaces the stored copy of `page` with `data`, as a memory server holding an older or
+    /// damaged copy would (the wire checksums still pass: the server checksums what it holds).
+    /// Returns whether a copy was stored.
+    pub fn replace(&self, page: GuestPage, data: &[u8]) -> bool {
+        self.shared
+            .shard(page)
+            .lock()
+            .map(|mut m| match m.get_mut(&page) {
+                Some(b) if b.len() == data.len() => {
+                    b.copy_from_slice(data);
+                    true
+                }
+                _ => false,
+            })
+            .unwrap_or(false)
+    }
+
     /// Number of pages stored.
     pub fn len(&self) -> usize {
         self.shared

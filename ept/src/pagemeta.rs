@@ -1,6 +1,6 @@
 //! Per-page side data of the page-state table: the fingerprint of each page's remote (clean)
-//! content, taken when its data is installed and compared at eviction (the dirty check, see
-//! `evict`), and when its demand fault was read and its read submitted / staged data arrived
+//! content, taken when its data is installed or written back, compared at eviction (the dirty
+//! check, see `evict`) and when a read returns (a server's stale copy, see `complete`), and when its demand fault was read and its read submitted / staged data arrived
 //! (latency histograms, prefetch timeliness), and which process a prefetch was issued for
 //! (per-process statistics, `procstats`).
 //!
@@ -12,6 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::hash::{self, Fingerprint};
 use crate::procstats::ProcRef;
+
+/// The clean fingerprint of a page whose remote content this engine has not seen (never read
+/// or written back by it). An XXH3-128 of real data equal to it is a 2^-128 event.
+pub(crate) const UNKNOWN_FP: Fingerprint = 0;
 
 pub(crate) struct PageMeta {
     /// Two words per page.

@@ -108,6 +108,10 @@ counters! {
     /// Reads answered "absent on server": for a page the engine wrote back, its data is lost
     /// (the page becomes `LOST`).
     remote_absent: RemoteAbsent,
+    /// Reads whose content is not what the engine last wrote back or read for the page (a
+    /// memory server returned an older or damaged copy; the wire checksums cannot see it): the
+    /// page becomes `LOST` rather than give the guest wrong data.
+    remote_stale: RemoteStale,
     /// Guest faults and VMM accesses on `LOST` pages (each is reported to the VMM).
     lost_accesses: LostAccesses,
     /// Store requests that failed (read or write).

@@ -564,6 +564,44 @@ fn a_lost_page_is_reported_and_holds_its_vcpus_until_the_vmm_releases_them() {
 }
 
 #[test]
+fn a_stale_copy_on_the_server_is_lost_not_installed() {
+    // A server that returns an older copy of a page (a replica that missed a write) passes
+    // every wire checksum: only the engine knows what it wrote back last.
+    let (vm, p) = vm_with_a_remote_page();
+    let gpa = p * PAGE_SIZE as u64;
+    let mut older = vm.store.get(p).expect("the evicted page was stored");
+    assert_eq!(u64::from_le_bytes(older[16..24].try_into().unwrap()), p + 7);
+    older[16..24].copy_from_slice(&(p + 6).to_le_bytes());
+    assert!(vm.store.replace(p, &older));
+    let mut b = [0u8; 8];
+    assert!(
+        matches!(
+            vm.engine.read_bytes(gpa + 16, &mut b),
+            Err(EngineError::PageLost { gpa: g }) if g == gpa
+        ),
+        "the stale content is never handed out: {b:?}"
+    );
+    assert_eq!(vm.engine.page_state(gpa), Some(PageState::Lost));
+    let s = vm.engine.stats().counters;
+    assert_eq!((s.remote_stale, s.remote_absent), (1, 0), "{s:?}");
+    assert!(vm
+        .engine
+        .take_errors()
+        .iter()
+        .any(|e| matches!(e, EngineError::PageStale { gpa: g } if *g == gpa)));
+    // Every other page comes back as written (written back, then read back, then evicted
+    // clean and read again: no false alarm on either kind of copy).
+    let g = vm.guest();
+    for round in 0..2 {
+        for q in (0..g.pages).filter(|&q| q != p) {
+            assert_eq!(g.load(q, 2), q + 7, "page {q}, round {round}");
+        }
+        vm.settle();
+    }
+    assert_eq!(vm.engine.stats().counters.remote_stale, 1);
+}
+
+#[test]
 fn an_outage_keeps_one_retry_chain_per_waiting_page() {
     let (vm, p) = vm_with_a_remote_page();
     vm.store.set_outage(true);

@@ -103,6 +103,11 @@ pub fn assert_native_checksums(setup: &GuestSetup, report: &VmReport, stats: &Re
         stats.engine.coverage,
         c.store_errors
     );
+    assert_eq!(
+        (c.remote_stale, c.remote_absent),
+        (0, 0),
+        "every page came back as last written or read: {c:?}"
+    );
     assert!(
         stats.engine.resident_pages <= stats.engine.budget_pages,
         "resident {} over budget {}",

@@ -148,10 +148,22 @@ pub fn native_checksum(workload: &str) -> u64 {
 /// native checksum of `workload`.
 pub fn assert_native_report(report: &serde_json::Value, workload: &str) {
     let p = &report["processes"][0];
-    assert_eq!(p["state_name"], "done", "{p}");
+    // What says where a wrong result came from, first (CI prints the start of a message).
+    let c = &report["paging"]["engine"]["counters"];
+    let why = format!(
+        "remote_stale {} remote_absent {} lost_accesses {} store_errors {} evict_write_failed {}; \
+         remote {}; process {p}",
+        c["remote_stale"],
+        c["remote_absent"],
+        c["lost_accesses"],
+        c["store_errors"],
+        c["evict_write_failed"],
+        report["paging"]["remote"]
+    );
+    assert_eq!(p["state_name"], "done", "{why}");
     assert_eq!(
         p["checksum"].as_u64(),
         Some(native_checksum(workload)),
-        "{p}"
+        "{why}"
     );
 }
