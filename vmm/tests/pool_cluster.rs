@@ -87,7 +87,9 @@ impl Cluster {
     fn up(tag: &str) -> Self {
         require_root_and_netns();
         let name = format!("{tag}{}", std::process::id() % 10_000);
-        let run = std::env::temp_dir().join(format!("farvm-cluster-{}", std::process::id()));
+        // One directory per cluster: the tests of this binary run one after another in one
+        // process, and a failed test's logs must outlive the next test's cleanup.
+        let run = std::env::temp_dir().join(format!("farvm-cluster-{name}"));
         std::fs::create_dir_all(&run).unwrap();
         let token = run.join(format!("{name}.token"));
         let gen = Command::new(bin_dir().join("farvm-memserver"))
