@@ -128,8 +128,11 @@ impl Core {
     }
 
     /// Waits until every write/discard to `key` that is in flight now has finished (every
-    /// request, reads too, with `all_ops`).
-    pub(super) fn quiesce(&self, key: SlabKey, all_ops: bool) {
+    /// request, reads too, with `all_ops`). False if one was still in flight after twice the
+    /// request timeout: the caller must not go on as if it had finished (a write that read
+    /// the old placement would miss the new replica; a read would find its page discarded).
+    #[must_use]
+    pub(super) fn quiesce(&self, key: SlabKey, all_ops: bool) -> bool {
         let deadline = Instant::now() + self.cfg.timeout * 2;
         let waits: Vec<(u32, u64)> = (0..self.tickets.slots.len() as u32)
             .filter_map(|tn| {
@@ -141,10 +144,14 @@ impl Core {
             })
             .collect();
         for (tn, seq) in waits {
-            while self.tickets.lock(tn).seq == seq && Instant::now() < deadline {
+            while self.tickets.lock(tn).seq == seq {
+                if Instant::now() >= deadline {
+                    return false;
+                }
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        true
     }
 
     /// Copies `pages` (all in slab `key`) from a live source to `target`: present pages are
@@ -201,7 +208,9 @@ impl Core {
     }
 
     pub(super) fn fill_slab(&self, key: SlabKey, target: u16) -> Result<(), &'static str> {
-        self.quiesce(key, false);
+        if !self.quiesce(key, false) {
+            return Err("a write that read the old placement is still in flight");
+        }
         let base = key.1 * self.cfg.slab_pages;
         let mut pages: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
         let mut at = 0;

@@ -124,8 +124,17 @@ impl Core {
             }
         }
         // Requests that read the old placement may still go to `from`: let them finish
-        // before its copy goes.
-        self.quiesce(key, true);
+        // before its copy goes. One that does not finish in time may still read there: the
+        // copy stays (space on `from`, not a lost page).
+        if !self.quiesce(key, true) {
+            tracing::warn!(
+                server = %self.addr(from),
+                slab,
+                "a request on the moved slab is still in flight: its old copy is kept"
+            );
+            self.health.replicas_moved.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         let (ns, _) = key;
         let base = slab * self.cfg.slab_pages;
         let mut io = IoBuf::new(MAX_PAGES_PER_FRAME);
