@@ -7,12 +7,13 @@
 //!
 //! - **MOVE from pool slots** (the engine today, `backing.rs`'s `move_in`): the received bytes
 //!   land in pool frames (resident: recycled frames of earlier victims), `UFFDIO_MOVE` moves
-//!   the run into the guest view (clearing the source PTEs: one flush per page), and the clean
-//!   victim moves straight back into pool slots (one flush per page); nothing is freed.
+//!   the run into the guest view (clearing the source PTEs, which this kernel flushes once per
+//!   call: it moves a run's entries under one flush), and the clean victim moves straight back
+//!   into pool slots (one flush per call); nothing is freed.
 //! - **COPY from a landing ring**: the bytes land in a fixed ring of resident frames that are
 //!   never moved (as the bounce pages are), `UFFDIO_COPY` allocates new pages in the guest view
 //!   and copies the run into them (no source PTE cleared: no flush); the victim moves out to
-//!   its staging slots (one flush per page, as today: the guest must lose write access before
+//!   its staging slots (one flush per call, as today: the guest must lose write access before
 //!   the fingerprint) and its frames are freed with one vectored `MADV_DONTNEED` per 64 calls.
 //! - **COPY, evicted by MADV_DONTNEED** (for understanding only: a zap drops the data, so it is
 //!   no correct eviction of a page that may be dirty): as above, but the run leaves the guest
@@ -21,7 +22,9 @@
 //! Each step is this thread's CPU time over a pass, per page (the sender of a shootdown waits
 //! for the other CPU to take it, so its cost shows here); the table gives the median of
 //! `PASSES` passes. "IPIs / page" is the pass's TLB shootdowns received by all CPUs
-//! (`/proc/interrupts`, line `TLB`), per page: what the other CPU pays on top.
+//! (`/proc/interrupts`, line `TLB`), per page: what the other CPU pays on top. A flush sends
+//! one only while the other thread is running, so on a host whose CPUs are shared with other
+//! work the column says how often that was the case.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -306,9 +309,9 @@ pub fn table() {
     }
     println!(
         "\nland = the received bytes copied into the landing frame (a pool slot, or the \
-         ring); install = UFFDIO_MOVE pool -> guest view (one flush per page) or UFFDIO_COPY \
+         ring); install = UFFDIO_MOVE pool -> guest view (one TLB flush per call) or UFFDIO_COPY \
          ring -> guest view (a new page each, no flush); evict = UFFDIO_MOVE guest view -> pool \
-         slots or staging slots (one flush per page), or MADV_DONTNEED of the run (one flush \
+         slots or staging slots (one flush per call), or MADV_DONTNEED of the run (one flush \
          per call; drops the data); free = MADV_DONTNEED of the staging slots, one vectored \
          call per 64 runs. The benchmark thread runs on CPU 0, the other thread on CPU 1.\n"
     );
