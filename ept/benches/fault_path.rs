@@ -15,10 +15,13 @@
 //!    hot/cold random workload (demand faults and time per access);
 //! 6. one page cycle (land, install, evict, free) with today's memfd guest RAM against
 //!    anonymous guest RAM whose pages move in and out of a pool of staging pages with
-//!    `UFFDIO_MOVE`, one page per call and in runs of 64 (see `anon_cycle`).
+//!    `UFFDIO_MOVE`, one page per call and in runs of 64 (see `anon_cycle`);
+//! 7. installing runs of 1-64 received pages into anonymous guest RAM with `UFFDIO_MOVE` from
+//!    pool slots against `UFFDIO_COPY` from a landing ring, with a thread touching memory on
+//!    the other CPU (TLB shootdowns), and the eviction's options (see `landing.rs`).
 //!
 //! `FARVM_BENCH_PAGES` (default 4096) sets the sample size of table 1; `FARVM_BENCH_TABLES`
-//! (default `1,2,3,4,5,6`) selects tables.
+//! (default `1,2,3,4,5,6,7`) selects tables.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,7 +40,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
     println!("# farvm-ept fault-path benchmark ({pages} pages per configuration)\n");
-    let tables = std::env::var("FARVM_BENCH_TABLES").unwrap_or_else(|_| "1,2,3,4,5,6".into());
+    let tables = std::env::var("FARVM_BENCH_TABLES").unwrap_or_else(|_| "1,2,3,4,5,6,7".into());
     let want = |t: &str| tables.split(',').any(|x| x.trim() == t);
     if want("1") {
         steps_table(pages);
@@ -57,10 +60,15 @@ fn main() {
     if want("6") {
         cycle::table();
     }
+    if want("7") {
+        landing::table();
+    }
 }
 
 #[path = "fault_path/cycle.rs"]
 mod cycle;
+#[path = "fault_path/landing.rs"]
+mod landing;
 
 fn median(v: &mut [u64]) -> u64 {
     if v.is_empty() {

@@ -273,6 +273,51 @@ impl Uffd {
         }
     }
 
+    /// One `UFFDIO_COPY` call of a run: copies what it can of the `len` bytes at `src` (any
+    /// readable memory) into new pages at `[dst, dst+len)` and returns the bytes copied (all of
+    /// `len`, or the part before the page the kernel stopped at, e.g. one mapped meanwhile).
+    /// An error means nothing was copied at `dst`: EEXIST (the destination page is present)
+    /// or others. As [`Uffd::copy_page`], nothing is unmapped at the source: no TLB flush.
+    pub fn copy_some(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
+        self.fill_some(UFFDIO_COPY, dst, src, len, wake)
+    }
+
+    /// One `UFFDIO_COPY` or `UFFDIO_MOVE` call (the two structs share their layout): the
+    /// bytes done, all of `len` or the part before the page the kernel stopped at (EAGAIN with
+    /// progress; EAGAIN without any is retried); any other error means nothing was done.
+    fn fill_some(
+        &self,
+        req: libc::c_ulong,
+        dst: u64,
+        src: u64,
+        len: u64,
+        wake: bool,
+    ) -> io::Result<u64> {
+        loop {
+            let mut m = UffdioMove {
+                dst,
+                src,
+                len,
+                mode: if wake { 0 } else { MODE_DONTWAKE },
+                moved: 0,
+            };
+            // SAFETY: pointer to a live `uffdio_copy` / `uffdio_move` (same layout), as `req`
+            // expects; the kernel validates both ranges (destination registered with this
+            // uffd; a move's source anonymous in this mm, a copy's readable) and fails
+            // otherwise.
+            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), req, &mut m) };
+            if r == 0 {
+                return Ok(len);
+            }
+            let e = io::Error::last_os_error();
+            match (e.raw_os_error(), u64::try_from(m.moved)) {
+                (Some(libc::EAGAIN), Ok(n)) if n > 0 => return Ok(n),
+                (Some(libc::EAGAIN), _) => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Moves the anonymous pages under `[src, src+len)` to `[dst, dst+len)` (UFFDIO_MOVE: the
     /// page-table entries move, the pages are neither copied nor allocated), waking the threads
     /// that fault on the destination if `wake`. `dst` must lie in a range registered with this
@@ -296,27 +341,7 @@ impl Uffd {
     /// at). An error means nothing was moved at `dst`: EEXIST (the destination page is
     /// present), ENOENT (the source page is not), EBUSY (pinned or shared), or others.
     pub fn move_some(&self, dst: u64, src: u64, len: u64, wake: bool) -> io::Result<u64> {
-        loop {
-            let mut m = UffdioMove {
-                dst,
-                src,
-                len,
-                mode: if wake { 0 } else { MODE_DONTWAKE },
-                moved: 0,
-            };
-            // SAFETY: pointer to a live `uffdio_move`; the kernel validates both ranges (same
-            // mm, anonymous, destination registered with this uffd) and fails otherwise.
-            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m) };
-            if r == 0 {
-                return Ok(len);
-            }
-            let e = io::Error::last_os_error();
-            match (e.raw_os_error(), u64::try_from(m.moved)) {
-                (Some(libc::EAGAIN), Ok(n)) if n > 0 => return Ok(n),
-                (Some(libc::EAGAIN), _) => continue,
-                _ => return Err(e),
-            }
-        }
+        self.fill_some(UFFDIO_MOVE, dst, src, len, wake)
     }
 
     /// Wakes threads waiting on faults in the range without installing anything.
@@ -487,6 +512,54 @@ mod tests {
         unsafe {
             libc::munmap(a as *mut libc::c_void, 4 * PAGE as usize);
             libc::munmap(b as *mut libc::c_void, 4 * PAGE as usize);
+        }
+    }
+
+    #[test]
+    fn a_run_is_copied_in_one_call_and_stops_before_a_mapped_page() {
+        let (a, src) = (anon(8), anon(8));
+        let uffd = Uffd::open(feature::MOVE).expect("userfaultfd with UFFD_FEATURE_MOVE");
+        uffd.register(a, 8 * PAGE, mode::MISSING)
+            .expect("register a");
+        for p in 0..8 {
+            // SAFETY: `src` is ours and not registered: this write allocates a page.
+            unsafe { core::ptr::write_volatile((src + p * PAGE) as *mut u64, 200 + p) };
+        }
+        // A run of 4 pages in one call: new pages at `a`, the source stays mapped and intact.
+        assert_eq!(uffd.copy_some(a, src, 4 * PAGE, false).unwrap(), 4 * PAGE);
+        assert!((0..4).all(|p| mapped(a + p * PAGE)) && !mapped(a + 4 * PAGE));
+        for p in 0..4 {
+            // SAFETY: page p of a was just copied in; page p of src is still mapped.
+            let (v, s) = unsafe {
+                (
+                    core::ptr::read_volatile((a + p * PAGE) as *const u64),
+                    core::ptr::read_volatile((src + p * PAGE) as *const u64),
+                )
+            };
+            assert_eq!((v, s), (200 + p, 200 + p));
+        }
+        // Page 6 mapped meanwhile (a racing fault): the run from 5 stops before it...
+        assert_eq!(
+            uffd.copy_some(a + 6 * PAGE, src, PAGE, false).unwrap(),
+            PAGE
+        );
+        assert_eq!(
+            uffd.copy_some(a + 5 * PAGE, src + 5 * PAGE, 3 * PAGE, false)
+                .unwrap(),
+            PAGE
+        );
+        // ... and a run starting at a mapped page copies nothing.
+        let busy = uffd
+            .copy_some(a + 6 * PAGE, src + 6 * PAGE, 2 * PAGE, false)
+            .unwrap_err();
+        assert_eq!(busy.raw_os_error(), Some(libc::EEXIST));
+        // SAFETY: page 6 of a holds the copy of src's page 0, made above.
+        let six = unsafe { core::ptr::read_volatile((a + 6 * PAGE) as *const u64) };
+        assert_eq!(six, 200);
+        // SAFETY: unmapping the two mappings created above.
+        unsafe {
+            libc::munmap(a as *mut libc::c_void, 8 * PAGE as usize);
+            libc::munmap(src as *mut libc::c_void, 8 * PAGE as usize);
         }
     }
 }
