@@ -1,8 +1,9 @@
 //! Per-page side data of the page-state table: the fingerprint of each page's remote (clean)
 //! content, taken when its data is installed or written back, compared at eviction (the dirty
-//! check, see `evict`) and when a read returns (a server's stale copy, see `complete`), and when its demand fault was read and its read submitted / staged data arrived
-//! (latency histograms, prefetch timeliness), and which process a prefetch was issued for
-//! (per-process statistics, `procstats`).
+//! check, see `evict`) and when a read returns (a server's stale copy, see `complete`); when
+//! its demand fault was read and its read submitted / staged data arrived (latency
+//! histograms, prefetch timeliness); and which process a prefetch was issued for (per-process
+//! statistics, `procstats`).
 //!
 //! Written only by the page's current owner in the state table (whoever moved it to
 //! `INFLIGHT` or `EVICTING`) before it publishes the next state, whose release/acquire CAS
