@@ -299,8 +299,13 @@ impl Evictor {
                 self.backoff.succeeded();
                 c.inc(Counter::RemoteWrites);
                 c.add(Counter::BytesWritten, PAGE_SIZE as u64);
-                // Written: from here it is freed like a clean page, but counted as dirty.
-                r.victims[i].verdict = Verdict::Written;
+                // Written: from here it is freed like a clean page, but counted as dirty. The
+                // remote copy now holds exactly this content, whatever becomes of the victim
+                // (rescued, kept or freed): a read returning anything else found a stale copy
+                // (`complete`).
+                let v = &mut r.victims[i];
+                self.meta.set_clean_fp(v.page, v.fp);
+                v.verdict = Verdict::Written;
             }
             Status::Failed(error) => {
                 c.inc(Counter::StoreErrors);
@@ -489,10 +494,6 @@ impl Evictor {
         for v in victims.iter_mut() {
             let w = self.table.load(v.page);
             if w & st::F_WAITERS != 0 {
-                if v.verdict == Verdict::Written {
-                    // The remote copy now holds exactly this content.
-                    self.meta.set_clean_fp(v.page, v.fp);
-                }
                 self.installer.publish_local(v.page, |_| 0, true);
                 c.inc(Counter::EvictRescued);
                 v.verdict = Verdict::Keep;
@@ -509,9 +510,6 @@ impl Evictor {
             self.errors
                 .push(EngineError::os("freeing evicted pages", e));
             for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
-                if v.verdict == Verdict::Written {
-                    self.meta.set_clean_fp(v.page, v.fp);
-                }
                 self.restore(v.page);
             }
             victims.clear();
@@ -524,11 +522,6 @@ impl Evictor {
                 _ => st::REMOTE,
             };
             self.account(v);
-            if v.verdict == Verdict::Written {
-                // The remote copy now holds exactly this content: a read that returns anything
-                // else found a stale copy (`complete`).
-                self.meta.set_clean_fp(v.page, v.fp);
-            }
             let r = self.table.update(v.page, |w| {
                 Some(st::pins_only(w) | next | (w & st::F_WAITERS))
             });
