@@ -235,7 +235,7 @@ impl Completer {
             }
             let old = self.installer.claim_local(p, |w| {
                 if w & (st::F_WAITERS | st::F_DEMAND) != 0 {
-                    w & (st::F_CONSUMED | st::F_HOT)
+                    w & st::F_HOT
                 } else {
                     st::F_PREFETCHED
                 }

@@ -2,14 +2,19 @@
 //! reserve) with some prefetch headroom, so demand faults find a free frame and never reclaim
 //! inline, and prefetches find frames too.
 //!
-//! Victim order: (1) consumed prefetches — staged pages the guest touched, and late hits —
-//! first, as in Leap's eager eviction; (2) a CLOCK sweep over the page table: every resident
-//! page gets one second chance after install (its reference bit), unpinned pages only. Without
-//! hardware accessed bits (no page_idle on this kernel, and sampling by unmapping costs a
-//! 55–115 µs guest fault each here) that alone is FIFO by install time with a second chance, so
-//! (3) refault distance stands in for the accessed bit: a page demand-faulted back within one
-//! budget's worth of evictions since it was evicted (Linux's workingset test) is marked hot and
-//! survives up to three more sweeps. Measured in `benches/fault_path.rs` (table 5).
+//! Victim order: a CLOCK sweep over the page table: every resident page gets one second chance
+//! after install (its reference bit), unpinned pages only. Without hardware accessed bits (no
+//! page_idle on this kernel, and sampling by unmapping costs a 55–115 µs guest fault each here)
+//! that alone is FIFO by install time with a second chance, so refault distance stands in for
+//! the accessed bit: a page demand-faulted back within one budget's worth of evictions since it
+//! was evicted (Linux's workingset test) is marked hot and survives up to three more sweeps.
+//! Measured in `benches/fault_path.rs` (table 5).
+//!
+//! Prefetched pages the guest was seen to use (marker and late hits) are not evicted first, as
+//! Leap's eager eviction would: a page is seen used at its first touch, while a scan goes on
+//! reading it, and evicting it then cost the scan a refault of that page; it also took the page
+//! out alone, one move and one TLB shootdown for one page, where the sweep takes it with its
+//! neighbours (`docs/data-path.md`, "Consumed prefetches are not evicted first").
 //!
 //! One round, for up to `evict_batch` victims:
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);
@@ -354,17 +359,7 @@ impl Evictor {
                 false
             }
         };
-        // 1. Consumed prefetches first.
-        while out.len() < want {
-            let Some(p) = self.queues.next_consumed() else {
-                break;
-            };
-            let w = table.load(p);
-            if w & st::F_CONSUMED != 0 {
-                claim(p, w, out);
-            }
-        }
-        // 2. CLOCK: two full turns at most (the first may only clear reference bits).
+        // CLOCK: two full turns at most (the first may only clear reference bits).
         let n = table.len();
         let mut scanned = 0u64;
         while out.len() < want && scanned < 2 * n {

@@ -9,8 +9,8 @@
 //! - every demand fault feeds the prefetcher (`farvm_prefetch::Prefetcher`); its candidates are
 //!   read at low priority and *injected* (mapped before the guest asks, no wake), except marker
 //!   and sampled probe pages, which stay staged so their first touch reveals the hit rate;
-//! - an evictor keeps resident pages under the budget minus a free reserve, consumed prefetches
-//!   first then CLOCK; dirtiness is decided race-free from content after the guest view is
+//! - an evictor keeps resident pages under the budget minus a free reserve, by CLOCK with
+//!   refault distance; dirtiness is decided race-free from content after the guest view is
 //!   unmapped; dirty pages are written back before they are freed, clean ones dropped.
 //!
 //! The engine knows nothing of sockets or KVM: page I/O goes through [`store::RemoteStore`],

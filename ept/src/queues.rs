@@ -1,8 +1,6 @@
 //! The queues between the engine's threads and the signals that wake and stop them:
 //! - retries: pages whose failed demand read must be read again (completion path → fault
 //!   handler, which holds them for the retry back-off; failure path only);
-//! - consumed prefetches, offered to the evictor first (fault handler → evictor: Leap's eager
-//!   eviction);
 //! - write-back completions (completion path → evictor);
 //! - the fault handler's doorbell (an eventfd in its epoll set: frames freed, a retry queued,
 //!   stop) and the stop flag every thread polls.
@@ -19,14 +17,11 @@ use crate::error::EngineError;
 use crate::store::{Completion, GuestPage};
 use crate::sys::poll::EventFd;
 
-/// Consumed prefetches kept for the evictor (older ones are left to its CLOCK sweep).
-const CONSUMED: usize = 4096;
 /// Write-back completions not yet taken by the evictor (at most a few rounds' worth).
 const WRITTEN: usize = 4096;
 
 pub(crate) struct Queues {
     retry: (Sender<GuestPage>, Receiver<GuestPage>),
-    consumed: (Sender<GuestPage>, Receiver<GuestPage>),
     written: (Sender<Completion>, Receiver<Completion>),
     kick: EventFd,
     stop: AtomicBool,
@@ -36,7 +31,6 @@ impl Queues {
     pub fn new() -> Result<Self, EngineError> {
         Ok(Self {
             retry: crossbeam_channel::unbounded(),
-            consumed: crossbeam_channel::bounded(CONSUMED),
             written: crossbeam_channel::bounded(WRITTEN),
             kick: EventFd::new().map_err(|e| EngineError::os("eventfd", e))?,
             stop: AtomicBool::new(false),
@@ -54,16 +48,6 @@ impl Queues {
     #[inline]
     pub fn next_retry(&self) -> Option<GuestPage> {
         self.retry.1.try_recv().ok()
-    }
-
-    /// Offers a consumed prefetch to the evictor (dropped if its queue is full).
-    #[inline]
-    pub fn offer_consumed(&self, p: GuestPage) {
-        let _ = self.consumed.0.try_send(p);
-    }
-
-    pub fn next_consumed(&self) -> Option<GuestPage> {
-        self.consumed.1.try_recv().ok()
     }
 
     /// Hands a write-back completion to the evictor; false if its queue overflowed.

@@ -42,8 +42,7 @@ const STATE_MASK: u32 = 0xF;
 pub const F_PREFETCHED: u32 = 1 << 4;
 /// For `INFLIGHT` prefetches: stage instead of injecting on arrival.
 pub const F_MARKER: u32 = 1 << 5;
-/// A prefetched page whose use was seen (marker hit, late hit): first in line for eviction.
-pub const F_CONSUMED: u32 = 1 << 6;
+// Bit 6 is free.
 /// CLOCK reference bit, set at install, cleared by the evictor's sweep (second chance).
 pub const F_REF: u32 = 1 << 7;
 /// A guest fault is pending on this page (set by the fault handler on `INFLIGHT`/`EVICTING`).

@@ -359,6 +359,51 @@ fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
     assert!(s.prefetch_timeliness.count > 0);
 }
 
+/// A page the guest was seen to use through its marker is not evicted ahead of older pages
+/// (no eager eviction of consumed prefetches): a scan goes on reading a page after the touch
+/// that reveals the hit, and its neighbours leave with it, in address order, under CLOCK.
+#[test]
+fn a_hit_marker_page_is_not_evicted_before_older_pages() {
+    // Every fault proposes the next 8 pages, the last a marker: a scan hits a marker every
+    // 9 pages.
+    let vm = Vm::with(
+        16,
+        Budget::Percent(25.0),
+        Box::new(Recorder::new(8, 8)),
+        MemStoreConfig::default(),
+        |c| c.probe_every = 0,
+    );
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.store(p, 0, p);
+    }
+    vm.settle();
+    let hits_before = vm.engine.stats().counters.prefetch_marker_hits;
+    for p in 0..g.pages {
+        assert_eq!(g.load(p, 0), p);
+    }
+    vm.settle();
+    let s = vm.engine.stats();
+    let hits = s.counters.prefetch_marker_hits - hits_before;
+    assert!(hits > 100, "the scan hits markers: {:?}", s.counters);
+    // The newest pages of the scan, well inside the budget, are all still resident, the hit
+    // marker pages among them.
+    let recent = 256;
+    let gone: Vec<u64> = (g.pages - recent..g.pages)
+        .filter(|&p| {
+            !matches!(
+                vm.engine.page_state(p * PAGE_SIZE as u64),
+                Some(PageState::Local { .. })
+            )
+        })
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "pages of the last {recent} scanned were evicted before older ones: {gone:?} ({:?})",
+        s.counters
+    );
+}
+
 /// Proposes the page after each fault, and on a late hit the `ahead` pages after the one hit.
 struct LateAhead {
     ahead: u64,

@@ -23,9 +23,9 @@
 //! | `NEVER` | fault | a frame is free | `zero_fill`: zero page mapped, vCPU woken | `LOCAL` (through `INFLIGHT+DEMAND`) |
 //! | `REMOTE` | fault | a frame is free | `demand_read` | `INFLIGHT+DEMAND` (`+HOT` if a refault within the working set) |
 //! | `NEVER`, `REMOTE` | fault | no frame free | parked, run again next round | unchanged |
-//! | `INFLIGHT` | fault | `PREFETCHED` (a prefetch nobody faulted on yet) | `late_hit`: store told to hurry, prefetcher told of the hit (it may answer with pages further ahead) | `+DEMAND+WAITERS+CONSUMED −PREFETCHED−MARKER−PROBE`: installed and woken on arrival, not staged |
+//! | `INFLIGHT` | fault | `PREFETCHED` (a prefetch nobody faulted on yet) | `late_hit`: store told to hurry, prefetcher told of the hit (it may answer with pages further ahead) | `+DEMAND+WAITERS −PREFETCHED−MARKER−PROBE`: installed and woken on arrival, not staged |
 //! | `INFLIGHT` | fault | otherwise (a demand read) | `join_read`: waits for the same read | `+WAITERS` |
-//! | `STAGED` | fault | | `marker_hit`: prefetcher told, mapped, vCPU woken, offered to the evictor first | `LOCAL+CONSUMED` (through `INFLIGHT+DEMAND`) |
+//! | `STAGED` | fault | | `marker_hit`: prefetcher told, mapped, vCPU woken | `LOCAL` (through `INFLIGHT+DEMAND`) |
 //! | `LOCAL` | fault | | `remap`: mapped again under a pin (raced with an install or an eviction that gave it back) | `LOCAL` |
 //! | `EVICTING` | fault | | `wait_eviction`: the evictor rescues it or reads it again | `+WAITERS` |
 //! | `LOST` | fault | | `report_lost` to the VMM | `LOST` |
@@ -515,10 +515,8 @@ impl Handler {
 
     fn late_hit(&mut self, p: u64, w: u32, now: u64) -> Step {
         // Install on arrival (not stage) and wake us.
-        let new = (w & !(st::F_MARKER | st::F_PREFETCHED | st::F_PROBE))
-            | st::F_WAITERS
-            | st::F_DEMAND
-            | st::F_CONSUMED;
+        let new =
+            (w & !(st::F_MARKER | st::F_PREFETCHED | st::F_PROBE)) | st::F_WAITERS | st::F_DEMAND;
         if self.table.cas(p, w, new).is_err() {
             return Step::Raced;
         }
@@ -579,8 +577,7 @@ impl Handler {
         // A marker hit may answer with the prefetcher's next window (like Linux's async
         // read-ahead marker); those candidates go out with this round's prefetch batch.
         let key = self.learner.hit(key, p, true, now);
-        self.installer.publish_local(p, |_| st::F_CONSUMED, true);
-        self.queues.offer_consumed(p);
+        self.installer.publish_local(p, |_| 0, true);
         self.issue_candidates(key, entry, now);
         Step::Done
     }
