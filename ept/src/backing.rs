@@ -14,10 +14,13 @@
 //!
 //! Where a page's data is, by its state (anon): an INFLIGHT page's in its *landing* frame (the
 //! pool slot the fault handler assigned it, [`Backing::assign_frames`]; its staging slot if it
-//! was assigned none); STAGED pages' in their staging slot; EVICTING pages' in the pool slot
-//! the move-out put them in (their landing frame from there) or their staging slot; a LOCAL
-//! page's in the guest view once its `mapped` bit is set, else (a victim given back, or
-//! between claim and map: there, in the landing frame if it has one) in its staging slot. A
+//! was assigned none); STAGED pages' in the bounce page they landed in (markers and probes
+//! land in bounce pages while there are free ones, and keep them until their first touch
+//! installs them by a copy: no TLB shootdown on the way in, none to settle) or else their
+//! staging slot; EVICTING pages' in the pool slot the move-out put them in (their landing
+//! frame from there), their bounce page or their staging slot; a LOCAL page's in the guest
+//! view once its `mapped` bit is set, else (a victim given back, or between claim and map:
+//! there, in the landing frame if it has one) in its bounce page or staging slot. A
 //! reader of a pinned LOCAL page maps it first ([`Backing::local_ptr`]): only the evictor
 //! moves a page out, and only after claiming it, which a pin prevents.
 //!
@@ -363,10 +366,13 @@ impl Backing {
     /// Assigns the owned pages `pages` (sorted; about to be read) landing frames from the pool
     /// while it has some, neighbours consecutive slots: positions only, no syscall. A page that
     /// has a landing frame already (a read retried) keeps it. Only the fault handler calls
-    /// this (the pool's one consumer). Returns (pool frames, bounce pages) handed out.
-    pub fn assign_frames(&self, pages: &[u64]) -> (u64, u64) {
+    /// this (the pool's one consumer). Pages for which `staged` is true (markers and probes,
+    /// which stay unmapped until the guest touches them) and pages with no neighbour in the
+    /// batch get bounce pages while there are free ones. Returns (pool frames, bounce pages)
+    /// handed out.
+    pub fn assign_frames(&self, pages: &[u64], staged: impl Fn(u64) -> bool) -> (u64, u64) {
         match self {
-            Self::Anon(a) => a.assign(pages),
+            Self::Anon(a) => a.assign(pages, staged),
             Self::Memfd { .. } => (0, 0),
         }
     }
@@ -380,7 +386,8 @@ impl Backing {
     }
 
     /// Owned page `p`'s data stays unmapped for a while (a STAGED prefetch): moves it from its
-    /// landing frame to its staging slot, so that the pool slot is not held.
+    /// pool landing frame to its staging slot, so that the pool slot is not held (a bounce
+    /// page stays the page's until its install or eviction).
     pub fn settle(&self, p: u64) {
         if let Self::Anon(a) = self {
             if let Err(e) = a.settle(p) {
@@ -389,16 +396,19 @@ impl Backing {
         }
     }
 
+    /// Pages whose data is resident (the frame counter's real counterpart, for checks at
+    /// rest): memfd pages; anon, frames in the guest view and staging slots plus the bounce
+    /// pages held (by staged pages, and reads in flight).
     pub fn resident_count(&self) -> io::Result<u64> {
         match self {
             Self::Memfd { ram, .. } => ram.resident_count(),
-            Self::Anon(a) => a.ram.resident_count(),
+            Self::Anon(a) => Ok(a.ram.resident_count()? + a.bounce_held()),
         }
     }
 }
 
 /// Where an owned, unmapped page's data lands and waits for its install.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Land {
     /// Its staging slot.
     Staging,
@@ -460,6 +470,16 @@ impl Anon {
         None
     }
 
+    /// Bounce pages not in the free set.
+    fn bounce_held(&self) -> u64 {
+        let free: u32 = self
+            .bounce_free
+            .iter()
+            .map(|w| w.load(Ordering::Acquire).count_ones())
+            .sum();
+        self.bounce_free.len() as u64 * 64 - u64::from(free)
+    }
+
     fn give_bounce(&self, b: u64) {
         self.bounce_free[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::AcqRel);
     }
@@ -486,10 +506,12 @@ impl Anon {
     }
 
     /// Consumer: gives the pages without a landing place one. A page alone in the batch (no
-    /// neighbour) gets a bounce page, installed later by a copy, which flushes no TLB; runs
-    /// get pool positions `head..` (consecutive for neighbours), installed by one move per
-    /// run. Returns (pool frames, bounce pages) handed out.
-    fn assign(&self, pages: &[u64]) -> (u64, u64) {
+    /// neighbour) or to be staged gets a bounce page, installed later by a copy, which
+    /// flushes no TLB (a staged page keeps it until then: moving it to its staging slot and
+    /// later into the guest view would cost a shootdown each); runs get pool positions
+    /// `head..` (consecutive for neighbours), installed by one move per run. Returns (pool
+    /// frames, bounce pages) handed out.
+    fn assign(&self, pages: &[u64], staged: impl Fn(u64) -> bool) -> (u64, u64) {
         let cap = self.ram.pool_pages();
         let tail = self.tail.load(Ordering::Acquire);
         let start = self.head.load(Ordering::Relaxed);
@@ -502,7 +524,7 @@ impl Anon {
             }
             let alone =
                 (i == 0 || pages[i - 1] + 1 != p) && pages.get(i + 1).is_none_or(|&q| q != p + 1);
-            if alone {
+            if alone || staged(p) {
                 if let Some(b) = self.take_bounce() {
                     l.store(BOUNCE | b as u32, Ordering::Release);
                     bounced += 1;
@@ -527,19 +549,9 @@ impl Anon {
     fn settle(&self, p: u64) -> io::Result<()> {
         let l = self.land(p);
         let src = match l {
-            Land::Staging => return Ok(()),
-            Land::Bounce(b) => {
-                // SAFETY: both are 4 KiB of this RAM's mappings, the staging slot's missing
-                // fault is the kernel's; the caller owns the page, so nobody else uses either.
-                unsafe {
-                    core::ptr::copy_nonoverlapping(
-                        self.ram.bounce_page(b),
-                        self.ram.staging_page(p),
-                        PAGE_SIZE,
-                    )
-                };
-                return self.release_landing(p, l, false);
-            }
+            // A bounce page is the pool's no more than the page's own slot is: the page keeps
+            // it until its install copies it (or its eviction frees it).
+            Land::Staging | Land::Bounce(_) => return Ok(()),
             Land::Pool(s) => self.ram.pool_page(s) as u64,
         };
         let dst = self.ram.staging_page(p) as u64;
@@ -780,25 +792,30 @@ impl Anon {
     }
 
     /// Frees evicted `pages` (sorted): frames the move-out put in pool slots stay there (free
-    /// once published), the others go into the pool while it has room, the rest dropped with
-    /// one vectored call per 64 runs (one TLB flush, not one per run).
+    /// once published), bounce pages (staged pages never touched) go back to the free set,
+    /// the others go into the pool while it has room, the rest dropped with one vectored call
+    /// per 64 runs (one TLB flush, not one per run).
     fn free(&self, pages: &[u64]) -> io::Result<()> {
         let mut rest = [(0u64, 0u64); 64];
         let mut k = 0;
-        let pooled = |p: u64| matches!(self.land(p), Land::Pool(_));
+        // Only the staging slots' frames move; the rest is bookkeeping.
+        let in_slot = |p: u64| self.land(p) == Land::Staging;
         mem::for_runs(pages, |first, len| {
-            // Split off the pages already in pool slots.
             let mut i = 0;
             while i < len {
-                let in_pool = pooled(first + i);
+                let staging = in_slot(first + i);
                 let mut m = 1;
-                while i + m < len && pooled(first + i + m) == in_pool {
+                while i + m < len && in_slot(first + i + m) == staging {
                     m += 1;
                 }
                 let (p, n) = (first + i, m);
                 i += m;
-                if in_pool {
+                if !staging {
                     for q in p..p + n {
+                        match self.land(q) {
+                            Land::Bounce(b) => self.give_bounce(b),
+                            Land::Pool(_) | Land::Staging => {}
+                        }
                         self.landing[q as usize].store(NO_SLOT, Ordering::Release);
                     }
                     continue;
@@ -969,7 +986,7 @@ mod tests {
         b.publish_pool(u64::MAX);
         assert_eq!(free(a), 4, "at most 4 free frames");
         // Two reads in flight take the two oldest free frames and land there.
-        assert_eq!(b.assign_frames(&[20, 21]), (2, 0));
+        assert_eq!(b.assign_frames(&[20, 21], |_| false), (2, 0));
         put(&b, 20, 20);
         put(&b, 21, 21);
         // Further evictions refill the pool behind them, in slots of their own: the frames
@@ -980,12 +997,16 @@ mod tests {
         assert_eq!((get(&b, 20), get(&b, 21)), (20, 21), "landed data intact");
         // The next reads get the refilled frames (reused: they hold the evicted data until
         // overwritten), none of which is a frame of the reads in flight.
-        assert_eq!(b.assign_frames(&[30, 31, 32, 33]), (4, 0));
+        assert_eq!(b.assign_frames(&[30, 31, 32, 33], |_| false), (4, 0));
         let reused: Vec<u64> = (30..34).map(|p| get(&b, p)).collect();
         assert_eq!(reused, [102, 103, 106, 107]);
         // Installing the first reads frees their slots for the pool's later turns.
         b.map(20, 2, false).expect("install 20..22");
-        assert_eq!(b.assign_frames(&[40, 41]), (0, 0), "no free frame left");
+        assert_eq!(
+            b.assign_frames(&[40, 41], |_| false),
+            (0, 0),
+            "no free frame left"
+        );
     }
 
     #[test]
@@ -1019,7 +1040,7 @@ mod tests {
         );
         // Not free before the round is freed and published.
         b.publish_pool(0);
-        assert_eq!(b.assign_frames(&[20, 21]), (0, 0));
+        assert_eq!(b.assign_frames(&[20, 21], |_| false), (0, 0));
         // A victim given back leaves its pool slot for its staging slot, data and all.
         b.settle(2);
         assert_eq!(get(&b, 2), 102);
@@ -1027,9 +1048,42 @@ mod tests {
         b.publish_pool(u64::MAX);
         // The freed victims' frames are the next reads' landing frames, in place (no move);
         // the slot given back is empty (a read landing there gets a zeroed page).
-        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23], |_| false), (4, 0));
         let landed: Vec<u64> = (20..24).map(|p| get(&b, p)).collect();
         assert_eq!(landed, [100, 101, 0, 103]);
+    }
+
+    #[test]
+    fn a_staged_page_keeps_its_bounce_page_until_its_install_or_its_eviction() {
+        let b = anon(64);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        // A batch whose page 12 will be staged (a marker): it lands in a bounce page although
+        // it has neighbours (the empty pool gives them none).
+        assert_eq!(b.assign_frames(&[10, 11, 12, 13], |p| p == 12), (0, 1));
+        assert!(matches!(a.land(12), Land::Bounce(_)));
+        put(&b, 12, 12);
+        b.settle(12);
+        assert!(
+            matches!(a.land(12), Land::Bounce(_)),
+            "staged, it keeps the bounce page"
+        );
+        assert_eq!(a.bounce_held(), 1);
+        // Its touch installs it by a copy, and the bounce page is free again.
+        b.map(12, 1, false).expect("install 12");
+        assert_eq!(a.land(12), Land::Staging);
+        assert_eq!(a.bounce_held(), 0);
+        let guest = (a.ram.guest_base() + 12 * PG) as *const u64;
+        // SAFETY: page 12 is mapped in the guest view now; nobody else uses this RAM.
+        assert_eq!(unsafe { core::ptr::read_volatile(guest) }, 12);
+        // A staged page evicted untouched gives its bounce page back, leaving nothing behind.
+        assert_eq!(b.assign_frames(&[20], |_| true), (0, 1));
+        put(&b, 20, 20);
+        b.settle(20);
+        let resident = b.resident_count().expect("resident count");
+        b.free(&[20], &[]).expect("free");
+        assert_eq!(a.bounce_held(), 0);
+        assert_eq!(a.land(20), Land::Staging);
+        assert_eq!(b.resident_count().expect("resident count"), resident - 1);
     }
 
     #[test]
@@ -1055,7 +1109,7 @@ mod tests {
         // Freed after its write-backs, the round fills the pool as before.
         b.free(&[8, 9, 10, 11], &[]).expect("free");
         b.publish_pool(u64::MAX);
-        assert_eq!(b.assign_frames(&[20, 21, 22, 23]), (4, 0));
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23], |_| false), (4, 0));
         assert_eq!(
             (20..24).map(|p| get(&b, p)).collect::<Vec<_>>(),
             [8, 9, 10, 11]

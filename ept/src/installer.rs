@@ -107,10 +107,13 @@ impl Installer {
     }
 
     /// Assigns the owned pages `pages` (sorted, read next) landing frames where the backing
-    /// keeps free ones (anon: no syscall); the fault handler's read batches only. Their
-    /// [`Installer::page_buf`] is the landing frame from here.
+    /// keeps free ones (anon: no syscall; markers and probes, which will be staged, in bounce
+    /// pages); the fault handler's read batches only. Their [`Installer::page_buf`] is the
+    /// landing frame from here.
     pub fn assign_frames(&self, pages: &[u64]) {
-        let (pooled, bounced) = self.ram.assign_frames(pages);
+        let (pooled, bounced) = self
+            .ram
+            .assign_frames(pages, |p| self.table.load(p) & st::F_MARKER != 0);
         if pooled > 0 {
             self.counters.add(Counter::PoolLandings, pooled);
         }
@@ -125,8 +128,9 @@ impl Installer {
         self.ram.drop_landing(p);
     }
 
-    /// Owned page `p` stays unmapped for a while (STAGED): its data leaves the landing frame
-    /// for the page's own slot (anon), keeping the pool's slots for reads in flight.
+    /// Owned page `p` stays unmapped for a while (STAGED): its data leaves a pool landing
+    /// frame for the page's own slot (anon), keeping the pool's slots for reads in flight; a
+    /// bounce page it keeps.
     pub fn settle(&self, p: u64) {
         self.ram.settle(p);
     }
