@@ -188,21 +188,7 @@ fn staged_markers_wait_in_bounce_pages_and_none_is_lost_or_leaked() {
     // At rest the frame counter matches the frames really held, bounce pages included: none
     // leaked by a staged page evicted untouched or installed.
     vm.settle();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let (m, r) = (
-            vm.engine.resident_by_mincore().unwrap(),
-            vm.engine.stats().resident_pages,
-        );
-        if m == r {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "frames held {m} != counter {r} at rest"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    vm.assert_frames_match_the_counter_at_rest();
     for p in 0..g.pages {
         assert_eq!(g.check(p, 2), None, "final page {p}");
     }

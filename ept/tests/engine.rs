@@ -12,7 +12,8 @@ use farvm_ept::memstore::MemStoreConfig;
 use farvm_ept::stage2::{PreFaultError, StageTwo};
 use farvm_ept::store::StoreError;
 use farvm_ept::{
-    Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, PageState, PAGE_SIZE,
+    Budget, CounterValues, Engine, EngineConfig, EngineError, EngineParts, LostPage, PageState,
+    PAGE_SIZE,
 };
 use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 
@@ -155,23 +156,7 @@ fn residency_never_exceeds_the_budget() {
         "the test did not put pressure on the budget ({max})"
     );
     vm.settle();
-    // At rest (the evictor may still be finishing a round) the frame counter matches the
-    // memfd's real residency.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let (m, r) = (
-            vm.engine.resident_by_mincore().unwrap(),
-            vm.engine.stats().resident_pages,
-        );
-        if m == r {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "mincore {m} != counter {r} at rest"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    vm.assert_frames_match_the_counter_at_rest();
     let s = vm.engine.stats();
     for p in 0..g.pages {
         assert_eq!(g.load(p, 1), p + 1);
@@ -328,10 +313,9 @@ fn the_probe_sample_turns_sparser_after_its_first_probes() {
     assert!(c.probe_hits > 0, "probes reveal hits: {c:?}");
 }
 
-#[test]
-fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
-    let rec = Recorder::new(8, 2);
-    let hits = rec.hits.clone();
+/// A 16 MiB VM at 25% local prefetching with `rec` (no probes): every page written, then, once
+/// the evictor settled, read back in order. Returns the VM and its counters before the reads.
+fn scanned_with_markers(rec: Recorder) -> (Vm, CounterValues) {
     let vm = Vm::with(
         16,
         Budget::Percent(25.0),
@@ -344,12 +328,20 @@ fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
         g.store(p, 0, p);
     }
     vm.settle();
-    let staged_before = vm.engine.stats().counters.prefetch_staged;
+    let before = vm.engine.counters();
     for p in 0..g.pages {
         assert_eq!(g.load(p, 0), p);
     }
+    (vm, before)
+}
+
+#[test]
+fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
+    let rec = Recorder::new(8, 2);
+    let hits = rec.hits.clone();
+    let (vm, before) = scanned_with_markers(rec);
     let s = vm.engine.stats();
-    assert!(s.counters.prefetch_staged > staged_before);
+    assert!(s.counters.prefetch_staged > before.prefetch_staged);
     assert!(s.counters.prefetch_marker_hits > 0);
     assert_eq!(
         hits.load(Ordering::Relaxed),
@@ -366,25 +358,11 @@ fn marker_pages_are_staged_and_their_touch_is_reported_as_a_hit() {
 fn a_hit_marker_page_is_not_evicted_before_older_pages() {
     // Every fault proposes the next 8 pages, the last a marker: a scan hits a marker every
     // 9 pages.
-    let vm = Vm::with(
-        16,
-        Budget::Percent(25.0),
-        Box::new(Recorder::new(8, 8)),
-        MemStoreConfig::default(),
-        |c| c.probe_every = 0,
-    );
+    let (vm, before) = scanned_with_markers(Recorder::new(8, 8));
     let g = vm.guest();
-    for p in 0..g.pages {
-        g.store(p, 0, p);
-    }
-    vm.settle();
-    let hits_before = vm.engine.stats().counters.prefetch_marker_hits;
-    for p in 0..g.pages {
-        assert_eq!(g.load(p, 0), p);
-    }
     vm.settle();
     let s = vm.engine.stats();
-    let hits = s.counters.prefetch_marker_hits - hits_before;
+    let hits = s.counters.prefetch_marker_hits - before.prefetch_marker_hits;
     assert!(hits > 100, "the scan hits markers: {:?}", s.counters);
     // The newest pages of the scan, well inside the budget, are all still resident, the hit
     // marker pages among them.

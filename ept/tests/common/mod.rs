@@ -85,6 +85,27 @@ impl Vm {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+
+    /// At rest (the evictor may still be finishing a round), the frames guest RAM really holds
+    /// (mincore, plus the backing's own held frames) equal the engine's resident-page counter:
+    /// no frame leaked or counted twice.
+    pub fn assert_frames_match_the_counter_at_rest(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (m, r) = (
+                self.engine.resident_by_mincore().unwrap(),
+                self.engine.stats().resident_pages,
+            );
+            if m == r {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "frames held {m} != counter {r} at rest"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 impl Guest {
