@@ -812,11 +812,12 @@ impl Anon {
                 i += m;
                 if !staging {
                     for q in p..p + n {
-                        match self.land(q) {
-                            Land::Bounce(b) => self.give_bounce(b),
-                            Land::Pool(_) | Land::Staging => {}
-                        }
+                        let l = self.land(q);
                         self.landing[q as usize].store(NO_SLOT, Ordering::Release);
+                        // The page no longer names it before another read may take it.
+                        if let Land::Bounce(b) = l {
+                            self.give_bounce(b);
+                        }
                     }
                     continue;
                 }
