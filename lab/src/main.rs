@@ -48,7 +48,10 @@ fn main() {
     };
     if let Err(err) = result {
         // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).
-        eprintln!("farvm-lab: error: {err:#}");
+        eprintln!(
+            "farvm-lab: error: {}",
+            farvm_vmm::exit_code::error_chain(&*err)
+        );
         std::process::exit(1);
     }
 }

@@ -163,11 +163,27 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// does not restart on it).
 const EXIT_REFUSED_BY_POOL: u8 = 78;
 
+/// `err` and its causes joined by ": ", each once: a cause whose text ends the line so far (an
+/// error that writes its source into its own message) is left out.
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain().map(ToString::to_string) {
+        if !line.ends_with(&cause) {
+            line = if line.is_empty() {
+                cause
+            } else {
+                format!("{line}: {cause}")
+            };
+        }
+    }
+    line
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("farvm-memserver: error: {e:#}");
+            eprintln!("farvm-memserver: error: {}", error_chain(&e));
             if e.downcast_ref::<PoolError>().is_some_and(is_refusal) {
                 std::process::ExitCode::from(EXIT_REFUSED_BY_POOL)
             } else {

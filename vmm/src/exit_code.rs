@@ -1,4 +1,5 @@
-//! `farvm run` exit statuses (documented in `farvm run --help`, EXIT STATUS).
+//! `farvm run` exit statuses (documented in `farvm run --help`, EXIT STATUS), and the error
+//! line a failed command prints.
 
 /// The guest shut down with status 0 (or the VM was shut down through its control socket).
 pub const OK: i32 = 0;
@@ -82,5 +83,45 @@ pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
         BuildError::Boot(_) => BAD_KERNEL,
         BuildError::Devices(DeviceError::Disk(_)) => NO_INPUT,
         BuildError::Devices(_) => HOST_ERROR,
+    }
+}
+
+/// `err` and its causes, joined by ": " (what `{:#}` prints for an `anyhow::Error`), leaving out
+/// a cause whose text ends the message already printed: an error that writes its source into
+/// its own message would otherwise print it twice.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(err), |e| e.source())
+        .map(ToString::to_string)
+        .fold(String::new(), |out, cause| match out {
+            o if o.ends_with(&cause) => o,
+            o if o.is_empty() => cause,
+            o => o + ": " + &cause,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot start the local memory server: {0}")]
+    struct Outer(#[from] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the memory server binary /x does not exist")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("building the VM")]
+    struct Context(#[source] Outer);
+
+    #[test]
+    fn a_cause_its_error_already_printed_is_printed_once() {
+        let e = Context(Outer(Inner));
+        assert_eq!(
+            error_chain(&e),
+            "building the VM: cannot start the local memory server: the memory server binary \
+             /x does not exist"
+        );
     }
 }

@@ -71,7 +71,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(err) => {
-            eprintln!("farvm: error: {err:#}");
+            eprintln!("farvm: error: {}", exit_code::error_chain(&*err));
             let code = err.downcast_ref::<cli::Failure>().map_or(1, |f| f.code);
             std::process::exit(code);
         }

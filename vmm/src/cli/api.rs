@@ -262,7 +262,10 @@ pub fn run_as_cloud_hypervisor(args: &[std::ffi::OsString]) -> i32 {
     match run(cli.api) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("cloud-hypervisor (farvm): error: {err:#}");
+            eprintln!(
+                "cloud-hypervisor (farvm): error: {}",
+                exit_code::error_chain(&*err)
+            );
             err.downcast_ref::<Failure>().map_or(1, |f| f.code)
         }
     }
