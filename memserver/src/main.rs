@@ -164,7 +164,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
 const EXIT_REFUSED_BY_POOL: u8 = 78;
 
 /// `err` and its causes joined by ": ", each once: a cause whose text ends the line so far (an
-/// error that writes its source into its own message) is left out.
+/// error that writes its source into its own message) is left out. The same rule as
+/// `farvm_vmm::exit_code::error_chain`, which the server does not link.
 fn error_chain(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain().map(ToString::to_string) {
