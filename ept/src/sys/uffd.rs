@@ -83,6 +83,8 @@ struct UffdioContinue {
     mapped: i64,
 }
 
+/// `struct uffdio_move`, and `struct uffdio_copy`, whose layout is the same (`copy` for
+/// `moved`).
 #[repr(C)]
 struct UffdioMove {
     dst: u64,
@@ -92,9 +94,6 @@ struct UffdioMove {
     moved: i64,
 }
 const _: () = assert!(core::mem::size_of::<UffdioMove>() == 40);
-
-/// `struct uffdio_copy`: the same layout as `uffdio_move` (`copy` for `moved`).
-type UffdioCopy = UffdioMove;
 
 /// `struct uffd_msg` (32 bytes), pagefault view.
 #[repr(C)]
@@ -252,25 +251,8 @@ impl Uffd {
     /// with this uffd and hold no page (else EEXIST). Unlike a move, nothing is unmapped at
     /// the source: no TLB flush, so no shootdown of other CPUs.
     pub fn copy_page(&self, dst: u64, src: u64, wake: bool) -> io::Result<()> {
-        loop {
-            let mut c = UffdioCopy {
-                dst,
-                src,
-                len: PAGE,
-                mode: if wake { 0 } else { MODE_DONTWAKE },
-                moved: 0,
-            };
-            // SAFETY: pointer to a live `uffdio_copy`; the kernel validates the destination
-            // (registered with this uffd) and reads the source with user-access checks.
-            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) };
-            if r == 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(e);
-            }
-        }
+        self.fill_some(UFFDIO_COPY, dst, src, PAGE, wake)
+            .map(|_| ())
     }
 
     /// One `UFFDIO_COPY` call of a run: copies what it can of the `len` bytes at `src` (any
