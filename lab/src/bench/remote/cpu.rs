@@ -1,12 +1,14 @@
-//! CPU time and context switches of one remote-memory VM run, split by thread: the vCPU, the engine's fault handler
-//! and evictor, the memclient receive and send threads (completions are applied on the receive
-//! thread: the page lands and is installed there), the embedded memserver child (all its
-//! threads), and the rest of this process. A sampler thread reads `/proc/self/task/*/stat` and
-//! the embedded memserver child's tasks every [`PERIOD`], keeping each thread's latest user+system time,
-//! so a thread that exits loses at most one period. Times are the scheduler's exact run times
-//! where the kernel shows them (`/proc/PID/task/TID/sched`), else clock ticks. Each sample is kept with its time, so the
-//! split of a window of the run (the workload's measured phase) is the difference of the samples
-//! nearest its ends.
+//! CPU time and context switches of one remote-memory VM run, split by thread: the vCPU, the
+//! engine's fault handler and evictor, the memclient receive and send threads (completions are
+//! applied on the receive thread: the page lands and is installed there), the embedded
+//! memserver child (all its threads), and the rest of this process. A sampler thread reads the
+//! tasks of this process and of the embedded memserver child every [`PERIOD`]
+//! (`/proc/PID/task/TID/schedstat`), keeping each thread's latest CPU time, so a thread that
+//! exits loses at most one period. Times are the scheduler's exact run times where the kernel
+//! shows them, else clock ticks. Each sample is kept with its time, so the split of a window of
+//! the run (the workload's measured phase) is the difference of the samples nearest its ends.
+//! The sampler's own CPU time is reported apart ([`RunCpu::sampler_ms`]): it is the
+//! measurement's cost, not farvm's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +19,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 const PERIOD: Duration = Duration::from_millis(10);
+/// The sampler thread's name.
+const SAMPLER: &str = "lab-cpu-sampler";
 
 /// A quantity by thread class: ms of CPU time, or context switches.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -90,6 +94,8 @@ pub struct RunCpu {
     pub measured_switches: Option<ThreadSplit>,
     /// Pages read from the memserver in the measured phase.
     pub measured_pages_read: u64,
+    /// CPU ms of the sampler thread itself over the whole run (left out of the splits).
+    pub sampler_ms: f64,
 }
 
 impl RunCpu {
@@ -114,6 +120,7 @@ impl RunCpu {
             measured: window.map(|w| w.0),
             measured_switches: window.map(|w| w.1),
             measured_pages_read,
+            sampler_ms: series.sampler_ms,
         }
     }
 
@@ -143,6 +150,8 @@ type Seen = HashMap<(Process, u32), Task>;
 #[derive(Debug, Default)]
 pub(crate) struct CpuSeries {
     points: Vec<(Duration, ThreadSplit, ThreadSplit)>,
+    /// CPU ms the sampler thread used.
+    sampler_ms: f64,
 }
 
 impl CpuSeries {
@@ -171,7 +180,7 @@ fn split_of(seen: &Seen) -> (ThreadSplit, ThreadSplit) {
     let mut cpu = ThreadSplit::default();
     let mut switches = ThreadSplit::default();
     for ((process, _), t) in seen {
-        if t.comm == "lab-cpu-sampler" {
+        if t.comm == SAMPLER {
             continue;
         }
         cpu.add(
@@ -196,12 +205,13 @@ impl CpuSampler {
     pub fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let mut seen = Seen::new();
+        let mut open = OpenTasks::default();
         let mut memserver = None;
-        sample(&mut seen, &mut memserver, true);
+        sample(&mut seen, &mut open, &mut memserver, true);
         let flag = stop.clone();
         let t0 = std::time::Instant::now();
         let thread = std::thread::Builder::new()
-            .name("lab-cpu-sampler".into())
+            .name(SAMPLER.into())
             .spawn(move || {
                 let mut series = CpuSeries::default();
                 series.points.push((
@@ -214,10 +224,15 @@ impl CpuSampler {
                     if !last {
                         std::thread::sleep(PERIOD);
                     }
-                    sample(&mut seen, &mut memserver, false);
+                    sample(&mut seen, &mut open, &mut memserver, false);
                     let (cpu, switches) = split_of(&seen);
                     series.points.push((t0.elapsed(), cpu, switches));
                     if last {
+                        series.sampler_ms = seen
+                            .values()
+                            .filter(|t| t.comm == SAMPLER)
+                            .map(|t| t.last.0.saturating_sub(t.first.0) as f64 / 1e6)
+                            .sum();
                         return series;
                     }
                 }
@@ -257,9 +272,10 @@ fn clock_ticks_per_sec() -> f64 {
 }
 
 /// One pass over this process's tasks and its memserver child's tasks.
-fn sample(seen: &mut Seen, memserver: &mut Option<u32>, initial: bool) {
+fn sample(seen: &mut Seen, open: &mut OpenTasks, memserver: &mut Option<u32>, initial: bool) {
     let own = std::process::id();
-    for (tid, comm, now) in tasks(own) {
+    open.listed.clear();
+    for (tid, comm, now) in open.tasks(own) {
         let e = seen.entry((Process::Own, tid)).or_insert_with(|| Task {
             comm: comm.clone(),
             first: if initial { now } else { (0, 0) },
@@ -272,7 +288,7 @@ fn sample(seen: &mut Seen, memserver: &mut Option<u32>, initial: bool) {
         *memserver = find_memserver(own);
     }
     if let Some(child) = *memserver {
-        for (tid, comm, now) in tasks(child) {
+        for (tid, comm, now) in open.tasks(child) {
             let e = seen
                 .entry((Process::Memserver, tid))
                 .or_insert_with(|| Task {
@@ -283,62 +299,115 @@ fn sample(seen: &mut Seen, memserver: &mut Option<u32>, initial: bool) {
             e.last = now;
         }
     }
+    // Tasks gone since: their files are closed.
+    let listed = &open.listed;
+    open.files.retain(|tid, _| listed.contains(tid));
 }
 
-/// The pid of a `farvm-memserver` child of process `own`, if one runs.
+/// The pid of a `farvm-memserver` child of process `own`, if one runs: looked for among the
+/// children its threads list (`/proc/PID/task/TID/children`), not in all of `/proc`, since a
+/// local-only run, which has none, looks for it every period.
 fn find_memserver(own: u32) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|d| {
-        let pid = d.file_name().to_str()?.parse::<u32>().ok()?;
-        let stat = std::fs::read_to_string(d.path().join("stat")).ok()?;
-        let (head, rest) = stat.rsplit_once(") ")?;
-        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == own && head.split_once(" (")?.1.starts_with("farvm-memserv")).then_some(pid)
+    let tasks = std::fs::read_dir(format!("/proc/{own}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        let children = std::fs::read_to_string(t.path().join("children")).ok()?;
+        children.split_whitespace().find_map(|c| {
+            let pid = c.parse::<u32>().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            comm.starts_with("farvm-memserv").then_some(pid)
+        })
     })
 }
 
-/// (tid, comm, (CPU time in ns, context switches)) of every task of `pid`. CPU time is the
-/// scheduler's exact run time (`se.sum_exec_runtime` in `/proc/PID/task/TID/sched`, ms with ns
-/// digits) where the kernel shows it, else user + system time from `stat` in clock ticks;
-/// context switches are voluntary + involuntary from `status`.
-fn tasks(pid: u32) -> Vec<(u32, String, (u64, u64))> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let ns_per_tick = 1e9 / clock_ticks_per_sec();
-    dir.flatten()
-        .filter_map(|t| {
-            let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-            let (head, rest) = stat.rsplit_once(") ")?;
-            let comm = head.split_once(" (")?.1.to_string();
-            let exact = std::fs::read_to_string(t.path().join("sched"))
-                .ok()
-                .and_then(|s| {
-                    let line = s.lines().find(|l| l.starts_with("se.sum_exec_runtime"))?;
-                    let ms: f64 = line.rsplit_once(':')?.1.trim().parse().ok()?;
-                    Some((ms * 1e6) as u64)
-                });
-            let ns = match exact {
-                Some(ns) => ns,
-                None => {
-                    // After "comm) ": state is field 3, utime field 14, stime field 15.
-                    let f: Vec<&str> = rest.split_whitespace().collect();
-                    let utime: u64 = f.get(11)?.parse().ok()?;
-                    let stime: u64 = f.get(12)?.parse().ok()?;
-                    ((utime + stime) as f64 * ns_per_tick) as u64
+/// The `comm` and `schedstat` files of the tasks sampled, kept open from one sample to the
+/// next: a sample then costs one `pread` per file, not an open, a stat, a read and a close
+/// (the sampler reads them every period for some 30 tasks; reading each task's long `sched`
+/// table afresh, it was a tenth of a run's CPU).
+#[derive(Default)]
+struct OpenTasks {
+    files: HashMap<u32, TaskFiles>,
+    /// The tids the current sample listed.
+    listed: std::collections::HashSet<u32>,
+}
+
+struct TaskFiles {
+    comm: std::fs::File,
+    /// `None` where the kernel has no `schedstat`.
+    schedstat: Option<std::fs::File>,
+}
+
+impl OpenTasks {
+    /// (tid, comm, (CPU time in ns, context switches)) of every task of `pid`: from
+    /// `schedstat`, the scheduler's exact run time (`se.sum_exec_runtime`, ns) and how many
+    /// times the task was switched in (its context switches); where the kernel has no
+    /// `schedstat`, user + system time in clock ticks from `stat` and voluntary + involuntary
+    /// switches from `status`.
+    fn tasks(&mut self, pid: u32) -> Vec<(u32, String, (u64, u64))> {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        let mut buf = [0u8; 128];
+        dir.flatten()
+            .filter_map(|t| {
+                let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+                self.listed.insert(tid);
+                let f = match self.files.entry(tid) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(TaskFiles {
+                        comm: std::fs::File::open(t.path().join("comm")).ok()?,
+                        schedstat: std::fs::File::open(t.path().join("schedstat")).ok(),
+                    }),
+                };
+                let read = |f: &TaskFiles, buf: &mut [u8]| {
+                    let comm = read_at_start(&f.comm, buf)?.trim_end().to_string();
+                    let times = match &f.schedstat {
+                        Some(file) => {
+                            let s = read_at_start(file, buf)?;
+                            let mut fields = s.split_whitespace();
+                            let ns = fields.next()?.parse().ok()?;
+                            (ns, fields.nth(1)?.parse().ok()?)
+                        }
+                        None => ticks_and_switches(&t.path())?,
+                    };
+                    Some((tid, comm, times))
+                };
+                let r = read(f, &mut buf);
+                if r.is_none() {
+                    // Gone (its tid may come back for a new task: opened afresh then).
+                    self.files.remove(&tid);
                 }
-            };
-            let switches = std::fs::read_to_string(t.path().join("status"))
-                .map(|s| {
-                    s.lines()
-                        .filter(|l| l.contains("ctxt_switches:"))
-                        .filter_map(|l| l.rsplit_once(':')?.1.trim().parse::<u64>().ok())
-                        .sum()
-                })
-                .unwrap_or(0);
-            Some((tid, comm, (ns, switches)))
+                r
+            })
+            .collect()
+    }
+}
+
+/// The text of a short procfs file, read again from its start.
+fn read_at_start<'b>(f: &std::fs::File, buf: &'b mut [u8]) -> Option<&'b str> {
+    use std::os::unix::fs::FileExt;
+    let n = f.read_at(buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
+}
+
+/// (CPU ns in clock-tick resolution, context switches) of the task at `dir`, from `stat` and
+/// `status`: for kernels without `schedstat`.
+fn ticks_and_switches(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    // After "comm) ": state is field 3, utime field 14, stime field 15.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    let ns = ((utime + stime) as f64 * 1e9 / clock_ticks_per_sec()) as u64;
+    let switches = std::fs::read_to_string(dir.join("status"))
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.rsplit_once(':')?.1.trim().parse::<u64>().ok())
+                .sum()
         })
-        .collect()
+        .unwrap_or(0);
+    Some((ns, switches))
 }
 
 #[cfg(test)]

@@ -128,6 +128,22 @@ pub fn markdown(r: &Report) -> String {
             us(m.other),
         );
     }
+    let sampled: Vec<_> = r.cells.iter().filter(|c| c.cpu.sampler_ms > 0.0).collect();
+    if !sampled.is_empty() {
+        let ms = |c: &&super::report::Cell| c.cpu.sampler_ms;
+        let lo = sampled.iter().map(ms).fold(f64::INFINITY, f64::min);
+        let hi = sampled.iter().map(ms).fold(0.0, f64::max);
+        let all: f64 = sampled.iter().map(|c| c.cpu.whole.total()).sum();
+        let _ =
+            writeln!(
+            s,
+            "\nThe lab's CPU sampler, left out of these figures, used {}-{} ms of CPU per VM run \
+             ({}% of what the runs themselves used).",
+            f(lo, 0),
+            f(hi, 0),
+            f(sampled.iter().map(ms).sum::<f64>() * 100.0 / all.max(1e-9), 1),
+        );
+    }
     let _ = writeln!(
         s,
         "\nContext switches per 100 remote pages in the measured phase (each a block and a \
