@@ -549,7 +549,7 @@ impl Evictor {
         self.hist
             .record(Hist::EvictRound, self.clock.now().saturating_sub(r.started));
         c.inc(Counter::EvictRounds);
-        self.queues.kick();
+        self.queues.frames_freed();
     }
 
     /// Victims the kernel refused to move out stay mapped and resident: given back, so that the

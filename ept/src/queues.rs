@@ -2,13 +2,13 @@
 //! - retries: pages whose failed demand read must be read again (completion path → fault
 //!   handler, which holds them for the retry back-off; failure path only);
 //! - write-back completions (completion path → evictor);
-//! - the fault handler's doorbell (an eventfd in its epoll set: frames freed, a retry queued,
-//!   stop) and the stop flag every thread polls.
+//! - the fault handler's doorbell (an eventfd in its epoll set: frames freed while it waits
+//!   for some, a retry queued, stop) and the stop flag every thread polls.
 //!
 //! (The evictor sleeps in `park`, so its wake-up lives with the frame budget that triggers it.)
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -24,6 +24,12 @@ pub(crate) struct Queues {
     retry: (Sender<GuestPage>, Receiver<GuestPage>),
     written: (Sender<Completion>, Receiver<Completion>),
     kick: EventFd,
+    /// The fault handler holds faults parked or prefetches deferred for want of a frame: the
+    /// evictor's freed frames are worth its wake-up. Without them the wake-up would be for
+    /// nothing, and it is not cheap: the fault handler shares its CPU with vCPU 0, which it
+    /// preempts (every eviction round rang the doorbell before, about as often as the vCPU
+    /// blocked on a sequential scan).
+    waiting_for_frames: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -33,6 +39,7 @@ impl Queues {
             retry: crossbeam_channel::unbounded(),
             written: crossbeam_channel::bounded(WRITTEN),
             kick: EventFd::new().map_err(|e| EngineError::os("eventfd", e))?,
+            waiting_for_frames: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
     }
@@ -70,6 +77,25 @@ impl Queues {
         self.kick.kick();
     }
 
+    /// The fault handler, before it waits: whether it holds work that waits for frames. After
+    /// setting it, it must look at the frame count again before sleeping (see
+    /// [`Queues::frames_freed`]).
+    pub fn set_waiting_for_frames(&self, waiting: bool) {
+        self.waiting_for_frames.store(waiting, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// The evictor, after a round gave frames back: rings the doorbell if the fault handler
+    /// waits for frames. The fences pair with [`Queues::set_waiting_for_frames`]: either this
+    /// sees the flag, or the fault handler's look at the frame count after setting it sees the
+    /// frames freed here.
+    pub fn frames_freed(&self) {
+        fence(Ordering::SeqCst);
+        if self.waiting_for_frames.load(Ordering::Relaxed) {
+            self.kick();
+        }
+    }
+
     /// Clears the doorbell (the fault handler, after waking on it).
     pub fn drain_kick(&self) {
         self.kick.drain();
@@ -89,5 +115,25 @@ impl Queues {
     #[inline]
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Freed frames ring the fault handler's doorbell only while it waits for some: it shares
+    /// its CPU with vCPU 0, so a wake-up for nothing costs the guest.
+    #[test]
+    fn freed_frames_ring_the_doorbell_only_while_the_fault_handler_waits_for_them() {
+        let q = Queues::new().unwrap();
+        q.frames_freed();
+        assert!(!q.kick.drain(), "nothing waits for frames: no wake-up");
+        q.set_waiting_for_frames(true);
+        q.frames_freed();
+        assert!(q.kick.drain(), "a parked fault waits: woken");
+        q.set_waiting_for_frames(false);
+        q.frames_freed();
+        assert!(!q.kick.drain(), "waits no more: no wake-up");
     }
 }
