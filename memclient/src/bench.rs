@@ -513,20 +513,44 @@ pub fn table(rows: &[Row]) -> String {
     o
 }
 
+/// The raw TCP streaming rate of 4 KiB pages over loopback ([`tcp_stream`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StreamRate {
+    /// Pages per second.
+    pub pages_per_s: f64,
+    /// CPU time of the writer and the reader thread together per page moved, µs: what the
+    /// transport alone costs the host, the part of any remote-memory design's CPU per page
+    /// that no engine change removes.
+    pub cpu_us_per_page: f64,
+}
+
+/// CPU time of the calling thread so far (the scheduler's run time, as
+/// `/proc/thread-self/schedstat` shows it).
+fn thread_cpu() -> Duration {
+    // SAFETY: timespec is plain data; clock_gettime fills it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer on the stack; CLOCK_THREAD_CPUTIME_ID needs no other state.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// 4 KiB pages per second one loopback TCP connection carries when a thread writes pages
-/// back to back and another reads them: the transport's ceiling, with no protocol at all.
-pub fn tcp_stream_pages_per_sec(d: Duration) -> std::io::Result<f64> {
+/// back to back and another reads them, and the CPU both threads spend per page: the
+/// transport's ceiling, with no protocol at all.
+pub fn tcp_stream(d: Duration) -> std::io::Result<StreamRate> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
-    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+    let writer = std::thread::spawn(move || -> std::io::Result<Duration> {
         let (mut s, _) = l.accept()?;
         let page = [0x5Au8; 4096];
+        let cpu0 = thread_cpu();
         // Until the reader hangs up.
         while s.write_all(&page).is_ok() {}
-        Ok(())
+        Ok(thread_cpu().saturating_sub(cpu0))
     });
     let mut c = TcpStream::connect(addr)?;
     let mut buf = vec![0u8; 256 << 10];
+    let cpu0 = thread_cpu();
     let t0 = Instant::now();
     let mut bytes = 0u64;
     while t0.elapsed() < d {
@@ -537,9 +561,18 @@ pub fn tcp_stream_pages_per_sec(d: Duration) -> std::io::Result<f64> {
         bytes += n as u64;
     }
     let secs = t0.elapsed().as_secs_f64();
+    let reader_cpu = thread_cpu().saturating_sub(cpu0);
     drop(c);
-    let _ = writer.join();
-    Ok(bytes as f64 / 4096.0 / secs.max(1e-9))
+    // The writer's time includes the pages still in the socket's buffers when the reader
+    // stopped (at most a few hundred KiB against ~1 GB a second): a slight overcount.
+    let writer_cpu = writer
+        .join()
+        .map_err(|_| std::io::Error::other("the TCP stream's writer thread panicked"))??;
+    let pages = bytes as f64 / 4096.0;
+    Ok(StreamRate {
+        pages_per_s: pages / secs.max(1e-9),
+        cpu_us_per_page: (reader_cpu + writer_cpu).as_secs_f64() * 1e6 / pages.max(1.0),
+    })
 }
 
 /// p50 and p99 (µs) of a 16 B request / 4 KiB response ping-pong on loopback whose client

@@ -21,7 +21,8 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(
         s,
         "TCP 4 KiB floor (loopback, depth 1): p50 {:.1} µs, p99 {:.1} µs (the lower of blocking {:.1} µs and spinning {:.1} µs); \
-         memserver read p50 {:.1} µs, p99 {:.1} µs; raw TCP streaming of 4 KiB pages: {:.0} pages/s ({:.2} µs/page).\n",
+         memserver read p50 {:.1} µs, p99 {:.1} µs; raw TCP streaming of 4 KiB pages: {:.0} pages/s ({:.2} µs/page; \
+         the median of rounds at {}), its writer and reader using {:.2} µs of CPU per page.\n",
         r.floor.tcp_p50_us,
         r.floor.tcp_p99_us,
         r.floor.tcp_blocking_p50_us,
@@ -29,7 +30,14 @@ pub fn markdown(r: &Report) -> String {
         r.floor.memserver_p50_us,
         r.floor.memserver_p99_us,
         r.floor.tcp_stream_pages_per_s,
-        1e6 / r.floor.tcp_stream_pages_per_s.max(1e-9)
+        1e6 / r.floor.tcp_stream_pages_per_s.max(1e-9),
+        r.floor
+            .tcp_stream_rounds_pages_per_s
+            .iter()
+            .map(|p| format!("{:.2}", 1e6 / p.max(1e-9)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.floor.tcp_stream_cpu_us_per_page
     );
     let _ = writeln!(
         s,

@@ -133,12 +133,14 @@ pub fn run(a: RemoteArgs) -> Result<()> {
     bar.set_message("TCP floor");
     let fl = floor::floor(a.floor_secs)?;
     bar.inc(1);
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut baselines = Vec::new();
     let mut cells = Vec::new();
     let report =
         |baselines: &[report::Baseline], cells: &[report::Cell], floor: &report::Floor| Report {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             fault_path_cpu: a.fault_path_cpu,
+            host_cpus,
             page_space: a.page_space,
             floor: floor.clone(),
             baselines: baselines.to_vec(),

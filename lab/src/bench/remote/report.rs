@@ -114,8 +114,13 @@ pub struct Floor {
     pub tcp_spinning_p50_us: f64,
     pub memserver_p50_us: f64,
     pub memserver_p99_us: f64,
-    /// Raw TCP streaming of 4 KiB pages over this loopback (one connection), pages/s.
+    /// Raw TCP streaming of 4 KiB pages over this loopback (one connection), pages/s: the
+    /// median of the rounds below.
     pub tcp_stream_pages_per_s: f64,
+    /// CPU time of that stream's writer and reader per page, µs (the median round's).
+    pub tcp_stream_cpu_us_per_page: f64,
+    /// Every round of the streaming measurement, pages/s, in the order measured.
+    pub tcp_stream_rounds_pages_per_s: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,6 +128,9 @@ pub struct Report {
     pub command: String,
     /// `--fault-path-cpu`: the CPU every cell's fault path was pinned to, if any.
     pub fault_path_cpu: Option<usize>,
+    /// Host CPUs this invocation could run on: every cell's threads and its memserver share
+    /// them.
+    pub host_cpus: usize,
     /// `--page-space`.
     pub page_space: PageSpaceKind,
     pub floor: Floor,

@@ -15,6 +15,13 @@ fn met(ok: bool) -> &'static str {
     }
 }
 
+/// The least time / floor the cell's CPU per page allows on the run's host CPUs, if known.
+fn cpu_bound(r: &Report, c: &Cell) -> Option<f64> {
+    let floor_us = 1e6 / r.floor.tcp_stream_pages_per_s;
+    let bound = c.cpu_us_per_page / r.host_cpus as f64 / floor_us;
+    (r.host_cpus > 0 && bound.is_finite() && bound > 0.0).then_some(bound)
+}
+
 /// The remote-memory and data-path targets, each checked against this run (lines only for
 /// cells the run has).
 pub(super) fn targets(r: &Report) -> String {
@@ -83,6 +90,21 @@ pub(super) fn targets(r: &Report) -> String {
             c.cpu_us_per_page,
             met(c.cpu_us_per_page <= 8.0)
         );
+        if let Some(bound) = cpu_bound(r, c) {
+            // Whatever the schedule, N CPUs do at most N µs of work per µs: the scan's CPU per
+            // page sets a least time per page, whose ratio to the floor no overlap beats.
+            let _ = writeln!(
+                s,
+                "  - with {:.1} µs of CPU per page on {} host CPUs, no schedule takes less than \
+                 {:.2} µs per page = {:.2}x the floor (the raw stream's own writer and reader \
+                 use {:.2} µs of CPU per page)",
+                c.cpu_us_per_page,
+                r.host_cpus,
+                c.cpu_us_per_page / r.host_cpus as f64,
+                bound,
+                r.floor.tcp_stream_cpu_us_per_page
+            );
+        }
     }
     if let (Some(n), Some(l)) = (cell("stride", "none"), cell("stride", "leap+stream")) {
         let ratio = n.page_access_p50_ns / l.page_access_p50_ns.max(1.0);
@@ -207,6 +229,7 @@ mod tests {
         Report {
             command: "farvm-lab bench remote".into(),
             fault_path_cpu: None,
+            host_cpus: 2,
             page_space: PageSpaceKind::Virtual,
             baselines: vec![Baseline {
                 workload: "seq".into(),
@@ -251,6 +274,14 @@ mod tests {
         );
         assert!(
             t.contains("alone takes 100.0 ms = 20.00x the all-local 5.0 ms"),
+            "{t}"
+        );
+        // 30.5 µs of CPU per page on 2 CPUs: at least 15.26 µs per page, 5x the 3.05 µs floor.
+        assert!(
+            t.contains(
+                "with 30.5 µs of CPU per page on 2 host CPUs, no schedule takes less than \
+                 15.26 µs per page = 5.00x the floor"
+            ),
             "{t}"
         );
         let md = super::super::markdown::markdown(&r);
