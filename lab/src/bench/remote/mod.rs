@@ -94,7 +94,8 @@ pub struct RemoteArgs {
     /// Output directory for remote.md, remote.json and the PNG charts.
     #[arg(long, value_name = "DIR", default_value = "docs/bench/remote")]
     pub out: PathBuf,
-    /// Seconds of TCP-floor measurement (two rounds).
+    /// Seconds of each round of the floors: two rounds of the request/response floor, three of
+    /// the streaming rate (their median is the floor).
     #[arg(long, value_name = "SECS", default_value_t = 1)]
     pub floor_secs: u64,
     /// Print the table as JSON on stdout too.
