@@ -89,6 +89,11 @@ impl Frames {
         self.resident.load(Ordering::Acquire)
     }
 
+    /// A demand reservation (`try_reserve(true)`) would find a frame now.
+    pub fn demand_frame_free(&self) -> bool {
+        self.resident() < self.budget
+    }
+
     pub fn budget(&self) -> u64 {
         self.budget
     }

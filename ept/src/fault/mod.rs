@@ -254,14 +254,13 @@ impl Handler {
             // given back before it could see the flag: run them at once. Otherwise the
             // evictor's doorbell wakes us; the 1 ms poll also covers deferred prefetches
             // waiting for in-flight slots, which completions give back without a doorbell.
-            let timeout =
-                if !self.parked.is_empty() && self.frames.resident() < self.frames.budget() {
-                    0
-                } else if idle && self.retries.is_empty() {
-                    100
-                } else {
-                    1
-                };
+            let timeout = if !self.parked.is_empty() && self.frames.demand_frame_free() {
+                0
+            } else if idle && self.retries.is_empty() {
+                100
+            } else {
+                1
+            };
             let ready = match self.epoll.wait(timeout) {
                 Ok(r) => r,
                 Err(e) => {
