@@ -42,8 +42,8 @@ pub(super) fn floor(secs: u64) -> Result<Floor> {
     })
 }
 
-/// Rounds of the streaming measurement: a round disturbed by the host (on this 2-core host
-/// one round in a few streams at half the rate) does not set the floor.
+/// Rounds of the streaming measurement: a round disturbed by the host (on a 2-core host one
+/// round in a few can stream at half the rate or less) does not set the floor.
 const STREAM_ROUNDS: usize = 3;
 
 /// The median of [`STREAM_ROUNDS`] rounds of `secs` each, by rate, and every round.
