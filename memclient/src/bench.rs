@@ -526,7 +526,7 @@ pub struct StreamRate {
 
 /// CPU time of the calling thread so far (the scheduler's run time, as
 /// `/proc/thread-self/schedstat` shows it).
-fn thread_cpu() -> Duration {
+pub fn thread_cpu() -> Duration {
     // SAFETY: timespec is plain data; clock_gettime fills it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: a valid out-pointer on the stack; CLOCK_THREAD_CPUTIME_ID needs no other state.

@@ -70,16 +70,6 @@ const CODE: [u8; 18] = [
     0xEB, 0xEE,
 ];
 
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the kernel to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The cycled pages as calls `(first page, pages)`: runs of `run` pages, or every other page
 /// one by one (`run` 0).
 fn calls(run: u64) -> Vec<(u64, u64)> {
@@ -249,6 +239,7 @@ impl Guest {
 /// CPU ns of one pass per cycled page: evict, land + install, guest touch (the guest's pass
 /// over all 240 pages, resident ones included, over the pages cycled).
 fn one_pass(b: &dyn Backing, g: &mut Guest, calls: &[(u64, u64)], src: &[u8]) -> Result<[u64; 3]> {
+    let thread_cpu_ns = || farvm_memclient::bench::thread_cpu().as_nanos() as u64;
     let pages: u64 = calls.iter().map(|c| c.1).sum();
     let t0 = thread_cpu_ns();
     for batch in calls.chunks(64) {

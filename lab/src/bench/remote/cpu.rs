@@ -415,13 +415,7 @@ mod tests {
     use super::*;
 
     fn thread_cpu_ms() -> f64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec to write.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+        farvm_memclient::bench::thread_cpu().as_secs_f64() * 1e3
     }
 
     #[test]
