@@ -499,8 +499,34 @@ impl Anon {
         }
         match seen {
             Land::Bounce(b) => self.give_bounce(b),
-            Land::Pool(s) if drop => self.ram.drop_pool(s, 1)?,
+            Land::Pool(s) => {
+                if drop {
+                    self.ram.drop_pool(s, 1)?;
+                }
+                self.vacated(s)?;
+            }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Pool slot `s` lost its frame. If its position is filled but not published yet
+    /// (`[tail, fill)`: a victim of a round not freed yet, moved back into the guest view by
+    /// a rescue), a zeroed frame takes its place: a published position must hold a frame.
+    /// An empty one would be handed to a read as its landing frame while the producer, which
+    /// fills only empty slots, could move another frame into it before the read's first byte
+    /// arrived and publish it again, and two reads in flight would land in one frame (seen:
+    /// a page installed with another page's data, no counter moving).
+    fn vacated(&self, s: u64) -> io::Result<()> {
+        let cap = self.ram.pool_pages();
+        let tail = self.tail.load(Ordering::Acquire);
+        let fill = self.fill.load(Ordering::Relaxed);
+        let mut pos = tail - tail % cap + s;
+        if pos < tail {
+            pos += cap;
+        }
+        if pos < fill {
+            self.ram.fill_pool(s, 1)?;
         }
         Ok(())
     }
@@ -1115,6 +1141,73 @@ mod tests {
             (20..24).map(|p| get(&b, p)).collect::<Vec<_>>(),
             [8, 9, 10, 11]
         );
+    }
+
+    /// A victim rescued from a round that moved it straight into a pool slot used to leave that
+    /// slot empty, published as a free frame. A read handed it had nothing there until its
+    /// first byte arrived, so the producer (which stops only at an occupied slot, EEXIST)
+    /// could lap the ring and move another freed frame into it, publish it again and hand it
+    /// to a second read: two reads in flight in one frame, the first one's data overwritten
+    /// after it landed (after its fingerprint check, if the completion ran in between).
+    #[test]
+    fn a_slot_emptied_by_a_rescue_is_never_shared_by_two_reads() {
+        let b = anon(256);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let cap = a.ram.pool_pages();
+        // A clean round (to_pool) moves victims 0..6 out: 0..4 into pool slots 0..4.
+        for p in 0..6 {
+            put(&b, p, 100 + p);
+            b.map(p, 1, false).expect("map");
+        }
+        let mut refused = Refused::default();
+        b.zap(&[0, 1, 2, 3, 4, 5], &[], true, &mut refused)
+            .expect("zap");
+        assert_eq!(refused.pool_from, Some(0));
+        // A fault arrived meanwhile on victim 1: finish_round rescues it (publish_local ->
+        // move_in from its pool slot). Slot 1 is empty now.
+        b.map(1, 1, false).expect("rescue 1");
+        // The others are freed (frames stay in slots 0, 2, 3) and the round's positions are
+        // published at the top of the evictor's next loop: slot 1 among them, empty.
+        b.free(&[0, 2, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        // The fault handler's next batch takes positions 0..4; page 21 lands in slot 1.
+        assert_eq!(b.assign_frames(&[20, 21, 22, 23], |_| false), (4, 0));
+        assert_eq!(a.land(21), Land::Pool(1));
+        // 20, 22, 23 arrive and are installed; 21's response has not arrived yet.
+        for p in [20, 22, 23] {
+            put(&b, p, p);
+        }
+        b.map(20, 1, false).expect("install 20");
+        b.map(22, 2, false).expect("install 22, 23");
+        // The scan goes on: pages 100, 101 cycle (read into pool frames, installed, evicted
+        // through their staging slots, freed into the pool), for four times around the ring.
+        // The slot of 21's read holds a frame (the rescue's hole was filled), so the producer
+        // stops there and no other read is handed it.
+        for _ in 0..4 * cap {
+            b.assign_frames(&[100, 101], |_| false);
+            for q in [100, 101] {
+                assert_ne!(
+                    a.land(q),
+                    Land::Pool(1),
+                    "page 21's landing slot handed out again"
+                );
+            }
+            put(&b, 100, 0xAAAA);
+            put(&b, 101, 0xBBBB);
+            b.map(100, 2, false).expect("install 100, 101");
+            b.zap(&[100, 101], &[], false, &mut refused)
+                .expect("evict 100, 101");
+            b.free(&[100, 101], &[]).expect("free 100, 101");
+            b.publish_pool(u64::MAX);
+        }
+        assert!(
+            a.fill.load(Ordering::Relaxed) <= cap + 1,
+            "the producer lapped the slot page 21's read holds"
+        );
+        // 21's response lands, intact, and is installed.
+        put(&b, 21, 0x2121);
+        assert_eq!(get(&b, 21), 0x2121);
+        b.map(21, 1, false).expect("install 21");
     }
 
     #[test]
