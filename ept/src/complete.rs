@@ -7,16 +7,19 @@
 //! - `Ok`: fingerprint the data (the clean copy, for the dirty check at eviction). If the
 //!   engine knows the page's remote content (it wrote the page back or read it before) and
 //!   this is not it, a server returned an older or damaged copy (a stale replica passes the
-//!   wire checksums): `LOST`, as for `Absent`. Otherwise
+//!   wire checksums). It is never installed: the store is told which copy it was
+//!   (`RemoteStore::reject`); if another copy may hold the page, the read is made again as
+//!   after a failure (below), else the page is `LOST`, as for `Absent`. Otherwise
 //!   - a marker or probe nobody waits for → `STAGED`, left unmapped so the first touch reveals
 //!     the hit;
 //!   - a prefetch nobody waits for → `LOCAL|PREFETCHED`, *injected*: mapped without a wake,
 //!     together with its neighbours of the same batch, then stage 2 pre-faulted;
 //!   - a demand read, or any read a fault or VMM access waits on → `LOCAL`, mapped, waiters
 //!     woken.
-//! - `Absent`: the servers lost the page (pages become `REMOTE` only when written back) →
-//!   `LOST` for good, frame released, an error logged; a waiting fault or access is reported to
-//!   the VMM.
+//! - `Absent`: the copy that answered lacks the page (pages become `REMOTE` only when written
+//!   back): as for stale content, another copy is tried if the store has one; else the
+//!   servers lost the page → `LOST` for good, frame released, an error logged; a waiting
+//!   fault or access is reported to the VMM.
 //! - `Failed`: with a waiter it stays `INFLIGHT` with its frame (waiters keep waiting, no
 //!   second read can start) and is queued for the fault handler to read again after a
 //!   back-off: one retry chain per page however long the store is down. Without one (a
@@ -36,12 +39,13 @@ use crate::installer::Installer;
 use crate::lost::LostPages;
 use crate::pagemeta::{PageMeta, UNKNOWN_FP};
 use crate::parts::Parts;
+use crate::port::StorePort;
 use crate::prefetch_slots::PrefetchSlots;
 use crate::procstats::{ProcessCounter, ProcessTable};
 use crate::queues::Queues;
 use crate::state::{self as st, state_of, PageTable};
 use crate::stats::{Counter, Counters, Hist, Histograms};
-use crate::store::{Completion, CompletionSink, Op, Status};
+use crate::store::{Completion, CompletionSink, Op, Replica, Status};
 use crate::PAGE_SIZE;
 
 /// Injected pages mapped per batch of completions (a stack array, no allocation).
@@ -53,6 +57,7 @@ pub(crate) struct Completer {
     frames: Arc<Frames>,
     slots: Arc<PrefetchSlots>,
     installer: Arc<Installer>,
+    port: Arc<StorePort>,
     queues: Arc<Queues>,
     errors: Arc<ErrorLog>,
     lost: Arc<LostPages>,
@@ -75,7 +80,7 @@ impl CompletionSink for Completer {
                         tracing::error!("store completed a read of unknown page {:#x}", c.page);
                         continue;
                     }
-                    if let Some(p) = self.read_done(c.page, c.status) {
+                    if let Some(p) = self.read_done(c.page, c.status, c.replica) {
                         inject[n] = p;
                         n += 1;
                         if n == INJECT_BATCH {
@@ -106,6 +111,7 @@ impl Completer {
             frames: parts.frames().clone(),
             slots: parts.slots().clone(),
             installer: parts.installer().clone(),
+            port: parts.port().clone(),
             queues: parts.queues().clone(),
             errors: parts.errors().clone(),
             lost: parts.lost().clone(),
@@ -118,7 +124,7 @@ impl Completer {
 
     /// Applies one read completion. Returns `Some(p)` for a page claimed for injection (LOCAL,
     /// pinned) that the caller must map ([`Installer::inject`]).
-    fn read_done(&self, p: u64, status: Status) -> Option<u64> {
+    fn read_done(&self, p: u64, status: Status, replica: Replica) -> Option<u64> {
         let now = self.clock.now();
         let w0 = self.table.load(p);
         if state_of(w0) != st::INFLIGHT {
@@ -137,14 +143,16 @@ impl Completer {
                 let known = self.meta.clean_fp(p);
                 if known != UNKNOWN_FP && fp != known {
                     // Not what this VM wrote back or read last: a server's older or damaged
-                    // copy. Lost, never installed (the guest would compute with it silently).
+                    // copy. Never installed (the guest would compute with it silently): read
+                    // from another copy if there is one, else lost.
                     self.counters.inc(Counter::RemoteStale);
-                    self.lose(
-                        p,
-                        EngineError::PageStale {
-                            gpa: p * PAGE_SIZE as u64,
-                        },
-                    );
+                    let gpa = p * PAGE_SIZE as u64;
+                    if self.port.reject(p, replica) {
+                        self.errors.push(EngineError::StaleCopyRejected { gpa });
+                        self.read_again(p);
+                    } else {
+                        self.lose(p, EngineError::PageStale { gpa });
+                    }
                     return None;
                 }
                 self.meta.set_clean_fp(p, fp);
@@ -153,13 +161,16 @@ impl Completer {
                 return self.install_arrived(p, now);
             }
             Status::Absent => {
+                // Pages are remote only once written back: a copy without it missed a write.
+                // Read from another copy if there is one, else lost.
                 self.counters.inc(Counter::RemoteAbsent);
-                self.lose(
-                    p,
-                    EngineError::PageLost {
-                        gpa: p * PAGE_SIZE as u64,
-                    },
-                );
+                let gpa = p * PAGE_SIZE as u64;
+                if replica != Replica::NONE && self.port.reject(p, replica) {
+                    self.errors.push(EngineError::StaleCopyRejected { gpa });
+                    self.read_again(p);
+                } else {
+                    self.lose(p, EngineError::PageLost { gpa });
+                }
             }
             Status::Failed(error) => self.failed(p, error),
         }
@@ -186,14 +197,20 @@ impl Completer {
     /// `Failed`: retried while somebody waits, dropped otherwise (module docs).
     fn failed(&self, p: u64, error: crate::store::StoreError) {
         self.counters.inc(Counter::StoreErrors);
-        // The read owns the page (INFLIGHT): its landing frame holds nothing worth keeping, and
-        // a retry assigns a new one.
-        self.installer.drop_landing(p);
         self.errors.push(EngineError::Store {
             op: "read",
             gpa: p * PAGE_SIZE as u64,
             error,
         });
+        self.read_again(p);
+    }
+
+    /// A read of `p` delivered nothing to keep but may succeed again (failed, or a stale copy
+    /// the store dropped): retried while somebody waits, dropped otherwise (module docs).
+    fn read_again(&self, p: u64) {
+        // The read owns the page (INFLIGHT): its landing frame holds nothing worth keeping, and
+        // a retry assigns a new one.
+        self.installer.drop_landing(p);
         let r = self.table.update(p, |w| {
             if state_of(w) != st::INFLIGHT {
                 None

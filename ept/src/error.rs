@@ -64,6 +64,18 @@ pub enum EngineError {
         /// Guest-physical address of the page.
         gpa: u64,
     },
+    #[error(
+        "guest page {gpa:#x}: a memory server returned content that differs from what this VM \
+         last wrote back or read, or did not have the page (a replica that missed a write, or a \
+         damaged one); that replica was dropped and the page is read again from another"
+    )]
+    /// A read returned content whose fingerprint differs from the page's known remote content,
+    /// or found the page absent, and the store has another copy: the page is read again (it
+    /// stays `INFLIGHT` or goes back to `REMOTE`), never installed from the stale copy.
+    StaleCopyRejected {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
     /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),

@@ -1,6 +1,8 @@
 //! An in-process [`RemoteStore`] for tests and benchmarks: pages in sharded hash maps, optional
 //! injected latency per priority (served by one worker thread in due order, so demand reads with
-//! a shorter latency overtake queued prefetches) and injected failures.
+//! a shorter latency overtake queued prefetches) and injected failures, including a second
+//! copy of a page that answers its reads with stale content until the engine rejects it (a
+//! replica that missed a write).
 //!
 //! With zero latency, requests complete inline inside `read`/`write` (the engine allows that).
 
@@ -12,12 +14,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::store::{
-    Completion, CompletionSink, GuestPage, Op, Priority, ReadReq, RemoteStore, Status, StoreError,
-    WriteReq,
+    Completion, CompletionSink, GuestPage, Op, Priority, ReadReq, RemoteStore, Replica, Status,
+    StoreError, WriteReq,
 };
 use crate::PAGE_SIZE;
 
 const SHARDS: usize = 16;
+/// The replica index of a stale second copy ([`MemStore::stale_copy`]); the stored copy is 0.
+const STALE_COPY: Replica = Replica(1);
 
 #[derive(Clone, Copy, Debug, Default)]
 /// Injected latencies of a [`MemStore`] (zero: requests complete inline).
@@ -78,6 +82,10 @@ impl Ord for Due {
 struct Shared {
     cfg: MemStoreConfig,
     shards: [Mutex<HashMap<GuestPage, Box<[u8; PAGE_SIZE]>>>; SHARDS],
+    /// Pages whose reads a stale second copy answers ([`STALE_COPY`]) until rejected.
+    stale: Mutex<HashMap<GuestPage, Box<[u8; PAGE_SIZE]>>>,
+    /// Stale copies the engine rejected.
+    rejected: AtomicU64,
     sink: OnceLock<Arc<dyn CompletionSink>>,
     queue: Mutex<BinaryHeap<Reverse<Due>>>,
     cv: Condvar,
@@ -107,6 +115,8 @@ impl MemStore {
             shared: Arc::new(Shared {
                 cfg,
                 shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                stale: Mutex::new(HashMap::new()),
+                rejected: AtomicU64::new(0),
                 sink: OnceLock::new(),
                 queue: Mutex::new(BinaryHeap::with_capacity(4096)),
                 cv: Condvar::new(),
@@ -191,6 +201,25 @@ impl MemStore {
             .unwrap_or(false)
     }
 
+    /// Gives `page` a second copy holding `data` that answers its reads first (as the first
+    /// replica a client reads from, one that missed a write), until the engine rejects it
+    /// ([`RemoteStore::reject`]); the stored copy answers after that.
+    pub fn stale_copy(&self, page: GuestPage, data: &[u8]) -> bool {
+        let Ok(b) = <Box<[u8; PAGE_SIZE]>>::try_from(data.to_vec().into_boxed_slice()) else {
+            return false;
+        };
+        self.shared
+            .stale
+            .lock()
+            .map(|mut m| m.insert(page, b).is_none())
+            .unwrap_or(false)
+    }
+
+    /// Stale copies the engine rejected so far.
+    pub fn rejected(&self) -> u64 {
+        self.shared.rejected.load(Ordering::SeqCst)
+    }
+
     /// Number of pages stored.
     pub fn len(&self) -> usize {
         self.shared
@@ -221,9 +250,17 @@ impl Shared {
     fn serve(&self, req: Req) -> Completion {
         match req {
             Req::Read(r) => {
+                let mut replica = Replica(0);
                 let status = if Self::take_failure(&self.fail_reads) {
                     self.failed.fetch_add(1, Ordering::Relaxed);
                     Status::Failed(StoreError::Unavailable)
+                } else if let Some(data) =
+                    self.stale.lock().ok().and_then(|m| m.get(&r.page).cloned())
+                {
+                    // SAFETY: the engine owns `dst` for this outstanding request.
+                    unsafe { r.dst.as_mut_slice() }.copy_from_slice(&data[..]);
+                    replica = STALE_COPY;
+                    Status::Ok
                 } else {
                     match self.shard(r.page).lock() {
                         Ok(m) => match m.get(&r.page) {
@@ -244,6 +281,7 @@ impl Shared {
                     op: Op::Read,
                     page: r.page,
                     status,
+                    replica,
                 }
             }
             Req::Write(w) => {
@@ -266,6 +304,7 @@ impl Shared {
                     op: Op::Write,
                     page: w.page,
                     status,
+                    replica: Replica::NONE,
                 }
             }
         }
@@ -290,6 +329,7 @@ impl Shared {
             op: Op::Read,
             page: 0,
             status: Status::Ok,
+            replica: Replica::NONE,
         }; 64];
         let mut n = 0;
         for req in reqs {
@@ -401,6 +441,17 @@ impl RemoteStore for MemStore {
 
     fn write(&self, reqs: &[WriteReq]) -> Result<(), StoreError> {
         self.shared.submit(reqs.iter().map(|w| Req::Write(*w)))
+    }
+
+    fn reject(&self, page: GuestPage, replica: Replica) -> bool {
+        if replica != STALE_COPY {
+            return false; // the stored copy is the last one
+        }
+        let s = &self.shared;
+        if s.stale.lock().is_ok_and(|mut m| m.remove(&page).is_some()) {
+            s.rejected.fetch_add(1, Ordering::SeqCst);
+        }
+        true
     }
 
     fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError> {

@@ -32,8 +32,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use crate::error::EngineError;
 use crate::stats::{Counter, Counters};
 use crate::store::{
-    Completion, CompletionSink, GuestPage, Op, Priority, ReadReq, RemoteStore, Status, StoreError,
-    WriteReq,
+    Completion, CompletionSink, GuestPage, Op, Priority, ReadReq, RemoteStore, Replica, Status,
+    StoreError, WriteReq,
 };
 
 /// Port-made completions delivered per call (a stack array, no allocation).
@@ -105,13 +105,14 @@ impl StorePort {
     pub fn read_now(&self, r: &ReadReq) -> bool {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
         let served = match self.store.read_now(r.page, r.dst) {
-            Some(status) => {
+            Some((status, replica)) => {
                 self.counters.inc(Counter::RemoteReadsDemand);
                 self.counters.inc(Counter::SyncDemandReads);
                 self.deliver(&[Completion {
                     op: Op::Read,
                     page: r.page,
                     status,
+                    replica,
                 }]);
                 true
             }
@@ -130,6 +131,12 @@ impl StorePort {
         })
     }
 
+    /// The content `replica` returned for `page` is stale: whether another copy may hold the
+    /// page ([`RemoteStore::reject`]).
+    pub fn reject(&self, page: GuestPage, replica: Replica) -> bool {
+        self.store.reject(page, replica)
+    }
+
     /// A vCPU now waits on the outstanding prefetch read of `page`.
     #[inline]
     pub fn promote(&self, page: GuestPage) {
@@ -146,6 +153,7 @@ impl StorePort {
             op: Op::Read,
             page: 0,
             status: Status::Failed(error),
+            replica: Replica::NONE,
         }; FAILED_BATCH];
         for chunk in reqs.chunks(FAILED_BATCH) {
             for (c, r) in done.iter_mut().zip(chunk) {

@@ -625,6 +625,40 @@ fn a_stale_copy_on_the_server_is_lost_not_installed() {
 }
 
 #[test]
+fn a_stale_replica_is_rejected_and_the_page_read_from_another() {
+    // The first copy a read reaches missed the page's last write; another holds it. The stale
+    // content is never installed: the store drops that copy and the read is made again.
+    let (vm, p) = vm_with_a_remote_page();
+    let gpa = p * PAGE_SIZE as u64;
+    let mut older = vm.store.get(p).expect("the evicted page was stored");
+    older[16..24].copy_from_slice(&(p + 6).to_le_bytes());
+    assert!(vm.store.stale_copy(p, &older));
+    let mut b = [0u8; 8];
+    vm.engine
+        .read_bytes(gpa + 16, &mut b)
+        .expect("the page is read from the good copy");
+    assert_eq!(u64::from_le_bytes(b), p + 7, "the last written content");
+    assert_eq!(vm.store.rejected(), 1);
+    let s = vm.engine.stats().counters;
+    assert_eq!(
+        (s.remote_stale, s.remote_absent, s.lost_accesses),
+        (1, 0, 0),
+        "{s:?}"
+    );
+    assert_ne!(vm.engine.page_state(gpa), Some(PageState::Lost));
+    assert!(vm
+        .engine
+        .take_errors()
+        .iter()
+        .any(|e| matches!(e, EngineError::StaleCopyRejected { gpa: g } if *g == gpa)));
+    // The guest sees the same, and every other page as written.
+    let g = vm.guest();
+    for q in 0..g.pages {
+        assert_eq!(g.load(q, 2), q + 7, "page {q}");
+    }
+}
+
+#[test]
 fn an_outage_keeps_one_retry_chain_per_waiting_page() {
     let (vm, p) = vm_with_a_remote_page();
     vm.store.set_outage(true);

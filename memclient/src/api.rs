@@ -41,6 +41,10 @@ pub struct Finished {
     pub io: IoBuf,
     /// Pages present (read) or written (write), or the error.
     pub result: Result<u32, ClientError>,
+    /// The server (index into the configured servers) whose answer a read's pages are;
+    /// `u16::MAX` for writes and for reads answered by no server. Handed back to
+    /// [`Client::reject_replica`] when the pages turn out stale.
+    pub server: u16,
 }
 
 /// Receives finished requests. Called on the thread that finished the request — usually a
@@ -173,6 +177,7 @@ impl Client {
                     user_data: 0,
                     io,
                     result: Err(e),
+                    server: u16::MAX,
                 },
                 Ok(conn) => {
                     if let Some(c) = conn.as_ref() {
@@ -307,6 +312,19 @@ impl Client {
             }
         }
         Ok(moved)
+    }
+
+    /// A read of `page` (namespace `ns`) answered by server `server` (its index, as in
+    /// [`Finished::server`]) returned content older than the page's last write: that
+    /// replica lacks a write and leaves the slab if another replica remains, and the slab is
+    /// re-replicated. Returns whether another replica may hold the page (read it again);
+    /// false: none does.
+    pub fn reject_replica(&self, ns: u64, page: u64, server: u16) -> bool {
+        if server as usize >= self.core.servers.len() {
+            return false;
+        }
+        self.core
+            .reject_replica((ns, page / self.core.cfg.slab_pages), server)
     }
 
     /// Slabs of namespace `ns` with a replica on the server at `addr`.

@@ -57,6 +57,19 @@ pub struct ClientConfig {
     /// --fault-path-cpu` with the local memserver): its answer then finds the waiter awake and
     /// wakes nobody (docs/data-path.md, "The demand path").
     pub demand_poll: Duration,
+    /// A fault to inject, for tests of the layers above (default none).
+    pub fault: Option<Fault>,
+}
+
+/// Faults the client injects on purpose (`ClientConfig::fault`), so that tests can show what
+/// the layers above do when a replica is wrong. Never set in production.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The first slab copy (re-replication or move) skips its catch-up: the new replica lacks
+    /// the writes made while it was copied, gets no write from then on while the slab has
+    /// another replica, and serves the slab's reads first. The paging engine must reject what
+    /// it returns stale and read those pages elsewhere.
+    StaleCopy,
 }
 
 impl ClientConfig {
@@ -80,6 +93,7 @@ impl ClientConfig {
             max_requests: 1024,
             slab_homes: Vec::new(),
             demand_poll: Duration::ZERO,
+            fault: None,
         }
     }
 

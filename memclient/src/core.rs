@@ -243,7 +243,7 @@ impl Core {
             (_, None) => {
                 self.abandon(tn);
                 io.clear_present();
-                deliver(reply, user_data, io, Ok(0));
+                deliver(reply, user_data, io, Ok(0), u16::MAX);
                 return Ok(None);
             }
         };
@@ -294,7 +294,10 @@ impl Core {
         } else {
             placement
         };
-        let n = targets.established(&mut t.replicas);
+        let mut n = targets.established(&mut t.replicas);
+        if self.cfg.fault.is_some() {
+            n = self.skip_deaf(key, &mut t.replicas, n);
+        }
         t.nrep = n as u8;
         // One extra count guards against completions arriving before every send is issued.
         t.pending = n as u8 + 1;
@@ -314,6 +317,27 @@ impl Core {
         Ok(None)
     }
 
+    /// `Fault::StaleCopy` (tests only): leaves the deaf replica of slab `key` out of a write's
+    /// `n` replicas, without counting it as missed, while another remains; returns how many
+    /// remain.
+    fn skip_deaf(&self, key: SlabKey, replicas: &mut [u16; MAX_REPLICAS], n: usize) -> usize {
+        let deaf = *self
+            .health
+            .fault_deaf
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match deaf {
+            Some((k, s)) if k == key && n > 1 => match replicas[..n].iter().position(|&x| x == s) {
+                Some(i) => {
+                    replicas.copy_within(i + 1..n, i);
+                    n - 1
+                }
+                None => n,
+            },
+            _ => n,
+        }
+    }
+
     fn abandon(&self, tn: u32) {
         let mut t = self.tickets.lock(tn);
         t.reset();
@@ -323,23 +347,21 @@ impl Core {
     }
 
     /// For a write/discard to a slab being filled: records the pages as dirty for the copier
-    /// and returns the current placement (re-read under the fill lock).
+    /// and returns the current placement (re-read under the fill lock, which every change of
+    /// a filling replica takes: see `fills`).
     fn register_fill(&self, key: SlabKey, t: &mut Ticket) -> Option<Placement> {
-        let mut fills = self
-            .placements
-            .fills
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut fills = self.placements.lock_fills();
         let p = self.placements.lookup(key)?;
         if p.filling == 0 {
             return Some(p);
         }
-        let fs = fills.entry(key).or_default();
-        if let Some(io) = t.io.as_ref() {
-            fs.dirty.extend(io.indices().iter().copied());
+        if let Some(fs) = fills.current_mut(key) {
+            if let Some(io) = t.io.as_ref() {
+                fs.dirty.extend(io.indices().iter().copied());
+            }
+            fs.inflight += 1;
+            t.in_fill = true;
         }
-        fs.inflight += 1;
-        t.in_fill = true;
         Some(p)
     }
 
@@ -408,7 +430,7 @@ impl Core {
                         t.acked += 1;
                         t.count = t.count.max(n);
                     }
-                    Some(Err(e)) if e.is_server_failure() => {}
+                    Some(Err(e)) if e.is_server_failure() => t.mark_missed(server),
                     Some(Err(e)) => {
                         if e == ClientError::CapacityExhausted {
                             // Re-placed off the full server; the caller's retry lands there.
@@ -428,16 +450,18 @@ impl Core {
                     } else {
                         Ok(t.count)
                     };
+                    let key = (t.ns, t.slab);
                     if t.in_fill {
-                        let key = (t.ns, t.slab);
-                        let mut fills = self
-                            .placements
-                            .fills
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner());
-                        if let Some(fs) = fills.get_mut(&key) {
-                            fs.inflight -= 1;
+                        if let Some(fs) = self.placements.lock_fills().current_mut(key) {
+                            fs.inflight = fs.inflight.saturating_sub(1);
                         }
+                    }
+                    if t.acked > 0 && t.missed != 0 {
+                        // Before anyone hears of the write: no later read may go to a replica
+                        // that lacks it.
+                        let mut missed = [0u16; MAX_REPLICAS];
+                        let n = t.missed_servers(&mut missed);
+                        self.drop_missed(key, &missed[..n]);
                     }
                     self.finish(tn, t, r);
                 }
@@ -449,6 +473,11 @@ impl Core {
         let reply = std::mem::replace(&mut t.reply, Reply::None);
         let io = t.io.take();
         let (user_data, stat) = (t.user_data, t.stat);
+        let server = if t.op == TicketOp::Read && t.attempt < t.nrep {
+            t.replicas[t.attempt as usize]
+        } else {
+            u16::MAX
+        };
         t.reset();
         t.seq += 1;
         drop(t);
@@ -461,7 +490,7 @@ impl Core {
                     io,
                 });
             }
-            (reply, Some(io)) => deliver(reply, user_data, io, r),
+            (reply, Some(io)) => deliver(reply, user_data, io, r, server),
             _ => {}
         }
     }

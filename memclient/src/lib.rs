@@ -48,6 +48,7 @@ mod config;
 mod connection;
 mod core;
 mod error;
+mod fills;
 pub mod health;
 mod iobuf;
 mod placement;
@@ -57,7 +58,7 @@ pub mod store;
 mod tickets;
 
 pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
-pub use config::ClientConfig;
+pub use config::{ClientConfig, Fault};
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
 pub use health::{ClientStats, RelocateError};

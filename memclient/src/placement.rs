@@ -1,12 +1,13 @@
 //! Where each slab lives: its replica servers, chosen by power of two choices on free
 //! capacity, in a map sharded 64 ways (one `RwLock` each, so the request path takes no global
-//! lock), plus the bookkeeping of slabs being copied onto a new replica.
+//! lock), plus the lock of every placement change a write may race with (`fills`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
+use crate::fills::Fills;
 use crate::servers::Servers;
 use crate::tickets::MAX_REPLICAS;
 
@@ -63,18 +64,13 @@ impl Placement {
     }
 }
 
-/// Pages written or discarded in a slab while it is copied onto a new replica.
-#[derive(Default)]
-pub(crate) struct FillState {
-    pub dirty: FxHashSet<u64>,
-    pub inflight: u32,
-}
-
 /// Every slab's placement.
 pub(crate) struct Placements {
     shards: Box<[RwLock<FxHashMap<SlabKey, Placement>>]>,
-    /// Only for slabs being re-replicated (recovery path, not the steady-state hot path).
-    pub fills: Mutex<FxHashMap<SlabKey, FillState>>,
+    /// Copies in progress and scrubs (see `fills`), and the lock every placement change a
+    /// write may race with takes before the shard's (recovery paths and writes to a slab
+    /// being copied only, not the steady-state hot path).
+    pub fills: Mutex<Fills>,
     rng: AtomicU64,
     /// A pool's choice of servers per pool slab ([`crate::ClientConfig::slab_homes`]).
     homes: Vec<Vec<u16>>,
@@ -86,7 +82,7 @@ impl Placements {
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(FxHashMap::default()))
                 .collect(),
-            fills: Mutex::new(FxHashMap::default()),
+            fills: Mutex::new(Fills::default()),
             rng: AtomicU64::new(0x9e3779b97f4a7c15 ^ seed),
             homes,
         }
@@ -95,6 +91,11 @@ impl Placements {
     fn shard(&self, key: SlabKey) -> &RwLock<FxHashMap<SlabKey, Placement>> {
         let h = key.0.wrapping_mul(0x9e3779b97f4a7c15) ^ key.1.wrapping_mul(0xc2b2ae3d27d4eb4f);
         &self.shards[(h >> 58) as usize % SHARDS]
+    }
+
+    /// The fill lock (see the `fills` field).
+    pub fn lock_fills(&self) -> std::sync::MutexGuard<'_, Fills> {
+        self.fills.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The shard holding `key`, for writing.

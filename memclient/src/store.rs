@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use farvm_pageio::{
-    Completion, CompletionSink, GuestPage, Op, PageBuf, Priority, ReadReq, RemoteStore, Status,
-    StoreError, WriteReq,
+    Completion, CompletionSink, GuestPage, Op, PageBuf, Priority, ReadReq, RemoteStore, Replica,
+    Status, StoreError, WriteReq,
 };
 
 use crate::{Client, ClientError, Finished, FinishedSink, IoBuf, ReplyTo, Request};
@@ -269,6 +269,7 @@ impl PageStore {
             op,
             page: 0,
             status: Status::Failed(e),
+            replica: Replica::NONE,
         }; PAGES_PER_REQUEST];
         for (o, p) in out.iter_mut().zip(pages) {
             o.page = *p;
@@ -300,6 +301,7 @@ impl FinishedSink for Deliver {
             op,
             page: 0,
             status: Status::Ok,
+            replica: answered_by(&done),
         }; PAGES_PER_REQUEST];
         let n = done.io.len().min(PAGES_PER_REQUEST);
         for (i, o) in out.iter_mut().enumerate().take(n) {
@@ -313,6 +315,16 @@ impl FinishedSink for Deliver {
         }
         let _ = self.free.push(done.io);
         self.to_engine(&out[..n]);
+    }
+}
+
+/// The copy a read's pages came from, for the engine to reject if they are stale or absent;
+/// none for a slab whose every replica was lost (`Lost`): its absent pages are lost, not
+/// missing from one copy.
+fn answered_by(done: &Finished) -> Replica {
+    match done.result {
+        Err(ClientError::Lost) => Replica::NONE,
+        _ => Replica(done.server),
     }
 }
 
@@ -376,9 +388,9 @@ impl RemoteStore for PageStore {
     /// The demand read a vCPU is blocked on, sent on the client's demand lane and received
     /// straight into `dst` on the calling thread (`Client::submit_wait`): no queueing behind
     /// prefetch responses, no hand-off to another thread, no copy.
-    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<Status> {
+    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<(Status, Replica)> {
         if self.stopped.load(Ordering::Acquire) {
-            return Some(Status::Failed(StoreError::Closed));
+            return Some((Status::Failed(StoreError::Closed), Replica::NONE));
         }
         let counters = &self.deliver.counters;
         let mut io = self.demand_bufs.pop().unwrap_or_else(|| IoBuf::external(1));
@@ -386,7 +398,7 @@ impl RemoteStore for PageStore {
         // return, after the request finished.
         if let Err(e) = unsafe { io.set_external(&[page], &[dst]) } {
             let _ = self.demand_bufs.push(io);
-            return Some(Status::Failed(map_err(e)));
+            return Some((Status::Failed(map_err(e)), Replica::NONE));
         }
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let done = self.client.submit_wait(Op::Read, self.ns, io);
@@ -394,8 +406,13 @@ impl RemoteStore for PageStore {
             counters.failed_requests.fetch_add(1, Ordering::Relaxed);
         }
         let status = page_status(Op::Read, &done.result, done.io.is_present(0));
+        let replica = answered_by(&done);
         let _ = self.demand_bufs.push(done.io);
-        Some(status)
+        Some((status, replica))
+    }
+
+    fn reject(&self, page: GuestPage, replica: Replica) -> bool {
+        self.client.reject_replica(self.ns, page, replica.0)
     }
 
     fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError> {

@@ -61,6 +61,9 @@ pub(crate) struct Ticket {
     /// Writes/discards: completions still expected (plus one submission guard).
     pub pending: u8,
     pub acked: u8,
+    /// Writes/discards: bit i set when `replicas[i]` did not store it (a server failure, or
+    /// out of service): that replica lacks this write (see `health::missed`).
+    pub missed: u8,
     pub err: Option<ClientError>,
     pub count: u32,
     /// Writes/discards to a slab being re-replicated: counted in its fill's in-flight writes.
@@ -87,6 +90,7 @@ impl Ticket {
             attempt: 0,
             pending: 0,
             acked: 0,
+            missed: 0,
             err: None,
             count: 0,
             in_fill: false,
@@ -94,6 +98,28 @@ impl Ticket {
             slab: 0,
             lost_slab: false,
         }
+    }
+
+    /// Records that replica server `s` of this write/discard did not store it.
+    pub fn mark_missed(&mut self, s: u16) {
+        if let Some(i) = self.replicas[..self.nrep as usize]
+            .iter()
+            .position(|&x| x == s)
+        {
+            self.missed |= 1 << i;
+        }
+    }
+
+    /// The replica servers that did not store this write/discard, into `out`; how many.
+    pub fn missed_servers(&self, out: &mut [u16; MAX_REPLICAS]) -> usize {
+        let mut n = 0;
+        for i in 0..self.nrep as usize {
+            if self.missed & (1 << i) != 0 {
+                out[n] = self.replicas[i];
+                n += 1;
+            }
+        }
+        n
     }
 
     pub fn reset(&mut self) {
@@ -137,8 +163,15 @@ impl Tickets {
     }
 }
 
-/// Hands a finished request to where its reply goes.
-pub(crate) fn deliver(reply: Reply, user_data: u64, io: IoBuf, result: Result<u32, ClientError>) {
+/// Hands a finished request to where its reply goes; `server` answered a read's pages
+/// (`u16::MAX`: none, or not a read).
+pub(crate) fn deliver(
+    reply: Reply,
+    user_data: u64,
+    io: IoBuf,
+    result: Result<u32, ClientError>,
+    server: u16,
+) {
     match reply {
         // The caller owns the receiver; if it dropped it, it no longer wants the result.
         Reply::Channel(tx) => {
@@ -146,12 +179,14 @@ pub(crate) fn deliver(reply: Reply, user_data: u64, io: IoBuf, result: Result<u3
                 user_data,
                 io,
                 result,
+                server,
             });
         }
         Reply::Sink(sink) => sink.finished(Finished {
             user_data,
             io,
             result,
+            server,
         }),
         Reply::Internal(tx) => {
             let _ = tx.send(InternalDone {

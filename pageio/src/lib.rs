@@ -139,6 +139,16 @@ pub enum Status {
     Failed(StoreError),
 }
 
+/// Which copy of a page answered a read: an index the store defines (the memserver client's
+/// index of the server), handed back to [`RemoteStore::reject`] if the content is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Replica(pub u16);
+
+impl Replica {
+    /// No particular copy: a write, a read no copy answered, or a store with one copy.
+    pub const NONE: Self = Self(u16::MAX);
+}
+
 /// One finished request, as the store reports it to the [`CompletionSink`].
 #[derive(Clone, Copy, Debug)]
 pub struct Completion {
@@ -148,6 +158,8 @@ pub struct Completion {
     pub page: GuestPage,
     /// How it ended.
     pub status: Status,
+    /// The copy whose content a successful read delivered ([`Replica::NONE`] otherwise).
+    pub replica: Replica,
 }
 
 /// Where completions go. Implemented by the engine; called from any thread.
@@ -170,10 +182,20 @@ pub trait RemoteStore: Send + Sync {
     /// demand path with no thread hand-off (the fault handler receives the response itself;
     /// on this host every wake-up of another thread costs 5-50 µs). `None`: not supported,
     /// the engine submits an asynchronous demand read instead. Must not be called with the
-    /// same `dst` as an outstanding request.
-    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<Status> {
+    /// same `dst` as an outstanding request. Returns the status and the copy that answered.
+    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<(Status, Replica)> {
         let _ = (page, dst);
         None
+    }
+    /// A read of `page` that `replica` answered delivered content the engine knows is not
+    /// the page's last written content (its fingerprint differs): a copy that missed a write,
+    /// or a damaged one. The store stops reading from that copy (it lacks a write, so it
+    /// leaves the page's replica set) and says whether another copy may hold the page: true,
+    /// the engine reads the page again; false, no copy does and the page is lost. Called on
+    /// the completion path. Default: false (one copy).
+    fn reject(&self, page: GuestPage, replica: Replica) -> bool {
+        let _ = (page, replica);
+        false
     }
     /// A vCPU now waits on an outstanding prefetch read of `page`: serve it at demand priority
     /// if it is still queued. Optional (default: nothing; it completes as a prefetch).

@@ -276,6 +276,16 @@ fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
             r.replicas_moved,
         ),
         (
+            "memserver_replicas_dropped",
+            "Slab replicas dropped because they missed a write; the slab is re-replicated.",
+            r.replicas_dropped,
+        ),
+        (
+            "memserver_replicas_rejected",
+            "Slab replicas dropped because a read from them returned a stale page.",
+            r.replicas_rejected,
+        ),
+        (
             "memserver_requests",
             "Requests sent to the memory servers.",
             r.wire_requests,
@@ -329,6 +339,8 @@ mod tests {
                 embedded: true,
                 pool_vm: None,
                 replicas_moved: 3,
+                replicas_dropped: 0,
+                replicas_rejected: 0,
                 replication: 1,
                 dead_servers: 2,
                 rejoined_servers: 1,

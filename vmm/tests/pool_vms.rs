@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_native_report, kvm_available};
 use farvm_pool::local_etcd::LocalEtcd;
-use farvm_pool::{Directory, DirectoryConfig, PoolView, RackId, ServerId};
+use farvm_pool::{Directory, DirectoryConfig, PoolView, RackId, ServerId, VmId};
 
 /// Bound for things that happen after a lease TTL or a copy (never a timing assertion: the
 /// tests wait for a condition and fail only if it never comes).
@@ -210,16 +210,17 @@ fn a_vm_the_pool_cannot_place_is_refused_naming_rack_and_bytes() {
     assert!(v.vms.is_empty() && v.slabs.is_empty(), "{v:#?}");
 }
 
-#[test]
-fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
-    if !kvm_available() {
-        return;
-    }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    // Long enough to drain in the middle; every pass rewrites and re-reads the working set.
-    let workload = "seq:ws=96M,passes=60,write=1";
+/// A pool VM of `workload` started with `env`, whose servers hold more than 48 MiB when
+/// `farvm pool drain` empties the first server of its first slab while it runs. Returns the
+/// VM process, its id, the drained server and what the drain said.
+fn drain_while_it_runs(
+    pool: &Pool,
+    workload: &str,
+    env: &[(&str, &str)],
+) -> (Child, VmId, ServerId, String) {
     let child = farvm()
-        .args(run_args(&pool, workload))
+        .args(run_args(pool, workload))
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -239,7 +240,19 @@ fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
         String::from_utf8_lossy(&d.stdout),
         String::from_utf8_lossy(&d.stderr)
     );
-    let said = String::from_utf8_lossy(&d.stdout);
+    let said = String::from_utf8_lossy(&d.stdout).into_owned();
+    (child, vm, victim, said)
+}
+
+#[test]
+fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    // Long enough to drain in the middle; every pass rewrites and re-reads the working set.
+    let workload = "seq:ws=96M,passes=60,write=1";
+    let (child, vm, victim, said) = drain_while_it_runs(&pool, workload, &[]);
     assert!(said.contains("move slab"), "{said}");
     let after = pool.dir.view().unwrap();
     assert!(
@@ -260,6 +273,38 @@ fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
     pool.wait("nothing stored anywhere after the VM exited", |v| {
         Pool::used(v) == 0
     });
+}
+
+#[test]
+fn a_stale_replica_is_rejected_and_the_vm_reads_the_good_one() {
+    if !kvm_available() {
+        return;
+    }
+    // FARVM_FAULT_INJECT=stale-copy: the drain's first slab copy skips its catch-up, so the
+    // new replica lacks the writes made while it was copied; it gets no write afterwards and
+    // serves the slab's reads first (a replica that missed writes, what the fingerprint check
+    // exists for). Every page it returns stale or absent is rejected by the engine's check
+    // and read from the other replica; the VM ends with its native checksum.
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let workload = "seq:ws=96M,passes=60,write=1";
+    let (child, _, _, _) =
+        drain_while_it_runs(&pool, workload, &[("FARVM_FAULT_INJECT", "stale-copy")]);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("fault injected"),
+        "the fault never fired: {err}"
+    );
+    assert_checksum(&o, workload);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stale = v["paging"]["engine"]["counters"]["remote_stale"].as_u64();
+    let rejected = v["paging"]["remote"]["replicas_rejected"].as_u64();
+    assert!(
+        stale >= Some(1) && rejected >= Some(1),
+        "the stale replica was never read: remote_stale {stale:?}, replicas_rejected \
+         {rejected:?}; {}",
+        v["paging"]["remote"]
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! failure ([`recovery`]) and putting a server that answers again back in service
 //! ([`rejoin`]); and the replication-health counters ([`ClientStats`]).
 
+mod missed;
 mod recovery;
 mod rejoin;
 mod relocate;
@@ -35,6 +36,12 @@ pub struct ClientStats {
     pub rejoined_servers: u64,
     /// Slab replicas moved to another server (off a full or draining server).
     pub replicas_moved: u64,
+    /// Replicas dropped from their slab because they missed a write another replica stored
+    /// (their server failed or was out of service meanwhile); the slab is re-replicated.
+    pub replicas_dropped: u64,
+    /// Replicas dropped from their slab because a read from them returned a page older
+    /// than its last write (rejected by the paging engine's fingerprint check).
+    pub replicas_rejected: u64,
     /// Bytes of read pages (with their crc32c) the open connections copied through their
     /// receive buffer (bytes that had already arrived there with what came before them).
     pub read_bytes_copied: u64,
@@ -61,6 +68,14 @@ pub(crate) struct Health {
     pub rejoined_servers: AtomicU64,
     /// Replicas moved to another server (off a full or draining server).
     pub replicas_moved: AtomicU64,
+    /// See [`ClientStats::replicas_dropped`].
+    pub replicas_dropped: AtomicU64,
+    /// See [`ClientStats::replicas_rejected`].
+    pub replicas_rejected: AtomicU64,
+    /// A one-shot injected fault (`ClientConfig::fault`) has not fired yet.
+    pub fault_armed: AtomicBool,
+    /// `Fault::StaleCopy` fired: this replica of this slab gets no writes (it stays stale).
+    pub fault_deaf: std::sync::Mutex<Option<(crate::placement::SlabKey, u16)>>,
 }
 
 impl Health {
@@ -76,6 +91,10 @@ impl Health {
                 slabs_rereplicated: AtomicU64::new(0),
                 rejoined_servers: AtomicU64::new(0),
                 replicas_moved: AtomicU64::new(0),
+                replicas_dropped: AtomicU64::new(0),
+                replicas_rejected: AtomicU64::new(0),
+                fault_armed: AtomicBool::new(true),
+                fault_deaf: std::sync::Mutex::new(None),
             },
             rx,
         )
@@ -201,6 +220,8 @@ impl Core {
             suspended_slabs: suspended,
             rejoined_servers: h.rejoined_servers.load(Ordering::Relaxed),
             replicas_moved: h.replicas_moved.load(Ordering::Relaxed),
+            replicas_dropped: h.replicas_dropped.load(Ordering::Relaxed),
+            replicas_rejected: h.replicas_rejected.load(Ordering::Relaxed),
             read_bytes_copied: copied,
             read_bytes_in_place: in_place,
         }
@@ -208,7 +229,9 @@ impl Core {
 }
 
 /// The maintenance thread: handles servers taken out of service, and every second refreshes
-/// free capacity, reports stalls and tries to bring servers out of service back.
+/// free capacity, reports stalls, tries to bring servers out of service back and
+/// re-replicates slabs left with fewer than R replicas (a replica dropped for a missed
+/// write, a copy that stopped).
 pub(crate) fn maintenance(core: Weak<Core>, rx: Receiver<Event>) {
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
@@ -231,6 +254,9 @@ pub(crate) fn maintenance(core: Weak<Core>, rx: Receiver<Event>) {
                     if c.servers.is_dead(s) && !c.health.closing.load(Ordering::Acquire) {
                         c.try_rejoin(s);
                     }
+                }
+                if !c.health.closing.load(Ordering::Acquire) {
+                    c.rereplicate_degraded();
                 }
             }
         }

@@ -2,7 +2,8 @@
 //!
 //! For every slab that had a replica on the dead server, a live server outside the slab's
 //! replica set is chosen (power of two choices) and added as a *filling* replica: it is not
-//! read from and client writes skip it. The copier then:
+//! read from and client writes skip it. One copy per slab at a time, recorded under the fill
+//! lock together with the filling bit (see `fills`). The copier then:
 //! 1. waits for every write/discard that was already in flight (it may have read the old
 //!    placement and so is not tracked as dirty);
 //! 2. copies the slab from a surviving replica, chunk by chunk;
@@ -11,12 +12,17 @@
 //!    the replica to normal under the fill lock, so no write can slip between.
 //!
 //! The slab is served by its surviving replicas throughout; no client request waits on this.
+//! A filling replica whose server dies stays in the placement until its copier sees it and
+//! drops it with its record (so no second copy of the slab can start meanwhile and have its
+//! record of pages written wiped by the first one's end); the next maintenance tick copies
+//! the slab again.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use farvm_memproto::MAX_PAGES_PER_FRAME;
 
+use crate::config::Fault;
 use crate::core::Core;
 use crate::placement::SlabKey;
 use crate::tickets::{TicketOp, MAX_REPLICAS};
@@ -34,16 +40,22 @@ impl Core {
             return;
         }
         let mut suspended = 0u64;
-        for mut m in self.placements.write_all() {
-            for p in m.values_mut() {
-                let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
-                    continue;
-                };
-                if !p.is_filling(pos) && self.live_source(p, Some(dead)).is_none() {
-                    suspended += 1;
-                    continue;
+        {
+            let _fills = self.placements.lock_fills();
+            for mut m in self.placements.write_all() {
+                for p in m.values_mut() {
+                    let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
+                        continue;
+                    };
+                    if p.is_filling(pos) {
+                        continue; // its copier drops it (module doc)
+                    }
+                    if self.live_source(p, Some(dead)).is_none() {
+                        suspended += 1;
+                        continue;
+                    }
+                    p.remove_at(pos);
                 }
-                p.remove_at(pos);
             }
         }
         if suspended > 0 {
@@ -60,24 +72,39 @@ impl Core {
     /// Adds a replica to every slab with fewer than R replicas and a live source, and fills
     /// it. A fill that stops drops its half-filled replica, so a later call tries again.
     pub(super) fn rereplicate_degraded(&self) {
+        // Called every maintenance tick: look before taking any write lock.
+        let wanted = self.placements.read_all().any(|m| {
+            m.values()
+                .any(|p| (p.n as usize) < self.r && p.filling == 0)
+        });
+        if !wanted {
+            return;
+        }
         let mut jobs: Vec<(SlabKey, u16)> = Vec::new();
-        for mut m in self.placements.write_all() {
-            for (key, p) in m.iter_mut() {
-                let n = p.n as usize;
-                if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
-                    continue;
-                }
-                if self.live_source(p, None).is_none() {
-                    continue;
-                }
-                let (c, k) =
-                    self.placements
-                        .choose(&self.servers, p.servers(), 1, self.cfg.slab_pages);
-                if k == 1 {
-                    p.replicas[n] = c[0];
-                    p.filling |= 1 << n;
-                    p.n += 1;
-                    jobs.push((*key, c[0]));
+        {
+            let mut fills = self.placements.lock_fills();
+            for mut m in self.placements.write_all() {
+                for (key, p) in m.iter_mut() {
+                    let n = p.n as usize;
+                    if n >= self.r || n >= MAX_REPLICAS || p.filling != 0 {
+                        continue;
+                    }
+                    if fills.get(*key).is_some() || self.live_source(p, None).is_none() {
+                        continue;
+                    }
+                    // Not back onto a server whose old copy of the slab is being scrubbed.
+                    let exclude: Vec<u16> = (0..self.servers.len() as u16)
+                        .filter(|&s| p.servers().contains(&s) || fills.scrubbing(*key, s))
+                        .collect();
+                    let (c, k) =
+                        self.placements
+                            .choose(&self.servers, &exclude, 1, self.cfg.slab_pages);
+                    if k == 1 && fills.start(*key, c[0]) {
+                        p.replicas[n] = c[0];
+                        p.filling |= 1 << n;
+                        p.n += 1;
+                        jobs.push((*key, c[0]));
+                    }
                 }
             }
         }
@@ -104,13 +131,50 @@ impl Core {
         }
     }
 
-    /// Removes a replica whose fill stopped (under the fill lock, as the flip to normal is).
+    /// Adds `target` to slab `key` as a filling replica and records the copy (see `fills`):
+    /// `Err(Busy)` if the slab has a copy in progress or `target`'s old copy of it is being
+    /// scrubbed, `Err(Changed)` if the slab is gone, `from` no longer holds it or `target`
+    /// already does.
+    pub(super) fn start_fill(
+        &self,
+        key: SlabKey,
+        from: u16,
+        target: u16,
+    ) -> Result<(), super::RelocateError> {
+        use super::RelocateError::{Busy, Changed};
+        let slab = key.1;
+        let mut fills = self.placements.lock_fills();
+        let mut m = self.placements.write_shard(key);
+        let Some(p) = m.get_mut(&key) else {
+            return Err(Changed { slab });
+        };
+        if p.filling != 0
+            || p.n as usize >= MAX_REPLICAS
+            || fills.get(key).is_some()
+            || fills.scrubbing(key, target)
+        {
+            return Err(Busy { slab });
+        }
+        if !p.servers().contains(&from) || p.servers().contains(&target) {
+            return Err(Changed { slab });
+        }
+        if !fills.start(key, target) {
+            return Err(Busy { slab });
+        }
+        let n = p.n as usize;
+        p.replicas[n] = target;
+        p.filling |= 1 << n;
+        p.n += 1;
+        Ok(())
+    }
+
+    /// Removes a replica whose fill stopped, with its copy's record (under the fill lock, as
+    /// the flip to normal is); another copy of the slab is left alone.
     pub(super) fn drop_filling(&self, key: SlabKey, target: u16) {
-        let mut fills = self
-            .placements
-            .fills
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut fills = self.placements.lock_fills();
+        if fills.get_mut(key, target).is_none() {
+            return;
+        }
         let mut m = self.placements.write_shard(key);
         if let Some(p) = m.get_mut(&key) {
             if let Some(i) = p.servers().iter().position(|&s| s == target) {
@@ -119,7 +183,7 @@ impl Core {
                 }
             }
         }
-        fills.remove(&key);
+        fills.end(key, target);
     }
 
     fn source_for(&self, key: SlabKey, target: u16) -> Option<u16> {
@@ -221,37 +285,68 @@ impl Core {
             at += MAX_PAGES_PER_FRAME as u64;
         }
         let give_up = Instant::now() + Duration::from_secs(30);
+        // `Fault::StaleCopy`, on the first copy: the pages written meanwhile are not copied,
+        // and the new replica serves reads first and gets no writes.
+        let stale = self.cfg.fault == Some(Fault::StaleCopy)
+            && self.health.fault_armed.swap(false, Ordering::AcqRel);
         loop {
             if Instant::now() > give_up {
                 return Err("writes never paused long enough to finish the catch-up");
             }
+            if self.servers.is_dead(target) {
+                return Err("target died");
+            }
             let dirty: Vec<u64> = {
-                let mut fills = self
-                    .placements
-                    .fills
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let busy = fills.get(&key).is_some_and(|f| f.inflight > 0);
-                if busy {
+                let mut fills = self.placements.lock_fills();
+                let Some(fs) = fills.get_mut(key, target) else {
+                    return Err("the copy's record is gone");
+                };
+                if fs.inflight > 0 {
                     None
                 } else {
-                    let d: Vec<u64> = fills
-                        .get_mut(&key)
-                        .map(|f| f.dirty.drain().collect())
-                        .unwrap_or_default();
-                    if d.is_empty() {
+                    let d: Vec<u64> = fs.dirty.drain().collect();
+                    if !d.is_empty() && stale {
+                        Some(Vec::new())
+                    } else if d.is_empty() {
                         // Flip under the fill lock: writes register under it, so none can
                         // observe "filling" after this and skip the target.
                         let mut m = self.placements.write_shard(key);
+                        let pos = m.get(&key).and_then(|p| {
+                            p.servers()
+                                .iter()
+                                .position(|&s| s == target)
+                                .filter(|&i| p.is_filling(i))
+                        });
+                        let Some(i) = pos else {
+                            // Removed meanwhile (its server restarted empty): not a replica.
+                            return Err("the new replica left the slab");
+                        };
                         if let Some(p) = m.get_mut(&key) {
-                            if let Some(i) = p.servers().iter().position(|&s| s == target) {
-                                p.filling &= !(1 << i);
+                            p.filling &= !(1 << i);
+                            if stale {
+                                // First in the read order (no other replica of the slab is
+                                // filling: one copy per slab, so no bit moves).
+                                p.replicas.swap(0, i);
+                                *self
+                                    .health
+                                    .fault_deaf
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner()) = Some((key, target));
+                                tracing::warn!(
+                                    ns = key.0,
+                                    slab = key.1,
+                                    "fault injected: this slab's new replica lacks the \
+                                     writes made while it was copied and gets none from now \
+                                     on, and it serves reads first"
+                                );
                             }
                         }
-                        fills.remove(&key);
+                        drop(m);
+                        fills.end(key, target);
                         return Ok(());
+                    } else {
+                        Some(d)
                     }
-                    Some(d)
                 }
             }
             .unwrap_or_default();

@@ -76,6 +76,8 @@ impl Core {
     /// placement; slabs left with no replica are lost.
     fn forget_server(&self, s: u16) {
         let (mut dropped, mut lost) = (0u64, 0u64);
+        // A filling replica goes too: its copier finds it gone at the flip and stops.
+        let _fills = self.placements.lock_fills();
         for mut m in self.placements.write_all() {
             for p in m.values_mut() {
                 if let Some(pos) = p.servers().iter().position(|&x| x == s) {

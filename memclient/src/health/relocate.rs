@@ -7,7 +7,9 @@
 //! from a live replica, then the pages written meanwhile, then flipped to established under
 //! the fill lock), then the old replica leaves the placement. Its pages of the slab are
 //! discarded there only after every request that was in flight on the slab has finished, so
-//! a read already on its way to the old server still finds its page.
+//! a read already on its way to the old server still finds its page. While they are
+//! discarded the old server is marked as scrubbing that slab (see `fills`): no copy of the
+//! slab may go back there meanwhile, or the discards would empty the new copy.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -16,7 +18,7 @@ use farvm_memproto::MAX_PAGES_PER_FRAME;
 
 use crate::core::Core;
 use crate::placement::SlabKey;
-use crate::tickets::{TicketOp, MAX_REPLICAS};
+use crate::tickets::TicketOp;
 use crate::IoBuf;
 
 /// Why a replica was not moved.
@@ -89,40 +91,37 @@ impl Core {
         to: u16,
     ) -> Result<(), RelocateError> {
         let slab = key.1;
-        {
-            let mut m = self.placements.write_shard(key);
-            let Some(p) = m.get_mut(&key) else {
-                return Err(RelocateError::Changed { slab });
-            };
-            if p.filling != 0 || p.n as usize >= MAX_REPLICAS {
-                return Err(RelocateError::Busy { slab });
-            }
-            if !p.servers().contains(&from) || p.servers().contains(&to) {
-                return Err(RelocateError::Changed { slab });
-            }
-            let n = p.n as usize;
-            p.replicas[n] = to;
-            p.filling |= 1 << n;
-            p.n += 1;
-        }
+        self.start_fill(key, from, to)?;
         if let Err(why) = self.fill_slab(key, to) {
             self.drop_filling(key, to);
             return Err(RelocateError::Fill { slab, why });
         }
         {
-            // Under the fill lock, as every placement change a write may race with.
-            let _fills = self
-                .placements
-                .fills
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            // Under the fill lock, as every placement change a write may race with; the old
+            // copy is marked as scrubbing in the same step (module doc).
+            let mut fills = self.placements.lock_fills();
             let mut m = self.placements.write_shard(key);
             if let Some(p) = m.get_mut(&key) {
                 if let Some(pos) = p.servers().iter().position(|&s| s == from) {
                     p.remove_at(pos);
                 }
             }
+            if !fills.start_scrub(key, from) {
+                // Another move of this slab off `from` is scrubbing it already.
+                self.health.replicas_moved.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
         }
+        self.scrub(key, from);
+        self.placements.lock_fills().end_scrub(key, from);
+        self.health.replicas_moved.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Discards slab `key`'s pages on `from`, which no longer holds a replica of it, once
+    /// every request that may still read there has finished.
+    fn scrub(&self, key: SlabKey, from: u16) {
+        let slab = key.1;
         // Requests that read the old placement may still go to `from`: let them finish
         // before its copy goes. One that does not finish in time may still read there: the
         // copy stays (space on `from`, not a lost page).
@@ -132,8 +131,7 @@ impl Core {
                 slab,
                 "a request on the moved slab is still in flight: its old copy is kept"
             );
-            self.health.replicas_moved.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return;
         }
         let (ns, _) = key;
         let base = slab * self.cfg.slab_pages;
@@ -152,8 +150,6 @@ impl Core {
             }
             at += n as u64;
         }
-        self.health.replicas_moved.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// The slabs of namespace `ns` with a replica on `s`.

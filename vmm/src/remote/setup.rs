@@ -216,6 +216,12 @@ pub struct RemoteHealth {
     pub pool_vm: Option<String>,
     /// Slab replicas moved to another server (a drain, a rebalance, a full server).
     pub replicas_moved: u64,
+    /// Replicas dropped from their slab because they missed a write (their server failed
+    /// or was out of service while it was made); the slab is re-replicated.
+    pub replicas_dropped: u64,
+    /// Replicas dropped because a read from them returned an older copy of a page than its
+    /// last write (the paging engine's fingerprint check); the page was read elsewhere.
+    pub replicas_rejected: u64,
     /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
@@ -301,6 +307,8 @@ fn collect(
         suspended_slabs,
         rejoined_servers,
         replicas_moved,
+        replicas_dropped,
+        replicas_rejected,
         ..
     } = client.stats();
     let c = store.counters();
@@ -317,6 +325,8 @@ fn collect(
             embedded,
             pool_vm,
             replicas_moved,
+            replicas_dropped,
+            replicas_rejected,
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -420,6 +430,23 @@ impl RemoteMemory {
         };
         // One bulk connection per server: its receiver delivers straight to the engine.
         ccfg.conns_per_server = 1;
+        // A fault injected on purpose, for the tests of the integrity checks (docs/pool.md).
+        if let Ok(f) = std::env::var("FARVM_FAULT_INJECT") {
+            match f.as_str() {
+                "stale-copy" => {
+                    tracing::warn!(
+                        "FARVM_FAULT_INJECT=stale-copy: the first slab copy will lack the writes \
+                         made during it (a test of the integrity checks)"
+                    );
+                    ccfg.fault = Some(farvm_memclient::Fault::StaleCopy);
+                }
+                other => {
+                    return Err(RemoteError::Config(format!(
+                        "FARVM_FAULT_INJECT={other}: unknown fault (known: stale-copy)"
+                    )))
+                }
+            }
+        }
         // The local memserver's connection threads share the fault handler's CPU: a demand
         // read's waiter yields it to them and polls, so their answer wakes nobody
         // (docs/data-path.md, "The demand path"). Elsewhere the poll would only spin.
