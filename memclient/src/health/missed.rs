@@ -77,7 +77,10 @@ impl Core {
         if others == 0 {
             return false;
         }
-        if let Some(i) = p.servers().iter().position(|&x| x == s) {
+        // Established only: a filling replica on that server is a newer copy, not the one
+        // that answered.
+        let established = (0..p.n as usize).find(|&i| p.replicas[i] == s && !p.is_filling(i));
+        if let Some(i) = established {
             p.remove_at(i);
             drop(m);
             self.health
