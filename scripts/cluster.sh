@@ -236,11 +236,14 @@ status() {
     need_root
     load_shape
     echo "cluster '$NAME' ($RUN):"
-    local kind a b
+    local kind a b namespaces
+    # Listed once and matched from a string: `ip netns list | grep -q` can SIGPIPE ip, and
+    # pipefail would then call a present namespace MISSING.
+    namespaces=$(ip netns list | awk '{ print $1 }')
     while read -r kind a b; do
         case $kind in
             pid) if kill -0 "$a" 2>/dev/null; then echo "  process $b: pid $a running"; else echo "  process $b: pid $a NOT RUNNING (see $RUN/$b.log)"; fi ;;
-            netns) ip netns list | grep -qw "^$a" && echo "  namespace $a" || echo "  namespace $a MISSING" ;;
+            netns) grep -qxF "$a" <<<"$namespaces" && echo "  namespace $a" || echo "  namespace $a MISSING" ;;
         esac
     done <"$RUN/state"
     summary

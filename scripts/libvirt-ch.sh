@@ -153,8 +153,9 @@ fetch_source() {
     # tarballs but not the .dsc (seen behind caching proxies) leaves the tarballs apt fetched,
     # each checked against the signed Sources index: unpack those and apply Debian's patch series.
     local orig deb ver src p
-    orig=$(find "$work" -maxdepth 1 -name 'libvirt_*.orig.tar.*' ! -name '*.asc' | head -n1)
-    deb=$(find "$work" -maxdepth 1 -name 'libvirt_*.debian.tar.*' | head -n1)
+    # find stops at its first match (-quit) rather than `| head -n1` SIGPIPE-ing it (pipefail).
+    orig=$(find "$work" -maxdepth 1 -name 'libvirt_*.orig.tar.*' ! -name '*.asc' -print -quit)
+    deb=$(find "$work" -maxdepth 1 -name 'libvirt_*.debian.tar.*' -print -quit)
     [[ -n $orig && -n $deb ]] || die "apt-get source libvirt failed; see $work/apt/source.log"
     ver=$(basename "$orig")
     ver=${ver#libvirt_}
@@ -186,10 +187,10 @@ cmd_build() {
     # A source fetched by an earlier, interrupted build is reused; its build tree is not.
     rm -rf "$work/build" "$prefix"
     mkdir -p "$work"
-    src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' | head -n1)
+    src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' -print -quit)
     if [[ -z $src ]]; then
         fetch_source "$work"
-        src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' | head -n1)
+        src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' -print -quit)
     fi
     [[ -n $src ]] || die "no unpacked libvirt source under $work"
     [[ -f $src/src/ch/ch_conf.c ]] || die "$src has no ch driver sources"

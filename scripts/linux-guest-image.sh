@@ -66,7 +66,7 @@ for c in busybox cpio modprobe xz mkfs.ext4 debugfs openssl gzip sha256sum; do
     command -v "$c" >/dev/null || die "missing $c (Debian: busybox-static cpio kmod xz-utils e2fsprogs openssl gzip)"
 done
 busybox=$(command -v busybox)
-{ ldd "$busybox" 2>&1 || true; } | grep -q 'not a dynamic' || die "$busybox is not statically linked (install busybox-static)"
+[[ $(ldd "$busybox" 2>&1) == *'not a dynamic'* ]] || die "$busybox is not statically linked (install busybox-static)"
 
 # The lab kernel (downloaded and unpacked by kvm-lab, which caches it).
 "$HERE/kvm-lab" fetch >&2 || die "scripts/kvm-lab fetch failed"

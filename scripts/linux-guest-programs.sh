@@ -71,7 +71,7 @@ for c in apt-get dpkg-deb busybox mkfs.ext4 debugfs openssl sha256sum chroot; do
 done
 PATH=$PATH:/usr/sbin:/sbin
 busybox=$(command -v busybox)
-{ ldd "$busybox" 2>&1 || true; } | grep -q 'not a dynamic' || die "$busybox is not statically linked (install busybox-static)"
+[[ $(ldd "$busybox" 2>&1) == *'not a dynamic'* ]] || die "$busybox is not statically linked (install busybox-static)"
 [[ $(id -u) -eq 0 ]] || die "needs root (chroot into the tree to precompile its Python modules)"
 
 # The recipe (this script and busybox) names the output directory: a change rebuilds.
@@ -112,7 +112,10 @@ if ((refresh)) || [[ ! -f $OUT/.done ]]; then
     R=$OUT/root
     mkdir -p "$R"
     while read -r p v; do
-        deb=$(ls "$A/cache/archives/${p}_${v//:/%3a}_"*.deb 2>/dev/null | head -n1)
+        deb=""
+        for f in "$A/cache/archives/${p}_${v//:/%3a}_"*.deb; do
+            [[ -e $f ]] && deb=$f && break
+        done
         [[ -n $deb ]] || die "no downloaded .deb for $p $v"
         dpkg-deb -x "$deb" "$R"
     done <"$OUT/packages.txt"
