@@ -31,7 +31,9 @@
 #   FARVM_GUEST_CACHE  cache directory [${XDG_CACHE_HOME:-~/.cache}/farvm/linux-guest]
 #   FARVM_LAB_*        passed to scripts/kvm-lab fetch (which kernel; see its --help)
 #
-# Needs: busybox-static, cpio, kmod, xz-utils, e2fsprogs (mkfs.ext4 -d), openssl, gzip.
+# Needs: busybox-static, cpio, kmod, xz-utils, e2fsprogs (mkfs.ext4 -d), openssl, gzip
+# (scripts/setup.sh installs them; scripts/kvm-lab fetch, which this runs, the first three).
+# Whatever is missing is named with the apt-get command that installs it.
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -62,14 +64,17 @@ build) ;;
 *) usage ;;
 esac
 
-for c in busybox cpio modprobe xz mkfs.ext4 debugfs openssl gzip sha256sum; do
-    command -v "$c" >/dev/null || die "missing $c (Debian: busybox-static cpio kmod xz-utils e2fsprogs openssl gzip)"
-done
+# shellcheck source=host-tools.sh
+. "$HERE/host-tools.sh"
+# What kvm-lab fetch does not install; asked for before the kernel is downloaded.
+require_tools linux-guest-image xz:xz-utils mkfs.ext4:e2fsprogs debugfs:e2fsprogs openssl:openssl \
+    gzip:gzip sha256sum:coreutils
+# The lab kernel (downloaded and unpacked by kvm-lab, which caches it). kvm-lab fetch also
+# installs busybox-static, cpio and kmod when missing (apt), so they are checked after it.
+"$HERE/kvm-lab" fetch >&2 || die "scripts/kvm-lab fetch failed"
+require_tools linux-guest-image busybox:busybox-static cpio:cpio modprobe:kmod
 busybox=$(command -v busybox)
 [[ $(ldd "$busybox" 2>&1) == *'not a dynamic'* ]] || die "$busybox is not statically linked (install busybox-static)"
-
-# The lab kernel (downloaded and unpacked by kvm-lab, which caches it).
-"$HERE/kvm-lab" fetch >&2 || die "scripts/kvm-lab fetch failed"
 kdir=$("$HERE/kvm-lab" info | awk '$1 == "kernel:" { print $NF }')
 [[ -d $kdir/root/lib/modules ]] || die "no kernel tree at $kdir"
 KROOT=$kdir/root

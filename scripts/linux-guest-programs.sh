@@ -33,8 +33,9 @@
 #   FARVM_GUEST_CACHE  cache directory [${XDG_CACHE_HOME:-~/.cache}/farvm/linux-guest]
 #   FARVM_LAB_SUITE, FARVM_LAB_MIRROR  as for scripts/kvm-lab (which suite, which mirror)
 #
-# Needs: apt-get, dpkg-deb, busybox-static, e2fsprogs (mkfs.ext4 -d, debugfs), openssl,
-# and root (chroot) to precompile the Python modules in the tree.
+# Needs: apt-get, dpkg-deb, busybox-static, e2fsprogs (mkfs.ext4 -d, debugfs), openssl
+# (scripts/setup.sh installs them; whatever is missing is named with the apt-get command that
+# installs it), and root (chroot) to precompile the Python modules in the tree.
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -65,10 +66,10 @@ build) ;;
 *) usage ;;
 esac
 
-for c in apt-get dpkg-deb busybox mkfs.ext4 debugfs openssl sha256sum chroot; do
-    command -v "$c" >/dev/null || PATH=$PATH:/usr/sbin:/sbin command -v "$c" >/dev/null \
-        || die "missing $c (Debian: apt dpkg busybox-static e2fsprogs openssl coreutils)"
-done
+# shellcheck source=host-tools.sh
+. "$HERE/host-tools.sh"
+require_tools linux-guest-programs apt-get:apt dpkg-deb:dpkg busybox:busybox-static \
+    mkfs.ext4:e2fsprogs debugfs:e2fsprogs openssl:openssl sha256sum:coreutils chroot:coreutils
 PATH=$PATH:/usr/sbin:/sbin
 busybox=$(command -v busybox)
 [[ $(ldd "$busybox" 2>&1) == *'not a dynamic'* ]] || die "$busybox is not statically linked (install busybox-static)"

@@ -18,14 +18,28 @@
 #                                 disassembler
 #   qemu-system-x86               QEMU: the KVM lab (scripts/kvm-lab), the test guest under QEMU
 #                                 (tests/tests/qemu_guest.rs) and bench compare's QEMU setups
+#   busybox-static, cpio, kmod,   the KVM lab's initramfs (scripts/kvm-lab: a static busybox,
+#   xz-utils                      cpio, depmod/modprobe on the lab kernel's .ko.xz modules) and
+#                                 the Linux test guest's (scripts/linux-guest-image.sh)
+#   e2fsprogs, openssl            the Linux test guest's disks (mkfs.ext4 -d, debugfs; fixed
+#                                 AES-CTR data): scripts/linux-guest-image.sh and
+#                                 scripts/linux-guest-programs.sh
 #   gcc-12, make, dwarves         the Linux guest agent module (guest-agent/linux/build.sh) is
 #                                 built against the lab kernel's headers (pahole for its BTF)
+#   python3                       scripts/kvm-lab.d/hlt-exits and lab/scripts/*
+#   fonts-dejavu-core             the PNG charts of farvm-lab's benchmarks (without a TrueType
+#                                 font they are skipped)
+#   ibverbs-utils                 ibv_rc_pingpong, for scripts/kvm-lab.d/rxe-netns
+# Not installed here: scripts/compare-lab.sh installs nbd-server and nbd-client itself, and
+# scripts/libvirt-ch.sh libvirt's build dependencies; scripts/make-trace.sh (regenerating
+# traces/) needs valgrind, zstd, sqlite3, redis-server and python3-numpy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 for pkg in qemu-system-x86 libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
-    libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves; do
+    libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves \
+    busybox-static cpio kmod xz-utils e2fsprogs openssl python3 fonts-dejavu-core ibverbs-utils; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -1,0 +1,28 @@
+# Sourced by scripts/kvm-lab and scripts/linux-guest-*.sh: which of the host commands a script
+# runs are missing, and the Debian packages that give them. Each argument is CMD:PACKAGE. A
+# command is also looked for in /usr/sbin and /sbin, which a user's PATH may lack (modprobe,
+# depmod, mkfs.ext4, debugfs, chroot live there).
+
+# Sets MISSING_CMDS (in argument order) and MISSING_PKGS (sorted, each once).
+find_missing_tools() {
+    MISSING_CMDS=() MISSING_PKGS=()
+    local t
+    for t in "$@"; do
+        command -v "${t%%:*}" >/dev/null || PATH=$PATH:/usr/sbin:/sbin command -v "${t%%:*}" >/dev/null \
+            || { MISSING_CMDS+=("${t%%:*}") && MISSING_PKGS+=("${t#*:}"); }
+    done
+    if ((${#MISSING_PKGS[@]})); then
+        mapfile -t MISSING_PKGS < <(printf '%s\n' "${MISSING_PKGS[@]}" | sort -u)
+    fi
+}
+
+# Returns unless a CMD:PACKAGE is missing; then says, as $1, which commands are missing and the
+# command that installs their packages, and exits 1.
+require_tools() {
+    local who=$1
+    shift
+    find_missing_tools "$@"
+    ((${#MISSING_CMDS[@]})) || return 0
+    echo "$who: missing ${MISSING_CMDS[*]}; install them with: sudo apt-get install --no-install-recommends ${MISSING_PKGS[*]} (or run scripts/setup.sh, which installs what every script needs)" >&2
+    exit 1
+}
