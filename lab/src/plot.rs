@@ -61,8 +61,34 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0x8c, 0x8c, 0x8c),
 ];
 
-/// Grouped bars: one group per category, one bar per series; optional log scale and
-/// reference lines. Non-finite values are drawn as missing.
+/// The ticks of a log-scale axis over [lo, hi]: 1, 2 and 5 times each power of ten in it
+/// (…, 0.2, 0.5, 1, 2, 5, 10, …), so that every decade is labelled and a reader can place a bar
+/// between two labels. Each is the double nearest its decimal value.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+        return Vec::new();
+    }
+    let mut ticks = Vec::new();
+    for exp in (lo.log10().floor() as i32)..=(hi.log10().ceil() as i32) {
+        for m in [1, 2, 5] {
+            if let Ok(v) = format!("{m}e{exp}").parse::<f64>() {
+                if v >= lo && v <= hi {
+                    ticks.push(v);
+                }
+            }
+        }
+    }
+    ticks
+}
+
+/// A log-scale tick's label: as many decimals as its power of ten needs (0.05, 0.2, 1, 50).
+pub fn log_tick_label(v: f64) -> String {
+    let decimals = (-(v.log10() + 1e-9).floor()).max(0.0) as usize;
+    format!("{v:.decimals$}")
+}
+
+/// Grouped bars: one group per category, one bar per series; optional log scale (ticks at
+/// [`log_ticks`]) and reference lines. Non-finite values are drawn as missing.
 pub fn grouped_bars(
     path: &Path,
     title: &str,
@@ -104,7 +130,8 @@ pub fn grouped_bars(
         .x_label_area_size(60)
         .y_label_area_size(80);
     macro_rules! body {
-        ($chart:expr, $y:expr) => {{
+        // $mesh: more of the mesh's configuration (the y axis's ticks), spliced into its chain.
+        ($chart:expr, $y:expr; $($mesh:tt)*) => {{
             let mut chart = $chart;
             let cats = categories.to_vec();
             chart
@@ -119,6 +146,7 @@ pub fn grouped_bars(
                         String::new()
                     }
                 })
+                $($mesh)*
                 .y_desc(y_label)
                 .label_style(("sans-serif", 14))
                 .draw()?;
@@ -162,12 +190,47 @@ pub fn grouped_bars(
         }};
     }
     if log_y {
-        let chart = b.build_cartesian_2d(0f64..n, (lo..hi).log_scale())?;
-        body!(chart, |v: f64| v);
+        let ticks = log_ticks(lo, hi);
+        let count = ticks.len();
+        let chart = b.build_cartesian_2d(0f64..n, (lo..hi).log_scale().with_key_points(ticks))?;
+        body!(chart, |v: f64| v;
+            .y_labels(count)
+            .y_label_formatter(&|v: &f64| log_tick_label(*v)));
     } else {
         let chart = b.build_cartesian_2d(0f64..n, lo..hi)?;
-        body!(chart, |v: f64| v);
+        body!(chart, |v: f64| v;);
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{log_tick_label, log_ticks};
+
+    #[test]
+    fn log_ticks_label_every_decade_and_its_halves_and_fifths() {
+        assert_eq!(log_ticks(0.15, 12.0), vec![0.2, 0.5, 1.0, 2.0, 5.0, 10.0]);
+        assert_eq!(
+            log_ticks(1.0, 100.0),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
+        assert_eq!(log_ticks(0.004, 0.06), vec![0.005, 0.01, 0.02, 0.05]);
+        // A range inside one decade still gets the ticks in it.
+        assert_eq!(log_ticks(1.5, 4.0), vec![2.0]);
+        assert!(log_ticks(0.0, 1.0).is_empty());
+        assert!(log_ticks(f64::NAN, 1.0).is_empty());
+    }
+
+    #[test]
+    fn log_tick_labels_have_the_decimals_their_decade_needs() {
+        let labels: Vec<String> = log_ticks(0.04, 600.0)
+            .into_iter()
+            .map(log_tick_label)
+            .collect();
+        assert_eq!(
+            labels,
+            ["0.05", "0.1", "0.2", "0.5", "1", "2", "5", "10", "20", "50", "100", "200", "500"]
+        );
+    }
 }
