@@ -42,6 +42,10 @@ pub fn ensure_font() -> Result<()> {
 pub struct Series {
     pub name: String,
     pub values: Vec<f64>,
+    /// Per value, a label for a value that failed (e.g. "failed: checksum"): drawn as an × with
+    /// that label where its bar would stand, so that a failure does not read as a missing bar.
+    /// Shorter than `values` (or empty) where nothing failed.
+    pub failed: Vec<Option<String>>,
 }
 
 /// A horizontal reference line.
@@ -88,7 +92,8 @@ pub fn log_tick_label(v: f64) -> String {
 }
 
 /// Grouped bars: one group per category, one bar per series; optional log scale (ticks at
-/// [`log_ticks`]) and reference lines. Non-finite values are drawn as missing.
+/// [`log_ticks`]) and reference lines. Non-finite values are drawn as missing, unless the
+/// series marks them failed ([`Series::failed`]).
 pub fn grouped_bars(
     path: &Path,
     title: &str,
@@ -129,6 +134,12 @@ pub fn grouped_bars(
         .margin(12)
         .x_label_area_size(60)
         .y_label_area_size(80);
+    // Where a failed value's × stands: a little above the axis's foot.
+    let mark_y = if log_y {
+        lo * (hi / lo).powf(0.04)
+    } else {
+        lo + (hi - lo) * 0.04
+    };
     macro_rules! body {
         // $mesh: more of the mesh's configuration (the y axis's ticks), spliced into its chain.
         ($chart:expr, $y:expr; $($mesh:tt)*) => {{
@@ -169,6 +180,21 @@ pub fn grouped_bars(
                     .legend(move |(x, y)| {
                         Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
                     });
+                // A failed value: an × in the series' colour where the bar would stand, and
+                // its label read upwards from it.
+                let label_font = ("sans-serif", 12)
+                    .into_font()
+                    .transform(FontTransform::Rotate270)
+                    .color(&BLACK);
+                let marks = s.failed.iter().enumerate().filter_map(|(ci, label)| {
+                    let x = ci as f64 + 0.1 + si as f64 * bw + bw * 0.45;
+                    Some(
+                        EmptyElement::at((x, $y(mark_y)))
+                            + Cross::new((0, 0), 5, color.stroke_width(3))
+                            + Text::new(label.clone()?, (-6, -10), label_font.clone()),
+                    )
+                });
+                chart.draw_series(marks)?;
             }
             for (li, l) in lines.iter().enumerate() {
                 let style = BLACK.stroke_width(if li == 0 { 2 } else { 1 });

@@ -385,6 +385,7 @@ fn charts(r: &Report, out: &Path, vms: &[usize], servers: &[usize]) -> Result<Ve
                             .map_or(f64::NAN, get)
                     })
                     .collect(),
+                failed: Vec::new(),
             })
             .collect()
     };

@@ -6,6 +6,7 @@
 //! `vm.page-cluster`). QEMU boots the same guest, all-local and in the same cgroup and swap
 //! ([`qemu`]). Host setup and teardown live in [`host`]; the table and charts in [`report`].
 
+mod failure;
 mod guest_rss;
 mod host;
 mod qemu;
@@ -21,6 +22,7 @@ use farvm_vmm::workload_spec::{place, PlacedWorkload};
 use serde::Serialize;
 
 use super::remote::runner::guest_mem;
+use failure::{exit_ending, oom_ending, signal_ending, FailedCell, Failure};
 use guest_rss::{GuestStats, Steer, Watch, Watcher};
 use host::{MemCgroup, SwapDevice, SwapKind};
 
@@ -66,22 +68,27 @@ its loop device itself (also on errors and Ctrl-C), and refuses to start when it
 the cgroup-v1 memory controller or zram is missing, or swap is already on. --swap none skips
 the kernel-swap setups (no root needed); --qemu none skips QEMU.
 
-Every run must reproduce the all-local checksum; a run that hits --cell-timeout, is killed
-(by the kernel's OOM killer: 'OOM-killed', with the cgroup's OOM record), or fails at the
-cgroup's limit is reported as such. Under cgroup v1 with the OOM killer off, a write the kernel
-makes to the VMM's memory on its behalf (a thread's rseq area) cannot wait for memory at the
-limit, and the kernel sends SIGSEGV: reported as 'SIGSEGV from the kernel at the cgroup's
-limit'. Each cell runs --repeat times, setups taking
-turns; the median is reported. Writes compare.md, compare.json and two charts (time over
-all-local; farvm over kernel swap) into --out.
+Every run must reproduce the all-local checksum. A run of a compared setup that does not, or
+that crashes (a signal), exits non-zero, hits --cell-timeout, is killed by the kernel's OOM
+killer ('OOM-killed', with the cgroup's OOM record) or fails at the cgroup's limit, fails its
+cell, and the bench goes on: the table gives 'failed: REASON' (and how many of the cell's runs
+failed), compare.json the cell's `failed` (kind, reason, runs), the charts an x labelled
+'failed: KIND' where its bar would stand; the ratios it would enter are '-'. Under cgroup v1
+with the OOM killer off, a write the kernel makes to the VMM's memory on its behalf (a thread's
+rseq area) cannot wait for memory at the limit, and the kernel sends SIGSEGV: reported as
+'SIGSEGV from the kernel at the cgroup's limit'. A failed footprint or all-local run (the
+references) ends the bench. Each cell runs --repeat times, setups taking turns; the median is
+reported. Writes compare.md, compare.json and two charts (time over all-local; farvm over
+kernel swap; log scale, ticks at 1, 2 and 5 times each power of ten) into --out.
 
 EXAMPLES
   farvm-lab bench compare --out docs/bench/compare
   farvm-lab bench compare --workload seq:ws=32M --local 25 --swap zram --repeat 1
 
 EXIT STATUS
-  0 every run completed with the all-local checksum; 1 a run failed, timed out, differed, or
-  the host could not be set up";
+  0 every run completed with the all-local checksum; 1 a cell failed (after every cell ran and
+  the outputs were written; the failed cells are listed), a reference run failed, or the host
+  could not be set up";
 
 #[derive(Args, Debug)]
 pub struct CompareArgs {
@@ -201,8 +208,8 @@ pub struct RunResult {
     pub measured_ms: f64,
     /// None if the run did not finish.
     pub checksum: Option<u64>,
-    /// How a run that did not finish ended (timeout, killed by a signal).
-    pub ended: Option<String>,
+    /// Why the run gave no result (it did not finish, or finished with the wrong checksum).
+    pub failed: Option<Failure>,
     /// farvm: demand faults of the measured phase; kernel swap: pages swapped in host-wide
     /// during the run.
     pub faults: u64,
@@ -216,7 +223,9 @@ pub struct RunResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct SetupResult {
     pub setup: String,
+    /// NaN (JSON null) when a run failed.
     pub median_ms: f64,
+    /// The runs that gave a result.
     pub runs_ms: Vec<f64>,
     /// Median over all-local.
     pub vs_all_local: f64,
@@ -224,10 +233,10 @@ pub struct SetupResult {
     pub faults: u64,
     /// Of the median run (see [`RunResult::prefetches`]).
     pub prefetches: u64,
-    /// Of the median run (see [`RunResult::guest`]).
+    /// Of the median run, or of the first failed one (see [`RunResult::guest`]).
     pub guest: Option<GuestStats>,
-    /// How the median run ended if it did not finish.
-    pub ended: Option<String>,
+    /// Set when a run failed: the cell then has no time and no ratio.
+    pub failed: Option<FailedCell>,
 }
 
 /// One workload at one local share.
@@ -333,63 +342,50 @@ impl Runner<'_> {
         let swaps_after = host::swap_counters();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let what = format!("farvm run --workload {spec} {}", extra.join(" "));
-        // A run that timed out or was killed by a signal (the kernel's OOM killer, or a fault
-        // the VMM took when the cgroup could not charge a page) is a result, not a bench error.
-        let ended = match (
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // A run that failed (timed out, killed by a signal: the kernel's OOM killer, or a fault
+        // the VMM took when the cgroup could not charge a page; a non-zero exit; no report) is
+        // its setup's result, not a bench error: the caller decides (a reference run that
+        // failed ends the bench).
+        let report = match (
             out.status.code(),
             std::os::unix::process::ExitStatusExt::signal(&out.status),
         ) {
-            (Some(TIMED_OUT), _) => Some(format!("timeout (> {} s)", self.timeout.as_secs())),
-            (_, Some(sig)) => Some(signal_ending(
+            (Some(TIMED_OUT), _) => Err(Failure::Timeout {
+                secs: self.timeout.as_secs(),
+            }),
+            (_, Some(sig)) => Err(signal_ending(
                 sig,
                 cgroup.map(MemCgroup::events).as_deref(),
                 oom,
             )),
             // Any other failure while the cgroup was out of memory (e.g. the guest crashed
             // because KVM could not fault in a guest page from inside the kernel) is kernel
-            // swap's result at this limit, not a bench error.
-            (Some(code), _) if code != 0 && oom > 0 => Some(oom_ending(
-                &format!("exit {code}"),
-                &String::from_utf8_lossy(&out.stderr),
-                oom,
-            )),
-            _ => None,
+            // swap's result at this limit.
+            (Some(code), _) if code != 0 && oom > 0 => {
+                Err(oom_ending(&format!("exit {code}"), &stderr, oom))
+            }
+            (Some(code), _) if code != 0 => Err(exit_ending(&format!("exit {code}"), &stderr)),
+            _ => json_report(&stdout),
         };
-        if let Some(ended) = ended {
-            eprintln!(
-                "{what}: {ended}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return Ok((
-                RunResult {
-                    measured_ms: f64::NAN,
-                    checksum: None,
-                    faults: 0,
-                    prefetches: 0,
-                    guest,
-                    ended: Some(ended),
-                },
-                serde_json::Value::Null,
-            ));
-        }
-        if !out.status.success() {
-            bail!(
-                "{what}: exit {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let line = stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .with_context(|| format!("{what}: no JSON report on stdout"))?;
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{what}: bad JSON report"))?;
+        let v = match report {
+            Ok(v) => v,
+            Err(failure) => {
+                eprintln!("{what}: {failure}: {}", stderr.trim());
+                return Ok((
+                    RunResult {
+                        measured_ms: f64::NAN,
+                        checksum: None,
+                        faults: 0,
+                        prefetches: 0,
+                        guest,
+                        failed: Some(failure),
+                    },
+                    serde_json::Value::Null,
+                ));
+            }
+        };
         let p = &v["processes"][0];
-        if p["state_name"] != "done" {
-            bail!("{what}: the process ended {}", p["state_name"]);
-        }
         let phase = &p["measured_phase_paging"];
         let faults = match v["paging"].is_null() {
             true => swaps_after.0.saturating_sub(swaps_before.0),
@@ -402,55 +398,29 @@ impl Runner<'_> {
                 faults,
                 prefetches: phase["prefetch_issued"].as_u64().unwrap_or(0),
                 guest,
-                ended: None,
+                failed: None,
             },
             v,
         ))
     }
 }
 
-/// How a run killed by signal `sig` ended, with the cgroup's OOM record when it ran in one
-/// (`hits`: times the cgroup hit its limit during the run, [`MemCgroup::limit_hits`]). A VMM
-/// the kernel's OOM killer ended is "OOM-killed". A SIGSEGV/SIGBUS at the limit of a cgroup
-/// whose OOM killer is off is the kernel failing a write to the VMM's memory that it makes on
-/// the VMM's behalf: a fault taken inside the kernel cannot wait in the cgroup's OOM wait as a
-/// user fault does, and when it is the update of a thread's rseq area on the way back to user
-/// space, the kernel sends SIGSEGV (si_code SI_KERNEL; seen on this host with ftrace, and gone
-/// with glibc's rseq off, the VMM then waiting at the limit instead). Reported as such rather
-/// than as a bare signal.
-fn signal_ending(sig: i32, cgroup_events: Option<&str>, hits: u64) -> String {
-    let name = match sig {
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGABRT => "SIGABRT",
-        _ => "",
-    };
-    let mut s = format!("killed by signal {sig} {name}")
-        .trim_end()
-        .to_string();
-    if let Some(events) = cgroup_events {
-        let oom_kill = events
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .any(|kv| kv[0] == "oom_kill" && kv[1] != "0");
-        if oom_kill {
-            s = format!("OOM-killed ({s}; cgroup: {events})");
-        } else if hits > 0
-            && events.contains("oom_kill_disable 1")
-            && (sig == libc::SIGSEGV || sig == libc::SIGBUS)
-        {
-            s = format!(
-                "{name} from the kernel at the cgroup's limit ({hits} charges refused, OOM \
-                 killer off): a write the kernel makes to the VMM's memory (a thread's rseq \
-                 area) could not wait for memory"
-            );
-        } else if !events.is_empty() {
-            s = format!("{s} (cgroup: {events})");
-        }
+/// The JSON report on a successful `farvm run`'s stdout (its last line starting with `{`),
+/// whose process finished its workload; a failure of the run otherwise.
+fn json_report(stdout: &str) -> Result<serde_json::Value, Failure> {
+    let exit = |detail: String| Failure::Exit { detail };
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| exit("exit 0 without a JSON report on stdout".into()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| exit(format!("a bad JSON report: {e}")))?;
+    let state = &v["processes"][0]["state_name"];
+    if state != "done" {
+        return Err(exit(format!("the guest's process ended {state}")));
     }
-    s
+    Ok(v)
 }
 
 /// The VMM's own memory in an all-local run in `cg`: the most the cgroup held beyond the
@@ -467,14 +437,6 @@ fn own_memory(cg: &MemCgroup, r: &RunResult, footprint: u64) -> Result<u64> {
 /// The most kernel memory (which reclaim cannot free) the cgroup held in an all-local run.
 fn kernel_memory(r: &RunResult) -> u64 {
     r.guest.as_ref().map_or(0, |g| g.kernel_max_bytes)
-}
-
-/// How a run that failed while its cgroup hit its limit (`hits` times) ended: `how` (exit
-/// status) and the first line of its error output.
-fn oom_ending(how: &str, stderr: &str, hits: u64) -> String {
-    let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    let first: String = first.chars().take(160).collect();
-    format!("failed at the cgroup's limit ({hits} charges refused): {how}: {first}")
 }
 
 /// Median; a timed-out run (NaN) counts as the slowest.
@@ -565,14 +527,18 @@ pub fn run(a: CompareArgs) -> Result<()> {
     let mut cells = Vec::new();
     for (spec, w) in specs.iter().zip(&placed) {
         interrupted()?;
-        // Footprint: farvm with all memory local to its engine.
-        let (_, v) = runner.run(
+        // Footprint: farvm with all memory local to its engine. It and all-local are the
+        // references every setup is measured against: without them no cell has a meaning.
+        let (r, v) = runner.run(
             spec,
             w,
             &["--local-memory".into(), "all".into()],
             None,
             None,
         )?;
+        if let Some(f) = &r.failed {
+            bail!("{spec}: the footprint run (farvm --local-memory all) failed: {f}");
+        }
         let footprint = v["paging"]["engine"]["resident_pages"]
             .as_u64()
             .with_context(|| format!("{spec}: no resident_pages in the footprint run"))?;
@@ -590,11 +556,14 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 vmm_own = vmm_own.max(own_memory(cg, &r, footprint)?);
                 vmm_kernel = vmm_kernel.max(kernel_memory(&r));
             }
+            if let Some(f) = &r.failed {
+                bail!("{spec}: the all-local run (the reference) failed: {f}");
+            }
             eprintln!("{spec} all-local: {:.1} ms", r.measured_ms);
             local_runs.push(r);
         }
         let Some(checksum) = local_runs[0].checksum else {
-            bail!("{spec}: the all-local run timed out");
+            bail!("{spec}: the all-local run reported no checksum");
         };
         if let Some(r) = local_runs.iter().find(|r| r.checksum != Some(checksum)) {
             bail!(
@@ -614,18 +583,15 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 if let Some(cg) = &cgroup {
                     cg.set_limit(None)?;
                 }
-                let r = q.run(spec, w, cgroup.as_ref(), None)?;
-                if let Some(cg) = &cgroup {
+                let mut r = q.run(spec, w, cgroup.as_ref(), None)?;
+                check_checksum(&mut r, checksum);
+                // QEMU's own memory from the runs that finished (the QEMU + kernel swap cells
+                // of a QEMU that never did are bound to fail, and are marked so).
+                if let (Some(cg), None) = (&cgroup, &r.failed) {
                     own = own.max(own_memory(cg, &r, footprint)?);
                     qemu_kernel = qemu_kernel.max(kernel_memory(&r));
                 }
-                if r.checksum.is_some_and(|x| x != checksum) {
-                    bail!(
-                        "{spec}: QEMU's checksum {:?} differs from farvm all-local's {checksum:#x}",
-                        r.checksum
-                    );
-                }
-                eprintln!("{spec} QEMU all-local: {:.1} ms", r.measured_ms);
+                progress(&format!("{spec} QEMU all-local"), &r);
                 q_runs.push(r);
             }
             qemu_own = Some(own);
@@ -708,22 +674,11 @@ pub fn run(a: CompareArgs) -> Result<()> {
                 runner.run(&c.workload, &placed[wi], &extra, cg, steer)?.0
             }
         };
-        if r.checksum.is_some_and(|x| x != c.checksum) {
-            bail!(
-                "{} {}% {}: checksum {:?} differs from all-local's {:#x}",
-                c.workload,
-                c.local_pct,
-                setups[si].label(),
-                r.checksum,
-                c.checksum
-            );
-        }
-        eprintln!(
-            "{} {}% {}: {:.1} ms",
-            c.workload,
-            c.local_pct,
-            setups[si].label(),
-            r.measured_ms
+        let mut r = r;
+        check_checksum(&mut r, c.checksum);
+        progress(
+            &format!("{} {}% {}", c.workload, c.local_pct, setups[si].label()),
+            &r,
         );
         Ok(r)
     };
@@ -768,21 +723,8 @@ pub fn run(a: CompareArgs) -> Result<()> {
 
     for (ci, c) in cells.iter_mut().enumerate() {
         for (si, runs) in results[ci].iter().enumerate() {
-            let runs_ms: Vec<f64> = runs.iter().map(|r| r.measured_ms).collect();
-            let med = median(runs_ms.clone());
-            let mid = runs
-                .iter()
-                .find(|r| r.measured_ms == med || (med.is_nan() && r.measured_ms.is_nan()));
-            c.setups.push(SetupResult {
-                setup: setups[si].label(),
-                median_ms: med,
-                runs_ms,
-                vs_all_local: med / c.all_local_ms,
-                faults: mid.map_or(0, |r| r.faults),
-                prefetches: mid.map_or(0, |r| r.prefetches),
-                guest: mid.and_then(|r| r.guest.clone()),
-                ended: mid.and_then(|r| r.ended.clone()),
-            });
+            c.setups
+                .push(setup_result(setups[si].label(), runs, c.all_local_ms));
         }
     }
     drop(cgroup);
@@ -799,33 +741,124 @@ pub fn run(a: CompareArgs) -> Result<()> {
         wall_secs: t0.elapsed().as_secs_f64(),
         cells,
     };
-    report::write(&report, &a.out)
+    report::write(&report, &a.out)?;
+    // Every cell is in the report; the exit status still says that not every run succeeded.
+    let failed: Vec<String> = report
+        .cells
+        .iter()
+        .flat_map(|c| {
+            c.setups.iter().filter_map(move |x| {
+                let f = x.failed.as_ref()?;
+                Some(format!("{} {}% {}: {f}", c.workload, c.local_pct, x.setup))
+            })
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} cell(s) failed (marked in {}):\n  {}",
+            failed.len(),
+            a.out.join("compare.md").display(),
+            failed.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// Marks `r` failed when it finished with another checksum than all-local's `want`: its time
+/// measured a different computation.
+fn check_checksum(r: &mut RunResult, want: u64) {
+    if let Some(got) = r.checksum.filter(|&got| got != want) {
+        r.failed.get_or_insert(Failure::Checksum { got, want });
+    }
+}
+
+/// One line of progress per run: its time, or why it failed.
+fn progress(what: &str, r: &RunResult) {
+    match &r.failed {
+        Some(f) => eprintln!("{what}: failed: {f}"),
+        None => eprintln!("{what}: {:.1} ms", r.measured_ms),
+    }
+}
+
+/// A setup's cell from its runs. A cell any of whose runs failed is failed: it has no median
+/// (NaN) and takes no part in the ratios, and its guest statistics are the first failed run's
+/// (how far the kernel swapped before it failed); otherwise the median run's.
+fn setup_result(setup: String, runs: &[RunResult], all_local_ms: f64) -> SetupResult {
+    let failures: Vec<&Failure> = runs.iter().filter_map(|r| r.failed.as_ref()).collect();
+    let failed = FailedCell::of(&failures, runs.len());
+    let runs_ms: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.failed.is_none())
+        .map(|r| r.measured_ms)
+        .collect();
+    let med = match failed {
+        Some(_) => f64::NAN,
+        None => median(runs_ms.clone()),
+    };
+    let mid = match failed {
+        Some(_) => runs.iter().find(|r| r.failed.is_some()),
+        None => runs.iter().find(|r| r.measured_ms == med),
+    };
+    SetupResult {
+        setup,
+        median_ms: med,
+        runs_ms,
+        vs_all_local: med / all_local_ms,
+        faults: mid.map_or(0, |r| r.faults),
+        prefetches: mid.map_or(0, |r| r.prefetches),
+        guest: mid.and_then(|r| r.guest.clone()),
+        failed,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{median, signal_ending};
+    use super::failure::Failure;
+    use super::{check_checksum, median, setup_result, RunResult};
+
+    fn run(ms: f64, checksum: u64) -> RunResult {
+        RunResult {
+            measured_ms: ms,
+            checksum: Some(checksum),
+            failed: None,
+            faults: 0,
+            prefetches: 0,
+            guest: None,
+        }
+    }
 
     #[test]
-    fn a_signal_under_the_cgroups_oom_is_reported_as_such() {
-        let v1 = "oom_kill_disable 1 under_oom 0 oom_kill 0";
-        assert_eq!(signal_ending(11, None, 0), "killed by signal 11 SIGSEGV");
-        assert_eq!(
-            signal_ending(11, Some(v1), 0),
-            format!("killed by signal 11 SIGSEGV (cgroup: {v1})")
+    fn a_run_with_another_checksum_than_all_locals_is_failed() {
+        let mut same = run(5.0, 1);
+        check_checksum(&mut same, 1);
+        assert_eq!(same.failed, None);
+        let mut other = run(5.0, 2);
+        check_checksum(&mut other, 1);
+        assert_eq!(other.failed, Some(Failure::Checksum { got: 2, want: 1 }));
+        // A run that failed otherwise keeps its first reason.
+        let mut late = run(5.0, 2);
+        late.failed = Some(Failure::Timeout { secs: 9 });
+        check_checksum(&mut late, 1);
+        assert_eq!(late.failed, Some(Failure::Timeout { secs: 9 }));
+    }
+
+    #[test]
+    fn a_cell_is_failed_by_any_failed_run_and_otherwise_has_the_median() {
+        let ok = setup_result(
+            "farvm none".into(),
+            &[run(3.0, 1), run(1.0, 1), run(2.0, 1)],
+            10.0,
         );
-        let segv = signal_ending(11, Some(v1), 3);
-        assert!(
-            segv.starts_with("SIGSEGV from the kernel at the cgroup's limit (3 charges refused"),
-            "{segv}"
-        );
-        let killed = signal_ending(9, Some("oom_kill_disable 0 under_oom 0 oom_kill 1"), 1);
-        assert!(
-            killed.starts_with("OOM-killed (killed by signal 9 SIGKILL"),
-            "{killed}"
-        );
-        let v2 = "low 0 high 120 max 0 oom 0 oom_kill 1 oom_group_kill 0";
-        assert!(signal_ending(9, Some(v2), 0).starts_with("OOM-killed"));
+        assert_eq!(ok.failed, None);
+        assert_eq!(ok.median_ms, 2.0);
+        assert_eq!(ok.vs_all_local, 0.2);
+        let mut bad = run(1.0, 2);
+        check_checksum(&mut bad, 1);
+        let failed = setup_result("farvm none".into(), &[run(3.0, 1), bad, run(2.0, 1)], 10.0);
+        let cell = failed.failed.expect("a failed cell");
+        assert_eq!((cell.kind, cell.failed_runs, cell.runs), ("checksum", 1, 3));
+        assert!(failed.median_ms.is_nan() && failed.vs_all_local.is_nan());
+        assert_eq!(failed.runs_ms, vec![3.0, 2.0]);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use farvm_vmm::boot::pvh::{self, ConsoleOutcome};
 use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::workload_spec::PlacedWorkload;
 
+use super::failure::{exit_ending, oom_ending, signal_ending, Failure};
 use super::guest_rss::{Steer, Watch};
 use super::host::{self, MemCgroup};
 use super::{output_within, RunResult};
@@ -139,43 +140,62 @@ impl Qemu {
         let console = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let code = out.status.code();
-        let Some(status) = code.and_then(pvh::exit_status) else {
-            let ended = match std::os::unix::process::ExitStatusExt::signal(&out.status) {
-                Some(_) if t0.elapsed() >= self.timeout => {
-                    format!("timeout (> {} s)", self.timeout.as_secs())
+        // A QEMU that did not power its guest off through isa-debug-exit, or whose guest did
+        // not finish the workload, is a failed run of its setup, not a bench error.
+        let failure = match code.and_then(pvh::exit_status) {
+            None => match std::os::unix::process::ExitStatusExt::signal(&out.status) {
+                Some(_) if t0.elapsed() >= self.timeout => Failure::Timeout {
+                    secs: self.timeout.as_secs(),
+                },
+                Some(sig) => signal_ending(sig, cgroup.map(MemCgroup::events).as_deref(), oom),
+                None if oom > 0 => oom_ending(&format!("QEMU {}", out.status), &stderr, oom),
+                None => exit_ending(&format!("QEMU {}", out.status), &stderr),
+            },
+            Some(status) => {
+                let procs = pvh::parse_console(&console);
+                match procs.first().map(|p| &p.outcome) {
+                    Some(ConsoleOutcome::Done {
+                        checksum,
+                        elapsed_ns,
+                        ..
+                    }) if status == 0 => {
+                        return Ok(RunResult {
+                            measured_ms: *elapsed_ns as f64 / 1e6,
+                            checksum: Some(*checksum),
+                            failed: None,
+                            faults: swaps_after.0.saturating_sub(swaps_before.0),
+                            prefetches: 0,
+                            guest,
+                        })
+                    }
+                    _ => {
+                        eprintln!("{what}: the guest's console:\n{console}");
+                        // QEMU's own exit 1 reads as the guest's status 0 (isa-debug-exit
+                        // exits (status << 1) | 1): say both.
+                        let code = code.unwrap_or_default();
+                        Failure::Exit {
+                            detail: match status {
+                                0 => format!(
+                                    "QEMU exit {code} without the guest reporting its workload done"
+                                ),
+                                _ => format!(
+                                    "the guest powered off with status {status} (QEMU exit {code})"
+                                ),
+                            },
+                        }
+                    }
                 }
-                Some(sig) => {
-                    super::signal_ending(sig, cgroup.map(MemCgroup::events).as_deref(), oom)
-                }
-                None if oom > 0 => super::oom_ending(&format!("QEMU {}", out.status), &stderr, oom),
-                None => bail!("{what}: QEMU exited {}: {}", out.status, stderr.trim()),
-            };
-            eprintln!("{what}: {ended}: {}", stderr.trim());
-            return Ok(RunResult {
-                measured_ms: f64::NAN,
-                checksum: None,
-                ended: Some(ended),
-                faults: 0,
-                prefetches: 0,
-                guest,
-            });
+            }
         };
-        let procs = pvh::parse_console(&console);
-        match procs.first().map(|p| &p.outcome) {
-            Some(ConsoleOutcome::Done {
-                checksum,
-                elapsed_ns,
-                ..
-            }) if status == 0 => Ok(RunResult {
-                measured_ms: *elapsed_ns as f64 / 1e6,
-                checksum: Some(*checksum),
-                ended: None,
-                faults: swaps_after.0.saturating_sub(swaps_before.0),
-                prefetches: 0,
-                guest,
-            }),
-            _ => bail!("{what}: the guest powered off with status {status}:\n{console}"),
-        }
+        eprintln!("{what}: {failure}: {}", stderr.trim());
+        Ok(RunResult {
+            measured_ms: f64::NAN,
+            checksum: None,
+            failed: Some(failure),
+            faults: 0,
+            prefetches: 0,
+            guest,
+        })
     }
 }
 

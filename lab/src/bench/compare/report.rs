@@ -1,5 +1,8 @@
 //! `farvm-lab bench compare`'s outputs: the markdown table, the JSON report and two charts
-//! (each setup's time over all-local; farvm over each kernel-swap device).
+//! (each setup's time over all-local; farvm over each kernel-swap device). A failed cell
+//! ([`super::failure::FailedCell`]) is written as "failed: REASON" in the table, as `failed` in
+//! the JSON and as an × labelled "failed: KIND" where its bar would stand; it has no time, so
+//! the ratios it would enter are "-" and are left out of the charts' bars.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -30,11 +33,18 @@ fn swap_setups(r: &Report) -> Vec<String> {
     })
 }
 
-fn ms(c: &super::Cell, setup: &str) -> f64 {
-    c.setups
-        .iter()
-        .find(|s| s.setup == setup)
-        .map_or(f64::NAN, |s| s.median_ms)
+fn find_setup<'a>(c: &'a super::Cell, name: &str) -> Option<&'a super::SetupResult> {
+    c.setups.iter().find(|s| s.setup == name)
+}
+
+/// A setup's median time in a cell; NaN when it failed (or is not there).
+fn ms(c: &super::Cell, name: &str) -> f64 {
+    find_setup(c, name).map_or(f64::NAN, |s| s.median_ms)
+}
+
+/// The chart label of a setup that failed in a cell ("failed: checksum").
+fn failed_label(c: &super::Cell, name: &str) -> Option<String> {
+    find_setup(c, name)?.failed.as_ref().map(|f| f.label())
 }
 
 fn mib_pair(a: u64, b: u64) -> String {
@@ -92,8 +102,8 @@ pub fn markdown(r: &Report) -> String {
             c.workload, c.local_pct, c.all_local_ms
         );
         for x in &c.setups {
-            if let Some(ended) = &x.ended {
-                let _ = write!(s, " {ended} |");
+            if let Some(failed) = &x.failed {
+                let _ = write!(s, " {failed} |");
             } else {
                 let _ = write!(s, " {:.1} ({:.1}×) |", x.median_ms, x.vs_all_local);
             }
@@ -174,22 +184,12 @@ pub fn write(r: &Report, dir: &Path) -> Result<()> {
             )
         })
         .collect();
-    let names: Vec<String> = r.cells.first().map_or(Vec::new(), |c| {
-        c.setups.iter().map(|s| s.setup.clone()).collect()
-    });
-    let series: Vec<Series> = names
-        .iter()
-        .map(|n| Series {
-            name: n.clone(),
-            values: r.cells.iter().map(|c| ms(c, n) / c.all_local_ms).collect(),
-        })
-        .collect();
     let charts = grouped_bars(
         &dir.join("compare-vs-local.png"),
         "Measured time over all-local (log scale; lower is better)",
         "time / all-local",
         &cats,
-        &series,
+        &vs_local_series(r),
         &[RefLine {
             label: "all-local".into(),
             value: 1.0,
@@ -197,16 +197,7 @@ pub fn write(r: &Report, dir: &Path) -> Result<()> {
         true,
     )
     .and_then(|_| {
-        let Some(f) = farvm_setup(r) else {
-            return Ok(());
-        };
-        let series: Vec<Series> = swap_setups(r)
-            .iter()
-            .map(|sw| Series {
-                name: format!("{f} ÷ {sw}"),
-                values: r.cells.iter().map(|c| ms(c, &f) / ms(c, sw)).collect(),
-            })
-            .collect();
+        let series = farvm_vs_swap_series(r);
         if series.is_empty() {
             return Ok(());
         }
@@ -229,20 +220,56 @@ pub fn write(r: &Report, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The first chart's bars: each setup's time over all-local per cell, a failed cell marked.
+fn vs_local_series(r: &Report) -> Vec<Series> {
+    let names: Vec<String> = r.cells.first().map_or(Vec::new(), |c| {
+        c.setups.iter().map(|s| s.setup.clone()).collect()
+    });
+    names
+        .iter()
+        .map(|n| Series {
+            name: n.clone(),
+            values: r.cells.iter().map(|c| ms(c, n) / c.all_local_ms).collect(),
+            failed: r.cells.iter().map(|c| failed_label(c, n)).collect(),
+        })
+        .collect()
+}
+
+/// The second chart's bars: farvm's time over each kernel-swap setup's per cell; a ratio with a
+/// failed side is marked with that side's failure (the kernel-swap one first).
+fn farvm_vs_swap_series(r: &Report) -> Vec<Series> {
+    let Some(f) = farvm_setup(r) else {
+        return Vec::new();
+    };
+    swap_setups(r)
+        .iter()
+        .map(|sw| Series {
+            name: format!("{f} ÷ {sw}"),
+            values: r.cells.iter().map(|c| ms(c, &f) / ms(c, sw)).collect(),
+            failed: r
+                .cells
+                .iter()
+                .map(|c| failed_label(c, sw).or_else(|| failed_label(c, &f)))
+                .collect(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Cell, SetupResult};
+    use super::super::failure::Failure;
+    use super::super::{setup_result, Cell, RunResult};
     use super::*;
 
-    fn setup(name: &str, ms: f64) -> SetupResult {
-        SetupResult {
-            setup: name.into(),
-            median_ms: ms,
-            runs_ms: vec![ms],
-            vs_all_local: ms / 10.0,
+    /// A run of `setup` that took `ms` (checksum 1, all-local's), or failed with `failed`.
+    fn run(setup: &str, ms: f64, failed: Option<Failure>) -> RunResult {
+        RunResult {
+            measured_ms: if failed.is_some() { f64::NAN } else { ms },
+            checksum: failed.is_none().then_some(1),
+            failed,
             faults: 7,
             prefetches: 3,
-            guest: name
+            guest: setup
                 .contains("swap")
                 .then_some(crate::bench::compare::guest_rss::GuestStats {
                     samples: 10,
@@ -253,13 +280,16 @@ mod tests {
                     kernel_max_bytes: 1 << 20,
                     limit_end_bytes: Some(10 << 20),
                 }),
-            ended: ms.is_nan().then(|| "timeout (> 90 s)".to_string()),
         }
     }
 
-    #[test]
-    fn table_has_farvm_over_each_swap_device_and_marks_timeouts() {
-        let r = Report {
+    /// One cell (seq at 25%, all-local 10 ms): farvm none timed out; QEMU + zram finished one
+    /// run with all-local's checksum and one with another (the abort).
+    fn report() -> Report {
+        let runs = |name: &str, runs: Vec<RunResult>| setup_result(name.into(), &runs, 10.0);
+        let mismatch = Some(Failure::Checksum { got: 2, want: 1 });
+        let qemu = "QEMU + kernel swap, zram";
+        Report {
             command: "farvm-lab bench compare".into(),
             cell_timeout_secs: 90,
             page_cluster: "3".into(),
@@ -277,18 +307,65 @@ mod tests {
                 all_local_ms: 10.0,
                 checksum: 1,
                 setups: vec![
-                    setup("farvm leap+stream", 50.0),
-                    setup("farvm none", f64::NAN),
-                    setup("kernel swap, zram", 100.0),
-                    setup("kernel swap, loop on tmpfs", 25.0),
-                    setup("QEMU + kernel swap, zram", 200.0),
+                    runs("farvm leap+stream", vec![run("farvm", 50.0, None)]),
+                    runs(
+                        "farvm none",
+                        vec![run("farvm", 0.0, Some(Failure::Timeout { secs: 90 }))],
+                    ),
+                    runs("kernel swap, zram", vec![run("swap", 100.0, None)]),
+                    runs("kernel swap, loop on tmpfs", vec![run("swap", 25.0, None)]),
+                    runs(qemu, vec![run(qemu, 200.0, None), run(qemu, 0.0, mismatch)]),
                 ],
             }],
-        };
-        let md = markdown(&r);
+        }
+    }
+
+    #[test]
+    fn table_has_farvm_over_each_swap_device_and_marks_failed_cells() {
+        let md = markdown(&report());
         assert!(md.contains("| farvm leap+stream ÷ kernel swap, zram | farvm leap+stream ÷ kernel swap, loop on tmpfs | farvm leap+stream ÷ QEMU + kernel swap, zram |"), "{md}");
-        assert!(md.contains("| 50.0 (5.0×) | timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | 200.0 (20.0×) | **0.50** | **2.00** | **0.25** |"), "{md}");
+        // The failed cells say why; the ratio with the failed QEMU cell is left out.
+        assert!(md.contains("| 50.0 (5.0×) | failed: timeout (> 90 s) | 100.0 (10.0×) | 25.0 (2.5×) | failed: checksum 0x2 differs from all-local's 0x1 (1 of 2 runs) | **0.50** | **2.00** | - |"), "{md}");
         assert!(md.contains("| 2103 | 10.2, 9.2 MiB; 48.2, 11.2 MiB | 7 + 3 | 7 + 3 | 7 in, 2100 resident (max 2200), limit → 10.0 MiB |"), "{md}");
         assert!(md.contains("vm.page-cluster 3"), "{md}");
+    }
+
+    #[test]
+    fn a_failed_cell_has_its_reason_and_no_time_in_the_json() {
+        let json = serde_json::to_value(report()).expect("serializes");
+        let qemu = &json["cells"][0]["setups"][4];
+        assert_eq!(qemu["failed"]["kind"], "checksum");
+        assert_eq!(
+            qemu["failed"]["reason"],
+            "checksum 0x2 differs from all-local's 0x1"
+        );
+        assert_eq!(qemu["failed"]["failed_runs"], 1);
+        assert!(qemu["median_ms"].is_null(), "{qemu}");
+        // Only the run that gave a result has a time.
+        assert_eq!(qemu["runs_ms"], serde_json::json!([200.0]));
+        let farvm = &json["cells"][0]["setups"][0];
+        assert!(farvm["failed"].is_null(), "{farvm}");
+        assert_eq!(farvm["median_ms"], 50.0);
+    }
+
+    #[test]
+    fn charts_mark_failed_cells_instead_of_drawing_their_bars() {
+        let r = report();
+        let local = vs_local_series(&r);
+        assert_eq!(local[0].values, vec![5.0]);
+        assert_eq!(local[0].failed, vec![None]);
+        assert!(local[1].values[0].is_nan());
+        assert_eq!(local[1].failed, vec![Some("failed: timeout".to_string())]);
+        assert!(local[4].values[0].is_nan());
+        assert_eq!(local[4].failed, vec![Some("failed: checksum".to_string())]);
+        let vs_swap = farvm_vs_swap_series(&r);
+        assert_eq!(vs_swap.len(), 3);
+        assert_eq!(vs_swap[0].values, vec![0.5]);
+        assert_eq!(vs_swap[0].failed, vec![None]);
+        assert!(vs_swap[2].values[0].is_nan());
+        assert_eq!(
+            vs_swap[2].failed,
+            vec![Some("failed: checksum".to_string())]
+        );
     }
 }

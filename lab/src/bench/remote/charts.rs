@@ -30,6 +30,7 @@ pub(super) fn charts(
                     .iter()
                     .map(|w| cell(w, l, p).map_or(f64::NAN, get))
                     .collect(),
+                failed: Vec::new(),
             })
             .collect()
     };
