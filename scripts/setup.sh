@@ -12,8 +12,9 @@
 #   iproute2                      network-namespace tests (`ip netns`), scripts/cluster.sh
 #   etcd-server, etcd-client      the pool directory's tests and scripts/cluster.sh run a real etcd
 #   protobuf-compiler             protoc, for the etcd client's gRPC bindings (etcd-client crate)
-#   libvirt-clients               virt-xml-validate: the domain XML fixtures are checked against
-#                                 libvirt's schema
+#   libvirt-clients, libxml2-utils
+#                                 virt-xml-validate (and the xmllint it runs): the domain XML
+#                                 fixtures are checked against libvirt's schema
 #   acpica-tools                  iasl: the generated ACPI tables are checked with ACPICA's
 #                                 disassembler
 #   qemu-system-x86               QEMU: the KVM lab (scripts/kvm-lab), the test guest under QEMU
@@ -38,7 +39,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 for pkg in qemu-system-x86 libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
-    libvirt-clients etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves \
+    libvirt-clients libxml2-utils etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves \
     busybox-static cpio kmod xz-utils e2fsprogs openssl python3 fonts-dejavu-core ibverbs-utils; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
