@@ -361,6 +361,7 @@ impl Core {
             }
             fs.inflight += 1;
             t.in_fill = true;
+            t.fill_id = fs.id;
         }
         Some(p)
     }
@@ -452,7 +453,7 @@ impl Core {
                     };
                     let key = (t.ns, t.slab);
                     if t.in_fill {
-                        if let Some(fs) = self.placements.lock_fills().current_mut(key) {
+                        if let Some(fs) = self.placements.lock_fills().by_id_mut(key, t.fill_id) {
                             fs.inflight = fs.inflight.saturating_sub(1);
                         }
                     }

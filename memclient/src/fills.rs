@@ -20,6 +20,8 @@ use crate::placement::SlabKey;
 
 /// Pages written or discarded in a slab while it is copied onto `target`.
 pub(crate) struct FillState {
+    /// This copy, among every copy the client made (a write registered with it names it).
+    pub id: u64,
     /// The server being filled.
     pub target: u16,
     pub dirty: FxHashSet<u64>,
@@ -31,6 +33,8 @@ pub(crate) struct FillState {
 #[derive(Default)]
 pub(crate) struct Fills {
     by_slab: FxHashMap<SlabKey, FillState>,
+    /// The id of the next copy.
+    next_id: u64,
     /// (slab, server): the server's old copy of the slab is being discarded (the replica
     /// moved away); no copy of that slab may go back there until it is done.
     scrubbing: FxHashSet<(SlabKey, u16)>,
@@ -42,9 +46,11 @@ impl Fills {
         if self.by_slab.contains_key(&key) {
             return false;
         }
+        self.next_id += 1;
         self.by_slab.insert(
             key,
             FillState {
+                id: self.next_id,
                 target,
                 dirty: FxHashSet::default(),
                 inflight: 0,
@@ -66,6 +72,12 @@ impl Fills {
     /// The copy of `key`, whatever its target (a write registering with it).
     pub fn current_mut(&mut self, key: SlabKey) -> Option<&mut FillState> {
         self.by_slab.get_mut(&key)
+    }
+
+    /// Copy `id` of `key`, if it is still in progress (a write it tracked finishing: a later
+    /// copy of the slab, even onto the same server, counts only its own writes).
+    pub fn by_id_mut(&mut self, key: SlabKey, id: u64) -> Option<&mut FillState> {
+        self.by_slab.get_mut(&key).filter(|f| f.id == id)
     }
 
     /// Ends the copy of `key` onto `target` (done or stopped); a copy onto another target is
@@ -102,12 +114,18 @@ mod tests {
         assert!(f.start(key, 5));
         assert!(!f.start(key, 6), "one copy per slab");
         f.current_mut(key).unwrap().dirty.insert(9);
+        let first = f.get(key).unwrap().id;
         f.end(key, 6);
         assert_eq!(f.get(key).map(|s| s.target), Some(5));
         assert!(f.get_mut(key, 6).is_none());
         assert!(f.get_mut(key, 5).is_some_and(|s| s.dirty.contains(&9)));
         f.end(key, 5);
         assert!(f.get(key).is_none());
+        assert!(f.start(key, 5));
+        assert!(
+            f.by_id_mut(key, first).is_none(),
+            "a write of the first copy onto 5 is not the second's"
+        );
         assert!(f.start_scrub(key, 3));
         assert!(!f.start_scrub(key, 3));
         assert!(f.scrubbing(key, 3) && !f.scrubbing(key, 4));

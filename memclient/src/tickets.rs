@@ -68,6 +68,8 @@ pub(crate) struct Ticket {
     pub count: u32,
     /// Writes/discards to a slab being re-replicated: counted in its fill's in-flight writes.
     pub in_fill: bool,
+    /// With `in_fill`: the id of that copy (`fills::FillState::id`).
+    pub fill_id: u64,
     pub stat: StatInfo,
     pub slab: u64,
     /// Reads: the slab's placement is `lost` (an absent page is a lost one).
@@ -94,6 +96,7 @@ impl Ticket {
             err: None,
             count: 0,
             in_fill: false,
+            fill_id: 0,
             stat: StatInfo::default(),
             slab: 0,
             lost_slab: false,
