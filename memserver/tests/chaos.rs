@@ -13,7 +13,8 @@
 //!
 //! `FARVM_CHAOS_SEED` replays a schedule (the seed is printed), `FARVM_CHAOS_SECS` sets how
 //! long the chaos runs (default 12 s), `FARVM_CHAOS_ROUNDS` how many seeds one run tries
-//! (default 2).
+//! (default 2), `FARVM_CHAOS_ONLY` keeps only some kinds of fault (a comma list of `kill`,
+//! `freeze`, `move`, `drain`), and `RUST_LOG` shows the client's own account.
 
 mod common;
 
@@ -350,9 +351,8 @@ fn run_seed(seed: u64, secs: u64) {
         let present = loop {
             match sh.client.read(NS, first, &mut buf) {
                 Ok(p) => break p,
-                Err(e) if Instant::now() < deadline => {
+                Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50));
-                    let _ = e;
                 }
                 Err(e) => fail(format!("final read of slab {slab}: {e}")),
             }
