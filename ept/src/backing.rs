@@ -1036,16 +1036,23 @@ mod tests {
         );
     }
 
-    #[test]
-    fn victims_move_straight_into_pool_slots_and_become_free_frames_when_published() {
-        let b = anon(64);
+    /// A clean eviction round (`to_pool`) of pages 0..6, each mapped with `100 + p` first:
+    /// victims 0..4 go straight into pool slots 0..4. Returns what the move-out reported.
+    fn clean_round_of_six(b: &Backing) -> Refused {
         for p in 0..6 {
-            put(&b, p, 100 + p);
+            put(b, p, 100 + p);
             b.map(p, 1, false).expect("map");
         }
         let mut refused = Refused::default();
         b.zap(&[0, 1, 2, 3, 4, 5], &[], true, &mut refused)
             .expect("zap");
+        refused
+    }
+
+    #[test]
+    fn victims_move_straight_into_pool_slots_and_become_free_frames_when_published() {
+        let b = anon(64);
+        let refused = clean_round_of_six(&b);
         assert!(refused.pages.is_empty());
         assert_eq!(
             refused.pool_from,
@@ -1155,13 +1162,7 @@ mod tests {
         let Backing::Anon(a) = &b else { unreachable!() };
         let cap = a.ram.pool_pages();
         // A clean round (to_pool) moves victims 0..6 out: 0..4 into pool slots 0..4.
-        for p in 0..6 {
-            put(&b, p, 100 + p);
-            b.map(p, 1, false).expect("map");
-        }
-        let mut refused = Refused::default();
-        b.zap(&[0, 1, 2, 3, 4, 5], &[], true, &mut refused)
-            .expect("zap");
+        let mut refused = clean_round_of_six(&b);
         assert_eq!(refused.pool_from, Some(0));
         // A fault arrived meanwhile on victim 1: finish_round rescues it (publish_local ->
         // move_in from its pool slot). Slot 1 is empty now.

@@ -51,6 +51,15 @@ impl Placement {
         n
     }
 
+    /// Adds `s` as a filling replica (the caller checked `n < MAX_REPLICAS` and recorded the
+    /// copy under the fill lock, see `fills`).
+    pub fn add_filling(&mut self, s: u16) {
+        let n = self.n as usize;
+        self.replicas[n] = s;
+        self.filling |= 1 << n;
+        self.n += 1;
+    }
+
     /// Drops replica `pos`.
     pub fn remove_at(&mut self, pos: usize) {
         let n = self.n as usize;

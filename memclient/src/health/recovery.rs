@@ -100,9 +100,7 @@ impl Core {
                         self.placements
                             .choose(&self.servers, &exclude, 1, self.cfg.slab_pages);
                     if k == 1 && fills.start(*key, c[0]) {
-                        p.replicas[n] = c[0];
-                        p.filling |= 1 << n;
-                        p.n += 1;
+                        p.add_filling(c[0]);
                         jobs.push((*key, c[0]));
                     }
                 }
@@ -161,10 +159,7 @@ impl Core {
         if !fills.start(key, target) {
             return Err(Busy { slab });
         }
-        let n = p.n as usize;
-        p.replicas[n] = target;
-        p.filling |= 1 << n;
-        p.n += 1;
+        p.add_filling(target);
         Ok(())
     }
 
@@ -311,17 +306,15 @@ impl Core {
                         // Flip under the fill lock: writes register under it, so none can
                         // observe "filling" after this and skip the target.
                         let mut m = self.placements.write_shard(key);
-                        let pos = m.get(&key).and_then(|p| {
-                            p.servers()
-                                .iter()
-                                .position(|&s| s == target)
-                                .filter(|&i| p.is_filling(i))
+                        let placed = m.get_mut(&key).and_then(|p| {
+                            let i = p.servers().iter().position(|&s| s == target)?;
+                            p.is_filling(i).then_some((p, i))
                         });
-                        let Some(i) = pos else {
+                        let Some((p, i)) = placed else {
                             // Removed meanwhile (its server restarted empty): not a replica.
                             return Err("the new replica left the slab");
                         };
-                        if let Some(p) = m.get_mut(&key) {
+                        {
                             p.filling &= !(1 << i);
                             if stale {
                                 // First in the read order (no other replica of the slab is
