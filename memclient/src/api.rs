@@ -90,7 +90,7 @@ impl Client {
                     live += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(server = %s.addr, "cannot connect: {e}");
+                    tracing::warn!(server = %s.addr(), "cannot connect: {e}");
                     first_err.get_or_insert(e);
                     s.dead.store(true, Ordering::Release);
                     core.health.dead_servers.fetch_add(1, Ordering::Relaxed);
@@ -272,6 +272,23 @@ impl Client {
             done += n;
         }
         Ok(freed)
+    }
+
+    /// The server at `addr` becomes one of the client's servers if it is not yet (a pool
+    /// server that joined after this client started, the target of a move or a repair):
+    /// connected now, or kept trying by the maintenance thread if it does not answer yet.
+    /// Returns whether it was new; fails when the client holds [`MAX_SERVERS`] already.
+    ///
+    /// [`MAX_SERVERS`]: crate::MAX_SERVERS
+    pub fn add_server(&self, addr: SocketAddr) -> Result<bool, ClientError> {
+        let core = &self.core;
+        let (_, new) =
+            core.servers
+                .add(addr, |s| core.bring_in(s))
+                .ok_or(ClientError::InvalidRequest(
+                    "the client knows 64 memory servers already",
+                ))?;
+        Ok(new)
     }
 
     /// Marks the server at `addr` as draining (it takes no new slab) or takes the mark off.

@@ -98,7 +98,9 @@ impl Core {
     }
 
     pub fn addr(&self, s: u16) -> SocketAddr {
-        self.cfg.servers[s as usize]
+        self.servers
+            .slot(s)
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |st| st.addr())
     }
 
     /// Opens every connection to server `s` (bulk, then the write and demand lanes), as

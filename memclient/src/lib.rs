@@ -63,6 +63,7 @@ pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
 pub use health::{ClientStats, RelocateError};
 pub use iobuf::IoBuf;
+pub use servers::MAX_SERVERS;
 pub use store::{PageStore, StoreConfig, StoreCounters};
 pub use tickets::MAX_REPLICAS;
 

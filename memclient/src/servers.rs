@@ -1,16 +1,25 @@
 //! The memory servers as the client sees them: each one's connections (links), whether it is
 //! in service, its instance id and free capacity, and which connection a request takes.
+//!
+//! The list grows while the client runs (a pool adds the server a move or a repair targets
+//! when it joined after the VM started) but never shrinks or reorders, so a server's index
+//! stays its id for good. Its slots are allocated up front: the request path indexes them
+//! without a lock.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::config::Lane;
 use crate::connection::Link;
 
+/// Servers a client can know: the placement's bitmasks and candidate arrays hold 64.
+pub const MAX_SERVERS: usize = 64;
+
 /// One server.
 pub(crate) struct ServerState {
-    pub addr: SocketAddr,
+    /// Set once, when the slot is taken.
+    addr: OnceLock<SocketAddr>,
     /// Laid out as `[bulk..., write lane?, demand lane?]`. Replaced as a whole when the server
     /// rejoins (the read lock is held only to pick and clone one connection).
     pub conns: RwLock<Arc<[Arc<dyn Link>]>>,
@@ -26,44 +35,93 @@ pub(crate) struct ServerState {
     rr: AtomicUsize,
 }
 
-/// Every server, in the order of the client's configuration (a server's index is its id).
+impl ServerState {
+    fn vacant() -> Self {
+        Self {
+            addr: OnceLock::new(),
+            conns: RwLock::new(Arc::from(Vec::new())),
+            generation: AtomicU32::new(0),
+            instance: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            free_pages: AtomicU64::new(0),
+            rr: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+            .get()
+            .copied()
+            .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+    }
+}
+
+/// Every server: those of the client's configuration in its order, then those added since
+/// (a server's index is its id).
 pub(crate) struct Servers {
-    list: Vec<ServerState>,
+    /// `MAX_SERVERS` slots (more if configured with more); `list[..len]` are in use.
+    list: Box<[ServerState]>,
+    len: AtomicUsize,
+    /// Serializes [`Servers::add`] (never taken on the request path).
+    adding: Mutex<()>,
     write_lane: bool,
     demand_lane: bool,
 }
 
 impl Servers {
     pub fn new(addrs: &[SocketAddr], write_lane: bool, demand_lane: bool) -> Self {
+        let list: Box<[ServerState]> = (0..addrs.len().max(MAX_SERVERS))
+            .map(|_| ServerState::vacant())
+            .collect();
+        for (st, &a) in list.iter().zip(addrs) {
+            let _ = st.addr.set(a);
+        }
         Self {
-            list: addrs
-                .iter()
-                .map(|&addr| ServerState {
-                    addr,
-                    conns: RwLock::new(Arc::from(Vec::new())),
-                    generation: AtomicU32::new(0),
-                    instance: AtomicU64::new(0),
-                    dead: AtomicBool::new(false),
-                    draining: AtomicBool::new(false),
-                    free_pages: AtomicU64::new(0),
-                    rr: AtomicUsize::new(0),
-                })
-                .collect(),
+            list,
+            len: AtomicUsize::new(addrs.len()),
+            adding: Mutex::new(()),
             write_lane,
             demand_lane,
         }
     }
 
+    /// Servers in use (the configured ones and those added since).
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.len.load(Ordering::Acquire)
     }
 
     pub fn get(&self, s: u16) -> Option<&ServerState> {
-        self.list.get(s as usize)
+        self.list[..self.len()].get(s as usize)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &ServerState> {
-        self.list.iter()
+        self.list[..self.len()].iter()
+    }
+
+    /// Slot `s` whether in use or not (its address, for connecting a server being added).
+    pub fn slot(&self, s: u16) -> Option<&ServerState> {
+        self.list.get(s as usize)
+    }
+
+    /// The index of the server at `addr`, taking the next slot for it if it has none:
+    /// `(index, true)` for a new one. `connect` (called with the new index before anyone else
+    /// can see it) says whether the server is in service; if not, it is published out of
+    /// service and the maintenance thread keeps trying it like any server out of service.
+    /// None when every slot is taken.
+    pub fn add(&self, addr: SocketAddr, connect: impl FnOnce(u16) -> bool) -> Option<(u16, bool)> {
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = self.index_of(addr) {
+            return Some((s, false));
+        }
+        let n = self.len();
+        let st = self.list.get(n)?;
+        let _ = st.addr.set(addr);
+        let up = connect(n as u16);
+        st.dead.store(!up, Ordering::Release);
+        // Published with its address and state set: readers load `len` with Acquire.
+        self.len.store(n + 1, Ordering::Release);
+        Some((n as u16, true))
     }
 
     pub fn is_dead(&self, s: u16) -> bool {
@@ -81,10 +139,7 @@ impl Servers {
 
     /// The index of the server at `addr`.
     pub fn index_of(&self, addr: std::net::SocketAddr) -> Option<u16> {
-        self.list
-            .iter()
-            .position(|s| s.addr == addr)
-            .map(|i| i as u16)
+        self.iter().position(|s| s.addr() == addr).map(|i| i as u16)
     }
 
     pub fn free_pages(&self, s: u16) -> u64 {
@@ -153,8 +208,7 @@ impl Servers {
     /// poller camping on it would hold its receive side while they wait.)
     pub fn busy_conn(&self) -> Option<Arc<dyn Link>> {
         let n_demand = usize::from(self.demand_lane);
-        self.list
-            .iter()
+        self.iter()
             .filter(|s| !s.dead.load(Ordering::Acquire))
             .find_map(|s| {
                 let v = s.conns.read().unwrap_or_else(|e| e.into_inner());

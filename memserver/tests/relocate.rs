@@ -1,7 +1,8 @@
 //! Replicas that move while the slab is in use: a write that finds its server full is failed
 //! with CapacityExhausted, the slab's replica is moved to a server with room, and the retried
 //! write lands there (never hangs, no page lost); a replica moved on request (a pool drain)
-//! keeps every page and leaves nothing on the old server.
+//! keeps every page and leaves nothing on the old server, also when its target is a server added
+//! to the client while it runs (a pool server that joined later).
 
 mod common;
 
@@ -34,6 +35,17 @@ fn write_retrying(c: &Client, first: u64, count: u64, v: u64) -> u32 {
         }
     }
     full_answers
+}
+
+/// A writer that rewrites slab 1 (pages 1024..2048) with versions 2 to 5 while the caller
+/// moves it.
+fn rewrite_slab_1(c: &std::sync::Arc<Client>) -> std::thread::JoinHandle<()> {
+    let c = c.clone();
+    std::thread::spawn(move || {
+        for v in 2..6 {
+            write_retrying(&c, 1024, 1024, v);
+        }
+    })
 }
 
 fn verify(c: &Client, first: u64, count: u64, v: u64) {
@@ -87,14 +99,7 @@ fn a_replica_moved_on_request_keeps_every_page_while_writes_go_on() {
     write_retrying(&c, 0, 3 * 1024, 1); // 3 slabs, all on servers 0 and 1
     c.set_draining(addrs[0], true).unwrap();
     // Writers keep rewriting slab 1 while it moves.
-    let w = {
-        let c = c.clone();
-        std::thread::spawn(move || {
-            for v in 2..6 {
-                write_retrying(&c, 1024, 1024, v);
-            }
-        })
-    };
+    let w = rewrite_slab_1(&c);
     let moved = c.move_replicas(NS, addrs[0], addrs[2], &|_| true).unwrap();
     w.join().unwrap();
     assert_eq!(moved, 3);
@@ -111,4 +116,47 @@ fn a_replica_moved_on_request_keeps_every_page_while_writes_go_on() {
     // A draining server takes no new slab.
     write_retrying(&c, 8 * 1024, 1, 1);
     assert!(!c.slabs_on(NS, addrs[0]).contains(&8));
+}
+
+#[test]
+fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on() {
+    // The client starts with two servers; a third (a server that joined the pool later) is
+    // added, and a replica moves onto it while the slab is rewritten.
+    let procs: Vec<ServerProc> = (0..3).map(|_| ServerProc::spawn("64M")).collect();
+    let addrs: Vec<_> = procs.iter().map(|p| p.addr).collect();
+    let mut cfg = config(&addrs[..2]);
+    cfg.replication = Some(2);
+    let c = std::sync::Arc::new(Client::connect(cfg).unwrap());
+    write_retrying(&c, 0, 2 * 1024, 1);
+    assert!(
+        c.move_replicas(NS, addrs[0], addrs[2], &|_| true).is_err(),
+        "a server the client does not know is refused as a target"
+    );
+    assert!(c.add_server(addrs[2]).unwrap(), "the server is new");
+    assert!(!c.add_server(addrs[2]).unwrap(), "added once");
+    let w = rewrite_slab_1(&c);
+    let moved = c.move_replicas(NS, addrs[0], addrs[2], &|_| true).unwrap();
+    w.join().unwrap();
+    assert_eq!(moved, 2);
+    assert!(c.slabs_on(NS, addrs[0]).is_empty());
+    assert_eq!(c.slabs_on(NS, addrs[2]), vec![0, 1]);
+    verify(&c, 0, 1024, 1);
+    verify(&c, 1024, 1024, 5);
+    let st = c.stat(NS);
+    assert_eq!(st.len(), 3, "the added server is one of the client's");
+    assert_eq!(st[0].as_ref().unwrap().as_ref().unwrap().namespace_pages, 0);
+    assert_eq!(
+        st[2].as_ref().unwrap().as_ref().unwrap().namespace_pages,
+        2 * 1024
+    );
+    // A server that does not answer is added out of service, and taken for nothing.
+    let gone = {
+        let p = ServerProc::spawn("64M");
+        p.addr
+    };
+    assert!(c.add_server(gone).unwrap());
+    assert_eq!(c.stat(NS).len(), 4);
+    assert!(c.stat(NS)[3].is_none(), "out of service");
+    write_retrying(&c, 4 * 1024, 1024, 1);
+    assert!(c.slabs_on(NS, gone).is_empty());
 }

@@ -112,6 +112,9 @@ pub enum PoolCommand {
     },
     /// Even used capacity across servers: plan moves from servers above their fair share to
     /// servers below it, ask the VMs to make them while they run, and wait until they did.
+    /// The moves go in rounds of at most one per slab, planned again after each round. A move
+    /// that a VM declined or failed (its log says why) fails the command (exit 1): a move counts
+    /// as done only once the slab's placement shows it.
     Rebalance {
         /// Print the plan only.
         #[arg(long)]
@@ -627,19 +630,34 @@ fn live_slabs_on(view: &PoolView, server: &ServerId) -> usize {
 
 /// Asks for `moves` and waits until no request is left (each VM completes or withdraws its
 /// own) or the timeout; returns the requests still open.
-fn carry_out(dir: &Directory, moves: &[Move], timeout: Duration) -> Result<usize> {
+/// Requests `moves` and waits until none is open (or `timeout`). Returns the moves still open
+/// and those that closed without being made: a VM declines or fails a move it cannot make
+/// (its log says why) by dropping the request, so a closed request alone does not mean the
+/// replica moved; the slab's placement says.
+fn carry_out(dir: &Directory, moves: &[Move], timeout: Duration) -> Result<(usize, usize)> {
     dir.request_moves(moves)?;
     let deadline = Instant::now() + timeout;
     loop {
         let view = dir.view()?;
-        let open = moves
+        let live: Vec<&Move> = moves
             .iter()
-            .filter(|m| {
-                view.move_requests.contains_key(&m.slab) && view.vms.contains_key(&m.slab.vm)
-            })
+            .filter(|m| view.vms.contains_key(&m.slab.vm))
+            .collect();
+        let open = live
+            .iter()
+            .filter(|m| view.move_requests.contains_key(&m.slab))
             .count();
         if open == 0 || Instant::now() >= deadline {
-            return Ok(open);
+            let not_made = live
+                .iter()
+                .filter(|m| !view.move_requests.contains_key(&m.slab))
+                .filter(|m| {
+                    view.slabs
+                        .get(&m.slab)
+                        .is_none_or(|r| !r.replicas.contains(&m.to) || r.replicas.contains(&m.from))
+                })
+                .count();
+            return Ok((open, not_made));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -692,7 +710,13 @@ fn drain(
             return Ok(());
         }
         let left_time = deadline.saturating_duration_since(Instant::now());
-        let open = carry_out(dir, &plan.moves, left_time)?;
+        let (open, not_made) = carry_out(dir, &plan.moves, left_time)?;
+        if not_made > 0 {
+            eprintln!(
+                "{not_made} move(s) declined or failed by their VMs (their logs say why); \
+                 planning again"
+            );
+        }
         if open > 0 && Instant::now() >= deadline {
             bail!(
                 "{server}: {open} move(s) still open after {}s; they go on",
@@ -715,13 +739,50 @@ fn rebalance(dir: &Directory, dry_run: bool, timeout: Duration) -> Result<()> {
     if dry_run {
         return Ok(());
     }
-    let open = carry_out(dir, &moves, timeout)?;
-    if open > 0 {
-        bail!(
-            "{open} move(s) still open after {}s; they go on",
-            timeout.as_secs()
-        );
+    // A VM takes one move request per slab at a time, and a plan may move two replicas of one
+    // slab: the moves go in rounds, at most one per slab each, planned again from the pool as
+    // it is after the last round (each plan lowers the distance from the fair shares).
+    const ROUNDS: usize = 8;
+    let deadline = Instant::now() + timeout;
+    let mut done = 0;
+    let mut round = first_per_slab(moves);
+    for r in 0..ROUNDS {
+        if r > 0 {
+            for m in &round {
+                println!("move {m}");
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (open, not_made) = carry_out(dir, &round, left)?;
+        if open > 0 {
+            bail!(
+                "{open} move(s) still open after {}s ({done} done before); they go on",
+                timeout.as_secs()
+            );
+        }
+        if not_made > 0 {
+            bail!(
+                "{} of {} move(s) done; {not_made} declined or failed by their VMs (their logs \
+                 say why)",
+                done + round.len() - not_made,
+                done + round.len()
+            );
+        }
+        done += round.len();
+        round = first_per_slab(rebalance_plan(&dir.view()?, 0));
+        if round.is_empty() {
+            break;
+        }
     }
-    println!("{} move(s) done", moves.len());
+    println!("{done} move(s) done");
+    if !round.is_empty() {
+        println!("still unbalanced after {ROUNDS} rounds: run rebalance again");
+    }
     Ok(())
+}
+
+/// The first move of each slab in `moves`.
+fn first_per_slab(moves: Vec<Move>) -> Vec<Move> {
+    let mut seen = std::collections::BTreeSet::new();
+    moves.into_iter().filter(|m| seen.insert(m.slab)).collect()
 }

@@ -6,6 +6,9 @@
 //!   checksums while every memory server of one rack is killed; the pool re-replicates the
 //!   lost replicas onto the other racks while they run (`farvm pool status` shows no
 //!   degraded slab);
+//! - 8 VMs likewise keep their native checksums while the pool is rebalanced (three servers
+//!   that took no slab while they started get replicas moved onto them) and then its busiest
+//!   server is drained, both racing the VMs' writes;
 //! - a SIGKILLed VMM's namespaces are reclaimed when its lease expires (the servers' used
 //!   bytes come back to where they were), and a drained server ends up holding nothing
 //!   while the VMs finish correct;
@@ -140,6 +143,15 @@ impl Cluster {
         c
     }
 
+    /// `farvm pool --etcd ETCD ARGS...` from host1.
+    fn pool(&self, args: &[&str]) -> Output {
+        self.exec("host1", "farvm")
+            .args(["pool", "--etcd", ETCD])
+            .args(args)
+            .output()
+            .expect("run farvm pool")
+    }
+
     /// `farvm pool status --json` from host1, or None while etcd does not answer.
     fn status(&self) -> Option<Value> {
         let o = self
@@ -233,6 +245,13 @@ impl Cluster {
             log,
         }
     }
+    /// Starts two VMs running `workload` on each of the 4 hosts.
+    fn start_two_per_host(&self, workload: &str) -> Vec<Vm> {
+        (1..=4)
+            .flat_map(|h| [0, 1].map(|i| (h, i)))
+            .map(|(h, i)| self.start_vm(&format!("host{h}"), workload, &i.to_string()))
+            .collect()
+    }
 }
 
 impl Drop for Cluster {
@@ -313,10 +332,7 @@ fn eight_vms_on_four_hosts_keep_native_checksums_when_a_rack_dies_and_the_pool_r
     let c = Cluster::up("fa");
     // Each pass rewrites and re-reads the 24 MiB working set through a 16 MiB budget.
     let workload = "seq:ws=24M,passes=150,write=1";
-    let vms_started: Vec<Vm> = (1..=4)
-        .flat_map(|h| [0, 1].map(|i| (h, i)))
-        .map(|(h, i)| c.start_vm(&format!("host{h}"), workload, &i.to_string()))
-        .collect();
+    let vms_started = c.start_two_per_host(workload);
     let s = c.wait(
         "8 VMs admitted on 4 hosts, with pages on the servers",
         |s| {
@@ -374,6 +390,82 @@ fn eight_vms_on_four_hosts_keep_native_checksums_when_a_rack_dies_and_the_pool_r
             + r["replicas_moved"].as_u64().unwrap_or(0);
     }
     assert!(rereplicated > 0, "no client copied a slab");
+    c.wait("nothing stored after the VMs exited", |s| {
+        vms(s) == 0 && used(s) == 0
+    });
+}
+
+#[test]
+fn eight_vms_keep_native_checksums_while_the_pool_is_rebalanced_and_a_server_drained() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("fr");
+    // One server per rack takes no slab while the VMs start, so the other three hold every
+    // replica and the pool is as unbalanced as it gets.
+    let idle = ["r1-ms2", "r2-ms2", "r3-ms2"];
+    for id in idle {
+        let o = c.pool(&["drain", id, "--no-wait"]);
+        assert!(o.status.success(), "drain --no-wait {id}: {}", text(&o));
+    }
+    // Each pass rewrites and re-reads the 24 MiB working set through a 16 MiB budget.
+    let workload = "seq:ws=24M,passes=200,write=1";
+    let vms_started = c.start_two_per_host(workload);
+    let s = c.wait("8 VMs with pages on three servers", |s| {
+        vms(s) == 8 && used(s) > 64 << 20
+    });
+    for id in idle {
+        assert_eq!(server(&s, id).unwrap()["used_bytes"], 0, "{s:#}");
+    }
+
+    // The idle servers take slabs again; rebalancing moves replicas onto them while every VM
+    // rewrites its pages.
+    for id in idle {
+        let o = c.pool(&["drain", "--undo", id]);
+        assert!(o.status.success(), "drain --undo {id}: {}", text(&o));
+    }
+    let o = c.pool(&["rebalance", "--timeout", "300"]);
+    assert!(o.status.success(), "rebalance: {}", text(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("move(s) done"), "{said}");
+    let took = |s: &Value| {
+        idle.iter()
+            .filter(|id| server(s, id).is_some_and(|v| v["used_bytes"].as_u64() > Some(0)))
+            .count()
+    };
+    let s = c.wait("the idle servers holding replicas", |s| took(s) > 0);
+    eprintln!(
+        "rebalanced: {} move(s), onto {} of the idle servers",
+        said.lines().filter(|l| l.starts_with("move ")).count(),
+        took(&s)
+    );
+
+    // Then the busiest server is drained while they still write.
+    let drained = servers(&s)
+        .into_iter()
+        .max_by_key(|v| v["used_bytes"].as_u64())
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = c.pool(&["drain", &drained, "--timeout", "300"]);
+    assert!(o.status.success(), "drain {drained}: {}", text(&o));
+    let s = c.wait("the drained server holding nothing", |s| {
+        server(s, &drained).is_some_and(|v| v["used_bytes"] == 0)
+    });
+    assert_eq!(
+        vms(&s),
+        8,
+        "a VM finished before the drain did (lengthen its workload): {s:#}"
+    );
+    let mut moved = 0;
+    for vm in vms_started {
+        moved += vm.finish()["paging"]["remote"]["replicas_moved"]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    assert!(moved > 0, "no client moved a replica");
     c.wait("nothing stored after the VMs exited", |s| {
         vms(s) == 0 && used(s) == 0
     });

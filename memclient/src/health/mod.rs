@@ -124,7 +124,7 @@ impl Core {
         if self.health.closing.load(Ordering::Acquire) || st.dead.swap(true, Ordering::AcqRel) {
             return;
         }
-        tracing::warn!(server = %st.addr, "memserver taken out of service");
+        tracing::warn!(server = %st.addr(), "memserver taken out of service");
         self.health.dead_servers.fetch_add(1, Ordering::Relaxed);
         self.servers.close_conns(s);
         let _ = self.health.events.send(Event::Dead(s));
@@ -156,7 +156,7 @@ impl Core {
             }
             for (k, c) in self.servers.conns(s as u16).iter().enumerate() {
                 if let Some(r) = c.stall_report(stale) {
-                    tracing::warn!(server = %st.addr, connection = k, "stalled: {r}");
+                    tracing::warn!(server = %st.addr(), connection = k, "stalled: {r}");
                 }
             }
         }
@@ -179,7 +179,7 @@ impl Core {
                 // (it cannot keep a TCP connection across a restart, but be sure): the
                 // rejoin path sorts out what it lost.
                 server.instance.store(known, Ordering::Release);
-                tracing::error!(server = %server.addr, "memserver restarted under us");
+                tracing::error!(server = %server.addr(), "memserver restarted under us");
                 self.mark_dead(s);
             }
         }

@@ -37,7 +37,7 @@ impl Core {
         let conns = match self.connect_server(s, generation) {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(server = %st.addr, "still out of service: {e}");
+                tracing::debug!(server = %st.addr(), "still out of service: {e}");
                 return;
             }
         };
@@ -50,7 +50,7 @@ impl Core {
         let info = match self.blocking_stat(s, 0, Some(&**first)) {
             Ok(i) => i,
             Err(e) => {
-                tracing::debug!(server = %st.addr, "connected, but STAT failed: {e}");
+                tracing::debug!(server = %st.addr(), "connected, but STAT failed: {e}");
                 for c in conns.iter() {
                     c.close();
                 }
@@ -68,8 +68,42 @@ impl Core {
         );
         st.dead.store(false, Ordering::Release);
         self.health.rejoined_servers.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(server = %st.addr, "memserver back in service");
+        tracing::warn!(server = %st.addr(), "memserver back in service");
         self.rereplicate_degraded();
+    }
+
+    /// Connects to server `s`, just given a slot (not yet visible to anyone else), and asks
+    /// for its instance id and free space. Whether it is in service now.
+    pub(crate) fn bring_in(self: &Arc<Self>, s: u16) -> bool {
+        let Some(st) = self.servers.slot(s) else {
+            return false;
+        };
+        let conns = match self.connect_server(s, 0) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(server = %st.addr(), "cannot connect to the added memserver (retried): {e}");
+                return false;
+            }
+        };
+        *st.conns.write().unwrap_or_else(|e| e.into_inner()) = conns.clone();
+        let info = match conns.first().map(|c| self.blocking_stat(s, 0, Some(&**c))) {
+            Some(Ok(i)) => i,
+            Some(Err(e)) => {
+                tracing::warn!(server = %st.addr(), "connected to the added memserver, but STAT failed (retried): {e}");
+                for c in conns.iter() {
+                    c.close();
+                }
+                return false;
+            }
+            None => return false,
+        };
+        st.instance.store(info.instance, Ordering::Release);
+        st.free_pages.store(
+            info.capacity_pages.saturating_sub(info.used_pages),
+            Ordering::Relaxed,
+        );
+        tracing::info!(server = %st.addr(), "memserver added");
+        true
     }
 
     /// Server `s` restarted: nothing it held is ours any more. Removes it from every

@@ -347,13 +347,19 @@ impl Follower {
                 tracing::error!(vm = %self.vm, "memory pool: this VM's placement was reclaimed; its remote pages are gone");
             }
             self.repair(&view, &client);
-            for m in view.move_requests.values().filter(|m| m.slab.vm == self.vm) {
+            let vm = self.vm;
+            for m in view.move_requests.values().filter(|m| m.slab.vm == vm) {
                 if self.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let (Some(&from), Some(&to)) = (self.servers.get(&m.from), self.servers.get(&m.to))
-                else {
-                    tracing::warn!(%m, "memory pool: a move to or from a server this VM is not connected to; declined");
+                let Some(&from) = self.servers.get(&m.from) else {
+                    // The VM never had a replica there: the request is stale.
+                    tracing::warn!(%m, "memory pool: a move from a server this VM holds nothing on; declined");
+                    let _ = self.dir.drop_move_request(&m.slab);
+                    continue;
+                };
+                let Some(to) = self.connect(&view, &client, &m.to) else {
+                    tracing::warn!(%m, "memory pool: the move's target cannot be reached; declined");
                     let _ = self.dir.drop_move_request(&m.slab);
                     continue;
                 };
@@ -372,6 +378,26 @@ impl Follower {
                         let _ = self.dir.drop_move_request(&m.slab);
                     }
                 }
+            }
+        }
+    }
+
+    /// The address of server `id`, connecting the client to it first if it joined the pool
+    /// after this VM started (or was draining then): the target of a move or a repair.
+    fn connect(&mut self, view: &PoolView, client: &Client, id: &ServerId) -> Option<SocketAddr> {
+        if let Some(&a) = self.servers.get(id) {
+            return Some(a);
+        }
+        let addr = view.servers.get(id)?.address;
+        match client.add_server(addr) {
+            Ok(_) => {
+                tracing::info!(server = %id, %addr, "memory pool: connected to a server that joined after this VM started");
+                self.servers.insert(id.clone(), addr);
+                Some(addr)
+            }
+            Err(e) => {
+                tracing::warn!(server = %id, %addr, "memory pool: cannot add the server: {e}");
+                None
             }
         }
     }
@@ -401,7 +427,11 @@ impl Follower {
                     self.repairs.insert(key.clone(), m.to.clone());
                 }
             }
-            match self.repair_slab(view, client, &m) {
+            let Some(to) = self.connect(view, client, &m.to) else {
+                tracing::warn!(%m, "memory pool: repair: the target cannot be reached");
+                continue;
+            };
+            match self.repair_slab(view, client, &m, to) {
                 Ok(true) => match self.dir.commit_move(&m) {
                     Ok(()) => {
                         self.repairs.remove(&key);
@@ -416,11 +446,14 @@ impl Follower {
     }
 
     /// Brings the client's replicas of pool slab `m.slab` to its surviving replicas plus
-    /// `m.to`; whether they are there now.
-    fn repair_slab(&self, view: &PoolView, client: &Client, m: &Move) -> Result<bool, String> {
-        let Some(&to) = self.servers.get(&m.to) else {
-            return Err(format!("{} is not one of this VM's servers", m.to));
-        };
+    /// `m.to` (at `to`); whether they are there now.
+    fn repair_slab(
+        &self,
+        view: &PoolView,
+        client: &Client,
+        m: &Move,
+        to: SocketAddr,
+    ) -> Result<bool, String> {
         let Some(rec) = view.slabs.get(&m.slab) else {
             return Ok(false);
         };
