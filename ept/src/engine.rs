@@ -162,11 +162,14 @@ impl Engine {
         }
         let page = self.access.check_range(slot_gpa, PAGE_SIZE as u64)?.0;
         self.access.pin_page(page)?;
-        let vcpus = self.parts.vcpus();
-        if let Some(old) = vcpus.slot_page(vcpu as usize) {
+        // The old page is unpinned only once no fault reads it (`vcpu.rs`).
+        if let Some(old) = self
+            .parts
+            .vcpus()
+            .replace_slot_page(vcpu as usize, Some(page))
+        {
             self.parts.table().unpin(old);
         }
-        vcpus.set_slot_page(vcpu as usize, page);
         Ok(())
     }
 
@@ -176,7 +179,7 @@ impl Engine {
         if vcpu as usize >= MAX_VCPUS {
             return Err(EngineError::BadVcpu(vcpu));
         }
-        if let Some(old) = self.parts.vcpus().clear_slot_page(vcpu as usize) {
+        if let Some(old) = self.parts.vcpus().replace_slot_page(vcpu as usize, None) {
             self.parts.table().unpin(old);
         }
         Ok(())

@@ -76,6 +76,20 @@ pub enum EngineError {
         /// Guest-physical address of the page.
         gpa: u64,
     },
+    #[error(
+        "guest page {gpa:#x}: freeing its frame after eviction failed ({source}), so what the \
+         guest would find in it is unknown; the page is lost rather than given to the guest \
+         possibly wrong"
+    )]
+    /// An evicted page's frame could not be freed after a batch free failed part-way: its
+    /// local content is unknown, and the page is `LOST`.
+    EvictedFrameUnknown {
+        /// Guest-physical address of the page.
+        gpa: u64,
+        #[source]
+        /// The OS error of the free.
+        source: std::io::Error,
+    },
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
     /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),

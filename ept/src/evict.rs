@@ -52,6 +52,7 @@ use crate::errlog::ErrorLog;
 use crate::error::EngineError;
 use crate::frames::Frames;
 use crate::installer::Installer;
+use crate::lost::LostPages;
 use crate::pagemeta::PageMeta;
 use crate::parts::Parts;
 use crate::port::StorePort;
@@ -143,6 +144,7 @@ pub(crate) struct Evictor {
     port: Arc<StorePort>,
     queues: Arc<Queues>,
     errors: Arc<ErrorLog>,
+    lost: Arc<LostPages>,
     counters: Arc<Counters>,
     hist: Arc<Histograms>,
     procs: Arc<ProcessTable>,
@@ -171,6 +173,7 @@ impl Evictor {
             port: parts.port().clone(),
             queues: parts.queues().clone(),
             errors: parts.errors().clone(),
+            lost: parts.lost().clone(),
             counters: parts.counters().clone(),
             hist: parts.hist().clone(),
             procs: parts.procs().clone(),
@@ -501,17 +504,18 @@ impl Evictor {
             pages.push(v.page);
         }
         spans::bridge(&self.table, pages, spans);
-        if let Err(e) = self.installer.free(pages, spans) {
-            self.errors
-                .push(EngineError::os("freeing evicted pages", e));
-            for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
-                self.restore(v.page);
+        let freed_all = match self.installer.free(pages, spans) {
+            Ok(()) => true,
+            Err(e) => {
+                self.errors
+                    .push(EngineError::os("freeing evicted pages", e));
+                false
             }
-            victims.clear();
-            r.pool_from = None;
-            return;
-        }
+        };
         for v in victims.iter().filter(|v| v.verdict != Verdict::Keep) {
+            if !freed_all && !self.free_alone(v) {
+                continue;
+            }
             let next = match v.verdict {
                 Verdict::Zero => st::NEVER,
                 _ => st::REMOTE,
@@ -550,6 +554,29 @@ impl Evictor {
             .record(Hist::EvictRound, self.clock.now().saturating_sub(r.started));
         c.inc(Counter::EvictRounds);
         self.queues.frames_freed();
+    }
+
+    /// After a batch free failed part-way, victim `v`'s frame may be gone or not: it is freed
+    /// alone so that its fate is known. Whether it is gone (it goes on as in a freed batch).
+    /// If that fails too, what the guest would find in its frame is unknown: the page becomes
+    /// `LOST`, loudly, rather than handed back to the guest possibly zeroed (and written back
+    /// so later).
+    fn free_alone(&self, v: &Victim) -> bool {
+        let p = v.page;
+        let Err(e) = self.installer.free(&[p], &[(p, 1)]) else {
+            return true;
+        };
+        let gpa = p * PAGE_SIZE as u64;
+        self.errors
+            .push(EngineError::EvictedFrameUnknown { gpa, source: e });
+        // Its frame is not counted free again: whether it is, is what is unknown.
+        let r = self.table.update(p, |w| Some(st::pins_only(w) | st::LOST));
+        if let Ok((old, _)) = r {
+            if old & st::F_WAITERS != 0 {
+                self.lost.accessed(p);
+            }
+        }
+        false
     }
 
     /// Victims the kernel refused to move out stay mapped and resident: given back, so that the

@@ -2,9 +2,12 @@
 //! agent slot in guest RAM -> the process key (CR3) the prefetcher keys its history by.
 //!
 //! The slot is read through the engine's alias mapping with the guest's seqlock protocol
-//! (`farvm_guest_agent::slot`); its page is pinned resident so the read never needs I/O.
+//! (`farvm_guest_agent::slot`); its page is pinned resident so the read never needs I/O. A
+//! slot page that is replaced or cleared is handed back for unpinning only once no fault
+//! reads it any more ([`VcpuTable::replace_slot_page`]): unpinned under a read, it could be
+//! evicted (and, with anonymous backing, mapped back in by the read) mid-eviction.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 
@@ -18,6 +21,8 @@ pub struct VcpuTable {
     tids: [AtomicU64; MAX_VCPUS],
     /// Guest page of the agent slot per vCPU, `NO_SLOT` if none.
     slots: [AtomicU64; MAX_VCPUS],
+    /// Per vCPU, attributions reading its slot page right now.
+    readers: [AtomicU32; MAX_VCPUS],
 }
 
 /// Offsets of the fields read at fault time (pinned by the ABI's const assertions).
@@ -71,6 +76,7 @@ impl VcpuTable {
         Self {
             tids: std::array::from_fn(|_| AtomicU64::new(0)),
             slots: std::array::from_fn(|_| AtomicU64::new(NO_SLOT)),
+            readers: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
 
@@ -85,20 +91,22 @@ impl VcpuTable {
         t.checked_sub(1).map(|t| t as u32)
     }
 
-    /// Records the guest page of `vcpu`'s agent slot; returns the previous one (`u64::MAX`: none).
-    pub fn set_slot_page(&self, vcpu: usize, page: u64) -> u64 {
-        self.slots[vcpu].swap(page, Ordering::AcqRel)
-    }
-
-    /// Forgets `vcpu`'s slot page; returns it, if one was set.
-    pub fn clear_slot_page(&self, vcpu: usize) -> Option<u64> {
-        let p = self.slots[vcpu].swap(NO_SLOT, Ordering::AcqRel);
-        (p != NO_SLOT).then_some(p)
+    /// Makes `page` (None: no page) `vcpu`'s agent slot page and returns the previous one, if
+    /// any, once no attribution still reads it: the caller may unpin it then.
+    pub fn replace_slot_page(&self, vcpu: usize, page: Option<u64>) -> Option<u64> {
+        // SeqCst with the reader's count-then-load in `attribute`: either the reader counted
+        // itself before this swap (waited for below) or it loads the new page.
+        let old = self.slots[vcpu].swap(page.unwrap_or(NO_SLOT), Ordering::SeqCst);
+        while self.readers[vcpu].load(Ordering::SeqCst) != 0 {
+            // A read of 48 bytes: a few hundred nanoseconds.
+            std::thread::yield_now();
+        }
+        (old != NO_SLOT).then_some(old)
     }
 
     /// The guest page of `vcpu`'s agent slot, if one is registered.
     pub fn slot_page(&self, vcpu: usize) -> Option<u64> {
-        let p = self.slots[vcpu].load(Ordering::Acquire);
+        let p = self.slots[vcpu].load(Ordering::SeqCst);
         (p != NO_SLOT).then_some(p)
     }
 
@@ -125,6 +133,9 @@ impl VcpuTable {
             vcpu: Some(vcpu),
             ..Default::default()
         };
+        // Counted as a reader before the page is loaded: it stays pinned until the count drops.
+        let readers = &self.readers[vcpu as usize];
+        readers.fetch_add(1, Ordering::SeqCst);
         if let Some(page) = self.slot_page(vcpu as usize) {
             a.slot = true;
             // SAFETY: forwarded from this function's contract.
@@ -133,6 +144,7 @@ impl VcpuTable {
                 a.cr3 = cr3;
             }
         }
+        readers.fetch_sub(1, Ordering::Release);
         a
     }
 }
@@ -190,7 +202,7 @@ mod tests {
         unsafe { core::ptr::write(page.0.as_mut_ptr() as *mut AgentSlot, slot) };
         let t = VcpuTable::new();
         t.set_tid(1, 4242);
-        t.set_slot_page(1, 9);
+        t.replace_slot_page(1, Some(9));
         let base = page.0.as_ptr();
         // SAFETY: `base` is the 4 KiB page above, alive for the whole test.
         let a = unsafe {
@@ -221,6 +233,46 @@ mod tests {
             a.unattributed(),
             Some(crate::procstats::Unattributed::Unreadable)
         );
+    }
+
+    #[test]
+    fn a_replaced_slot_page_is_handed_back_only_once_no_attribution_reads_it() {
+        use std::sync::{mpsc, Arc};
+        let page = Arc::new(Page([0; 4096]));
+        let t = Arc::new(VcpuTable::new());
+        t.set_tid(0, 55);
+        assert_eq!(t.replace_slot_page(0, Some(5)), None);
+        let (inside_tx, inside) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let reader = {
+            let (t, page) = (t.clone(), page.clone());
+            std::thread::spawn(move || {
+                // SAFETY: the page is 4 KiB, aligned, alive as long as this thread's Arc.
+                unsafe {
+                    t.attribute(55, |p| {
+                        assert_eq!(p, 5);
+                        inside_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        page.0.as_ptr()
+                    })
+                }
+            })
+        };
+        inside.recv().unwrap();
+        // The guest agent unregisters the slot while a fault reads it.
+        let clearer = {
+            let t = t.clone();
+            std::thread::spawn(move || t.replace_slot_page(0, None))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !clearer.is_finished(),
+            "the old slot page was handed back for unpinning while a fault read it"
+        );
+        go.send(()).unwrap();
+        assert_eq!(reader.join().unwrap().vcpu, Some(0));
+        assert_eq!(clearer.join().unwrap(), Some(5));
+        assert_eq!(t.slot_page(0), None);
     }
 
     /// A guest without an agent (a Linux guest before its agent module registers a slot):
