@@ -291,6 +291,24 @@ impl Client {
         Ok(new)
     }
 
+    /// Slabs `k` with `k % pool slabs == j` are placed on `servers` from now on, when first
+    /// written (a pool moved pool slab `j`'s replicas there). Servers the client does not know
+    /// are added first ([`Client::add_server`]). Fails if `j` is not one of the pool's slabs.
+    pub fn set_slab_home(&self, j: usize, servers: &[SocketAddr]) -> Result<(), ClientError> {
+        let mut home = Vec::with_capacity(servers.len());
+        for &a in servers {
+            self.add_server(a)?;
+            if let Some(s) = self.core.servers.index_of(a) {
+                home.push(s);
+            }
+        }
+        if self.core.placements.set_home(j, home) {
+            Ok(())
+        } else {
+            Err(ClientError::InvalidRequest("no such pool slab"))
+        }
+    }
+
     /// Marks the server at `addr` as draining (it takes no new slab) or takes the mark off.
     pub fn set_draining(&self, addr: SocketAddr, draining: bool) -> Result<(), RelocateError> {
         let s = self

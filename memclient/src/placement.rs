@@ -81,8 +81,10 @@ pub(crate) struct Placements {
     /// being copied only, not the steady-state hot path).
     pub fills: Mutex<Fills>,
     rng: AtomicU64,
-    /// A pool's choice of servers per pool slab ([`crate::ClientConfig::slab_homes`]).
-    homes: Vec<Vec<u16>>,
+    /// A pool's choice of servers per pool slab ([`crate::ClientConfig::slab_homes`]), kept
+    /// current by the pool's follower as replicas move ([`Placements::set_home`]); read only
+    /// when a slab is first placed.
+    homes: Box<[RwLock<Vec<u16>>]>,
 }
 
 impl Placements {
@@ -93,8 +95,18 @@ impl Placements {
                 .collect(),
             fills: Mutex::new(Fills::default()),
             rng: AtomicU64::new(0x9e3779b97f4a7c15 ^ seed),
-            homes,
+            homes: homes.into_iter().map(RwLock::new).collect(),
         }
+    }
+
+    /// Pool slab `j`'s servers are now `servers`: slabs placed from now on go there. Whether
+    /// `j` is one of the pool's slabs.
+    pub fn set_home(&self, j: usize, servers: Vec<u16>) -> bool {
+        let Some(h) = self.homes.get(j) else {
+            return false;
+        };
+        *h.write().unwrap_or_else(|e| e.into_inner()) = servers;
+        true
     }
 
     fn shard(&self, key: SlabKey) -> &RwLock<FxHashMap<SlabKey, Placement>> {
@@ -221,8 +233,10 @@ impl Placements {
         let mut out = [0u16; MAX_REPLICAS];
         let mut k = 0;
         if !self.homes.is_empty() {
-            let home = &self.homes[(slab % self.homes.len() as u64) as usize];
-            for &s in home {
+            let home = self.homes[(slab % self.homes.len() as u64) as usize]
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            for &s in home.iter() {
                 if k < r && (s as usize) < servers.len() && servers.takes_new(s, 1) {
                     servers.charge(s, slab_pages);
                     out[k] = s;

@@ -126,6 +126,7 @@ fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on
     let addrs: Vec<_> = procs.iter().map(|p| p.addr).collect();
     let mut cfg = config(&addrs[..2]);
     cfg.replication = Some(2);
+    cfg.slab_homes = vec![vec![0, 1]]; // one pool slab: every client slab's home
     let c = std::sync::Arc::new(Client::connect(cfg).unwrap());
     write_retrying(&c, 0, 2 * 1024, 1);
     assert!(
@@ -149,6 +150,13 @@ fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on
         st[2].as_ref().unwrap().as_ref().unwrap().namespace_pages,
         2 * 1024
     );
+    // The pool slab's home follows the move: a slab first written now goes to the new
+    // server, not back to the one it left (where the pool would not know of it).
+    c.set_slab_home(0, &[addrs[2], addrs[1]]).unwrap();
+    write_retrying(&c, 3 * 1024, 1024, 1);
+    assert_eq!(c.slabs_on(NS, addrs[2]), vec![0, 1, 3]);
+    assert!(c.slabs_on(NS, addrs[0]).is_empty());
+    assert!(c.set_slab_home(1, &[addrs[2]]).is_err(), "no pool slab 1");
     // A server that does not answer is added out of service, and taken for nothing.
     let gone = {
         let p = ServerProc::spawn("64M");
@@ -159,4 +167,5 @@ fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on
     assert!(c.stat(NS)[3].is_none(), "out of service");
     write_retrying(&c, 4 * 1024, 1024, 1);
     assert!(c.slabs_on(NS, gone).is_empty());
+    verify(&c, 3 * 1024, 2048, 1);
 }

@@ -249,6 +249,7 @@ impl PoolVm {
             client,
             stop: self.stop.clone(),
             repairs: BTreeMap::new(),
+            homes: BTreeMap::new(),
         };
         match std::thread::Builder::new()
             .name("farvm-pool".into())
@@ -315,6 +316,8 @@ struct Follower {
     /// The server chosen for each lost replica being repaired ((slab, lost server) → new),
     /// kept so that a repair in progress does not change its target.
     repairs: BTreeMap<(SlabRef, ServerId), ServerId>,
+    /// The servers the client places each pool slab's new client slabs on, as last set.
+    homes: BTreeMap<u32, Vec<ServerId>>,
 }
 
 impl Follower {
@@ -347,6 +350,7 @@ impl Follower {
                 tracing::error!(vm = %self.vm, "memory pool: this VM's placement was reclaimed; its remote pages are gone");
             }
             self.repair(&view, &client);
+            self.sync_homes(&view, &client);
             let vm = self.vm;
             for m in view.move_requests.values().filter(|m| m.slab.vm == vm) {
                 if self.stop.load(Ordering::Acquire) {
@@ -363,9 +367,23 @@ impl Follower {
                     let _ = self.dir.drop_move_request(&m.slab);
                     continue;
                 };
-                let j = m.slab.index as u64;
-                let n = self.slabs;
-                match client.move_replicas(self.ns, from, to, &|k| k % n == j) {
+                // Slabs of this pool slab that are first written from now on go to the
+                // moved placement, not to `from` (they would stay there, unknown to the pool).
+                if let Some(rec) = view.slabs.get(&m.slab) {
+                    let after: Vec<ServerId> = rec
+                        .replicas
+                        .iter()
+                        .map(|id| {
+                            if *id == m.from {
+                                m.to.clone()
+                            } else {
+                                id.clone()
+                            }
+                        })
+                        .collect();
+                    self.set_home(&view, &client, m.slab.index, after);
+                }
+                match self.move_all(&client, from, to, m.slab.index) {
                     Ok(moved) => {
                         tracing::info!(%m, client_slabs = moved, "memory pool: replica moved");
                         if let Err(e) = self.dir.complete_move(m) {
@@ -379,6 +397,62 @@ impl Follower {
                     }
                 }
             }
+        }
+    }
+
+    /// Moves every client slab of pool slab `j` on `from` to `to`, again if one was placed on
+    /// `from` meanwhile (placed with the old home just before it changed).
+    fn move_all(
+        &self,
+        client: &Client,
+        from: SocketAddr,
+        to: SocketAddr,
+        j: u32,
+    ) -> Result<u64, RelocateError> {
+        let (n, j) = (self.slabs, j as u64);
+        let ours = |k: u64| k % n == j;
+        let mut moved = 0;
+        for _ in 0..3 {
+            moved += client.move_replicas(self.ns, from, to, &ours)?;
+            if !client.slabs_on(self.ns, from).into_iter().any(ours) {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Keeps the client's home of every pool slab of this VM at its placement in the pool
+    /// (live servers only), so that client slabs first written later land where the pool
+    /// says the slab is: after a move, a repair or a drain.
+    fn sync_homes(&mut self, view: &PoolView, client: &Client) {
+        let slabs: Vec<(u32, Vec<ServerId>)> = view
+            .vm_slabs(self.vm)
+            .map(|(r, rec)| (r.index, rec.replicas.clone()))
+            .collect();
+        for (j, replicas) in slabs {
+            self.set_home(view, client, j, replicas);
+        }
+    }
+
+    /// Sets pool slab `j`'s home in the client to `replicas` (those live in `view`), if it
+    /// changed.
+    fn set_home(&mut self, view: &PoolView, client: &Client, j: u32, replicas: Vec<ServerId>) {
+        let live: Vec<ServerId> = replicas
+            .into_iter()
+            .filter(|id| view.servers.contains_key(id))
+            .collect();
+        if self.homes.get(&j) == Some(&live) {
+            return;
+        }
+        let addrs: Vec<SocketAddr> = live
+            .iter()
+            .filter_map(|id| self.connect(view, client, id))
+            .collect();
+        match client.set_slab_home(j as usize, &addrs) {
+            Ok(()) => {
+                self.homes.insert(j, live);
+            }
+            Err(e) => tracing::warn!(slab = j, "memory pool: cannot update the slab's home: {e}"),
         }
     }
 
@@ -431,6 +505,16 @@ impl Follower {
                 tracing::warn!(%m, "memory pool: repair: the target cannot be reached");
                 continue;
             };
+            if let Some(rec) = view.slabs.get(&m.slab) {
+                let after: Vec<ServerId> = rec
+                    .replicas
+                    .iter()
+                    .filter(|id| **id != m.from)
+                    .cloned()
+                    .chain([m.to.clone()])
+                    .collect();
+                self.set_home(view, client, m.slab.index, after);
+            }
             match self.repair_slab(view, client, &m, to) {
                 Ok(true) => match self.dir.commit_move(&m) {
                     Ok(()) => {
