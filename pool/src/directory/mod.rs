@@ -313,18 +313,21 @@ impl Directory {
     /// command plans again).
     pub fn complete_move(&self, m: &Move) -> Result<(), PoolError> {
         let r = self.commit_move(m);
-        let key = self.shared.keys.move_request(&m.slab.vm, m.slab.index);
-        let mut kv = self.shared.client.kv_client();
-        self.shared.call(kv.delete(key, None))?;
+        self.drop_move_request(m)?;
         r
     }
 
-    /// Withdraws the request for slab `slab` (it could not be made; the reason is logged by
-    /// the VMM and the operator's command plans again).
-    pub fn drop_move_request(&self, slab: &crate::view::SlabRef) -> Result<(), PoolError> {
-        let key = self.shared.keys.move_request(&slab.vm, slab.index);
+    /// Withdraws request `m` (it could not be made; the reason is logged by the VMM and the
+    /// operator's command plans again). Only `m` itself: a newer request for the same slab
+    /// (the command planned again while a VMM acted on an older view) stays.
+    pub fn drop_move_request(&self, m: &Move) -> Result<(), PoolError> {
+        let key = self.shared.keys.move_request(&m.slab.vm, m.slab.index);
+        let v = serde_json::to_vec(m).map_err(|e| PoolError::Etcd(e.to_string()))?;
         let mut kv = self.shared.client.kv_client();
-        self.shared.call(kv.delete(key, None))?;
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, v)])
+            .and_then([TxnOp::delete(key, None)]);
+        self.shared.call(kv.txn(txn))?;
         Ok(())
     }
 

@@ -359,12 +359,12 @@ impl Follower {
                 let Some(&from) = self.servers.get(&m.from) else {
                     // The VM never had a replica there: the request is stale.
                     tracing::warn!(%m, "memory pool: a move from a server this VM holds nothing on; declined");
-                    let _ = self.dir.drop_move_request(&m.slab);
+                    let _ = self.dir.drop_move_request(m);
                     continue;
                 };
                 let Some(to) = self.connect(&view, &client, &m.to) else {
                     tracing::warn!(%m, "memory pool: the move's target cannot be reached; declined");
-                    let _ = self.dir.drop_move_request(&m.slab);
+                    let _ = self.dir.drop_move_request(m);
                     continue;
                 };
                 // Slabs of this pool slab that are first written from now on go to the
@@ -393,7 +393,7 @@ impl Follower {
                     Err(RelocateError::Busy { .. }) => {} // next round
                     Err(e) => {
                         tracing::warn!(%m, "memory pool: move failed: {e}");
-                        let _ = self.dir.drop_move_request(&m.slab);
+                        let _ = self.dir.drop_move_request(m);
                     }
                 }
             }
