@@ -282,9 +282,16 @@ impl Vm {
     fn finish(self) -> Value {
         let o = self.child.wait_with_output().unwrap();
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        assert_eq!(o.status.code(), Some(0), "{}: {log}", self.log.display());
-        let v: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+        // The report first: it says what went wrong (a wrong word, the paging counters).
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{}: no JSON report ({e}), exit {:?}: {log}",
+                self.log.display(),
+                o.status.code()
+            )
+        });
         assert_native_report(&v, &self.workload);
+        assert_eq!(o.status.code(), Some(0), "{}: {log}", self.log.display());
         v
     }
 }
@@ -331,7 +338,7 @@ fn eight_vms_on_four_hosts_keep_native_checksums_when_a_rack_dies_and_the_pool_r
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up("fa");
     // Each pass rewrites and re-reads the 24 MiB working set through a 16 MiB budget.
-    let workload = "seq:ws=24M,passes=150,write=1";
+    let workload = "seq:ws=24M,passes=150,write=1,verify=1";
     let vms_started = c.start_two_per_host(workload);
     let s = c.wait(
         "8 VMs admitted on 4 hosts, with pages on the servers",
@@ -410,7 +417,7 @@ fn eight_vms_keep_native_checksums_while_the_pool_is_rebalanced_and_a_server_dra
         assert!(o.status.success(), "drain --no-wait {id}: {}", text(&o));
     }
     // Each pass rewrites and re-reads the 24 MiB working set through a 16 MiB budget.
-    let workload = "seq:ws=24M,passes=200,write=1";
+    let workload = "seq:ws=24M,passes=200,write=1,verify=1";
     let vms_started = c.start_two_per_host(workload);
     let s = c.wait("8 VMs with pages on three servers", |s| {
         vms(s) == 8 && used(s) > 64 << 20
@@ -497,7 +504,7 @@ fn a_killed_vmm_is_reclaimed_and_a_drained_server_ends_empty_across_hosts() {
     });
 
     // Drain: two VMs on two hosts run while a server of theirs is emptied.
-    let workload = "seq:ws=24M,passes=300,write=1";
+    let workload = "seq:ws=24M,passes=300,write=1,verify=1";
     let a = c.start_vm("host3", workload, "a");
     let b = c.start_vm("host4", workload, "b");
     let s = c.wait("both VMs with pages on their servers", |s| {
@@ -551,7 +558,7 @@ fn etcd_restarts_under_running_vms_and_bad_tokens_unknown_racks_and_old_servers_
     let c = Cluster::up("fc");
 
     // A VM runs through an etcd restart; one started meanwhile waits, says why, then starts.
-    let running = c.start_vm("host1", "seq:ws=24M,passes=200,write=1", "through");
+    let running = c.start_vm("host1", "seq:ws=24M,passes=200,write=1,verify=1", "through");
     c.wait("the running VM registered", |s| vms(s) == 1);
     let o = c.script("etcd-stop");
     assert!(o.status.success(), "{}", text(&o));

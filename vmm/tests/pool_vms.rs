@@ -251,7 +251,7 @@ fn drain_moves_a_running_vms_slabs_with_no_lost_or_stale_page() {
     }
     let pool = Pool::start(&["r1", "r2", "r3"], "512M");
     // Long enough to drain in the middle; every pass rewrites and re-reads the working set.
-    let workload = "seq:ws=96M,passes=60,write=1";
+    let workload = "seq:ws=96M,passes=60,write=1,verify=1";
     let (child, vm, victim, said) = drain_while_it_runs(&pool, workload, &[]);
     assert!(said.contains("move slab"), "{said}");
     let after = pool.dir.view().unwrap();
@@ -286,7 +286,7 @@ fn a_stale_replica_is_rejected_and_the_vm_reads_the_good_one() {
     // exists for). Every page it returns stale or absent is rejected by the engine's check
     // and read from the other replica; the VM ends with its native checksum.
     let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let workload = "seq:ws=96M,passes=60,write=1";
+    let workload = "seq:ws=96M,passes=60,write=1,verify=1";
     let (child, _, _, _) =
         drain_while_it_runs(&pool, workload, &[("FARVM_FAULT_INJECT", "stale-copy")]);
     let o = child.wait_with_output().unwrap();
@@ -318,7 +318,7 @@ fn etcd_down_leaves_running_vms_alone_and_a_vm_started_meanwhile_waits_then_star
     }
     let mut pool = Pool::start(&["r1", "r2"], "512M");
     // A VM running when etcd goes away.
-    let long = "seq:ws=64M,passes=40,write=1";
+    let long = "seq:ws=64M,passes=40,write=1,verify=1";
     let running = farvm()
         .args(run_args(&pool, long))
         .stdout(Stdio::piped())

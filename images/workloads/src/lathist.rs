@@ -10,6 +10,15 @@ pub mod counter {
     pub const PAGE_ACCESS_P99_NS: usize = 1;
     /// How many accesses the two figures above are taken over.
     pub const PAGE_ACCESSES_TIMED: usize = 2;
+    /// A verifying scan's first wrong word (seq `verify=1`): its index in the working set
+    /// (byte offset / 8; its page is index / 512)...
+    pub const DIVERGED_WORD: usize = 3;
+    /// ... the pass that read it (0-based) ...
+    pub const DIVERGED_PASS: usize = 4;
+    /// ... what the scan had written there ...
+    pub const DIVERGED_EXPECTED: usize = 5;
+    /// ... and what it read.
+    pub const DIVERGED_FOUND: usize = 6;
 }
 
 /// Sub-buckets per power of two: values are kept to within 1/8 (12.5%).

@@ -100,7 +100,8 @@ pub enum Error {
     },
     /// The workload only makes sense in the test guest (it faults on purpose).
     GuestOnly(u32),
-    /// The isolation check found words that another process (or a wrong page) overwrote.
+    /// Words differed from what the workload wrote there: the isolation check's (another
+    /// process or a wrong page overwrote them), or a verifying scan's (seq `verify=1`).
     Corrupted {
         /// Words that differed from what this process wrote.
         mismatches: u64,
@@ -132,7 +133,7 @@ impl Error {
             2 => "heap smaller than the working set",
             3 => "parameter out of range",
             4 => "workload runs only in the test guest",
-            5 => "isolation check found foreign data in the heap",
+            5 => "the workload read a word that differs from what it wrote (isolation, or seq verify=1)",
             6 => "replay blob missing or malformed",
             _ => "unknown error",
         }
@@ -153,7 +154,7 @@ impl core::fmt::Display for Error {
             Error::Corrupted { mismatches } => {
                 write!(
                     f,
-                    "isolation check failed: {mismatches} words held foreign data"
+                    "{mismatches} words differed from what the workload wrote there"
                 )
             }
             Error::BadBlob { section } => {
@@ -202,7 +203,7 @@ pub fn run_blob(
     let arg = |i: usize| meta::param(info, p, i);
     use meta::id::*;
     match id {
-        SEQ_SCAN => scan::seq(heap, p.seed, arg(0), arg(1), env),
+        SEQ_SCAN => scan::seq(heap, p.seed, arg(0), arg(1), arg(2), env),
         STRIDE => scan::stride(heap, p.seed, arg(0), arg(1), env),
         RANDOM_RMW => scan::random(heap, p.seed, arg(0), env),
         MATMUL_NAIVE => matmul::run(heap, p.seed, arg(0), 0, env),

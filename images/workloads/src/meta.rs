@@ -59,6 +59,11 @@ pub static WORKLOADS: &[WorkloadInfo] = &[
         params: &[
             p("passes", 4, "measured passes over the working set"),
             p("write", 0, "0 = read-only passes, 1 = read-modify-write passes"),
+            p(
+                "verify",
+                0,
+                "1 = check every word read against what the scan wrote (write=1 only)",
+            ),
         ],
         default_ws: 64 * MIB,
         min_ws: 4096,

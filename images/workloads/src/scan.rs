@@ -35,12 +35,63 @@ fn timer_overhead(env: &mut dyn Env) -> u64 {
     best
 }
 
-/// Sequential scan: `passes` ascending passes, read-only sums or read-modify-writes.
+/// The first word a verifying scan found wrong, as reported through [`Env::counter`].
+struct Divergence {
+    word: u64,
+    pass: u64,
+    expected: u64,
+    found: u64,
+}
+
+/// What a verifying scan expects: the fill of `base` (stream 1) raised by `added`.
+struct Verify {
+    base: u64,
+    added: u64,
+    pass: u64,
+}
+
+impl Verify {
+    /// One read-modify-write pass adding `k` that checks each word before writing it; counts
+    /// the wrong ones and keeps the first. Returns the sum of the words read.
+    fn pass(
+        &self,
+        heap: &mut [u64],
+        k: u64,
+        first: &mut Option<Divergence>,
+        mismatches: &mut u64,
+    ) -> u64 {
+        let mut a = 0u64;
+        let mut x = self.base;
+        for (i, w) in heap.iter_mut().enumerate() {
+            x = x.wrapping_add(GOLDEN);
+            let expected = mix64(x).wrapping_add(self.added);
+            if *w != expected {
+                *mismatches += 1;
+                first.get_or_insert(Divergence {
+                    word: i as u64,
+                    pass: self.pass,
+                    expected,
+                    found: *w,
+                });
+            }
+            a = a.wrapping_add(*w);
+            *w = w.wrapping_add(k);
+        }
+        a
+    }
+}
+
+/// Sequential scan: `passes` ascending passes, read-only sums or read-modify-writes. With
+/// `verify` = 1 (and `write` = 1), every word read is checked against what the scan last wrote
+/// there; a word that differs (memory that lost a write or was handed back wrong) fails the
+/// run with [`Error::Corrupted`], the first such word reported in the counters
+/// (`counter::DIVERGED_*`). The checksum is the same either way.
 pub(crate) fn seq(
     heap: &mut [u64],
     seed: u64,
     passes: u64,
     write: u64,
+    verify: u64,
     env: &mut dyn Env,
 ) -> Result<Outcome, Error> {
     if write > 1 {
@@ -49,20 +100,37 @@ pub(crate) fn seq(
             value: write,
         });
     }
+    if verify > 1 || (verify == 1 && write == 0) {
+        return Err(Error::BadParam {
+            name: "verify",
+            value: verify,
+        });
+    }
     env.phase(phase::SETUP);
     fill(heap, seed, 1);
     env.phase(phase::WARMUP);
     let warm = sum(heap);
+    let base = Rng::new(seed, 1).next_u64();
+    let mut first: Option<Divergence> = None;
+    let mut mismatches = 0u64;
     let (s, ns) = measured(env, || {
         let mut s = 0u64;
+        // What every word was raised by so far (the fill's pattern plus this).
+        let mut added = 0u64;
         for pass in 0..passes {
             let p = if write == 1 {
                 let k = pass.wrapping_mul(GOLDEN) | 1;
                 let mut a = 0u64;
-                for w in heap.iter_mut() {
-                    a = a.wrapping_add(*w);
-                    *w = w.wrapping_add(k);
+                if verify == 1 {
+                    let v = Verify { base, added, pass };
+                    a = v.pass(heap, k, &mut first, &mut mismatches);
+                } else {
+                    for w in heap.iter_mut() {
+                        a = a.wrapping_add(*w);
+                        *w = w.wrapping_add(k);
+                    }
                 }
+                added = added.wrapping_add(k);
                 a
             } else {
                 sum(heap)
@@ -71,6 +139,13 @@ pub(crate) fn seq(
         }
         s
     });
+    if let Some(d) = first {
+        env.counter(counter::DIVERGED_WORD, d.word);
+        env.counter(counter::DIVERGED_PASS, d.pass);
+        env.counter(counter::DIVERGED_EXPECTED, d.expected);
+        env.counter(counter::DIVERGED_FOUND, d.found);
+        return Err(Error::Corrupted { mismatches });
+    }
     Ok(Outcome {
         checksum: combine(combine(warm, s), fold_words(heap)),
         ops: passes * heap.len() as u64,
@@ -183,8 +258,9 @@ mod tests {
     #[test]
     fn scans_are_deterministic_and_seed_dependent() {
         for f in [
-            |h: &mut [u64], s, e: &mut Fake| seq(h, s, 2, 0, e),
-            |h: &mut [u64], s, e: &mut Fake| seq(h, s, 2, 1, e),
+            |h: &mut [u64], s, e: &mut Fake| seq(h, s, 2, 0, 0, e),
+            |h: &mut [u64], s, e: &mut Fake| seq(h, s, 2, 1, 0, e),
+            |h: &mut [u64], s, e: &mut Fake| seq(h, s, 2, 1, 1, e),
             |h: &mut [u64], s, e: &mut Fake| stride(h, s, 4096, 2, e),
             |h: &mut [u64], s, e: &mut Fake| random(h, s, 10_000, e),
         ] {
@@ -202,6 +278,41 @@ mod tests {
             // Two clock reads bracket the measured phase (stride reads more: it times accesses).
             assert!(ra.ops > 0 && ra.elapsed_ns >= 1000);
         }
+    }
+
+    #[test]
+    fn a_verifying_scan_has_the_same_checksum_and_names_the_first_wrong_word() {
+        let mut a = vec![0u64; 1 << 14];
+        let mut b = vec![0u64; 1 << 14];
+        let plain = seq(&mut a, 9, 3, 1, 0, &mut Fake::default()).unwrap();
+        let verified = seq(&mut b, 9, 3, 1, 1, &mut Fake::default()).unwrap();
+        assert_eq!(plain.checksum, verified.checksum);
+        assert!(
+            seq(&mut b, 9, 3, 0, 1, &mut Fake::default()).is_err(),
+            "verify needs write=1"
+        );
+        // A heap as the scan left it after one pass, but for one word a write did not reach
+        // (it holds the fill) and one a page of zeros replaced.
+        let mut h = vec![0u64; 4096];
+        fill(&mut h, 9, 1);
+        let k0 = 1u64; // pass 0's k: 0 * GOLDEN | 1
+        let before = h[700];
+        for w in h.iter_mut() {
+            *w = w.wrapping_add(k0);
+        }
+        h[700] = before;
+        h[2000] = 0;
+        let v = Verify {
+            base: Rng::new(9, 1).next_u64(),
+            added: k0,
+            pass: 1,
+        };
+        let (mut first, mut bad) = (None, 0);
+        v.pass(&mut h, GOLDEN | 1, &mut first, &mut bad);
+        assert_eq!(bad, 2);
+        let d = first.unwrap();
+        assert_eq!((d.word, d.pass, d.found), (700, 1, before));
+        assert_eq!(d.expected, before.wrapping_add(k0));
     }
 
     #[test]

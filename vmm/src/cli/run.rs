@@ -884,9 +884,10 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
                 p.fault_vector, p.fault_error, p.fault_cr2, p.fault_rip
             ),
             state::FAILED => format!(
-                "  ({}, code {})",
+                "  ({}, code {}{})",
                 farvm_workloads::Error::describe_code(p.error),
-                p.error
+                p.error,
+                diverged_word(p)
             ),
             _ => String::new(),
         };
@@ -918,6 +919,24 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
     }
 }
 
+/// A verifying scan's first wrong word (seq `verify=1`, reported in its counters), or "".
+fn diverged_word(p: &ProcessRecord) -> String {
+    use farvm_workloads::lathist::counter as c;
+    let code = farvm_workloads::Error::Corrupted { mismatches: 0 }.code();
+    if p.error != code || workload_name(p.workload) != "seq" {
+        return String::new();
+    }
+    let word = p.counters[c::DIVERGED_WORD];
+    format!(
+        "; first at working-set offset {:#x} (page {}), pass {}: wrote {:#x}, read {:#x}",
+        word * 8,
+        word / 512,
+        p.counters[c::DIVERGED_PASS],
+        p.counters[c::DIVERGED_EXPECTED],
+        p.counters[c::DIVERGED_FOUND]
+    )
+}
+
 fn process_json(p: &ProcessRecord) -> serde_json::Value {
     let mut v = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
     if let Some(o) = v.as_object_mut() {
@@ -933,7 +952,12 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
         if p.state == state::FAILED {
             o.insert(
                 "error_text".into(),
-                farvm_workloads::Error::describe_code(p.error).into(),
+                format!(
+                    "{}{}",
+                    farvm_workloads::Error::describe_code(p.error),
+                    diverged_word(p)
+                )
+                .into(),
             );
         }
     }
