@@ -425,8 +425,10 @@ impl Follower {
     /// (live servers only), so that client slabs first written later land where the pool
     /// says the slab is: after a move, a repair or a drain.
     fn sync_homes(&mut self, view: &PoolView, client: &Client) {
+        // A slab being repaired keeps the home its repair set (its new server included).
         let slabs: Vec<(u32, Vec<ServerId>)> = view
             .vm_slabs(self.vm)
+            .filter(|(r, _)| !self.repairs.keys().any(|(s, _)| s == *r))
             .map(|(r, rec)| (r.index, rec.replicas.clone()))
             .collect();
         for (j, replicas) in slabs {
