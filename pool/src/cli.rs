@@ -628,8 +628,6 @@ fn live_slabs_on(view: &PoolView, server: &ServerId) -> usize {
         .count()
 }
 
-/// Asks for `moves` and waits until no request is left (each VM completes or withdraws its
-/// own) or the timeout; returns the requests still open.
 /// Requests `moves` and waits until none is open (or `timeout`). Returns the moves still open
 /// and those that closed without being made: a VM declines or fails a move it cannot make
 /// (its log says why) by dropping the request, so a closed request alone does not mean the
