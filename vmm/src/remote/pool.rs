@@ -369,20 +369,7 @@ impl Follower {
                 };
                 // Slabs of this pool slab that are first written from now on go to the
                 // moved placement, not to `from` (they would stay there, unknown to the pool).
-                if let Some(rec) = view.slabs.get(&m.slab) {
-                    let after: Vec<ServerId> = rec
-                        .replicas
-                        .iter()
-                        .map(|id| {
-                            if *id == m.from {
-                                m.to.clone()
-                            } else {
-                                id.clone()
-                            }
-                        })
-                        .collect();
-                    self.set_home(&view, &client, m.slab.index, after);
-                }
+                self.set_home_after(&view, &client, m);
                 match self.move_all(&client, from, to, m.slab.index) {
                     Ok(moved) => {
                         tracing::info!(%m, client_slabs = moved, "memory pool: replica moved");
@@ -434,6 +421,20 @@ impl Follower {
         for (j, replicas) in slabs {
             self.set_home(view, client, j, replicas);
         }
+    }
+
+    /// Sets the home of `m`'s pool slab to its placement once `m` is made: `m.to` where
+    /// `m.from` is, as [`Directory::commit_move`] will record it.
+    fn set_home_after(&mut self, view: &PoolView, client: &Client, m: &Move) {
+        let Some(rec) = view.slabs.get(&m.slab) else {
+            return;
+        };
+        let after = rec
+            .replicas
+            .iter()
+            .map(|id| if *id == m.from { &m.to } else { id }.clone())
+            .collect();
+        self.set_home(view, client, m.slab.index, after);
     }
 
     /// Sets pool slab `j`'s home in the client to `replicas` (those live in `view`), if it
@@ -507,16 +508,7 @@ impl Follower {
                 tracing::warn!(%m, "memory pool: repair: the target cannot be reached");
                 continue;
             };
-            if let Some(rec) = view.slabs.get(&m.slab) {
-                let after: Vec<ServerId> = rec
-                    .replicas
-                    .iter()
-                    .filter(|id| **id != m.from)
-                    .cloned()
-                    .chain([m.to.clone()])
-                    .collect();
-                self.set_home(view, client, m.slab.index, after);
-            }
+            self.set_home_after(view, client, &m);
             match self.repair_slab(view, client, &m, to) {
                 Ok(true) => match self.dir.commit_move(&m) {
                     Ok(()) => {
