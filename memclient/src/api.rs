@@ -281,27 +281,28 @@ impl Client {
     ///
     /// [`MAX_SERVERS`]: crate::MAX_SERVERS
     pub fn add_server(&self, addr: SocketAddr) -> Result<bool, ClientError> {
+        Ok(self.server_index(addr)?.1)
+    }
+
+    /// The index of the server at `addr`, added first if the client does not know it, and
+    /// whether it was new.
+    fn server_index(&self, addr: SocketAddr) -> Result<(u16, bool), ClientError> {
         let core = &self.core;
-        let (_, new) =
-            core.servers
-                .add(addr, |s| core.bring_in(s))
-                .ok_or(ClientError::InvalidRequest(
-                    "the client knows 64 memory servers already",
-                ))?;
-        Ok(new)
+        core.servers
+            .add(addr, |s| core.bring_in(s))
+            .ok_or(ClientError::InvalidRequest(
+                "the client knows 64 memory servers already",
+            ))
     }
 
     /// Slabs `k` with `k % pool slabs == j` are placed on `servers` from now on, when first
     /// written (a pool moved pool slab `j`'s replicas there). Servers the client does not know
     /// are added first ([`Client::add_server`]). Fails if `j` is not one of the pool's slabs.
     pub fn set_slab_home(&self, j: usize, servers: &[SocketAddr]) -> Result<(), ClientError> {
-        let mut home = Vec::with_capacity(servers.len());
-        for &a in servers {
-            self.add_server(a)?;
-            if let Some(s) = self.core.servers.index_of(a) {
-                home.push(s);
-            }
-        }
+        let home = servers
+            .iter()
+            .map(|&a| Ok(self.server_index(a)?.0))
+            .collect::<Result<Vec<u16>, ClientError>>()?;
         if self.core.placements.set_home(j, home) {
             Ok(())
         } else {
