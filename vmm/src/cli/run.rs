@@ -1013,26 +1013,16 @@ mod tests {
 
     #[test]
     fn a_verifying_scan_that_failed_names_its_first_wrong_word() {
-        let mut p = ProcessRecord {
-            pid: 1,
-            cpu: 0,
-            workload: farvm_workloads::meta::id::SEQ_SCAN,
-            state: state::FAILED,
-            phase: 2,
-            elapsed_ns: 0,
-            checksum: 0,
-            ops: 0,
-            cr3: 0,
-            fault_vector: 0,
-            fault_error: 0,
-            fault_cr2: 0,
-            fault_rip: 0,
-            counters: [0, 0, 0, 1029, 7, 0xaa, 0, 0],
-            error: farvm_workloads::Error::Corrupted { mismatches: 1 }.code(),
-            heap_bytes: 0,
-            mailbox_gpa: 0,
-            events: Vec::new(),
-        };
+        let mut p = ProcessRecord::new(
+            1,
+            0,
+            farvm_workloads::meta::id::SEQ_SCAN,
+            state::FAILED,
+            2,
+            0,
+        );
+        p.counters = [0, 0, 0, 1029, 7, 0xaa, 0, 0];
+        p.error = farvm_workloads::Error::Corrupted { mismatches: 1 }.code();
         assert_eq!(
             diverged_word(&p),
             "; first at working-set offset 0x2028 (page 2), pass 7: wrote 0xaa, read 0x0"

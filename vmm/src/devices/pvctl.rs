@@ -107,6 +107,38 @@ pub struct ProcessRecord {
 }
 
 impl ProcessRecord {
+    /// Process `pid` (workload `workload` on vCPU `cpu`) as first seen, in `state` and
+    /// `phase`, its mailbox at `mailbox_gpa`: nothing measured or reported yet.
+    pub fn new(
+        pid: u32,
+        cpu: u32,
+        workload: u32,
+        state: u32,
+        phase: u32,
+        mailbox_gpa: u64,
+    ) -> Self {
+        Self {
+            pid,
+            cpu,
+            workload,
+            state,
+            phase,
+            elapsed_ns: 0,
+            checksum: 0,
+            ops: 0,
+            cr3: 0,
+            fault_vector: 0,
+            fault_error: 0,
+            fault_cr2: 0,
+            fault_rip: 0,
+            counters: [0; 8],
+            error: 0,
+            heap_bytes: 0,
+            mailbox_gpa,
+            events: Vec::new(),
+        }
+    }
+
     /// What the paging engine counted between this process's MEASURE and MEASURED doorbells
     /// (None without remote memory or before the phase ended). The counters are the VM's:
     /// other processes running meanwhile are counted too.
@@ -391,26 +423,9 @@ impl PvCtl {
             }
         };
         let mut procs = self.procs.lock().unwrap_or_else(|p| p.into_inner());
-        let rec = procs.entry(m.pid).or_insert_with(|| ProcessRecord {
-            pid: m.pid,
-            cpu: m.cpu,
-            workload: m.workload,
-            state: m.state,
-            phase: m.phase,
-            elapsed_ns: 0,
-            checksum: 0,
-            ops: 0,
-            cr3: 0,
-            fault_vector: 0,
-            fault_error: 0,
-            fault_cr2: 0,
-            fault_rip: 0,
-            counters: [0; 8],
-            error: 0,
-            heap_bytes: 0,
-            mailbox_gpa: gpa,
-            events: Vec::new(),
-        });
+        let rec = procs
+            .entry(m.pid)
+            .or_insert_with(|| ProcessRecord::new(m.pid, m.cpu, m.workload, m.state, m.phase, gpa));
         rec.update(&m);
         rec.mailbox_gpa = gpa;
         rec.events.push(PhaseEvent {
