@@ -27,9 +27,12 @@
 //! The pool is a ring of pool slots with one producer (the evictor, [`Backing::free`]) and one
 //! consumer (the fault handler's read batches): no lock, no allocation, no syscall for the
 //! consumer, which only hands out positions. A slot handed out keeps its frame until the
-//! page's install moves it into the guest view (or a read that ends otherwise gives it up):
-//! the producer moves frames only into empty slots, and stops at a slot still in use (the
-//! kernel refuses the move, EEXIST) as at a full pool. The ring has [`LANDING_SLOTS`] more
+//! page's install moves it into the guest view (or a read that ends otherwise gives it up),
+//! and stays the read's until its landing is released: the producer moves frames only into
+//! slots no read holds (`landing_busy`), and stops at one still held as at a full pool. The
+//! kernel's own refusal (EEXIST) would not do: an install empties the slot before it releases
+//! the landing, and a frame moved in meanwhile (an evicted page's) would be dropped or written
+//! by the release, which takes it for the landing frame. The ring has [`LANDING_SLOTS`] more
 //! slots than the free frames it may hold, so that the reads in flight, whose landing frames
 //! sit in the slots just behind the free ones, seldom stop the producer. A read that finds no
 //! pool frame lands in its empty staging slot, which the kernel fills with a zeroed page as
@@ -140,6 +143,12 @@ pub(crate) struct Anon {
     refused: Box<[AtomicU32]>,
     /// Move-outs so far (eviction rounds): the clock of retries.
     rounds: AtomicU64,
+    /// One bit per pool slot: handed to a read as its landing frame ([`Anon::assign`]) and
+    /// not released yet. The producer moves no frame into such a slot, even once it is
+    /// empty: between an install moving the landing frame out and the landing being released,
+    /// a frame moved in would be taken for the landing frame (dropped, or written) by whoever
+    /// releases it.
+    landing_busy: Box<[AtomicU64]>,
     /// One bit per bounce page: free.
     bounce_free: Box<[AtomicU64]>,
     /// Where the fault handler last found a free bounce page.
@@ -210,6 +219,9 @@ impl Backing {
                     mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
                     landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
                     refused: (0..pages).map(|_| AtomicU32::new(0)).collect(),
+                    landing_busy: (0..ram.pool_pages().div_ceil(64))
+                        .map(|_| AtomicU64::new(0))
+                        .collect(),
                     rounds: AtomicU64::new(0),
                     bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
                     bounce_hint: AtomicUsize::new(0),
@@ -504,10 +516,33 @@ impl Anon {
                     self.ram.drop_pool(s, 1)?;
                 }
                 self.vacated(s)?;
+                // The landing frame left the slot (or was dropped there): the producer may
+                // fill it again. (On an error above it stays blocked: what it holds is
+                // unknown.)
+                self.set_landing_busy(s, false);
             }
             _ => {}
         }
         Ok(())
+    }
+
+    fn set_landing_busy(&self, s: u64, on: bool) {
+        let (w, b) = ((s / 64) as usize, 1u64 << (s % 64));
+        if on {
+            self.landing_busy[w].fetch_or(b, Ordering::AcqRel);
+        } else {
+            self.landing_busy[w].fetch_and(!b, Ordering::AcqRel);
+        }
+    }
+
+    fn is_landing_busy(&self, s: u64) -> bool {
+        self.landing_busy[(s / 64) as usize].load(Ordering::Acquire) & (1 << (s % 64)) != 0
+    }
+
+    /// How many of the `n` pool slots from `s` (not wrapping) the producer may move frames
+    /// into: those before the first one still a read's landing slot.
+    fn producer_may_fill(&self, s: u64, n: u64) -> u64 {
+        (0..n).find(|&i| self.is_landing_busy(s + i)).unwrap_or(n)
     }
 
     /// Pool slot `s` lost its frame. If its position is filled but not published yet
@@ -558,6 +593,9 @@ impl Anon {
                 }
             }
             if head < tail {
+                // Busy before the page names it: from here until its release the producer
+                // leaves the slot alone.
+                self.set_landing_busy(head % cap, true);
                 l.store((head % cap) as u32, Ordering::Release);
                 head += 1;
             }
@@ -717,9 +755,18 @@ impl Anon {
                 }
                 let src = self.ram.guest_page_addr(p + i);
                 let room = self.max_free.saturating_sub(fill - head);
-                let to_pool = pool_ok && room > 0;
+                let fillable = if pool_ok && room > 0 {
+                    self.producer_may_fill(fill % cap, m.min(room).min(cap - fill % cap))
+                } else {
+                    0
+                };
+                if pool_ok && fillable == 0 && room > 0 {
+                    // The next slot is still a read's landing slot: as a full pool.
+                    pool_ok = false;
+                }
+                let to_pool = fillable > 0;
                 let dst = if to_pool {
-                    m = m.min(room).min(cap - fill % cap);
+                    m = fillable;
                     self.pool_addr(fill)
                 } else {
                     self.ram.staging_page(p + i) as u64
@@ -841,8 +888,16 @@ impl Anon {
                         let l = self.land(q);
                         self.landing[q as usize].store(NO_SLOT, Ordering::Release);
                         // The page no longer names it before another read may take it.
-                        if let Land::Bounce(b) = l {
-                            self.give_bounce(b);
+                        match l {
+                            Land::Bounce(b) => self.give_bounce(b),
+                            // Still a read's landing slot (a page installed no further than
+                            // its claim): not a producer position, so nobody would ever empty
+                            // it. Dropped, and the slot handed back to the producer.
+                            Land::Pool(s) if self.is_landing_busy(s) => {
+                                self.ram.drop_pool(s, 1)?;
+                                self.set_landing_busy(s, false);
+                            }
+                            _ => {}
                         }
                     }
                     continue;
@@ -878,7 +933,11 @@ impl Anon {
             if space == 0 {
                 break;
             }
-            let m = (n - i).min(space).min(cap - fill % cap);
+            let m = self.producer_may_fill(fill % cap, (n - i).min(space).min(cap - fill % cap));
+            if m == 0 {
+                // The next slot is still a read's landing slot: the pool is full up to it.
+                break;
+            }
             let src = self.ram.staging_page(p + i) as u64;
             match self
                 .ram
@@ -1150,6 +1209,19 @@ mod tests {
         );
     }
 
+    /// Pages 100 and 101, given their landing places already: their data lands, they are
+    /// installed as a run, evicted (into pool slots with `to_pool`) and freed, and the pool's
+    /// positions published: one turn of two frames through the ring.
+    fn land_install_evict_100_101(b: &Backing, to_pool: bool, refused: &mut Refused) {
+        put(b, 100, 0xAAAA);
+        put(b, 101, 0xBBBB);
+        b.map(100, 2, false).expect("install 100, 101");
+        b.zap(&[100, 101], &[], to_pool, refused)
+            .expect("evict 100, 101");
+        b.free(&[100, 101], &[]).expect("free 100, 101");
+        b.publish_pool(u64::MAX);
+    }
+
     /// A victim rescued from a round that moved it straight into a pool slot used to leave that
     /// slot empty, published as a free frame. A read handed it had nothing there until its
     /// first byte arrived, so the producer (which stops only at an occupied slot, EEXIST)
@@ -1193,13 +1265,7 @@ mod tests {
                     "page 21's landing slot handed out again"
                 );
             }
-            put(&b, 100, 0xAAAA);
-            put(&b, 101, 0xBBBB);
-            b.map(100, 2, false).expect("install 100, 101");
-            b.zap(&[100, 101], &[], false, &mut refused)
-                .expect("evict 100, 101");
-            b.free(&[100, 101], &[]).expect("free 100, 101");
-            b.publish_pool(u64::MAX);
+            land_install_evict_100_101(&b, false, &mut refused);
         }
         assert!(
             a.fill.load(Ordering::Relaxed) <= cap + 1,
@@ -1209,6 +1275,73 @@ mod tests {
         put(&b, 21, 0x2121);
         assert_eq!(get(&b, 21), 0x2121);
         b.map(21, 1, false).expect("install 21");
+    }
+
+    /// An install moves a landing frame out of its pool slot before it releases the landing
+    /// (`move_in`: the move, then `release_landing`). A slot empty but not released yet used
+    /// to look free to the producer, which fills empty slots: a frame moved in there (an
+    /// evicted page's data) was then taken for the landing frame by the release, dropped
+    /// (a race lost to another installer of the same page) or written (`vacated`), and the
+    /// slot could be handed to a second read while the first still named it: one page's
+    /// data installed in another, or an evicted page's frame dropped (it then reads back as
+    /// zeros), no counter moving. It takes a read in flight while the ring turns (a loaded
+    /// host, a slow or failing server).
+    #[test]
+    fn a_landing_slot_emptied_by_an_install_stays_the_reads_until_released() {
+        let b = anon(256);
+        let Backing::Anon(a) = &b else { unreachable!() };
+        let cap = a.ram.pool_pages();
+        for p in 0..8 {
+            put(&b, p, 100 + p);
+        }
+        b.free(&[0, 1, 2, 3, 4, 5], &[]).expect("free");
+        b.publish_pool(u64::MAX);
+        assert_eq!(b.assign_frames(&[20, 21], |_| false), (2, 0));
+        let Land::Pool(slot) = a.land(21) else {
+            panic!("page 21 lands in a pool slot: {:?}", a.land(21))
+        };
+        put(&b, 21, 0x2121);
+        // The install's move, on a thread that is then preempted before it releases the
+        // landing: the slot is empty and page 21 still names it.
+        a.ram
+            .uffd()
+            .move_some(
+                a.ram.guest_page_addr(21),
+                a.ram.pool_page(slot) as u64,
+                PG,
+                false,
+            )
+            .expect("move 21 in");
+        b.map(20, 1, false).expect("install 20");
+        let mut refused = Refused::default();
+        // Meanwhile the ring turns four times: pages 100, 101 cycle through pool frames.
+        for _ in 0..4 * cap {
+            b.assign_frames(&[100, 101], |_| false);
+            for q in [100, 101] {
+                assert_ne!(
+                    a.land(q),
+                    Land::Pool(slot),
+                    "page 21's landing slot handed to another read before its release"
+                );
+            }
+            land_install_evict_100_101(&b, true, &mut refused);
+        }
+        // The release: nothing else was in the slot for it to take.
+        a.release_landing(21, Land::Pool(slot), true)
+            .expect("release 21's landing");
+        a.set_mapped(21, 1, true);
+        let guest = a.ram.guest_page_addr(21) as *const u64;
+        // SAFETY: page 21 is mapped in the guest view; nobody else uses this RAM.
+        assert_eq!(unsafe { core::ptr::read_volatile(guest) }, 0x2121);
+        // And the slot is the pool's again: the producer fills it on its next turn.
+        for _ in 0..2 * cap {
+            b.assign_frames(&[100, 101], |_| false);
+            land_install_evict_100_101(&b, true, &mut refused);
+        }
+        assert!(
+            a.fill.load(Ordering::Relaxed) > cap + slot,
+            "the producer went past the released slot"
+        );
     }
 
     #[test]

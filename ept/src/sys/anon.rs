@@ -194,12 +194,21 @@ impl AnonRam {
         unsafe { self.pool.add(s as usize * PAGE_SIZE) }
     }
 
-    /// Allocates pool slots `[s, s+n)` (writes a byte to each; a slot holding a page keeps it).
+    /// Allocates pool slots `[s, s+n)` (MADV_POPULATE_WRITE: an empty slot gets a zeroed
+    /// frame; a slot holding a frame keeps it, content and all, whoever put it there
+    /// meanwhile — writing a byte to allocate would change that frame's data).
     pub fn fill_pool(&self, s: u64, n: u64) -> io::Result<()> {
         self.check(s, n, self.pool_pages())?;
-        for i in s..s + n {
-            // SAFETY: in bounds (checked); the pool's missing faults are the kernel's.
-            unsafe { core::ptr::write_volatile(self.pool_page(i), 0u8) };
+        // SAFETY: the range lies inside the pool mapping (checked); populating changes no data.
+        let r = unsafe {
+            libc::madvise(
+                self.pool_page(s).cast(),
+                n as usize * PAGE_SIZE,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
         }
         Ok(())
     }
