@@ -501,6 +501,19 @@ impl Evictor {
                 self.restore(v.page);
                 continue;
             }
+            if self.installer.fingerprint(v.page) != v.fp {
+                // Written after the zap, through a mapping that should be gone: freeing it
+                // would lose that write. Kept, with its remote copy (if written back) known
+                // to be older, so its next eviction writes it back.
+                c.inc(Counter::EvictLateWrites);
+                tracing::error!(
+                    "guest page {:#x} changed after it was unmapped for eviction; kept resident",
+                    v.page
+                );
+                v.verdict = Verdict::Keep;
+                self.restore(v.page);
+                continue;
+            }
             pages.push(v.page);
         }
         spans::bridge(&self.table, pages, spans);

@@ -163,6 +163,11 @@ counters! {
     evict_rescued: EvictRescued,
     /// Write-backs that failed (the page stays resident).
     evict_write_failed: EvictWriteFailed,
+    /// Victims whose content changed after they were taken out of the guest view and
+    /// fingerprinted: something wrote the page through a mapping that should no longer
+    /// exist. Kept resident with their new content (written back at their next eviction)
+    /// instead of freed, where that write would have been lost.
+    evict_late_writes: EvictLateWrites,
     /// Reads landed in a free frame of the pool (anonymous guest memory), not in a page the
     /// kernel allocates and zeroes.
     pool_landings: PoolLandings,

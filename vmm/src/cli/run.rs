@@ -782,6 +782,16 @@ pub fn run(a: RunArgs) -> Result<i32> {
     print_report(&report, a.json, report.paging.as_ref());
     let code = exit_code::for_outcome(&report.outcome);
     if code != exit_code::OK {
+        // Also with --json (stdout is the report): the log says which process went wrong.
+        for p in &report.processes {
+            if let Some(why) = process_problem(p) {
+                eprintln!(
+                    "farvm: process {} ({}): {why}",
+                    p.pid,
+                    workload_name(p.workload)
+                );
+            }
+        }
         eprintln!("farvm: {}", report.outcome);
     }
     Ok(code)
@@ -878,19 +888,9 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
         "pid", "workload", "cpu", "state", "time_ms", "ops", "checksum"
     );
     for p in &r.processes {
-        let extra = match p.state {
-            state::KILLED => format!(
-                "  (vector {} error {:#x} cr2 {:#x} rip {:#x})",
-                p.fault_vector, p.fault_error, p.fault_cr2, p.fault_rip
-            ),
-            state::FAILED => format!(
-                "  ({}, code {}{})",
-                farvm_workloads::Error::describe_code(p.error),
-                p.error,
-                diverged_word(p)
-            ),
-            _ => String::new(),
-        };
+        let extra = process_problem(p)
+            .map(|why| format!("  ({why})"))
+            .unwrap_or_default();
         println!(
             "{:>4} {:<15} {:>3} {:<8} {:>12.3} {:>12} {:>#18x}{extra}",
             p.pid,
@@ -916,6 +916,24 @@ fn print_report(r: &VmReport, json: bool, paging: Option<&farvm_vmm::remote::Rem
             "guest shut down with status {status} after {:.3} s",
             r.uptime_secs
         );
+    }
+}
+
+/// What went wrong with process `p`, if it was killed or failed: the exception, or the
+/// workload's error (and a verifying scan's first wrong word).
+fn process_problem(p: &ProcessRecord) -> Option<String> {
+    match p.state {
+        state::KILLED => Some(format!(
+            "killed by exception vector {} error {:#x} cr2 {:#x} rip {:#x}",
+            p.fault_vector, p.fault_error, p.fault_cr2, p.fault_rip
+        )),
+        state::FAILED => Some(format!(
+            "{}, code {}{}",
+            farvm_workloads::Error::describe_code(p.error),
+            p.error,
+            diverged_word(p)
+        )),
+        _ => None,
     }
 }
 

@@ -152,13 +152,20 @@ pub fn assert_native_report(report: &serde_json::Value, workload: &str) {
     let c = &report["paging"]["engine"]["counters"];
     // A failed workload says why in its report (a verifying scan, seq verify=1: the first
     // word it found wrong, from `farvm run`'s own account).
-    let failed = p["error_text"]
-        .as_str()
-        .map(|t| format!("the guest's workload failed: {t}; "))
-        .unwrap_or_default();
+    let failed = match p["state_name"].as_str() {
+        Some("killed") => format!(
+            "the guest's workload was killed by exception vector {} error {} cr2 {} rip {}; ",
+            p["fault_vector"], p["fault_error"], p["fault_cr2"], p["fault_rip"]
+        ),
+        _ => p["error_text"]
+            .as_str()
+            .map(|t| format!("the guest's workload failed: {t}; "))
+            .unwrap_or_default(),
+    };
+    // The first line short (CI keeps the start of a long message), the rest after it.
     let why = format!(
         "{failed}remote_stale {} remote_absent {} lost_accesses {} store_errors {} \
-         evict_write_failed {}; remote {}; process {p}",
+         evict_write_failed {}\nremote {}\nprocess {p}",
         c["remote_stale"],
         c["remote_absent"],
         c["lost_accesses"],
