@@ -1,10 +1,10 @@
 //! Where guest RAM's pages live: the two backings the installer runs on.
 //!
-//! - **memfd** (the default where the kernel lacks `UFFDIO_MOVE`): one memfd mapped twice,
+//! - **memfd** (the default): one memfd mapped twice,
 //!   the guest view (registered MISSING|MINOR) and the engine's alias; data lands in the memfd
 //!   through the alias and is mapped with `UFFDIO_CONTINUE`; eviction zaps the guest view and
 //!   punches the page out.
-//! - **anon** (the default where the kernel has `UFFDIO_MOVE`, Linux 6.8+): private anonymous
+//! - **anon** (opt-in, Linux 6.8+; see [`GuestMemory`]'s default): private anonymous
 //!   guest RAM (`sys::anon::AnonRam`): data lands in a free frame of the pool (or, with the
 //!   pool empty, in the page's staging slot), `UFFDIO_MOVE` moves the frame into the guest view
 //!   and, at eviction, straight back into a pool slot (or, in a round with write-backs or with
@@ -99,19 +99,13 @@ pub enum GuestMemory {
     Anon,
 }
 
-/// The default: anon where this kernel's userfaultfd offers `UFFD_FEATURE_MOVE` (it takes
-/// 0.6-0.85x the CPU per remote page of memfd, `docs/data-path.md`), memfd elsewhere, so a
-/// host on an older kernel runs as before instead of failing at engine set-up.
+/// The default: memfd. Anonymous guest RAM (`anon`, Linux 6.8+) takes 0.6-0.85x the CPU per
+/// remote page (`docs/data-path.md`) but is opt-in: under load, in the pool cluster tests,
+/// guest pages have come back zeroed with it and with no counter moving (`docs/data-path.md`,
+/// "Anonymous guest memory is opt-in"); memfd's data never moves, and ran the same tests clean.
 impl Default for GuestMemory {
     fn default() -> Self {
-        static PROBED: std::sync::OnceLock<GuestMemory> = std::sync::OnceLock::new();
-        *PROBED.get_or_init(|| match Uffd::open(uffd::feature::MOVE) {
-            Ok(_) => Self::Anon,
-            Err(e) => {
-                tracing::info!("userfaultfd without UFFD_FEATURE_MOVE ({e}): guest RAM on a memfd");
-                Self::Memfd
-            }
-        })
+        Self::Memfd
     }
 }
 
@@ -713,6 +707,13 @@ impl Anon {
                 }
                 // Mapped already by a racing fault or reader (which installed the frame).
                 Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOENT) => {
+                    if errno(&e) == libc::ENOENT && !self.ram.present(dst) {
+                        // Neither the guest view nor the landing place holds the page: its
+                        // data is not where the engine thinks it is.
+                        tracing::error!(
+                            "installing guest page {q:#x}: no frame at its landing place                              {l:?} and none in the guest view"
+                        );
+                    }
                     self.set_mapped(q, 1, true);
                     // A frame still in a pool slot is not the page's any more: freed, so
                     // that the pool can fill the slot again.
@@ -792,6 +793,13 @@ impl Anon {
                     }
                     // Not mapped after all.
                     Err(e) if errno(&e) == libc::ENOENT => {
+                        let l = self.land(p + i);
+                        if !self.ram.present(self.addr(p + i, l) as u64) {
+                            tracing::error!(
+                                "evicting guest page {:#x}: marked mapped, but neither the guest                                  view nor its landing place {l:?} holds a frame",
+                                p + i
+                            );
+                        }
                         self.set_mapped(p + i, 1, false);
                         i += 1;
                     }

@@ -4,11 +4,11 @@
 //! thread and injected read and write failures. "vCPU" threads write and verify their own
 //! pages in random order, every word, over many eviction / refetch cycles.
 //!
-//! Knobs: `FARVM_EPT_CHAOS_SECS` (default 10), `FARVM_EPT_CHAOS_LAT_US` (mean latency,
+//! Knobs: `FARVM_EPT_CHAOS_SECS` (default 8), `FARVM_EPT_CHAOS_LAT_US` (mean latency,
 //! default 200), `FARVM_EPT_CHAOS_SERVERS` (default 6), `FARVM_EPT_CHAOS_FAIL_PPM` (injected
 //! failures per million requests, default 2000), `FARVM_EPT_CHAOS_STALL_PPM` (requests that
-//! stall their server for 50-300 ms, per million, default 500), `FARVM_EPT_CHAOS_MEMORY`
-//! (memfd or anon; default: the engine's).
+//! stall their server for 50-300 ms, per million, default 500). Each backing (memfd, anon)
+//! runs it.
 
 mod common;
 
@@ -263,8 +263,17 @@ fn word(version: u64, page: u64, w: usize) -> u64 {
 }
 
 #[test]
-fn pages_survive_concurrent_completions_varying_latency_and_failures() {
-    let secs = env_u64("FARVM_EPT_CHAOS_SECS", 10);
+fn memfd_pages_survive_concurrent_completions_varying_latency_and_failures() {
+    survive(farvm_ept::GuestMemory::Memfd);
+}
+
+#[test]
+fn anonymous_pages_survive_concurrent_completions_varying_latency_and_failures() {
+    survive(farvm_ept::GuestMemory::Anon);
+}
+
+fn survive(memory: farvm_ept::GuestMemory) {
+    let secs = env_u64("FARVM_EPT_CHAOS_SECS", 8);
     let servers = env_u64("FARVM_EPT_CHAOS_SERVERS", 6) as usize;
     let lat = env_u64("FARVM_EPT_CHAOS_LAT_US", 200);
     let fail_ppm = env_u64("FARVM_EPT_CHAOS_FAIL_PPM", 2000);
@@ -272,9 +281,7 @@ fn pages_survive_concurrent_completions_varying_latency_and_failures() {
     let store = Chaos::new(servers, lat, fail_ppm, stall_ppm);
     let mut cfg = EngineConfig::new(64 << 20);
     cfg.budget = Budget::Percent(25.0);
-    if let Ok(m) = std::env::var("FARVM_EPT_CHAOS_MEMORY") {
-        cfg.guest_memory = farvm_ept::GuestMemory::parse(&m).expect("memfd or anon");
-    }
+    cfg.guest_memory = memory;
     let prefetcher = farvm_prefetch::registry::build(
         farvm_prefetch::registry::DEFAULT,
         &farvm_prefetch::registry::Config::default(),

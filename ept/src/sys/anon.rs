@@ -316,6 +316,15 @@ impl AnonRam {
         Ok(())
     }
 
+    /// Whether the page at `addr` (inside one of the mappings) holds a frame (mincore).
+    pub fn present(&self, addr: u64) -> bool {
+        let mut v = 0u8;
+        // SAFETY: one page-aligned page inside a mapping of `self`; `v` takes its one byte.
+        let r =
+            unsafe { libc::mincore((addr & !(PG - 1)) as *mut libc::c_void, PAGE_SIZE, &mut v) };
+        r == 0 && v & 1 != 0
+    }
+
     /// Pages with a frame in the guest view or a staging slot (mincore of both).
     pub fn resident_count(&self) -> io::Result<u64> {
         let mut vec = vec![0u8; self.pages() as usize];

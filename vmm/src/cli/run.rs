@@ -304,8 +304,9 @@ pub struct RunArgs {
     /// Guest RAM's backing with remote memory: memfd (pages land in a memfd and are mapped
     /// with UFFDIO_CONTINUE; evicted pages are freed) or anon (private anonymous memory whose
     /// pages move in and out with UFFDIO_MOVE and are reused, never freed and re-allocated;
-    /// Linux 6.8 or later; 0.6-0.85x memfd's CPU per remote page). Default: anon where the
-    /// kernel offers UFFDIO_MOVE, else memfd; FARVM_GUEST_MEMORY overrides it when set.
+    /// Linux 6.8 or later; 0.6-0.85x memfd's CPU per remote page, but under load guest pages
+    /// have come back zeroed with it: opt-in until that is found). Default: memfd;
+    /// FARVM_GUEST_MEMORY overrides it when set.
     #[arg(long, value_name = "KIND", value_parser = parse_guest_memory)]
     pub guest_memory: Option<farvm_ept::GuestMemory>,
 
