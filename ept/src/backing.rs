@@ -711,7 +711,8 @@ impl Anon {
                         // Neither the guest view nor the landing place holds the page: its
                         // data is not where the engine thinks it is.
                         tracing::error!(
-                            "installing guest page {q:#x}: no frame at its landing place                              {l:?} and none in the guest view"
+                            "installing guest page {q:#x}: no frame at its landing place \
+                             {l:?} and none in the guest view"
                         );
                     }
                     self.set_mapped(q, 1, true);
@@ -796,7 +797,8 @@ impl Anon {
                         let l = self.land(p + i);
                         if !self.ram.present(self.addr(p + i, l) as u64) {
                             tracing::error!(
-                                "evicting guest page {:#x}: marked mapped, but neither the guest                                  view nor its landing place {l:?} holds a frame",
+                                "evicting guest page {:#x}: marked mapped, but neither the guest \
+                                 view nor its landing place {l:?} holds a frame",
                                 p + i
                             );
                         }
