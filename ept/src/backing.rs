@@ -128,7 +128,7 @@ pub(crate) enum Backing {
 pub(crate) struct Anon {
     ram: AnonRam,
     /// One bit per guest page: its frame is in the guest view.
-    mapped: Box<[AtomicU64]>,
+    mapped: AtomicBits,
     /// Per guest page: the pool slot its read lands in ([`NO_SLOT`]: its staging slot). Set by
     /// the fault handler for a page it owns (INFLIGHT), cleared when the frame leaves the slot.
     landing: Box<[AtomicU32]>,
@@ -142,7 +142,7 @@ pub(crate) struct Anon {
     /// empty: between an install moving the landing frame out and the landing being released,
     /// a frame moved in would be taken for the landing frame (dropped, or written) by whoever
     /// releases it.
-    landing_busy: Box<[AtomicU64]>,
+    landing_busy: AtomicBits,
     /// One bit per bounce page: free.
     bounce_free: Box<[AtomicU64]>,
     /// Where the fault handler last found a free bounce page.
@@ -207,15 +207,12 @@ impl Backing {
                         "the anonymous memory's free pool must have fewer than 2^31 pages",
                     ));
                 }
-                let words = ram.pages().div_ceil(64) as usize;
                 let pages = ram.pages() as usize;
                 Ok(Self::Anon(Anon {
-                    mapped: (0..words).map(|_| AtomicU64::new(0)).collect(),
+                    mapped: AtomicBits::new(ram.pages()),
                     landing: (0..pages).map(|_| AtomicU32::new(NO_SLOT)).collect(),
                     refused: (0..pages).map(|_| AtomicU32::new(0)).collect(),
-                    landing_busy: (0..ram.pool_pages().div_ceil(64))
-                        .map(|_| AtomicU64::new(0))
-                        .collect(),
+                    landing_busy: AtomicBits::new(ram.pool_pages()),
                     rounds: AtomicU64::new(0),
                     bounce_free: (0..BOUNCE_PAGES / 64).map(|_| AtomicU64::new(!0)).collect(),
                     bounce_hint: AtomicUsize::new(0),
@@ -413,6 +410,29 @@ impl Backing {
     }
 }
 
+/// One bit per page or slot, set, cleared and read by any thread (release / acquire).
+struct AtomicBits(Box<[AtomicU64]>);
+
+impl AtomicBits {
+    /// `n` bits, all clear.
+    fn new(n: u64) -> Self {
+        Self((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    fn get(&self, i: u64) -> bool {
+        self.0[(i / 64) as usize].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+
+    fn set(&self, i: u64, on: bool) {
+        let (w, b) = (&self.0[(i / 64) as usize], 1u64 << (i % 64));
+        if on {
+            w.fetch_or(b, Ordering::AcqRel);
+        } else {
+            w.fetch_and(!b, Ordering::AcqRel);
+        }
+    }
+}
+
 /// Where an owned, unmapped page's data lands and waits for its install.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Land {
@@ -513,30 +533,17 @@ impl Anon {
                 // The landing frame left the slot (or was dropped there): the producer may
                 // fill it again. (On an error above it stays blocked: what it holds is
                 // unknown.)
-                self.set_landing_busy(s, false);
+                self.landing_busy.set(s, false);
             }
             _ => {}
         }
         Ok(())
     }
 
-    fn set_landing_busy(&self, s: u64, on: bool) {
-        let (w, b) = ((s / 64) as usize, 1u64 << (s % 64));
-        if on {
-            self.landing_busy[w].fetch_or(b, Ordering::AcqRel);
-        } else {
-            self.landing_busy[w].fetch_and(!b, Ordering::AcqRel);
-        }
-    }
-
-    fn is_landing_busy(&self, s: u64) -> bool {
-        self.landing_busy[(s / 64) as usize].load(Ordering::Acquire) & (1 << (s % 64)) != 0
-    }
-
     /// How many of the `n` pool slots from `s` (not wrapping) the producer may move frames
     /// into: those before the first one still a read's landing slot.
     fn producer_may_fill(&self, s: u64, n: u64) -> u64 {
-        (0..n).find(|&i| self.is_landing_busy(s + i)).unwrap_or(n)
+        (0..n).find(|&i| self.landing_busy.get(s + i)).unwrap_or(n)
     }
 
     /// Pool slot `s` lost its frame. If its position is filled but not published yet
@@ -589,7 +596,7 @@ impl Anon {
             if head < tail {
                 // Busy before the page names it: from here until its release the producer
                 // leaves the slot alone.
-                self.set_landing_busy(head % cap, true);
+                self.landing_busy.set(head % cap, true);
                 l.store((head % cap) as u32, Ordering::Release);
                 head += 1;
             }
@@ -656,17 +663,12 @@ impl Anon {
     }
 
     fn is_mapped(&self, p: u64) -> bool {
-        self.mapped[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
+        self.mapped.get(p)
     }
 
     fn set_mapped(&self, p: u64, n: u64, on: bool) {
         for q in p..p + n {
-            let (w, b) = ((q / 64) as usize, 1u64 << (q % 64));
-            if on {
-                self.mapped[w].fetch_or(b, Ordering::Release);
-            } else {
-                self.mapped[w].fetch_and(!b, Ordering::Release);
-            }
+            self.mapped.set(q, on);
         }
     }
 
@@ -903,9 +905,9 @@ impl Anon {
                             // Still a read's landing slot (a page installed no further than
                             // its claim): not a producer position, so nobody would ever empty
                             // it. Dropped, and the slot handed back to the producer.
-                            Land::Pool(s) if self.is_landing_busy(s) => {
+                            Land::Pool(s) if self.landing_busy.get(s) => {
                                 self.ram.drop_pool(s, 1)?;
-                                self.set_landing_busy(s, false);
+                                self.landing_busy.set(s, false);
                             }
                             _ => {}
                         }
