@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::movetrace::{Move, MoveTrace};
 use crate::sys::anon::AnonRam;
 use crate::sys::mem::{self, GuestRam};
 use crate::sys::uffd::{self, Installed, Uffd};
@@ -157,6 +158,8 @@ pub(crate) struct Anon {
     /// At most this many free frames are kept (`tail - head`); the pool has
     /// [`LANDING_SLOTS`] more slots than that.
     max_free: u64,
+    /// Every page's recent moves, with `FARVM_ANON_TRACE=1` (`movetrace.rs`).
+    trace: Option<Box<MoveTrace>>,
 }
 
 /// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
@@ -166,6 +169,9 @@ pub(crate) struct Anon {
 pub(crate) struct Refused {
     /// Victims still mapped.
     pub pages: Vec<u64>,
+    /// Victims whose frame is nowhere the engine put it (anon: neither in the guest view nor
+    /// in its landing place): their data is unknown.
+    pub vanished: Vec<u64>,
     /// Of those, newly kept resident (see [`UNMOVABLE_AFTER`]).
     pub unmovable: u64,
     /// The first pool position the move-out filled (anon), if it moved victims straight into
@@ -221,6 +227,7 @@ impl Backing {
                     tail: AtomicU64::new(0),
                     fill: AtomicU64::new(0),
                     max_free,
+                    trace: MoveTrace::from_env(pages as u64).map(Box::new),
                 }))
             }
         }
@@ -298,6 +305,7 @@ impl Backing {
         refused: &mut Refused,
     ) -> io::Result<()> {
         refused.pages.clear();
+        refused.vanished.clear();
         refused.unmovable = 0;
         refused.pool_from = None;
         match self {
@@ -599,6 +607,7 @@ impl Anon {
                 self.landing_busy.set(head % cap, true);
                 l.store((head % cap) as u32, Ordering::Release);
                 head += 1;
+                self.note(p, 1, Move::Assigned);
             }
         }
         self.head.store(head, Ordering::Release);
@@ -630,7 +639,7 @@ impl Anon {
             r => r,
         };
         match r {
-            Ok(_) => {}
+            Ok(_) => self.note(p, 1, Move::ToStaging),
             // Nothing landed (the read wrote no byte): an empty slot reads as zeros either way.
             Err(e) if errno(&e) == libc::ENOENT => {}
             Err(e) => return Err(e),
@@ -672,6 +681,73 @@ impl Anon {
         }
     }
 
+    /// Records `what` for pages `[p, p+n)` in the move trace, if one is kept.
+    #[inline]
+    fn note(&self, p: u64, n: u64, what: Move) {
+        if let Some(t) = &self.trace {
+            t.record(p, n, what);
+        }
+    }
+
+    /// Whether every move is checked against the page tables (`FARVM_ANON_TRACE=2`).
+    fn checking(&self) -> bool {
+        self.trace.as_ref().is_some_and(|t| t.checks)
+    }
+
+    /// Page `p`'s recent moves, for an error message ("" without a trace).
+    fn history(&self, p: u64) -> String {
+        match &self.trace {
+            Some(t) => format!("; its moves: {}", t.history(p)),
+            None => String::new(),
+        }
+    }
+
+    /// With checks (`FARVM_ANON_TRACE=2`): after a move of the `m` mapped pages from `p` out of the guest view that
+    /// returned `r`, checks that the pages it did not report moved are still there (the
+    /// kernel moved no more than it said).
+    fn check_left_behind(&self, p: u64, m: u64, r: &io::Result<u64>, what: &str) {
+        if !self.checking() {
+            return;
+        }
+        // ENOENT: the first page had no frame (checked by the caller); the rest should.
+        let k = match r {
+            Ok(b) => b / PG,
+            Err(e) if errno(e) == libc::ENOENT => 1,
+            Err(_) => 0,
+        };
+        if k >= m {
+            return;
+        }
+        if let Some(i) = self
+            .ram
+            .first_absent(self.ram.guest_page_addr(p + k), m - k)
+        {
+            let q = p + k + i;
+            tracing::error!(
+                "{what} of guest pages {p:#x}+{m}: the kernel reported {k} moved ({r:?}), but \
+                 page {q:#x} left the guest view too{}",
+                self.history(q)
+            );
+        }
+    }
+
+    /// With checks: that the `k` pages from `q` just installed hold frames in the
+    /// guest view, and logs any that does not.
+    fn check_installed(&self, q: u64, k: u64) {
+        if !self.checking() {
+            return;
+        }
+        if let Some(i) = self.ram.first_absent(self.ram.guest_page_addr(q), k) {
+            self.note(q + i, 1, Move::InButAbsent);
+            tracing::error!(
+                "installed guest pages {q:#x}+{k}, but page {:#x} has no frame in the guest \
+                 view right after{}",
+                q + i,
+                self.history(q + i)
+            );
+        }
+    }
+
     /// Puts the frames of `n` owned pages from `p` into the guest view: one move per run of
     /// pages whose frames lie next to each other (landing frames in consecutive pool slots,
     /// or staging slots), one copy per page landed in a bounce page.
@@ -701,6 +777,8 @@ impl Anon {
                 Ok(b) => {
                     let k = b / PG;
                     self.set_mapped(q, k, true);
+                    self.note(q, k, Move::In);
+                    self.check_installed(q, k);
                     for r in q..q + k {
                         let lr = if r == q { l } else { self.land(r) };
                         self.release_landing(r, lr, false)?;
@@ -709,12 +787,18 @@ impl Anon {
                 }
                 // Mapped already by a racing fault or reader (which installed the frame).
                 Err(e) if matches!(errno(&e), libc::EEXIST | libc::ENOENT) => {
-                    if errno(&e) == libc::ENOENT && !self.ram.present(dst) {
+                    if errno(&e) == libc::EEXIST {
+                        self.note(q, 1, Move::InExists);
+                    } else if self.ram.present(dst) {
+                        self.note(q, 1, Move::InNoSource);
+                    } else {
                         // Neither the guest view nor the landing place holds the page: its
                         // data is not where the engine thinks it is.
+                        self.note(q, 1, Move::InNothing);
                         tracing::error!(
                             "installing guest page {q:#x}: no frame at its landing place \
-                             {l:?} and none in the guest view"
+                             {l:?} and none in the guest view{}",
+                            self.history(q)
                         );
                     }
                     self.set_mapped(q, 1, true);
@@ -775,10 +859,32 @@ impl Anon {
                 } else {
                     self.ram.staging_page(p + i) as u64
                 };
-                match u.move_some(dst, src, m * PG, false) {
+                if self.checking() {
+                    if let Some(j) = self.ram.first_absent(src, m) {
+                        tracing::error!(
+                            "eviction of guest pages {:#x}+{m}: page {:#x}, marked mapped, has \
+                             no frame in the guest view before the move{}",
+                            p + i,
+                            p + i + j,
+                            self.history(p + i + j)
+                        );
+                    }
+                }
+                let moved = u.move_some(dst, src, m * PG, false);
+                self.check_left_behind(p + i, m, &moved, "eviction");
+                match moved {
                     Ok(b) => {
                         let k = b / PG;
                         self.set_mapped(p + i, k, false);
+                        self.note(
+                            p + i,
+                            k,
+                            if to_pool {
+                                Move::OutPool
+                            } else {
+                                Move::OutStaging
+                            },
+                        );
                         if to_pool {
                             for j in 0..k {
                                 let slot = ((fill + j) % cap) as u32;
@@ -797,12 +903,15 @@ impl Anon {
                     // Not mapped after all.
                     Err(e) if errno(&e) == libc::ENOENT => {
                         let l = self.land(p + i);
+                        self.note(p + i, 1, Move::OutNothing);
                         if !self.ram.present(self.addr(p + i, l) as u64) {
                             tracing::error!(
                                 "evicting guest page {:#x}: marked mapped, but neither the guest \
-                                 view nor its landing place {l:?} holds a frame",
-                                p + i
+                                 view nor its landing place {l:?} holds a frame{}",
+                                p + i,
+                                self.history(p + i)
                             );
+                            refused.vanished.push(p + i);
                         }
                         self.set_mapped(p + i, 1, false);
                         i += 1;
@@ -818,6 +927,7 @@ impl Anon {
                     }
                     // Shared or pinned: it stays mapped (and resident); the others go on.
                     Err(e) if errno(&e) == libc::EBUSY => {
+                        self.note(p + i, 1, Move::OutBusy);
                         if self.refuse(p + i) {
                             refused.unmovable += 1;
                         }
@@ -866,6 +976,7 @@ impl Anon {
             for q in p..p + moved as u64 {
                 self.landing[q as usize].store(NO_SLOT, Ordering::Release);
             }
+            self.note(p, moved as u64, Move::ToStaging);
             i += moved.max(1);
         }
         self.fill.store(from, Ordering::Relaxed);
@@ -886,6 +997,7 @@ impl Anon {
         // Only the staging slots' frames move; the rest is bookkeeping.
         let in_slot = |p: u64| self.land(p) == Land::Staging;
         mem::for_runs(pages, |first, len| {
+            self.note(first, len, Move::Freed);
             let mut i = 0;
             while i < len {
                 let staging = in_slot(first + i);

@@ -90,6 +90,17 @@ pub enum EngineError {
         /// The OS error of the free.
         source: std::io::Error,
     },
+    #[error(
+        "guest page {gpa:#x}: its frame was in neither the guest view nor where the engine \
+         put it when eviction came to take it out, so what the guest last wrote there is \
+         unknown; the page is lost rather than written back or given to the guest wrong"
+    )]
+    /// An eviction found a victim's frame gone from the guest view (anonymous guest memory):
+    /// the page is `LOST`.
+    FrameVanished {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
     /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),

@@ -423,6 +423,9 @@ impl Evictor {
         if !self.refused.pages.is_empty() {
             self.keep_refused(r);
         }
+        if !self.refused.vanished.is_empty() {
+            self.lose_vanished(r);
+        }
         // 3. Content verdicts, now that the guest cannot write.
         r.writes.clear();
         for v in r.victims.iter_mut() {
@@ -619,6 +622,33 @@ impl Evictor {
                 );
             }
         }
+    }
+
+    /// Victims whose frame was not where the engine left it: what the guest last wrote there
+    /// is unknown, so the page becomes `LOST` (loud: the VM stops at its next access, naming
+    /// it) rather than fingerprinted and written back as whatever an empty slot reads.
+    fn lose_vanished(&mut self, r: &mut Round) {
+        let vanished = &self.refused.vanished;
+        self.counters
+            .add(Counter::EvictVanished, vanished.len() as u64);
+        r.victims.retain(|v| {
+            if vanished.binary_search(&v.page).is_err() {
+                return true;
+            }
+            self.errors.push(EngineError::FrameVanished {
+                gpa: v.page * PAGE_SIZE as u64,
+            });
+            // Its frame is not counted free again: where it is, is what is unknown.
+            let w = self
+                .table
+                .update(v.page, |w| Some(st::pins_only(w) | st::LOST));
+            if let Ok((old, _)) = w {
+                if old & st::F_WAITERS != 0 {
+                    self.lost.accessed(v.page);
+                }
+            }
+            false
+        });
     }
 
     /// Counts an eviction that completed.

@@ -29,6 +29,7 @@ pub mod faultlog;
 mod frames;
 mod installer;
 mod lost;
+mod movetrace;
 mod pagemeta;
 mod parts;
 mod port;

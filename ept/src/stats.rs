@@ -168,6 +168,12 @@ counters! {
     /// exist. Kept resident with their new content (written back at their next eviction)
     /// instead of freed, where that write would have been lost.
     evict_late_writes: EvictLateWrites,
+    /// Victims whose frame was in neither the guest view nor its landing place when the
+    /// evictor came to move it out (anonymous guest memory): their data is not where the
+    /// engine left it, so they become `LOST` (the VM stops at the next access, naming the
+    /// page) instead of being fingerprinted, written back and freed as whatever an empty
+    /// slot reads (zeros).
+    evict_vanished: EvictVanished,
     /// Reads landed in a free frame of the pool (anonymous guest memory), not in a page the
     /// kernel allocates and zeroes.
     pool_landings: PoolLandings,

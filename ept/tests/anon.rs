@@ -319,3 +319,58 @@ fn pages_the_kernel_refuses_to_move_out_stay_resident_and_eviction_goes_on() {
     }
     assert_eq!(vm.engine.errors_total(), 0, "{:?}", vm.engine.take_errors());
 }
+
+#[test]
+fn a_victim_whose_frame_vanished_from_the_guest_view_is_lost_loudly_never_written_back() {
+    // A frame taken out of the guest view behind the engine's back (here: MADV_DONTNEED by
+    // this process) leaves a page the engine believes mapped with no data anywhere. Its
+    // eviction must not fingerprint, write back and free whatever an empty slot reads
+    // (zeros, which the guest would then read back "correctly"): the page becomes LOST.
+    let vm = anon(16, Budget::Bytes(2 << 20), MemStoreConfig::default(), false);
+    let g = vm.guest();
+    for p in 0..g.pages {
+        g.fill(p, 1);
+    }
+    vm.settle();
+    let state = |p: u64| vm.engine.page_state(p * PAGE_SIZE as u64);
+    let local = |p: u64| matches!(state(p), Some(PageState::Local { .. }));
+    let victim = (0..g.pages)
+        .rev()
+        .find(|&p| local(p) && g.check(p, 1).is_none() && local(p))
+        .expect("a resident page after the fill");
+    // SAFETY: one page of the engine's guest view, which lives as long as `vm`; dropping its
+    // frame is the fault under test (nothing else touches this page meanwhile).
+    let r = unsafe {
+        libc::madvise(
+            (vm.base + victim as usize * PAGE_SIZE) as *mut libc::c_void,
+            PAGE_SIZE,
+            libc::MADV_DONTNEED,
+        )
+    };
+    assert_eq!(r, 0, "madvise: {}", std::io::Error::last_os_error());
+    // Sweep the other pages until the victim is evicted (bounded).
+    let mut pass = 0u64;
+    while local(victim) && pass < 40 {
+        pass += 1;
+        for p in (0..g.pages).filter(|&p| p != victim) {
+            if let Some((w, got, want)) = g.check(p, pass) {
+                panic!("pass {pass}: page {p} word {w}: got {got:#x} want {want:#x}");
+            }
+            g.fill(p, pass + 1);
+        }
+    }
+    let s = vm.engine.stats();
+    assert_eq!(
+        state(victim),
+        Some(PageState::Lost),
+        "after {pass} passes: {:?}",
+        s.counters
+    );
+    assert_eq!(s.counters.evict_vanished, 1, "{:?}", s.counters);
+    let errors = vm.engine.take_errors();
+    assert!(
+        errors.iter().any(|e| matches!(e,
+            farvm_ept::error::EngineError::FrameVanished { gpa } if *gpa == victim * PAGE_SIZE as u64)),
+        "{errors:?}"
+    );
+}

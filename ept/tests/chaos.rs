@@ -377,6 +377,7 @@ fn survive(memory: farvm_ept::GuestMemory) {
     );
     assert_eq!(bad.load(Ordering::SeqCst), 0, "pages with wrong content");
     assert_eq!(st.counters.evict_late_writes, 0);
+    assert_eq!(st.counters.evict_vanished, 0);
     assert!(
         st.counters.evictions > 0 && st.counters.remote_reads_prefetch > 0,
         "the run paged: {:?}",

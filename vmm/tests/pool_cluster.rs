@@ -41,7 +41,12 @@ const ETCD: &str = "http://10.77.0.2:2379";
 /// One cluster at a time: 8 VMs already load this machine's cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The farvm binaries the cluster runs: this build's, or those in `FARVM_TEST_BIN_DIR` (a copy
+/// looped over while the tree is rebuilt).
 fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FARVM_TEST_BIN_DIR") {
+        return PathBuf::from(d);
+    }
     Path::new(env!("CARGO_BIN_EXE_farvm"))
         .parent()
         .unwrap()

@@ -325,6 +325,24 @@ impl AnonRam {
         r == 0 && v & 1 != 0
     }
 
+    /// The first of the `n` pages from `addr` (inside one mapping of `self`) that holds no
+    /// frame (mincore), if any.
+    pub fn first_absent(&self, addr: u64, n: u64) -> Option<u64> {
+        let mut v = vec![0u8; n as usize];
+        // SAFETY: `n` page-aligned pages inside a mapping of `self`; `v` takes one byte each.
+        let r = unsafe {
+            libc::mincore(
+                (addr & !(PG - 1)) as *mut libc::c_void,
+                n as usize * PAGE_SIZE,
+                v.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return None;
+        }
+        v.iter().position(|b| b & 1 == 0).map(|i| i as u64)
+    }
+
     /// Pages with a frame in the guest view or a staging slot (mincore of both).
     pub fn resident_count(&self) -> io::Result<u64> {
         let mut vec = vec![0u8; self.pages() as usize];

@@ -77,13 +77,14 @@ pub fn render(p: &Value) -> String {
     }
     let _ = writeln!(
         s,
-        "  evictions {} (clean {} dirty {} zero {} rescued {} late writes {}) in {} rounds",
+        "  evictions {} (clean {} dirty {} zero {} rescued {} late writes {} vanished {}) in {} rounds",
         n("evictions"),
         n("evict_clean"),
         n("evict_dirty"),
         n("evict_zero"),
         n("evict_rescued"),
         n("evict_late_writes"),
+        n("evict_vanished"),
         n("evict_rounds")
     );
     for (name, k) in [

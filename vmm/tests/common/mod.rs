@@ -165,12 +165,13 @@ pub fn assert_native_report(report: &serde_json::Value, workload: &str) {
     // The first line short (CI keeps the start of a long message), the rest after it.
     let why = format!(
         "{failed}remote_stale {} remote_absent {} lost_accesses {} store_errors {} \
-         evict_write_failed {}\nremote {}\nprocess {p}",
+         evict_write_failed {} evict_vanished {}\nremote {}\nprocess {p}",
         c["remote_stale"],
         c["remote_absent"],
         c["lost_accesses"],
         c["store_errors"],
         c["evict_write_failed"],
+        c["evict_vanished"],
         report["paging"]["remote"]
     );
     assert_eq!(p["state_name"], "done", "{why}");
