@@ -55,7 +55,7 @@
 //! evicted again, and one that stays pinned costs a refused move ever more rarely.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +160,8 @@ pub(crate) struct Anon {
     max_free: u64,
     /// Every page's recent moves, with `FARVM_ANON_TRACE=1` (`movetrace.rs`).
     trace: Option<Box<MoveTrace>>,
+    /// A frame gone from the guest view was reported with the extent of the damage.
+    vanish_reported: AtomicBool,
 }
 
 /// What a move-out of victims left behind: pages the kernel refused to move (still mapped),
@@ -228,6 +230,7 @@ impl Backing {
                     fill: AtomicU64::new(0),
                     max_free,
                     trace: MoveTrace::from_env(pages as u64).map(Box::new),
+                    vanish_reported: AtomicBool::new(false),
                 }))
             }
         }
@@ -689,6 +692,55 @@ impl Anon {
         }
     }
 
+    /// The first time a frame is found gone from the guest view: logs how far the damage
+    /// goes (every page marked mapped whose guest view holds no frame, as runs), where the
+    /// mappings lie (page-table boundaries fall every 2 MiB), and the process's mappings over
+    /// the guest view (a view partly unmapped or split would show there).
+    fn report_vanished_extent(&self) {
+        if self.vanish_reported.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let present = self.ram.guest_present();
+        let mut runs = Vec::new();
+        let mut missing = 0u64;
+        let mut p = 0u64;
+        while p < self.ram.pages() {
+            if self.is_mapped(p) && !present[p as usize] {
+                let start = p;
+                while p < self.ram.pages() && self.is_mapped(p) && !present[p as usize] {
+                    p += 1;
+                }
+                missing += p - start;
+                runs.push(format!("{start:#x}+{}", p - start));
+            } else {
+                p += 1;
+            }
+        }
+        let (lo, hi) = (
+            self.ram.guest_base(),
+            self.ram.guest_base() + self.ram.pages() * PG,
+        );
+        let maps: Vec<String> = std::fs::read_to_string("/proc/self/maps")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let mut r = l.split(['-', ' ']);
+                let a = r.next().and_then(|a| u64::from_str_radix(a, 16).ok());
+                let b = r.next().and_then(|b| u64::from_str_radix(b, 16).ok());
+                matches!((a, b), (Some(a), Some(b)) if a < hi && b > lo)
+            })
+            .map(str::to_owned)
+            .collect();
+        tracing::error!(
+            "guest frames gone: {missing} pages marked mapped have no frame in the guest view, \
+             in {} runs (first ones: {}); {}; mappings over the guest view: {}",
+            runs.len(),
+            runs.iter().take(16).cloned().collect::<Vec<_>>().join(" "),
+            self.ram.layout(),
+            maps.join(" | ")
+        );
+    }
+
     /// Whether every move is checked against the page tables (`FARVM_ANON_TRACE=2`).
     fn checking(&self) -> bool {
         self.trace.as_ref().is_some_and(|t| t.checks)
@@ -912,6 +964,7 @@ impl Anon {
                                 self.history(p + i)
                             );
                             refused.vanished.push(p + i);
+                            self.report_vanished_extent();
                         }
                         self.set_mapped(p + i, 1, false);
                         i += 1;

@@ -29,8 +29,10 @@ pub const LOCAL: u32 = 3;
 pub const STAGED: u32 = 4;
 /// Being evicted: unmapped from the guest view; the evictor owns it.
 pub const EVICTING: u32 = 5;
-/// The memory servers no longer hold the page's data (every replica restarted empty, or a
-/// server answered "absent" for a page the engine wrote back). Terminal: nothing reads it
+/// The page's data exists nowhere it can be trusted: the memory servers no longer hold it
+/// (every replica restarted empty, or a server answered "absent" or a wrong copy for a page
+/// the engine wrote back), or its local frame was not where the engine left it (a batch free
+/// that failed part-way, a frame gone from the guest view). Terminal: nothing reads it
 /// again, a guest fault on it is reported to the VMM (`Engine::on_page_lost`) and left
 /// waiting, a VMM access fails with `EngineError::PageLost`. Never zero-filled: that would be
 /// silent corruption.

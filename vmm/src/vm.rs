@@ -100,8 +100,9 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::HostError { message } => write!(f, "host error: {message}"),
             VmOutcome::MemoryLost { gpa } => write!(
                 f,
-                "guest memory lost: the guest needed page {gpa:#x}, and every memory server \
-                 that held it restarted empty"
+                "guest memory lost: the guest needed page {gpa:#x}, whose data exists nowhere \
+                 it can be trusted (every memory server holding it lost it or returned a wrong \
+                 copy, or its local frame was not where the engine left it; the log says which)"
             ),
         }
     }

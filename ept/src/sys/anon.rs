@@ -343,6 +343,33 @@ impl AnonRam {
         v.iter().position(|b| b & 1 == 0).map(|i| i as u64)
     }
 
+    /// Per guest page, whether the guest view holds a frame (mincore over the whole view;
+    /// all false if the call fails, e.g. part of the view is no longer mapped).
+    pub fn guest_present(&self) -> Vec<bool> {
+        let mut v = vec![0u8; self.pages() as usize];
+        // SAFETY: the whole guest view, a mapping of `self`; `v` takes one byte per page.
+        let r = unsafe { libc::mincore(self.guest.cast(), self.len, v.as_mut_ptr()) };
+        if r != 0 {
+            return vec![false; v.len()];
+        }
+        v.iter().map(|b| b & 1 != 0).collect()
+    }
+
+    /// Where the three mappings are, for an error report.
+    pub fn layout(&self) -> String {
+        let two_mib = 2u64 << 20;
+        let at = |p: *mut u8, len: usize| {
+            let a = p as u64;
+            format!("{a:#x}+{len:#x} (2 MiB offset {:#x})", a % two_mib)
+        };
+        format!(
+            "guest view {}, staging {}, pool {}",
+            at(self.guest, self.len),
+            at(self.staging, self.len),
+            at(self.pool, self.pool_len)
+        )
+    }
+
     /// Pages with a frame in the guest view or a staging slot (mincore of both).
     pub fn resident_count(&self) -> io::Result<u64> {
         let mut vec = vec![0u8; self.pages() as usize];

@@ -144,8 +144,9 @@ EXIT STATUS
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
-  74       guest memory was lost: the guest needed a page that every memory server holding it
-           lost (they restarted empty)
+  74       guest memory was lost: the guest needed a page whose data exists nowhere it can be
+           trusted (every memory server holding it lost it or returned a wrong copy, or its
+           local frame vanished); the log names the page and the cause
   75       the guest rebooted (farvm stopped it instead of restarting it)
   124      --timeout expired
   130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";
