@@ -305,8 +305,11 @@ pub struct RunArgs {
     /// Guest RAM's backing with remote memory: memfd (pages land in a memfd and are mapped
     /// with UFFDIO_CONTINUE; evicted pages are freed) or anon (private anonymous memory whose
     /// pages move in and out with UFFDIO_MOVE and are reused, never freed and re-allocated;
-    /// Linux 6.8 or later; 0.6-0.85x memfd's CPU per remote page, but under load guest pages
-    /// have come back zeroed with it: opt-in until that is found). Default: memfd;
+    /// Linux 6.8 or later; 0.6-0.85x memfd's CPU per remote page). anon is unsafe where the
+    /// kernel loses pages that UFFDIO_MOVE moves while it migrates them (memory compaction;
+    /// the 6.18.44 kernel farvm's tests run on does: `cargo run --release -p farvm-ept --example
+    /// uffd_move_under_migration` checks a host), and under load guest pages have gone
+    /// missing with it on such a host (found and the VM stopped, exit 74). Default: memfd;
     /// FARVM_GUEST_MEMORY overrides it when set.
     #[arg(long, value_name = "KIND", value_parser = parse_guest_memory)]
     pub guest_memory: Option<farvm_ept::GuestMemory>,
