@@ -8,7 +8,8 @@
 //! its content.
 //!
 //! ```text
-//! sudo cargo run --release -p farvm-ept --example uffd_move_under_migration -- [SECS] [--no-compaction]
+//! sudo cargo run --release -p farvm-ept --example uffd_move_under_migration -- \
+//!     [SECS] [--no-compaction]
 //! ```
 //!
 //! Prints the moves made, the pages the kernel migrated meanwhile (`pgmigrate_success`) and the
@@ -127,7 +128,8 @@ fn main() {
                 }
                 if present(g, RUN) != 0 || present(p, RUN) != RUN {
                     bad(format!(
-                        "run {b}: after moving out, {} pages left in the guest view, {} of {RUN} in the pool",
+                        "run {b}: after moving out, {} pages left in the guest view, {} of \
+                         {RUN} in the pool",
                         present(g, RUN),
                         present(p, RUN)
                     ));
@@ -139,7 +141,8 @@ fn main() {
                 moves.fetch_add(2, Ordering::Relaxed);
                 if present(g, RUN) != RUN || present(p, RUN) != 0 {
                     bad(format!(
-                        "run {b}: after moving in, {} of {RUN} pages in the guest view, {} left in the pool",
+                        "run {b}: after moving in, {} of {RUN} pages in the guest view, {} \
+                         left in the pool",
                         present(g, RUN),
                         present(p, RUN)
                     ));

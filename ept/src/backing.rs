@@ -754,9 +754,9 @@ impl Anon {
         }
     }
 
-    /// With checks (`FARVM_ANON_TRACE=2`): after a move of the `m` mapped pages from `p` out of the guest view that
-    /// returned `r`, checks that the pages it did not report moved are still there (the
-    /// kernel moved no more than it said).
+    /// With checks (`FARVM_ANON_TRACE=2`): after a move of the `m` mapped pages from `p` out
+    /// of the guest view that returned `r`, checks that the pages it did not report moved are
+    /// still there (the kernel moved no more than it said).
     fn check_left_behind(&self, p: u64, m: u64, r: &io::Result<u64>, what: &str) {
         if !self.checking() {
             return;
