@@ -101,14 +101,19 @@ impl MoveTrace {
             checks,
             "FARVM_ANON_TRACE: every anonymous-memory move is recorded"
         );
-        Some(Self {
+        Some(Self::new(pages, checks))
+    }
+
+    /// An empty trace of `pages` pages.
+    fn new(pages: u64, checks: bool) -> Self {
+        Self {
             checks,
             start: Instant::now(),
             records: (0..pages)
                 .map(|_| core::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
             next: (0..pages).map(|_| AtomicU8::new(0)).collect(),
-        })
+        }
     }
 
     /// Records `what` for pages `[p, p+n)`.
@@ -155,14 +160,7 @@ mod tests {
 
     #[test]
     fn a_page_keeps_its_last_moves_oldest_first() {
-        let t = MoveTrace {
-            start: Instant::now(),
-            records: (0..4)
-                .map(|_| core::array::from_fn(|_| AtomicU64::new(0)))
-                .collect(),
-            next: (0..4).map(|_| AtomicU8::new(0)).collect(),
-            checks: false,
-        };
+        let t = MoveTrace::new(4, false);
         t.record(1, 2, Move::In);
         for _ in 0..DEPTH {
             t.record(2, 1, Move::OutPool);

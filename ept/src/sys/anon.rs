@@ -325,34 +325,33 @@ impl AnonRam {
         r == 0 && v & 1 != 0
     }
 
+    /// One byte per page of the `n` pages from `addr` (page-aligned, inside one mapping of
+    /// `self`): bit 0 set where the page holds a frame (mincore).
+    fn residency(addr: *mut u8, n: u64) -> io::Result<Vec<u8>> {
+        let mut v = vec![0u8; n as usize];
+        // SAFETY: `n` page-aligned pages inside a mapping of `self` (the caller's guarantee);
+        // `v` takes one byte each.
+        let r = unsafe { libc::mincore(addr.cast(), n as usize * PAGE_SIZE, v.as_mut_ptr()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v)
+    }
+
     /// The first of the `n` pages from `addr` (inside one mapping of `self`) that holds no
     /// frame (mincore), if any.
     pub fn first_absent(&self, addr: u64, n: u64) -> Option<u64> {
-        let mut v = vec![0u8; n as usize];
-        // SAFETY: `n` page-aligned pages inside a mapping of `self`; `v` takes one byte each.
-        let r = unsafe {
-            libc::mincore(
-                (addr & !(PG - 1)) as *mut libc::c_void,
-                n as usize * PAGE_SIZE,
-                v.as_mut_ptr(),
-            )
-        };
-        if r != 0 {
-            return None;
-        }
+        let v = Self::residency((addr & !(PG - 1)) as *mut u8, n).ok()?;
         v.iter().position(|b| b & 1 == 0).map(|i| i as u64)
     }
 
     /// Per guest page, whether the guest view holds a frame (mincore over the whole view;
     /// all false if the call fails, e.g. part of the view is no longer mapped).
     pub fn guest_present(&self) -> Vec<bool> {
-        let mut v = vec![0u8; self.pages() as usize];
-        // SAFETY: the whole guest view, a mapping of `self`; `v` takes one byte per page.
-        let r = unsafe { libc::mincore(self.guest.cast(), self.len, v.as_mut_ptr()) };
-        if r != 0 {
-            return vec![false; v.len()];
+        match Self::residency(self.guest, self.pages()) {
+            Ok(v) => v.iter().map(|b| b & 1 != 0).collect(),
+            Err(_) => vec![false; self.pages() as usize],
         }
-        v.iter().map(|b| b & 1 != 0).collect()
     }
 
     /// Where the three mappings are, for an error report.
@@ -372,15 +371,10 @@ impl AnonRam {
 
     /// Pages with a frame in the guest view or a staging slot (mincore of both).
     pub fn resident_count(&self) -> io::Result<u64> {
-        let mut vec = vec![0u8; self.pages() as usize];
         let mut total = 0;
         for base in [self.guest, self.staging] {
-            // SAFETY: `vec` has one byte per page of the mapping at `base`, as mincore requires.
-            let r = unsafe { libc::mincore(base.cast(), self.len, vec.as_mut_ptr()) };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            total += vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
+            let v = Self::residency(base, self.pages())?;
+            total += v.iter().filter(|&&b| b & 1 != 0).count() as u64;
         }
         Ok(total)
     }
