@@ -261,6 +261,11 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // `down` deletes the script's own run directory, servers' and etcd's logs with it:
+            // keep them beside the VMs' logs, which are what a failure is read from.
+            keep_logs(&self.run.join(&self.name), &self.run.join("cluster-logs"));
+        }
         let o = self.script("down");
         if !o.status.success() {
             eprintln!("cluster.sh down: {}", text(&o));
@@ -270,6 +275,21 @@ impl Drop for Cluster {
             eprintln!("the VMs' logs are in {}", self.run.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.run);
+        }
+    }
+}
+
+/// Copies every `*.log` in `from` (memory servers, proxies, etcd) into `to`; best effort, since
+/// it runs while a failed test unwinds.
+fn keep_logs(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(to);
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            let _ = std::fs::copy(&p, to.join(e.file_name()));
         }
     }
 }
