@@ -565,6 +565,7 @@ impl CreateSpec {
             }),
             console: None,
             farvm: None,
+            lines: Default::default(),
         }
     }
 }

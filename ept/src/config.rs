@@ -52,6 +52,25 @@ pub enum Budget {
     Percent(f64),
 }
 
+impl std::fmt::Display for Budget {
+    /// As [`Budget::parse`] reads it: `all`, `25%`, `512M`, or bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Budget::Unlimited => f.write_str("all"),
+            Budget::Percent(p) => write!(f, "{p}%"),
+            Budget::Bytes(b) => {
+                match [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')]
+                    .into_iter()
+                    .find(|&(shift, _)| b >= 1 << shift && b % (1 << shift) == 0)
+                {
+                    Some((shift, unit)) => write!(f, "{}{unit}", b >> shift),
+                    None => write!(f, "{b}"),
+                }
+            }
+        }
+    }
+}
+
 impl Budget {
     /// Parses `--local-memory`: `25%`, `512M`, `1G`, `4096K`, `123456` (bytes), `all`.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
@@ -228,6 +247,11 @@ mod tests {
         assert_eq!(Budget::parse("1g").unwrap(), Budget::Bytes(1 << 30));
         assert_eq!(Budget::parse("8192").unwrap(), Budget::Bytes(8192));
         assert_eq!(Budget::parse("all").unwrap(), Budget::Unlimited);
+        for s in ["25%", "512M", "1G", "8192", "4097", "all", "12.5%"] {
+            let b = Budget::parse(s).unwrap();
+            assert_eq!(Budget::parse(&b.to_string()).unwrap(), b, "{s} -> {b}");
+        }
+        assert_eq!(Budget::parse("8192").unwrap().to_string(), "8K");
         for bad in ["", "0", "0%", "120%", "12Q", "-5M", "abc", "99999999999T"] {
             assert!(Budget::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -180,6 +180,28 @@ pub struct Domain {
     pub console: Option<CharDevice>,
     /// farvm's `<metadata>` element, when present.
     pub farvm: Option<Overrides>,
+    /// Where the elements above are in the document, for errors found after parsing.
+    pub lines: Lines,
+}
+
+/// The 1-based line of each element a later check may need to name (`None`: absent, or the
+/// domain was not parsed from text).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lines {
+    /// `<name>`.
+    pub name: Option<u32>,
+    /// `<memory>`.
+    pub memory: Option<u32>,
+    /// `<vcpu>`.
+    pub vcpu: Option<u32>,
+    /// `<os><kernel>`, else `<os>`.
+    pub kernel: Option<u32>,
+    /// `<os><initrd>`.
+    pub initrd: Option<u32>,
+    /// `<os><cmdline>`.
+    pub cmdline: Option<u32>,
+    /// farvm's `<farvm:remote-memory>` element.
+    pub remote_memory: Option<u32>,
 }
 
 /// A parsed domain and what in it farvm ignores.
@@ -573,6 +595,28 @@ impl Domain {
         };
         let os_el = only(root, "os")?.ok_or_else(|| missing(root, "os"))?;
         let os = os(os_el, &mut w)?;
+        let line_of = |parent: &Element, name: &str| {
+            parent
+                .children
+                .iter()
+                .find(|c| c.ns.is_none() && c.name == name)
+                .map(|c| c.line)
+        };
+        let lines = Lines {
+            name: Some(name_el.line),
+            memory: Some(mem_el.line),
+            vcpu: line_of(root, "vcpu"),
+            kernel: line_of(os_el, "kernel").or(Some(os_el.line)),
+            initrd: line_of(os_el, "initrd"),
+            cmdline: line_of(os_el, "cmdline"),
+            remote_memory: root
+                .children
+                .iter()
+                .filter(|c| c.ns.is_none() && c.name == "metadata")
+                .flat_map(|m| m.children.iter())
+                .find(|c| c.ns.as_deref() == Some(FARVM_NS) && c.name == crate::metadata::ELEMENT)
+                .map(|c| c.line),
+        };
         let mut d = Domain {
             domain_type: domain_type.to_string(),
             name,
@@ -588,6 +632,7 @@ impl Domain {
             serial: None,
             console: None,
             farvm: None,
+            lines,
         };
         for (tag, slot) in [
             ("on_poweroff", &mut d.on_poweroff),

@@ -42,9 +42,6 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The merged settings name something `farvm run` has no option for.
-    #[error("{0}")]
-    Unmapped(String),
 }
 
 /// Something in the domain XML that farvm ignores (an element or attribute it does not

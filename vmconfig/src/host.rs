@@ -4,7 +4,7 @@
 //! ```toml
 //! [defaults]
 //! memservers = ["10.0.0.5:7070", "10.0.0.6:7070"]   # [] = an embedded server on loopback
-//! # pool = { name = "rack-1", endpoints = ["http://10.0.0.2:2379"] }  (instead of memservers)
+//! # pool = { endpoints = ["http://10.0.0.2:2379"] }  (instead of memservers)
 //! local_memory = "50%"            # all, N%, or a size (512M, 1GiB, bytes)
 //! prefetcher = "leap+stream"
 //! replicas = 2

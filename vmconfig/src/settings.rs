@@ -7,13 +7,12 @@
 //!
 //! The first source that sets a field decides it; the memory-server choice (a list of servers,
 //! a pool, or the embedded server) counts as one field. The domain's own elements (name, memory,
-//! vCPUs, kernel ...) come from the domain XML only. [`VmSettings`] has one field per `farvm run`
-//! option it decides; [`VmSettings::to_run_args`] writes them as that command line.
+//! vCPUs, kernel ...) come from the domain XML only. The VMM turns [`VmSettings`] into its VM
+//! description (`farvm_vmm::spec::VmSpec::apply_domain`).
 
 use std::path::PathBuf;
 
 use crate::domain::{CharBackend, Domain, LifecycleAction, Uuid};
-use crate::error::ConfigError;
 use crate::host::HostConfig;
 use crate::remote::{LocalShare, PageSpace, Servers};
 
@@ -125,73 +124,5 @@ pub fn merge(domain: &Domain, host: &HostConfig) -> VmSettings {
             probe_every: o.probe_every,
             metrics: o.metrics,
         },
-    }
-}
-
-impl VmSettings {
-    /// The `farvm run` arguments (after `run`) that run this VM. A pty console becomes
-    /// `--serial stdout`. Fails for settings `farvm run` has no option for (a memory-server
-    /// pool).
-    pub fn to_run_args(&self) -> Result<Vec<String>, ConfigError> {
-        let mut a: Vec<String> = Vec::new();
-        let mut push = |k: &str, v: String| {
-            a.push(k.to_string());
-            a.push(v);
-        };
-        push("--name", self.name.clone());
-        push("--memory", self.memory.to_string());
-        push("--vcpus", self.vcpus.to_string());
-        if let Some(k) = &self.kernel {
-            push("--kernel", k.to_string_lossy().into_owned());
-        }
-        if let Some(i) = &self.initrd {
-            push("--initrd", i.to_string_lossy().into_owned());
-        }
-        if let Some(c) = &self.cmdline {
-            push("--cmdline", c.clone());
-        }
-        let serial = match &self.serial {
-            Serial::Null => "none".to_string(),
-            Serial::File(p) => p.to_string_lossy().into_owned(),
-            // farvm run has no pty: the console the domain wants on a terminal goes to its own.
-            Serial::Stdout | Serial::Pty => "stdout".to_string(),
-        };
-        push("--serial", serial);
-        let r = &self.remote;
-        if let Some(m) = &r.metrics {
-            push("--metrics", m.clone());
-        }
-        if r.local_only {
-            a.push("--local-only".into());
-            return Ok(a);
-        }
-        match &r.servers {
-            Servers::Embedded => {}
-            Servers::Memservers(list) => {
-                for s in list {
-                    push("--memserver", s.clone());
-                }
-            }
-            Servers::Pool(_) => {
-                return Err(ConfigError::Unmapped(
-                    "memory-server pools are not supported by farvm run yet; list the servers \
-                     (memservers / <farvm:memserver>)"
-                        .into(),
-                ))
-            }
-        }
-        push("--local-memory", r.local_memory.to_string());
-        push("--prefetcher", r.prefetcher.clone());
-        if let Some(n) = r.replicas {
-            push("--replicas", n.to_string());
-        }
-        if let Some(t) = &r.token_file {
-            push("--memserver-token-file", t.to_string_lossy().into_owned());
-        }
-        push("--page-space", r.page_space.as_str().to_string());
-        if let Some(n) = r.probe_every {
-            push("--probe-every", n.to_string());
-        }
-        Ok(a)
     }
 }

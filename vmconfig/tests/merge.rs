@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use farvm_vmconfig::{merge, Domain, HostConfig, LocalShare, PageSpace, Serial, Servers};
+use farvm_vmconfig::{merge, Domain, HostConfig, LocalShare, PageSpace, Pool, Serial, Servers};
 
 const HOST: &str = r#"
 [defaults]
@@ -82,28 +82,17 @@ fn no_host_file_means_farvm_defaults() {
     assert_eq!(s.remote.replicas, None);
     assert_eq!(s.serial, Serial::Null);
     assert_eq!(
-        s.to_run_args().unwrap(),
-        [
-            "--name",
-            "x",
-            "--memory",
-            "268435456",
-            "--vcpus",
-            "2",
-            "--kernel",
-            "/k.elf",
-            "--cmdline",
-            "farvm.workload=seq:ws=32M",
-            "--serial",
-            "none",
-            "--local-memory",
-            "50%",
-            "--prefetcher",
-            "leap+stream",
-            "--page-space",
-            "virtual",
-        ]
+        (s.memory, s.vcpus, s.kernel.as_deref(), s.cmdline.as_deref()),
+        (
+            256 << 20,
+            2,
+            Some(Path::new("/k.elf")),
+            Some("farvm.workload=seq:ws=32M")
+        )
     );
+    assert_eq!(s.remote.prefetcher, "leap+stream");
+    assert_eq!(s.remote.page_space, PageSpace::Virtual);
+    assert!(!s.remote.local_only);
 }
 
 #[test]
@@ -121,7 +110,7 @@ fn memserver_choice_is_one_field() {
 }
 
 #[test]
-fn run_args_cover_every_remote_setting() {
+fn every_remote_setting_is_merged() {
     let d = domain(
         "web-1",
         &format!(
@@ -130,29 +119,27 @@ fn run_args_cover_every_remote_setting() {
         ),
         "<serial type='file'><source path='/tmp/c.log'/></serial>",
     );
-    let args = merge(&d, &host()).to_run_args().unwrap();
-    let pairs: Vec<(&str, &str)> = args
-        .chunks(2)
-        .map(|c| (c[0].as_str(), c.get(1).map_or("", String::as_str)))
-        .collect();
-    for want in [
-        ("--serial", "/tmp/c.log"),
-        ("--metrics", "127.0.0.1:9300"),
-        ("--memserver", "10.0.0.5:7070"),
-        ("--memserver", "10.0.0.6:7070"),
-        ("--local-memory", "40%"),
-        ("--prefetcher", "next-n"),
-        ("--replicas", "2"),
-        ("--memserver-token-file", "/etc/farvm/tokens/web-1-host"),
-        ("--page-space", "physical"),
-        ("--probe-every", "64"),
-    ] {
-        assert!(pairs.contains(&want), "{want:?} missing from {args:?}");
-    }
+    let s = merge(&d, &host());
+    assert_eq!(s.serial, Serial::File("/tmp/c.log".into()));
+    let r = &s.remote;
+    assert_eq!(r.metrics.as_deref(), Some("127.0.0.1:9300"));
+    assert_eq!(
+        r.servers,
+        Servers::Memservers(vec!["10.0.0.5:7070".into(), "10.0.0.6:7070".into()])
+    );
+    assert_eq!(r.local_memory, LocalShare::Percent(40.0));
+    assert_eq!(r.prefetcher, "next-n");
+    assert_eq!(r.replicas, Some(2));
+    assert_eq!(
+        r.token_file.as_deref(),
+        Some(Path::new("/etc/farvm/tokens/web-1-host"))
+    );
+    assert_eq!(r.page_space, PageSpace::Physical);
+    assert_eq!(r.probe_every, Some(64));
 }
 
 #[test]
-fn local_only_and_unmappable_settings() {
+fn local_only_a_pty_console_and_a_pool() {
     let d = domain(
         "x",
         &format!("<farvm:remote-memory {NS}><farvm:local-only/></farvm:remote-memory>"),
@@ -161,15 +148,6 @@ fn local_only_and_unmappable_settings() {
     let s = merge(&d, &host());
     assert!(s.remote.local_only);
     assert_eq!(s.serial, Serial::Pty);
-    let args = s.to_run_args().unwrap();
-    let at = args.iter().position(|a| a == "--serial").unwrap();
-    assert_eq!(
-        args[at + 1],
-        "stdout",
-        "a pty console goes to farvm run's stdout"
-    );
-    assert_eq!(args.last().map(String::as_str), Some("--local-only"));
-    assert!(!args.iter().any(|a| a == "--memserver"), "{args:?}");
     let pool = domain(
         "y",
         &format!(
@@ -177,6 +155,11 @@ fn local_only_and_unmappable_settings() {
         ),
         "",
     );
-    let e = merge(&pool, &host()).to_run_args().unwrap_err().to_string();
-    assert!(e.contains("pool"), "{e}");
+    assert_eq!(
+        merge(&pool, &host()).remote.servers,
+        Servers::Pool(Pool {
+            name: None,
+            endpoints: vec!["http://e:2379".into()]
+        })
+    );
 }

@@ -172,6 +172,7 @@ fn domain() -> impl Strategy<Value = Domain> {
                 serial,
                 console,
                 farvm,
+                lines: Default::default(),
             },
         )
 }
@@ -182,7 +183,9 @@ proptest! {
     #[test]
     fn domain_xml_round_trips(d in domain()) {
         let xml = d.to_xml();
-        let back = Domain::parse(&xml).map_err(|e| TestCaseError::fail(format!("{e}\n{xml}")))?;
+        let mut back = Domain::parse(&xml).map_err(|e| TestCaseError::fail(format!("{e}\n{xml}")))?;
+        // Where each element was is the parser's own note, not part of the domain written.
+        back.domain.lines = Default::default();
         prop_assert_eq!(back.domain, d, "{}", xml);
     }
 

@@ -32,6 +32,7 @@ pub mod process_stats;
 pub mod remote;
 pub mod signals;
 pub mod size;
+pub mod spec;
 pub mod stats;
 pub mod vm;
 pub mod vstate;

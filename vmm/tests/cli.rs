@@ -83,7 +83,7 @@ fn missing_kernel_exits_66() {
     let o = run(&["run", "--kernel", "/nonexistent/kernel.elf"]);
     assert_eq!(o.status.code(), Some(exit_code::NO_INPUT), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("cannot read kernel /nonexistent/kernel.elf"),
+        stderr(&o).contains("--kernel: cannot read /nonexistent/kernel.elf"),
         "{}",
         stderr(&o)
     );

@@ -21,7 +21,7 @@ fn bad_remote_arguments_are_usage_errors() {
         (vec!["run", "--local-memory", "12Q"], "local-memory"),
         (
             vec!["run", "--prefetcher", "oracle"],
-            "unknown --prefetcher",
+            "--prefetcher: unknown prefetcher `oracle`",
         ),
         (
             vec!["run", "--memserver", "127.0.0.1:1", "--replicas", "3"],

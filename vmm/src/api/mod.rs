@@ -14,6 +14,7 @@
 
 pub mod counters;
 pub mod events;
+pub mod factory;
 pub mod routes;
 pub mod state;
 

@@ -13,10 +13,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{ArgAction, Args, Parser};
-use farvm_chapi::{ApiError, CreateSpec};
 use farvm_httpd::{HttpError, Listen};
-use farvm_vmconfig::{merge, HostConfig};
-use farvm_vmm::api::{ApiServer, EventMonitor, Prepared, VmFactory};
+use farvm_vmm::api::factory::HostFactory;
+use farvm_vmm::api::{ApiServer, EventMonitor};
 use farvm_vmm::{exit_code, signals};
 
 use super::Failure;
@@ -132,55 +131,6 @@ pub fn name_from_socket(path: &Path) -> Option<String> {
         .iter()
         .find_map(|suffix| file.strip_suffix(suffix))?;
     (!name.is_empty()).then(|| name.to_string())
-}
-
-/// Turns `vm.create` bodies into VMs through the host config and `farvm run`'s translation.
-struct HostFactory;
-
-impl VmFactory for HostFactory {
-    fn prepare(&self, name: &str, spec: &CreateSpec) -> Result<Prepared, ApiError> {
-        let host = HostConfig::load_default().map_err(|e| ApiError::Failed {
-            action: "create",
-            reason: format!("the host config: {e}"),
-        })?;
-        let settings = merge(&spec.to_domain(name), &host);
-        let args =
-            super::domain::run_args(&settings).map_err(|f| ApiError::BadConfig(f.message))?;
-        let config = super::run::build_config(&args).map_err(|f| match f.code {
-            exit_code::HOST_ERROR => ApiError::Failed {
-                action: "create",
-                reason: f.message,
-            },
-            _ => ApiError::BadConfig(f.message),
-        })?;
-        let file = host
-            .path
-            .as_ref()
-            .map_or("built-in defaults".into(), |p| p.display().to_string());
-        let section = if host.domains.contains_key(name) {
-            format!("[domain.\"{name}\"]")
-        } else {
-            "[defaults]".into()
-        };
-        let remote = match &config.remote {
-            None => "all RAM local".to_string(),
-            Some(r) => format!(
-                "remote memory, local {}, prefetcher {}, {}",
-                args.local_memory,
-                r.prefetcher,
-                if r.servers.is_empty() {
-                    "embedded memory server".to_string()
-                } else {
-                    format!("{} memory server(s)", r.servers.len())
-                }
-            ),
-        };
-        Ok(Prepared {
-            metrics: args.metrics.map(Listen::Tcp),
-            notes: vec![format!("host config {file}, section {section}: {remote}")],
-            config,
-        })
-    }
 }
 
 fn init_logging(verbose: u8) {

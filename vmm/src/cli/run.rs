@@ -3,27 +3,25 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 use farvm_devices::serial::{SerialIn, SerialOut};
-use farvm_guest_agent::boot::flags;
 use farvm_guest_agent::pv::state;
 use farvm_httpd::{HttpError, HttpServer, Listen};
-use farvm_vmm::boot::testguest::TestPlan;
-use farvm_vmm::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
-use farvm_vmm::boot::{sniff_kernel, KernelKind};
-use farvm_vmm::builder::{self, BootConfig, VmConfig};
+use farvm_vmm::builder::{self, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::board::DiskConfig;
 use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::remote::RemoteSpec;
 use farvm_vmm::size::{format_size, parse_size};
+use farvm_vmm::spec::{
+    AsyncPf, CliNames, FieldNames, MemserverUrl, PoolOptions, RemoteOptions, SpecError,
+    SpecErrorKind, TestGuestOptions, VmSpec,
+};
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
-use farvm_vmm::workload_spec::{plan, workload_name};
+use farvm_vmm::workload_spec::workload_name;
 use farvm_vmm::{exit_code, signals};
 
 use super::Failure;
@@ -96,11 +94,13 @@ format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and 
 own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or the file
 $FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Elements farvm
 ignores are printed as warnings; a domain it cannot run is an error naming the element and
-line (exit status 64). The domain decides --name, --memory, --vcpus, --kernel, --initrd,
---cmdline, --serial (a pty console goes to stdout) and the remote-memory options (--memserver,
---local-memory, --prefetcher, --replicas, --memserver-token-file, --page-space, --probe-every,
---metrics, --local-only): giving one of them as well is an error. The other options
-(--timeout, --json, --workload, ...) apply as usual.
+line (exit status 64), and so is a problem found once the domain is read (`<vcpu> (line 4):
+32 vCPUs is more than the test guest supports (16)`). The domain decides the options listed
+under \"The VM (decided by the domain with --domain)\": --name, --memory, --vcpus, --kernel,
+--initrd, --cmdline, --serial (a pty console goes to stdout) and the remote-memory options
+(--memserver or --pool, --local-memory, --prefetcher, --replicas, --memserver-token-file,
+--page-space, --probe-every, --metrics, --local-only); giving one of them as well is an
+error. The other options (--timeout, --json, --workload, --pool-slab, ...) apply as usual.
 
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
@@ -155,21 +155,11 @@ EXIT STATUS
 pub struct RunArgs {
     /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
     /// name, memory, vCPUs, kernel, console and remote-memory options.
-    #[arg(long, value_name = "FILE.xml", conflicts_with_all = super::domain::DOMAIN_DECIDES)]
+    #[arg(long, value_name = "FILE.xml", conflicts_with = "vm_description")]
     pub domain: Option<PathBuf>,
 
-    /// Kernel to boot: a test-guest ELF, a Linux bzImage or vmlinux [default: the built-in
-    /// test guest].
-    #[arg(long, value_name = "PATH")]
-    pub kernel: Option<PathBuf>,
-
-    /// Guest RAM size (K/M/G suffixes; RAM above 3G is placed at 4G).
-    #[arg(long, short = 'm', value_name = "SIZE", default_value = "512M", value_parser = parse_size_arg)]
-    pub memory: u64,
-
-    /// Number of vCPUs (threads vcpu0, vcpu1, ...).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=255))]
-    pub vcpus: u32,
+    #[command(flatten)]
+    pub vm: VmArgs,
 
     /// A process running a workload: NAME[:key=value,...] (repeatable; see WORKLOAD SPEC).
     #[arg(long = "workload", short = 'w', value_name = "SPEC")]
@@ -197,10 +187,6 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "premap")]
     pub demand_4k: bool,
 
-    /// Console destination: stdout, none, or a file path.
-    #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
-    pub serial: SerialOut,
-
     /// Console input: stdin, none, or a file, FIFO or pty to read until its end [default:
     /// stdin for a Linux guest, none for the test guest]. Stdin on a terminal is put in raw
     /// mode while the VM runs; Ctrl-A x stops the VM.
@@ -218,10 +204,6 @@ pub struct RunArgs {
     #[arg(long, value_name = "anon", default_value = "anon", value_parser = ["anon", "anonymous"])]
     pub memory_backing: String,
 
-    /// VM name (control socket name) [default: farvm-<pid>].
-    #[arg(long, value_name = "NAME")]
-    pub name: Option<String>,
-
     /// Control socket path [default: $XDG_RUNTIME_DIR/farvm/NAME.sock or /run/farvm/NAME.sock].
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
@@ -229,18 +211,6 @@ pub struct RunArgs {
     /// Do not open a control socket.
     #[arg(long, conflicts_with = "control_socket")]
     pub no_control_socket: bool,
-
-    /// Local-memory budget: SIZE (e.g. 256M) or PCT% of guest RAM; the rest is remote.
-    #[arg(long, value_name = "SIZE|PCT%", default_value = "50%")]
-    pub local_memory: String,
-
-    /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
-    /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
-    /// `rdma://HOST:PORT` reaches the server over RDMA: HOST:PORT is its RDMA listener
-    /// (`farvm-memserver --rdma`), and this host needs an RDMA device on the route to it
-    /// (without one, farvm stops at start: "no RDMA device ...", exit status 71).
-    #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
-    pub memservers: Vec<MemserverUrl>,
 
     /// How pages move to and from `rdma://` servers: one-sided (RDMA READ and WRITE on slabs
     /// the server registers; its CPU never handles a page) or send-recv (each request a SEND
@@ -253,17 +223,6 @@ pub struct RunArgs {
           value_parser = parse_rdma_pages, action = clap::ArgAction::Set)]
     pub rdma_pages: bool,
 
-    /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
-    /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
-    /// and is admitted by the pool's placement: every slab of its remote share gets --replicas
-    /// copies (default 2) on as many distinct racks, or the VM is refused with the shortfall
-    /// (rack, bytes). Its record lives under its own lease; at exit the servers drop its pages
-    /// at once, and if farvm dies they do so when the lease expires. While etcd does not
-    /// answer, the start waits (--pool-wait) and says so; a running VM never waits on etcd.
-    #[arg(long, value_name = "URLS", value_delimiter = ',', env = "FARVM_POOL",
-          conflicts_with_all = ["memservers", "local_only"])]
-    pub pool: Vec<String>,
-
     /// With --pool: the VM's lease TTL in seconds (how soon after farvm dies its pages are
     /// reclaimed).
     #[arg(long, value_name = "SECS", default_value_t = 10, requires = "pool")]
@@ -271,8 +230,8 @@ pub struct RunArgs {
 
     /// With --pool: the slab size, the unit of placement (each slab of the remote share is
     /// reserved whole on --replicas servers), e.g. 1G or 64M.
-    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool")]
-    pub pool_slab: String,
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool", value_parser = parse_slab)]
+    pub pool_slab: u64,
 
     /// With --pool: seconds to wait for etcd at start before giving up.
     #[arg(long, value_name = "SECS", default_value_t = 300, requires = "pool")]
@@ -281,26 +240,6 @@ pub struct RunArgs {
     /// With --pool: this host's name in the pool [default: the kernel's host name].
     #[arg(long, value_name = "NAME", requires = "pool")]
     pub pool_host: Option<String>,
-
-    /// Copies of each remote page [default: 2 with two or more memservers, else 1].
-    #[arg(long, value_name = "R")]
-    pub replicas: Option<usize>,
-
-    /// Tenant secret for the memory servers (hex, first line of the file).
-    #[arg(long, value_name = "FILE")]
-    pub memserver_token_file: Option<PathBuf>,
-
-    /// Prefetcher: none, next-n, stride, read-ahead, leap, stream, leap+stream.
-    #[arg(long, value_name = "NAME", default_value = farvm_prefetch::registry::DEFAULT)]
-    pub prefetcher: String,
-
-    /// Leave every N-th prefetched page unmapped until the guest touches it, so the hit rate
-    /// of the (otherwise invisible) injected prefetches can be measured; each such probe
-    /// costs the guest one minor fault. After the first 256 probes only every 4N-th page is one
-    /// (N = 1 stays 1). 0 = no probes: accuracy then comes from the prefetcher's own markers
-    /// only.
-    #[arg(long, value_name = "N", default_value_t = farvm_vmm::remote::DEFAULT_PROBE_EVERY)]
-    pub probe_every: u32,
 
     /// Guest RAM's backing with remote memory: memfd (pages land in a memfd and are mapped
     /// with UFFDIO_CONTINUE; evicted pages are freed) or anon (private anonymous memory whose
@@ -313,10 +252,6 @@ pub struct RunArgs {
     /// FARVM_GUEST_MEMORY overrides it when set.
     #[arg(long, value_name = "KIND", value_parser = parse_guest_memory)]
     pub guest_memory: Option<farvm_ept::GuestMemory>,
-
-    /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<SocketAddr>,
 
     /// Keep KVM's async page faults. By default, with remote memory, they are turned off (by
     /// disabling HLT exits) so that a guest fault on a remote page is handled on the vCPU's
@@ -349,14 +284,6 @@ pub struct RunArgs {
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
     pub stage2_prefault: bool,
 
-    /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
-    /// found by walking its page tables from the CR3 the guest agent publishes; pages it
-    /// cannot place stay physical) or physical (guest-physical pages). Virtual keeps a
-    /// process's sequential scan sequential however the guest kernel scattered its frames
-    /// (`farvm-lab bench page-space`).
-    #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
-    pub page_space: farvm_vmm::remote::PageSpaceKind,
-
     /// Prefetch histories: per-process (one per guest process the guest agent names; faults
     /// of no known process go to one global history) or global (one history of
     /// guest-physical pages for the whole guest, as without an agent — the baseline
@@ -383,10 +310,6 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", conflicts_with = "local_only")]
     pub fault_path_cpu: Option<usize>,
 
-    /// Keep all guest RAM local: no paging engine, no memory server.
-    #[arg(long, conflicts_with_all = ["memservers", "replicas", "memserver_token_file"])]
-    pub local_only: bool,
-
     /// Stop the VM after this many seconds (exit status 124).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
@@ -399,15 +322,6 @@ pub struct RunArgs {
     #[arg(long)]
     pub guest_log: bool,
 
-    /// Linux: the initial ramdisk.
-    #[arg(long, value_name = "PATH")]
-    pub initrd: Option<PathBuf>,
-
-    /// The kernel command line (Linux; for the test guest, `farvm.workload=SPEC` words add
-    /// workloads).
-    #[arg(long, value_name = "STRING")]
-    pub cmdline: Option<String>,
-
     /// Boot an ELF --kernel as a Linux vmlinux (implied by --initrd/--cmdline unless the ELF is
     /// the test guest).
     #[arg(long)]
@@ -417,6 +331,102 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+}
+
+/// The options that describe the VM itself: a domain (`--domain`) decides every one of them,
+/// so giving one as well is an error (clap names both).
+#[derive(Args, Debug, Clone)]
+#[group(id = "vm_description", multiple = true)]
+#[command(next_help_heading = "The VM (decided by the domain with --domain)")]
+pub struct VmArgs {
+    /// VM name (control socket name) [default: farvm-<pid>].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Kernel to boot: a test-guest ELF, a Linux bzImage or vmlinux [default: the built-in
+    /// test guest].
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+
+    /// Linux: the initial ramdisk.
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+
+    /// The kernel command line (Linux; for the test guest, `farvm.workload=SPEC` words add
+    /// workloads).
+    #[arg(long, value_name = "STRING")]
+    pub cmdline: Option<String>,
+
+    /// Guest RAM size (K/M/G suffixes; RAM above 3G is placed at 4G).
+    #[arg(long, short = 'm', value_name = "SIZE", default_value = "512M", value_parser = parse_size_arg)]
+    pub memory: u64,
+
+    /// Number of vCPUs (threads vcpu0, vcpu1, ...).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=255))]
+    pub vcpus: u32,
+
+    /// Console destination: stdout, none, or a file path.
+    #[arg(long, value_name = "stdout|FILE|none", default_value = "stdout")]
+    pub serial: SerialOut,
+
+    /// Keep all guest RAM local: no paging engine, no memory server.
+    #[arg(long, conflicts_with_all = ["memservers", "replicas", "memserver_token_file"])]
+    pub local_only: bool,
+
+    /// A memory server (host:port or ip:port; repeatable) [default: a farvm-memserver process
+    /// that farvm starts on loopback]. A host name is resolved once, at start (its first address).
+    /// `rdma://HOST:PORT` reaches the server over RDMA: HOST:PORT is its RDMA listener
+    /// (`farvm-memserver --rdma`), and this host needs an RDMA device on the route to it
+    /// (without one, farvm stops at start: "no RDMA device ...", exit status 71).
+    #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
+    pub memservers: Vec<MemserverUrl>,
+
+    /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
+    /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
+    /// and is admitted by the pool's placement: every slab of its remote share gets --replicas
+    /// copies (default 2) on as many distinct racks, or the VM is refused with the shortfall
+    /// (rack, bytes). Its record lives under its own lease; at exit the servers drop its pages
+    /// at once, and if farvm dies they do so when the lease expires. While etcd does not
+    /// answer, the start waits (--pool-wait) and says so; a running VM never waits on etcd.
+    #[arg(long, value_name = "URLS", value_delimiter = ',', env = "FARVM_POOL",
+          conflicts_with_all = ["memservers", "local_only"])]
+    pub pool: Vec<String>,
+
+    /// Copies of each remote page [default: 2 with two or more memservers, else 1].
+    #[arg(long, value_name = "R")]
+    pub replicas: Option<usize>,
+
+    /// Tenant secret for the memory servers (hex, first line of the file).
+    #[arg(long, value_name = "FILE")]
+    pub memserver_token_file: Option<PathBuf>,
+
+    /// Local-memory budget: SIZE (e.g. 256M) or PCT% of guest RAM; the rest is remote.
+    #[arg(long, value_name = "SIZE|PCT%", default_value = "50%", value_parser = parse_budget)]
+    pub local_memory: farvm_ept::Budget,
+
+    /// Prefetcher: none, next-n, stride, read-ahead, leap, stream, leap+stream.
+    #[arg(long, value_name = "NAME", default_value = farvm_prefetch::registry::DEFAULT)]
+    pub prefetcher: String,
+
+    /// Leave every N-th prefetched page unmapped until the guest touches it, so the hit rate
+    /// of the (otherwise invisible) injected prefetches can be measured; each such probe
+    /// costs the guest one minor fault. After the first 256 probes only every 4N-th page is one
+    /// (N = 1 stays 1). 0 = no probes: accuracy then comes from the prefetcher's own markers
+    /// only.
+    #[arg(long, value_name = "N", default_value_t = farvm_vmm::remote::DEFAULT_PROBE_EVERY)]
+    pub probe_every: u32,
+
+    /// Page numbers the prefetcher learns from: virtual (each process's own virtual pages,
+    /// found by walking its page tables from the CR3 the guest agent publishes; pages it
+    /// cannot place stay physical) or physical (guest-physical pages). Virtual keeps a
+    /// process's sequential scan sequential however the guest kernel scattered its frames
+    /// (`farvm-lab bench page-space`).
+    #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
+    pub page_space: farvm_vmm::remote::PageSpaceKind,
+
+    /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// `--rdma-pages`: true for one-sided.
@@ -440,233 +450,74 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
-fn read_input(path: &PathBuf, what: &str) -> Result<Arc<[u8]>, Failure> {
-    std::fs::read(path).map(Arc::from).map_err(|e| {
-        Failure::new(
-            exit_code::NO_INPUT,
-            format!("cannot read {what} {}: {e}", path.display()),
-        )
-    })
-}
-
-/// Builds the VM configuration from the arguments (no KVM yet).
-pub fn build_config(a: &RunArgs) -> Result<VmConfig, Failure> {
-    let name = a
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("farvm-{}", std::process::id()));
-    if name.is_empty() || name.contains('/') {
-        return Err(Failure::new(
-            exit_code::USAGE,
-            format!("invalid --name `{name}`: must be non-empty and contain no `/`"),
-        ));
-    }
-    let kernel: Arc<[u8]> = match &a.kernel {
-        Some(p) => read_input(p, "kernel")?,
-        None => {
-            if farvm_vmm::builtin::test_guest_elf().is_empty() {
-                return Err(Failure::new(
-                    exit_code::BAD_KERNEL,
-                    "the built-in test guest is empty in this build; pass --kernel PATH",
-                ));
-            }
-            Arc::from(farvm_vmm::builtin::test_guest_elf())
-        }
-    };
-    let kind = sniff_kernel(&kernel).ok_or_else(|| {
-        Failure::new(
-            exit_code::BAD_KERNEL,
-            format!(
-                "{}: not a kernel image (neither ELF nor a Linux bzImage)",
-                a.kernel
-                    .as_ref()
-                    .map_or("built-in test guest".into(), |p| p.display().to_string())
-            ),
-        )
-    })?;
-    // A kernel file carrying the test guest's ELF note is the test guest even with a command
-    // line: its workloads may come from `farvm.workload=` words (how libvirt names them).
-    let test_guest_file = kind == KernelKind::Elf && !a.linux && is_test_guest(&kernel);
-    let linux = !test_guest_file
-        && (kind == KernelKind::BzImage || a.linux || a.initrd.is_some() || a.cmdline.is_some());
-    let boot = if linux {
-        if !a.workloads.is_empty() {
-            return Err(Failure::new(
-                exit_code::USAGE,
-                "--workload needs the test guest; it cannot be used with a Linux kernel",
-            ));
-        }
-        let initrd = a
-            .initrd
-            .as_ref()
-            .map(|p| read_input(p, "initrd"))
-            .transpose()?;
-        BootConfig::Linux {
-            kernel,
-            initrd,
-            cmdline: a
-                .cmdline
-                .clone()
-                .unwrap_or_else(|| "console=ttyS0 panic=1".into()),
-        }
-    } else {
-        let max_cpus = farvm_guest_agent::boot::MAX_CPUS as u32;
-        if a.vcpus > max_cpus {
-            return Err(Failure::new(
-                exit_code::USAGE,
-                format!(
-                    "--vcpus {} is more than the test guest supports ({max_cpus})",
-                    a.vcpus
-                ),
-            ));
-        }
-        if a.initrd.is_some() {
-            return Err(Failure::new(
-                exit_code::USAGE,
-                "--initrd: the test guest takes no initial ramdisk",
-            ));
-        }
-        if !a.disks.is_empty() {
-            return Err(Failure::new(
-                exit_code::USAGE,
-                "--disk needs a Linux guest: the test guest has no disk driver",
-            ));
-        }
-        let mut specs = a.workloads.clone();
-        if let Some(cmdline) = &a.cmdline {
-            specs.extend(
-                workloads_from_cmdline(cmdline).map_err(|e| Failure::new(exit_code::USAGE, e))?,
-            );
-        }
-        if specs.is_empty() {
-            specs = default_workloads(a);
-        }
-        let placement = plan(&specs, a.vcpus).map_err(|e| Failure::new(exit_code::USAGE, e))?;
-        let placed = &placement.workloads;
-        let total_ws: u64 = placed.iter().map(|p| p.spec.ws_bytes).sum();
-        if total_ws >= a.memory {
-            return Err(Failure::new(
-                exit_code::USAGE,
-                format!(
-                    "the workloads' working sets add up to {} but --memory is {}; give the \
-                     guest more memory (working sets + page tables + ~32M)",
-                    format_size(total_ws),
-                    format_size(a.memory)
-                ),
-            ));
-        }
-        let mut f = flags::RAM_IS_ZERO;
-        if a.premap {
-            f |= flags::PREMAP_HEAP;
-        }
-        if a.demand_4k {
-            f |= flags::DEMAND_4K;
-        }
-        BootConfig::TestGuest {
-            kernel,
-            plan: TestPlan {
-                procs: placed.iter().map(|p| p.process_spec()).collect(),
-                timer_hz: a.timer_hz,
-                flags: f,
-                frame_shuffle_seed: a.frame_shuffle_seed,
-                frame_run_shift: a
-                    .frame_run_shift
-                    .unwrap_or(if a.local_only { 0 } else { 9 }),
-                blob: placement.blob,
+impl RunArgs {
+    /// The VM these flags describe (without `--domain`'s file: see [`super::domain`]).
+    pub fn to_spec(&self) -> VmSpec {
+        let v = &self.vm;
+        VmSpec {
+            name: v.name.clone(),
+            uuid: None,
+            memory: v.memory,
+            vcpus: v.vcpus,
+            kernel: v.kernel.clone(),
+            initrd: v.initrd.clone(),
+            cmdline: v.cmdline.clone(),
+            force_linux: self.linux,
+            workloads: self.workloads.clone(),
+            test_guest: TestGuestOptions {
+                timer_hz: self.timer_hz,
+                frame_shuffle_seed: self.frame_shuffle_seed,
+                frame_run_shift: self.frame_run_shift,
+                premap: self.premap,
+                demand_4k: self.demand_4k,
+            },
+            serial: v.serial.clone(),
+            serial_in: self.serial_in.clone(),
+            disks: self.disks.clone(),
+            echo_guest_logs: self.guest_log,
+            async_pf: if self.kvm_async_pf {
+                AsyncPf::Keep
+            } else if self.no_kvm_async_pf {
+                AsyncPf::Off
+            } else {
+                AsyncPf::Auto
+            },
+            metrics: v.metrics,
+            local_only: v.local_only,
+            remote: RemoteOptions {
+                servers: v.memservers.clone(),
+                pool: (!v.pool.is_empty()).then(|| PoolOptions {
+                    endpoints: v.pool.clone(),
+                    lease_ttl: Duration::from_secs(self.pool_lease_ttl),
+                    slab_bytes: self.pool_slab,
+                    wait: Duration::from_secs(self.pool_wait),
+                    host: self.pool_host.clone(),
+                }),
+                rdma_one_sided: self.rdma_pages,
+                replicas: v.replicas,
+                token_file: v.memserver_token_file.clone(),
+                local_memory: v.local_memory,
+                prefetcher: v.prefetcher.clone(),
+                probe_every: v.probe_every,
+                page_space: v.page_space,
+                guest_memory: self.guest_memory,
+                stage2_prefault: self.stage2_prefault,
+                global_history: self.history == "global",
+                fault_path_cpu: self.fault_path_cpu,
+                fault_log: self.fault_log.is_some(),
             },
         }
-    };
-    let mut cfg = VmConfig::new(&name, a.memory, a.vcpus, boot);
-    cfg.serial = a.serial.clone();
-    cfg.serial_in = a.serial_in.clone().unwrap_or(if linux {
-        SerialIn::Stdin
-    } else {
-        SerialIn::None
-    });
-    cfg.disks = a.disks.clone();
-    cfg.echo_guest_logs = a.guest_log;
-    // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
-    // from a file pages like the built-in one.
-    cfg.kvm_async_pf = !a.no_kvm_async_pf
-        && (a.kvm_async_pf || a.local_only || (a.kernel.is_some() && !test_guest_file));
-    cfg.remote = remote_spec(a, &cfg)?;
-    Ok(cfg)
+    }
 }
 
-/// The workloads of a bare `farvm run` (test guest, no --workload, no --kernel): a sequential
-/// scan larger than the default local budget plus a random-access one, so the run pages.
-fn default_workloads(a: &RunArgs) -> Vec<String> {
-    if a.kernel.is_some() || a.memory < (384 << 20) {
-        return Vec::new();
-    }
-    vec!["seq:ws=192M".into(), "random:ws=64M".into()]
-}
-
-/// The remote-memory settings of `a`, or `None` when guest RAM stays local.
-pub fn remote_spec(a: &RunArgs, cfg: &VmConfig) -> Result<Option<RemoteSpec>, Failure> {
-    let usage = |m: String| Failure::new(exit_code::USAGE, m);
-    if a.local_only {
-        return Ok(None);
-    }
-    // Sizes the VM refuses anyway: let the builder report them with its own message.
-    if cfg.vcpus == 0
-        || cfg.mem_bytes < farvm_vmm::layout::MIN_RAM
-        || cfg.mem_bytes > farvm_vmm::layout::MAX_RAM
-    {
-        return Ok(None);
-    }
-    let budget = farvm_ept::Budget::parse(&a.local_memory).map_err(|e| usage(e.to_string()))?;
-    if !farvm_prefetch::registry::names().contains(&a.prefetcher.as_str()) {
-        return Err(usage(format!(
-            "unknown --prefetcher `{}` (known: {})",
-            a.prefetcher,
-            farvm_prefetch::registry::names().join(", ")
-        )));
-    }
-    let mut spec = RemoteSpec::new(&cfg.name);
-    spec.servers = a.memservers.iter().map(|m| m.addr).collect();
-    spec.rdma_servers = a
-        .memservers
-        .iter()
-        .filter(|m| m.rdma)
-        .map(|m| m.addr)
-        .collect();
-    if !a.pool.is_empty() {
-        let mut ps = farvm_vmm::remote::PoolSpec::new(a.pool.clone());
-        ps.lease_ttl = std::time::Duration::from_secs(a.pool_lease_ttl.max(1));
-        ps.wait = std::time::Duration::from_secs(a.pool_wait);
-        ps.slab_bytes = match farvm_ept::Budget::parse(&a.pool_slab) {
-            Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => b,
-            _ => {
-                return Err(usage(format!(
-                    "--pool-slab {}: a size of whole 4 KiB pages, e.g. 1G or 64M",
-                    a.pool_slab
-                )))
-            }
-        };
-        if let Some(h) = &a.pool_host {
-            ps.host = h.clone();
-        }
-        spec.pool = Some(ps);
-    }
-    spec.replicas = a.replicas;
-    spec.token_file = a.memserver_token_file.clone();
-    spec.budget = budget;
-    spec.prefetcher = a.prefetcher.clone();
-    spec.probe_every = a.probe_every;
-    spec.guest_memory = a.guest_memory;
-    farvm_vmm::affinity::check_fault_path_cpu(a.fault_path_cpu).map_err(usage)?;
-    spec.fault_path_cpu = a.fault_path_cpu;
-    spec.page_space = a.page_space;
-    spec.stage2_prefault = a.stage2_prefault;
-    spec.rdma_one_sided = a.rdma_pages;
-    spec.global_history = a.history == "global";
-    spec.fault_log_records = if a.fault_log.is_some() {
-        FAULT_LOG_RECORDS
-    } else {
-        0
+/// A problem with the VM's description, named by `names`, with the exit status its kind has.
+pub fn spec_failure(e: &SpecError, names: &dyn FieldNames) -> Failure {
+    let code = match e.kind {
+        SpecErrorKind::Invalid => exit_code::USAGE,
+        SpecErrorKind::Unreadable => exit_code::NO_INPUT,
+        SpecErrorKind::BadKernel => exit_code::BAD_KERNEL,
     };
-    Ok(Some(spec))
+    Failure::new(code, e.render(names))
 }
 
 /// Builds the VM (remote memory first, when asked for), mapping errors to exit statuses.
@@ -687,9 +538,6 @@ fn start_metrics(addr: SocketAddr, vm: &Vm) -> Result<HttpServer, Failure> {
         )
     })
 }
-
-/// Faults `--fault-log` keeps at most (16 bytes each).
-const FAULT_LOG_RECORDS: usize = 1 << 22;
 
 /// Writes the fault log (`--fault-log FILE`).
 fn write_fault_log(path: &Path, r: &VmReport) -> std::io::Result<()> {
@@ -732,14 +580,19 @@ pub fn run_vm(
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
-    let (a, uuid) = match a.domain.clone() {
-        Some(path) => super::domain::resolve(a, &path)?,
-        None => (a, None),
+    let mut spec = a.to_spec();
+    let cfg = match &a.domain {
+        Some(path) => {
+            let names = super::domain::apply(&mut spec, path)?;
+            spec.to_config().map_err(|e| spec_failure(&e, &names))?
+        }
+        None => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
     };
-    let mut cfg = build_config(&a)?;
-    cfg.uuid = uuid.or(cfg.uuid);
     let vm = build_vm(&cfg)?;
-    let metrics = a.metrics.map(|addr| start_metrics(addr, &vm)).transpose()?;
+    let metrics = spec
+        .metrics
+        .map(|addr| start_metrics(addr, &vm))
+        .transpose()?;
     if let Some(m) = &metrics {
         eprintln!("farvm: metrics on http://{}/metrics", m.addr());
     }
@@ -987,43 +840,24 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
     v
 }
 
-/// A `--memserver` address, and whether it is reached over RDMA.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemserverUrl {
-    pub addr: SocketAddr,
-    pub rdma: bool,
-}
-
-/// `--memserver`: `[rdma://]ip:port` or `[rdma://]host:port`, resolved now so a typo fails at
-/// the command line.
+/// `--memserver`: `[rdma://]HOST:PORT`, resolved now so that a typo fails at the command line.
 fn parse_memserver(s: &str) -> Result<MemserverUrl, String> {
-    let (rest, rdma) = match s.split_once("://") {
-        Some(("rdma", rest)) => (rest, true),
-        Some(("tcp", rest)) => (rest, false),
-        Some((scheme, _)) => {
-            return Err(format!(
-                "`{s}`: unknown scheme `{scheme}://` (use HOST:PORT or rdma://HOST:PORT)"
-            ))
-        }
-        None => (s, false),
-    };
-    resolve_memserver(rest).map(|addr| MemserverUrl { addr, rdma })
+    MemserverUrl::parse(s)
 }
 
-fn resolve_memserver(s: &str) -> Result<SocketAddr, String> {
-    use std::net::ToSocketAddrs;
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(a);
+/// `--local-memory`.
+fn parse_budget(s: &str) -> Result<farvm_ept::Budget, String> {
+    farvm_ept::Budget::parse(s).map_err(|e| e.to_string())
+}
+
+/// `--pool-slab`: whole 4 KiB pages.
+fn parse_slab(s: &str) -> Result<u64, String> {
+    match farvm_ept::Budget::parse(s) {
+        Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => Ok(b),
+        _ => Err(format!(
+            "`{s}`: a size of whole 4 KiB pages, e.g. 1G or 64M"
+        )),
     }
-    if !s.contains(':') {
-        return Err(format!("`{s}`: expected HOST:PORT (e.g. memsrv1:7070)"));
-    }
-    let mut addrs = s
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?;
-    addrs
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))
 }
 
 fn parse_guest_memory(s: &str) -> Result<farvm_ept::GuestMemory, String> {
@@ -1033,6 +867,58 @@ fn parse_guest_memory(s: &str) -> Result<farvm_ept::GuestMemory, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    #[command(no_binary_name = true)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn spec(args: &[&str]) -> VmSpec {
+        use clap::Parser;
+        Cli::try_parse_from(args).unwrap().run.to_spec()
+    }
+
+    /// `farvm run` alone is the description's default: one set of defaults.
+    #[test]
+    fn no_flags_is_the_default_description() {
+        assert_eq!(spec(&[]), VmSpec::default());
+    }
+
+    /// Each flag lands in its field, and a problem found in the description names the flag.
+    #[test]
+    fn flags_fill_the_description_and_its_errors_name_them() {
+        let s = spec(&[
+            "--vcpus",
+            "32",
+            "--memory",
+            "1G",
+            "--local-memory",
+            "25%",
+            "--pool",
+            "http://10.0.0.2:2379",
+            "--pool-slab",
+            "64M",
+            "--kvm-async-pf",
+        ]);
+        assert_eq!((s.vcpus, s.memory), (32, 1 << 30));
+        assert_eq!(s.remote.local_memory, farvm_ept::Budget::Percent(25.0));
+        assert_eq!(s.async_pf, AsyncPf::Keep);
+        let pool = s.remote.pool.as_ref().unwrap();
+        assert_eq!((pool.endpoints.len(), pool.slab_bytes), (1, 64 << 20));
+        let e = spec_failure(&s.to_config().unwrap_err(), &CliNames);
+        assert_eq!(e.code, exit_code::USAGE);
+        assert!(
+            e.message
+                .starts_with("--vcpus: 32 vCPUs is more than the test guest supports"),
+            "{e}"
+        );
+        let e = spec(&["--kernel", "/nonexistent/k"])
+            .to_config()
+            .unwrap_err();
+        assert_eq!(spec_failure(&e, &CliNames).code, exit_code::NO_INPUT);
+    }
 
     #[test]
     fn a_verifying_scan_that_failed_names_its_first_wrong_word() {

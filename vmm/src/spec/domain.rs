@@ -1,0 +1,238 @@
+//! A libvirt domain (with the host config merged in, `farvm_vmconfig::merge`) as a
+//! [`VmSpec`]: the fields a domain decides, and how its errors name them (element and line,
+//! or the host-config key).
+
+use farvm_devices::serial::SerialOut;
+use farvm_vmconfig::domain::Lines;
+use farvm_vmconfig::{Domain, HostConfig, LocalShare, PageSpace, Serial, Servers, VmSettings};
+
+use super::{Field, FieldNames, MemserverUrl, PoolOptions, SpecError, VmSpec};
+use crate::remote::PageSpaceKind;
+
+/// Names fields as the domain XML (and the host config under it) spells them.
+#[derive(Clone, Debug, Default)]
+pub struct DomainNames {
+    lines: Lines,
+}
+
+impl DomainNames {
+    /// Names for `domain` (its elements' lines, where it was parsed from text).
+    pub fn of(domain: &Domain) -> Self {
+        Self {
+            lines: domain.lines,
+        }
+    }
+}
+
+fn element(tag: &str, line: Option<u32>) -> String {
+    match line {
+        Some(l) => format!("{tag} (line {l})"),
+        None => tag.to_string(),
+    }
+}
+
+impl FieldNames for DomainNames {
+    fn name(&self, field: Field) -> String {
+        let l = &self.lines;
+        // The remote-memory settings come from farvm's metadata element or, below it, the
+        // host config: both spellings are named.
+        let remote = |xml: &str, toml: &str| {
+            format!(
+                "{} or the host config's {toml}",
+                element(&format!("<farvm:{xml}>"), l.remote_memory)
+            )
+        };
+        match field {
+            Field::Name => element("<name>", l.name),
+            Field::Memory => element("<memory>", l.memory),
+            Field::Vcpus => element("<vcpu>", l.vcpu),
+            Field::Kernel => element("<os><kernel>", l.kernel),
+            Field::Initrd => element("<os><initrd>", l.initrd),
+            Field::Cmdline => element("<os><cmdline>", l.cmdline),
+            Field::Workloads => element("<os><cmdline> farvm.workload= words", l.cmdline),
+            Field::Disks => "<disk>".into(),
+            Field::LocalMemory => remote("local-memory", "local_memory"),
+            Field::Prefetcher => remote("prefetcher", "prefetcher"),
+            Field::Servers => remote("memserver>/<farvm:pool", "memservers/pool"),
+            Field::Metrics => remote("metrics", "metrics"),
+            Field::PoolSlab => "--pool-slab".into(),
+            Field::FaultPathCpu => "--fault-path-cpu".into(),
+        }
+    }
+}
+
+fn budget(s: LocalShare) -> farvm_ept::Budget {
+    match s {
+        LocalShare::All => farvm_ept::Budget::Unlimited,
+        LocalShare::Percent(p) => farvm_ept::Budget::Percent(p),
+        LocalShare::Bytes(b) => farvm_ept::Budget::Bytes(b),
+    }
+}
+
+impl VmSpec {
+    /// Sets every field a domain decides from `domain` merged with `host`: name, UUID,
+    /// memory, vCPUs, kernel, initrd, command line, console output, metrics, and remote
+    /// memory's servers (or pool, or local only), local share, prefetcher, replicas, token,
+    /// page space and probes. The rest (workloads, timeouts, the engine's A/B knobs, a pool's
+    /// lease and slab) stays as the caller set it.
+    pub fn apply_domain(&mut self, domain: &Domain, host: &HostConfig) -> Result<(), SpecError> {
+        self.apply_settings(&farvm_vmconfig::merge(domain, host))
+    }
+
+    /// [`VmSpec::apply_domain`] from already merged settings.
+    pub fn apply_settings(&mut self, s: &VmSettings) -> Result<(), SpecError> {
+        self.name = Some(s.name.clone());
+        self.uuid = s.uuid.map(|u| u.to_string());
+        self.memory = s.memory;
+        self.vcpus = s.vcpus;
+        self.kernel = s.kernel.clone();
+        self.initrd = s.initrd.clone();
+        self.cmdline = s.cmdline.clone();
+        self.serial = match &s.serial {
+            Serial::Null => SerialOut::None,
+            Serial::File(p) => SerialOut::File(p.clone()),
+            // farvm run has no pty of its own: a console meant for a terminal goes to its
+            // standard output (the API server gives its VMs a real pty).
+            Serial::Stdout | Serial::Pty => SerialOut::Stdout,
+        };
+        let r = &s.remote;
+        self.metrics = r
+            .metrics
+            .as_deref()
+            .map(|m| {
+                m.parse().map_err(|_| {
+                    SpecError::invalid(Field::Metrics, format!("`{m}` is not an ADDR:PORT"))
+                })
+            })
+            .transpose()?;
+        self.local_only = r.local_only;
+        let remote = &mut self.remote;
+        match &r.servers {
+            Servers::Embedded => {
+                remote.servers.clear();
+                remote.pool = None;
+            }
+            Servers::Memservers(list) => {
+                remote.servers = list
+                    .iter()
+                    .map(|a| MemserverUrl::parse(a))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| SpecError::invalid(Field::Servers, e))?;
+                remote.pool = None;
+            }
+            Servers::Pool(p) => {
+                if let Some(n) = &p.name {
+                    return Err(SpecError::invalid(
+                        Field::Servers,
+                        format!(
+                            "pool name `{n}`: farvm's pools are not named (one per etcd \
+                             cluster); give its endpoints only"
+                        ),
+                    ));
+                }
+                remote.servers.clear();
+                // A pool's lease, slab and wait are the caller's (farvm run's flags); the
+                // domain says which pool.
+                let mut pool = remote
+                    .pool
+                    .take()
+                    .unwrap_or_else(|| PoolOptions::new(Vec::new()));
+                pool.endpoints = p.endpoints.clone();
+                remote.pool = Some(pool);
+            }
+        }
+        remote.local_memory = budget(r.local_memory);
+        remote.prefetcher = r.prefetcher.clone();
+        remote.replicas = r.replicas.map(|n| n as usize);
+        remote.token_file = r.token_file.clone();
+        remote.page_space = match r.page_space {
+            PageSpace::Virtual => PageSpaceKind::Virtual,
+            PageSpace::Physical => PageSpaceKind::Physical,
+        };
+        remote.probe_every = r.probe_every.unwrap_or(crate::remote::DEFAULT_PROBE_EVERY);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farvm_vmconfig::Pool;
+
+    fn domain(metadata: &str, devices: &str) -> Domain {
+        let xml = format!(
+            "<domain type='kvm'>\n<name>web-1</name>\n<memory unit='MiB'>256</memory>\n\
+             <vcpu>2</vcpu>\n<os><type>hvm</type><kernel>/k.elf</kernel></os>\n\
+             <devices>{devices}</devices>\n<metadata>{metadata}</metadata>\n</domain>\n"
+        );
+        Domain::parse(&xml).unwrap().domain
+    }
+
+    const NS: &str = "xmlns:farvm='https://farvm.dev/xmlns/domain/1'";
+
+    /// The domain decides its fields, the caller keeps the rest (here: a pool's slab and
+    /// workloads), and a pty console goes to stdout.
+    #[test]
+    fn a_domain_sets_what_it_decides_and_keeps_the_rest() {
+        let mut spec = VmSpec {
+            workloads: vec!["seq".into()],
+            ..VmSpec::default()
+        };
+        spec.remote.pool = Some(PoolOptions {
+            slab_bytes: 64 << 20,
+            ..PoolOptions::new(vec!["http://old:2379".into()])
+        });
+        spec.remote.probe_every = 7;
+        let d = domain(
+            &format!(
+                "<farvm:remote-memory {NS}><farvm:pool><farvm:endpoint>http://e:2379</farvm:endpoint>\
+                 </farvm:pool><farvm:local-memory>25%</farvm:local-memory>\
+                 <farvm:metrics address='127.0.0.1:9300'/></farvm:remote-memory>"
+            ),
+            "<console type='pty'><target type='virtio'/></console>",
+        );
+        spec.apply_domain(&d, &HostConfig::default()).unwrap();
+        assert_eq!(spec.name.as_deref(), Some("web-1"));
+        assert_eq!((spec.memory, spec.vcpus), (256 << 20, 2));
+        assert_eq!(spec.workloads, ["seq"]);
+        assert_eq!(spec.serial, SerialOut::Stdout);
+        assert_eq!(spec.metrics, Some("127.0.0.1:9300".parse().unwrap()));
+        let pool = spec.remote.pool.as_ref().unwrap();
+        assert_eq!(pool.endpoints, ["http://e:2379"]);
+        assert_eq!(pool.slab_bytes, 64 << 20);
+        assert_eq!(spec.remote.local_memory, farvm_ept::Budget::Percent(25.0));
+        assert_eq!(spec.remote.probe_every, crate::remote::DEFAULT_PROBE_EVERY);
+        assert!(spec.remote.servers.is_empty());
+    }
+
+    #[test]
+    fn a_named_pool_and_a_bad_server_are_refused_by_the_domains_names() {
+        let names = DomainNames::default();
+        let mut s = VmSettings::clone(&farvm_vmconfig::merge(
+            &domain("", ""),
+            &HostConfig::default(),
+        ));
+        s.remote.servers = Servers::Pool(Pool {
+            name: Some("rack-1".into()),
+            endpoints: vec!["http://e:2379".into()],
+        });
+        let e = VmSpec::default().apply_settings(&s).unwrap_err();
+        assert_eq!(e.field, Field::Servers);
+        assert!(e.render(&names).contains("pool name `rack-1`"), "{e}");
+        s.remote.servers = Servers::Memservers(vec!["no-port".into()]);
+        let e = VmSpec::default().apply_settings(&s).unwrap_err();
+        assert!(
+            e.render(&names).starts_with(
+                "<farvm:memserver>/<farvm:pool> or the host config's memservers/pool: `no-port`"
+            ),
+            "{}",
+            e.render(&names)
+        );
+        let d = domain(&format!("<farvm:remote-memory {NS}><farvm:prefetcher>leap</farvm:prefetcher></farvm:remote-memory>"), "");
+        assert_eq!(
+            DomainNames::of(&d).name(Field::Prefetcher),
+            "<farvm:prefetcher> (line 7) or the host config's prefetcher"
+        );
+        assert_eq!(DomainNames::of(&d).name(Field::Vcpus), "<vcpu> (line 4)");
+    }
+}

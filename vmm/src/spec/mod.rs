@@ -1,0 +1,262 @@
+//! One typed description of a VM, whichever front door it came through: `farvm run`'s flags
+//! (the binary's `RunArgs::to_spec`), a libvirt domain merged with the host config
+//! ([`VmSpec::apply_domain`], for `farvm run --domain` and for the API server's `vm.create`
+//! bodies, which libvirt's driver derives from a domain), each converting into a [`VmSpec`]
+//! without going through another's text. [`VmSpec::to_config`] is the one place it is checked
+//! and turned into the [`crate::builder::VmConfig`] the builder makes a VM of (files read,
+//! workloads planned, remote memory set up).
+//!
+//! A problem is a [`SpecError`] naming a [`Field`]; each front door spells the field its own
+//! way ([`FieldNames`]: [`CliNames`], [`domain::DomainNames`], the API's JSON paths), so an
+//! operator reads the name of the thing they wrote.
+
+mod config;
+pub mod domain;
+mod field;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use farvm_devices::serial::{SerialIn, SerialOut};
+
+pub use field::{CliNames, Field, FieldNames, SpecError, SpecErrorKind};
+
+use crate::devices::board::DiskConfig;
+use crate::remote::PageSpaceKind;
+
+/// Everything that describes one VM. [`Default`] is `farvm run` with no options: the built-in
+/// test guest, 512 MiB, one vCPU, console on stdout, remote memory at 50% local on an embedded
+/// memory server.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmSpec {
+    /// The VM's name [`None`: `farvm-PID`].
+    pub name: Option<String>,
+    /// A UUID to report back (libvirt's); farvm does not use it.
+    pub uuid: Option<String>,
+    /// Guest RAM, bytes.
+    pub memory: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// The kernel file [`None`: the built-in test guest].
+    pub kernel: Option<PathBuf>,
+    /// Linux's initial ramdisk.
+    pub initrd: Option<PathBuf>,
+    /// The kernel command line (for the test guest, `farvm.workload=SPEC` words add
+    /// workloads).
+    pub cmdline: Option<String>,
+    /// Boot an ELF kernel as Linux (implied by an initrd or command line unless the ELF is the
+    /// test guest).
+    pub force_linux: bool,
+    /// The test guest's workloads, one process each (`NAME[:key=value,...]`).
+    pub workloads: Vec<String>,
+    /// The test guest's own knobs.
+    pub test_guest: TestGuestOptions,
+    /// Where the console's output goes.
+    pub serial: SerialOut,
+    /// Where its input comes from [`None`: stdin for Linux, nothing for the test guest].
+    pub serial_in: Option<SerialIn>,
+    /// Disks (Linux guests; virtio-blk, `/dev/vda`, ... in order).
+    pub disks: Vec<DiskConfig>,
+    /// Echo the guest's PV log lines on stderr.
+    pub echo_guest_logs: bool,
+    /// KVM's async page faults.
+    pub async_pf: AsyncPf,
+    /// Serve Prometheus metrics here.
+    pub metrics: Option<SocketAddr>,
+    /// All guest RAM local: no paging engine, no memory server (`remote` then does not
+    /// apply).
+    pub local_only: bool,
+    /// Remote memory.
+    pub remote: RemoteOptions,
+}
+
+impl Default for VmSpec {
+    fn default() -> Self {
+        Self {
+            name: None,
+            uuid: None,
+            memory: 512 << 20,
+            vcpus: 1,
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            force_linux: false,
+            workloads: Vec::new(),
+            test_guest: TestGuestOptions::default(),
+            serial: SerialOut::Stdout,
+            serial_in: None,
+            disks: Vec::new(),
+            echo_guest_logs: false,
+            async_pf: AsyncPf::Auto,
+            metrics: None,
+            local_only: false,
+            remote: RemoteOptions::default(),
+        }
+    }
+}
+
+/// The built-in test guest's knobs (ignored for Linux).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestGuestOptions {
+    /// LAPIC timer frequency for preemption (0: cooperative only).
+    pub timer_hz: u32,
+    /// Seed of the physical-frame free-list shuffle (0: ascending).
+    pub frame_shuffle_seed: u64,
+    /// Hand out frames in runs of 2^SHIFT [`None`: 9 with remote memory, else 0].
+    pub frame_run_shift: Option<u32>,
+    /// Premap each process's heap at start.
+    pub premap: bool,
+    /// Demand-page the heap 4 KiB per fault instead of 2 MiB.
+    pub demand_4k: bool,
+}
+
+impl Default for TestGuestOptions {
+    fn default() -> Self {
+        Self {
+            timer_hz: 100,
+            frame_shuffle_seed: 1,
+            frame_run_shift: None,
+            premap: false,
+            demand_4k: false,
+        }
+    }
+}
+
+/// KVM's async page faults (see `farvm run --help`, `--kvm-async-pf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncPf {
+    /// Off for a paged test guest (its faults are attributed to guest processes), KVM's
+    /// default for local RAM and Linux guests (which idle with HLT).
+    Auto,
+    /// KVM's default: on.
+    Keep,
+    /// Off, for a Linux guest too.
+    Off,
+}
+
+/// A memory server's address and how it is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemserverUrl {
+    /// Its TCP listener, or its RDMA listener when `rdma`.
+    pub addr: SocketAddr,
+    /// Reached over RDMA (`rdma://HOST:PORT`).
+    pub rdma: bool,
+}
+
+impl MemserverUrl {
+    /// `[tcp://|rdma://]HOST:PORT`, a host name resolved now (its first address) so that a
+    /// typo fails where it was written.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (rest, rdma) = match s.split_once("://") {
+            Some(("rdma", rest)) => (rest, true),
+            Some(("tcp", rest)) => (rest, false),
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "`{s}`: unknown scheme `{scheme}://` (use HOST:PORT or rdma://HOST:PORT)"
+                ))
+            }
+            None => (s, false),
+        };
+        resolve_host_port(rest).map(|addr| MemserverUrl { addr, rdma })
+    }
+}
+
+fn resolve_host_port(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !s.contains(':') {
+        return Err(format!("`{s}`: expected HOST:PORT (e.g. memsrv1:7070)"));
+    }
+    let mut addrs = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+/// Remote memory: where the pages live and how the engine pages them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteOptions {
+    /// Memory servers [empty, and no `pool`: an embedded server on loopback].
+    pub servers: Vec<MemserverUrl>,
+    /// A memory pool (etcd) instead of a server list.
+    pub pool: Option<PoolOptions>,
+    /// RDMA servers' pages move by one-sided READ/WRITE, else as SEND/RECV.
+    pub rdma_one_sided: bool,
+    /// Copies of each remote page [`None`: 2 with two or more servers or a pool, else 1].
+    pub replicas: Option<usize>,
+    /// The tenant secret for the memory servers.
+    pub token_file: Option<PathBuf>,
+    /// How much of guest RAM may be resident locally.
+    pub local_memory: farvm_ept::Budget,
+    /// Prefetcher name (`farvm_prefetch::registry::names()`).
+    pub prefetcher: String,
+    /// Every N-th injected prefetch stays a probe (0: none).
+    pub probe_every: u32,
+    /// Page numbers the prefetcher learns from.
+    pub page_space: PageSpaceKind,
+    /// Guest RAM's backing [`None`: the engine's default].
+    pub guest_memory: Option<farvm_ept::GuestMemory>,
+    /// Stage-2 pre-fault of injected pages.
+    pub stage2_prefault: bool,
+    /// One prefetch history for the whole guest even with an agent.
+    pub global_history: bool,
+    /// Pin the fault path to this host CPU.
+    pub fault_path_cpu: Option<usize>,
+    /// Record resolved faults (for `--fault-log`).
+    pub fault_log: bool,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            pool: None,
+            rdma_one_sided: true,
+            replicas: None,
+            token_file: None,
+            local_memory: farvm_ept::Budget::Percent(50.0),
+            prefetcher: farvm_prefetch::registry::DEFAULT.to_string(),
+            probe_every: crate::remote::DEFAULT_PROBE_EVERY,
+            page_space: PageSpaceKind::Virtual,
+            guest_memory: None,
+            stage2_prefault: true,
+            global_history: false,
+            fault_path_cpu: None,
+            fault_log: false,
+        }
+    }
+}
+
+/// A memory pool to join.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// The VM's lease TTL.
+    pub lease_ttl: Duration,
+    /// The slab size, bytes: a multiple of 4 KiB.
+    pub slab_bytes: u64,
+    /// How long to wait for etcd at start.
+    pub wait: Duration,
+    /// This host's name in the pool [`None`: the kernel's host name].
+    pub host: Option<String>,
+}
+
+impl PoolOptions {
+    /// `farvm run --pool`'s defaults for these endpoints: a 10 s lease, 1 GiB slabs, up to 300 s
+    /// waiting for etcd.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            lease_ttl: Duration::from_secs(10),
+            slab_bytes: 1 << 30,
+            wait: Duration::from_secs(300),
+            host: None,
+        }
+    }
+}
