@@ -189,6 +189,50 @@ fn a_pool_vm_computes_native_checksums_and_its_pages_go_at_exit_and_when_killed(
     });
 }
 
+/// A libvirt domain whose farvm metadata names a pool runs in it (`farvm run --domain`), with
+/// the pool's lease and slab from the command line.
+#[test]
+fn a_domain_naming_a_pool_runs_in_it() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2"], "256M");
+    let dir = std::env::temp_dir().join(format!("farvm-pool-domain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let xml = dir.join("pooled.xml");
+    std::fs::write(
+        &xml,
+        format!(
+            "<domain type='kvm'><name>pooled-{}</name><memory unit='MiB'>128</memory>\
+             <os><type>hvm</type></os><metadata>\
+             <farvm:remote-memory xmlns:farvm='https://farvm.dev/xmlns/domain/1'>\
+             <farvm:pool><farvm:endpoint>{}</farvm:endpoint></farvm:pool>\
+             <farvm:local-memory>25%</farvm:local-memory></farvm:remote-memory>\
+             </metadata></domain>",
+            std::process::id(),
+            pool.url()
+        ),
+    )
+    .unwrap();
+    let workload = "seq:ws=64M,passes=2";
+    let o = farvm()
+        .arg("run")
+        .arg("--domain")
+        .arg(&xml)
+        .args(["--pool-lease-ttl", "2", "--pool-slab", "32M"])
+        .args(["--workload", workload, "--no-control-socket", "--json"])
+        .output()
+        .unwrap();
+    assert_checksum(&o, workload);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["paging"]["remote"]["replication"], 2, "{v}");
+    assert!(v["paging"]["remote"]["pool_vm"].is_string(), "{v}");
+    pool.wait("no VM, no placement, nothing stored", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_vm_the_pool_cannot_place_is_refused_naming_rack_and_bytes() {
     if !kvm_available() {

@@ -152,6 +152,8 @@ EXIT STATUS
   130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";
 
 #[derive(Args, Debug, Clone)]
+// A pool's knobs need a pool: one given with --pool, or one the domain may name.
+#[command(group(clap::ArgGroup::new("pool_source").args(["pool", "domain"])))]
 pub struct RunArgs {
     /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
     /// name, memory, vCPUs, kernel, console and remote-memory options.
@@ -223,22 +225,22 @@ pub struct RunArgs {
           value_parser = parse_rdma_pages, action = clap::ArgAction::Set)]
     pub rdma_pages: bool,
 
-    /// With --pool: the VM's lease TTL in seconds (how soon after farvm dies its pages are
-    /// reclaimed).
-    #[arg(long, value_name = "SECS", default_value_t = 10, requires = "pool")]
-    pub pool_lease_ttl: u64,
+    /// With a pool (--pool, or a domain naming one): the VM's lease TTL in seconds (how soon
+    /// after farvm dies its pages are reclaimed) [default: 10].
+    #[arg(long, value_name = "SECS", requires = "pool_source")]
+    pub pool_lease_ttl: Option<u64>,
 
-    /// With --pool: the slab size, the unit of placement (each slab of the remote share is
-    /// reserved whole on --replicas servers), e.g. 1G or 64M.
-    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "pool", value_parser = parse_slab)]
-    pub pool_slab: u64,
+    /// With a pool: the slab size, the unit of placement (each slab of the remote share is
+    /// reserved whole on --replicas servers), e.g. 1G or 64M [default: 1G].
+    #[arg(long, value_name = "SIZE", requires = "pool_source", value_parser = parse_slab)]
+    pub pool_slab: Option<u64>,
 
-    /// With --pool: seconds to wait for etcd at start before giving up.
-    #[arg(long, value_name = "SECS", default_value_t = 300, requires = "pool")]
-    pub pool_wait: u64,
+    /// With a pool: seconds to wait for etcd at start before giving up [default: 300].
+    #[arg(long, value_name = "SECS", requires = "pool_source")]
+    pub pool_wait: Option<u64>,
 
-    /// With --pool: this host's name in the pool [default: the kernel's host name].
-    #[arg(long, value_name = "NAME", requires = "pool")]
+    /// With a pool: this host's name in the pool [default: the kernel's host name].
+    #[arg(long, value_name = "NAME", requires = "pool_source")]
     pub pool_host: Option<String>,
 
     /// Guest RAM's backing with remote memory: memfd (pages land in a memfd and are mapped
@@ -486,13 +488,16 @@ impl RunArgs {
             local_only: v.local_only,
             remote: RemoteOptions {
                 servers: v.memservers.clone(),
-                pool: (!v.pool.is_empty()).then(|| PoolOptions {
-                    endpoints: v.pool.clone(),
-                    lease_ttl: Duration::from_secs(self.pool_lease_ttl),
-                    slab_bytes: self.pool_slab,
-                    wait: Duration::from_secs(self.pool_wait),
-                    host: self.pool_host.clone(),
-                }),
+                pool: v.pool.clone(),
+                pool_options: {
+                    let d = PoolOptions::default();
+                    PoolOptions {
+                        lease_ttl: self.pool_lease_ttl.map_or(d.lease_ttl, Duration::from_secs),
+                        slab_bytes: self.pool_slab.unwrap_or(d.slab_bytes),
+                        wait: self.pool_wait.map_or(d.wait, Duration::from_secs),
+                        host: self.pool_host.clone(),
+                    }
+                },
                 rdma_one_sided: self.rdma_pages,
                 replicas: v.replicas,
                 token_file: v.memserver_token_file.clone(),
@@ -853,7 +858,7 @@ fn parse_budget(s: &str) -> Result<farvm_ept::Budget, String> {
 /// `--pool-slab`: whole 4 KiB pages.
 fn parse_slab(s: &str) -> Result<u64, String> {
     match farvm_ept::Budget::parse(s) {
-        Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b % 4096 == 0 => Ok(b),
+        Ok(farvm_ept::Budget::Bytes(b)) if b >= 4096 && b.is_multiple_of(4096) => Ok(b),
         _ => Err(format!(
             "`{s}`: a size of whole 4 KiB pages, e.g. 1G or 64M"
         )),
@@ -905,8 +910,17 @@ mod tests {
         assert_eq!((s.vcpus, s.memory), (32, 1 << 30));
         assert_eq!(s.remote.local_memory, farvm_ept::Budget::Percent(25.0));
         assert_eq!(s.async_pf, AsyncPf::Keep);
-        let pool = s.remote.pool.as_ref().unwrap();
-        assert_eq!((pool.endpoints.len(), pool.slab_bytes), (1, 64 << 20));
+        assert_eq!(s.remote.pool, ["http://10.0.0.2:2379"]);
+        assert_eq!(s.remote.pool_options.slab_bytes, 64 << 20);
+        // A pool's knobs need a pool (given, or one a domain may name).
+        use clap::Parser;
+        let e = Cli::try_parse_from(["--pool-slab", "64M"]).err().unwrap();
+        assert_eq!(
+            e.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{e}"
+        );
+        Cli::try_parse_from(["--domain", "d.xml", "--pool-slab", "64M"]).unwrap();
         let e = spec_failure(&s.to_config().unwrap_err(), &CliNames);
         assert_eq!(e.code, exit_code::USAGE);
         assert!(

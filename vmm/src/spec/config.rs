@@ -246,8 +246,9 @@ impl VmSpec {
             .filter(|m| m.rdma)
             .map(|m| m.addr)
             .collect();
-        if let Some(p) = &r.pool {
-            if p.slab_bytes < 4096 || p.slab_bytes % 4096 != 0 {
+        if !r.pool.is_empty() {
+            let p = &r.pool_options;
+            if p.slab_bytes < 4096 || !p.slab_bytes.is_multiple_of(4096) {
                 return Err(SpecError::invalid(
                     Field::PoolSlab,
                     format!(
@@ -256,13 +257,7 @@ impl VmSpec {
                     ),
                 ));
             }
-            if p.endpoints.is_empty() {
-                return Err(SpecError::invalid(
-                    Field::Servers,
-                    "a pool needs its etcd endpoints",
-                ));
-            }
-            let mut ps = PoolSpec::new(p.endpoints.clone());
+            let mut ps = PoolSpec::new(r.pool.clone());
             ps.lease_ttl = p.lease_ttl.max(std::time::Duration::from_secs(1));
             ps.wait = p.wait;
             ps.slab_bytes = p.slab_bytes;

@@ -6,7 +6,7 @@ use farvm_devices::serial::SerialOut;
 use farvm_vmconfig::domain::Lines;
 use farvm_vmconfig::{Domain, HostConfig, LocalShare, PageSpace, Serial, Servers, VmSettings};
 
-use super::{Field, FieldNames, MemserverUrl, PoolOptions, SpecError, VmSpec};
+use super::{Field, FieldNames, MemserverUrl, SpecError, VmSpec};
 use crate::remote::PageSpaceKind;
 
 /// Names fields as the domain XML (and the host config under it) spells them.
@@ -110,7 +110,7 @@ impl VmSpec {
         match &r.servers {
             Servers::Embedded => {
                 remote.servers.clear();
-                remote.pool = None;
+                remote.pool.clear();
             }
             Servers::Memservers(list) => {
                 remote.servers = list
@@ -118,7 +118,7 @@ impl VmSpec {
                     .map(|a| MemserverUrl::parse(a))
                     .collect::<Result<_, _>>()
                     .map_err(|e| SpecError::invalid(Field::Servers, e))?;
-                remote.pool = None;
+                remote.pool.clear();
             }
             Servers::Pool(p) => {
                 if let Some(n) = &p.name {
@@ -130,15 +130,10 @@ impl VmSpec {
                         ),
                     ));
                 }
+                // The domain says which pool; how to join it (lease, slab, wait) stays the
+                // caller's (farvm run's flags).
                 remote.servers.clear();
-                // A pool's lease, slab and wait are the caller's (farvm run's flags); the
-                // domain says which pool.
-                let mut pool = remote
-                    .pool
-                    .take()
-                    .unwrap_or_else(|| PoolOptions::new(Vec::new()));
-                pool.endpoints = p.endpoints.clone();
-                remote.pool = Some(pool);
+                remote.pool = p.endpoints.clone();
             }
         }
         remote.local_memory = budget(r.local_memory);
@@ -178,10 +173,8 @@ mod tests {
             workloads: vec!["seq".into()],
             ..VmSpec::default()
         };
-        spec.remote.pool = Some(PoolOptions {
-            slab_bytes: 64 << 20,
-            ..PoolOptions::new(vec!["http://old:2379".into()])
-        });
+        spec.remote.pool = vec!["http://old:2379".into()];
+        spec.remote.pool_options.slab_bytes = 64 << 20;
         spec.remote.probe_every = 7;
         let d = domain(
             &format!(
@@ -197,9 +190,8 @@ mod tests {
         assert_eq!(spec.workloads, ["seq"]);
         assert_eq!(spec.serial, SerialOut::Stdout);
         assert_eq!(spec.metrics, Some("127.0.0.1:9300".parse().unwrap()));
-        let pool = spec.remote.pool.as_ref().unwrap();
-        assert_eq!(pool.endpoints, ["http://e:2379"]);
-        assert_eq!(pool.slab_bytes, 64 << 20);
+        assert_eq!(spec.remote.pool, ["http://e:2379"]);
+        assert_eq!(spec.remote.pool_options.slab_bytes, 64 << 20);
         assert_eq!(spec.remote.local_memory, farvm_ept::Budget::Percent(25.0));
         assert_eq!(spec.remote.probe_every, crate::remote::DEFAULT_PROBE_EVERY);
         assert!(spec.remote.servers.is_empty());

@@ -183,8 +183,10 @@ fn resolve_host_port(s: &str) -> Result<SocketAddr, String> {
 pub struct RemoteOptions {
     /// Memory servers [empty, and no `pool`: an embedded server on loopback].
     pub servers: Vec<MemserverUrl>,
-    /// A memory pool (etcd) instead of a server list.
-    pub pool: Option<PoolOptions>,
+    /// A memory pool's etcd endpoints, instead of a server list [empty: no pool].
+    pub pool: Vec<String>,
+    /// How a VM joins a pool (used when `pool` is not empty).
+    pub pool_options: PoolOptions,
     /// RDMA servers' pages move by one-sided READ/WRITE, else as SEND/RECV.
     pub rdma_one_sided: bool,
     /// Copies of each remote page [`None`: 2 with two or more servers or a pool, else 1].
@@ -215,7 +217,8 @@ impl Default for RemoteOptions {
     fn default() -> Self {
         Self {
             servers: Vec::new(),
-            pool: None,
+            pool: Vec::new(),
+            pool_options: PoolOptions::default(),
             rdma_one_sided: true,
             replicas: None,
             token_file: None,
@@ -232,11 +235,9 @@ impl Default for RemoteOptions {
     }
 }
 
-/// A memory pool to join.
+/// How a VM joins a memory pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolOptions {
-    /// etcd client URLs.
-    pub endpoints: Vec<String>,
     /// The VM's lease TTL.
     pub lease_ttl: Duration,
     /// The slab size, bytes: a multiple of 4 KiB.
@@ -247,12 +248,10 @@ pub struct PoolOptions {
     pub host: Option<String>,
 }
 
-impl PoolOptions {
-    /// `farvm run --pool`'s defaults for these endpoints: a 10 s lease, 1 GiB slabs, up to 300 s
-    /// waiting for etcd.
-    pub fn new(endpoints: Vec<String>) -> Self {
+impl Default for PoolOptions {
+    /// `farvm run --pool`'s: a 10 s lease, 1 GiB slabs, up to 300 s waiting for etcd.
+    fn default() -> Self {
         Self {
-            endpoints,
             lease_ttl: Duration::from_secs(10),
             slab_bytes: 1 << 30,
             wait: Duration::from_secs(300),
