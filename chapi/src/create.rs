@@ -24,12 +24,14 @@
 //!   (Cloud Hypervisor's virtio console, the one libvirt 9.0 can give a pty) and `serial` map
 //!   onto it, so at most one of them may have a destination, unless both are `Pty` (they then
 //!   share one pty). Absent: `serial` Null, `console` Off.
-//! - Any device farvm does not have (`disks`, `net`, `devices`, `vsock`, `rng`, `fs`, `pmem`,
+//! - `disks`: `path` (a raw image) and `readonly`, as libvirt's driver sends them; `id` is
+//!   accepted, `direct: true` (O_DIRECT) refused. They become `/dev/vda`, `/dev/vdb`, ... in order.
+//! - Any device farvm does not have (`net`, `devices`, `vsock`, `rng`, `fs`, `pmem`,
 //!   `balloon`, `numa`, ...) is refused unless empty; an unknown field is refused.
 
 use std::path::{Path, PathBuf};
 
-use farvm_vmconfig::domain::{CharBackend, CharDevice, Os};
+use farvm_vmconfig::domain::{CharBackend, CharDevice, Disk, Os};
 use farvm_vmconfig::Domain;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -117,6 +119,26 @@ pub struct CreateSpec {
     pub initramfs: Option<PathBuf>,
     pub console: ConsoleConfig,
     pub serial: ConsoleConfig,
+    /// `disks`: virtio-blk disks, `/dev/vda`, `/dev/vdb`, ... in this order.
+    pub disks: Vec<DiskSpec>,
+}
+
+/// One of `disks`: a raw image file (what libvirt's driver sends for `<disk type='file'>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSpec {
+    /// The image file.
+    pub path: PathBuf,
+    /// The guest may not write it.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Cloud Hypervisor's O_DIRECT switch: farvm opens images through the page cache, so only
+    /// `false` is accepted.
+    #[serde(default, skip_serializing)]
+    pub direct: bool,
+    /// Cloud Hypervisor's device id (accepted; farvm names disks by order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -185,10 +207,6 @@ struct RawConsole {
 
 /// Top-level fields farvm refuses unless absent or empty, and why.
 const REFUSED: &[(&str, &str)] = &[
-    (
-        "disks",
-        "farvm has no disk devices; remove the domain's <disk> elements",
-    ),
     (
         "net",
         "farvm has no network devices; remove the domain's <interface> elements",
@@ -411,6 +429,7 @@ impl CreateSpec {
         let mut payload: Option<RawPayload> = None;
         let mut con = ConsoleConfig::mode(ConsoleMode::Off);
         let mut ser = ConsoleConfig::mode(ConsoleMode::Null);
+        let mut disks: Vec<DiskSpec> = Vec::new();
         for (key, v) in map {
             match key.as_str() {
                 "cpus" => vcpus = cpus(field(&key, v)?)?,
@@ -421,6 +440,7 @@ impl CreateSpec {
                 "payload" => payload = Some(field(&key, v)?),
                 "console" => con = console(&key, field(&key, v)?)?,
                 "serial" => ser = console(&key, field(&key, v)?)?,
+                "disks" => disks = field::<Option<Vec<DiskSpec>>>(&key, v)?.unwrap_or_default(),
                 other => match REFUSED.iter().find(|(k, _)| *k == other) {
                     Some((_, why)) => refuse_unless_empty(other, &Some(v), why)?,
                     None => {
@@ -465,6 +485,15 @@ impl CreateSpec {
         let initramfs = initramfs
             .map(|p| nonempty_path("initramfs.path", p))
             .transpose()?;
+        for (i, d) in disks.iter_mut().enumerate() {
+            d.path = nonempty_path(&format!("disks[{i}].path"), std::mem::take(&mut d.path))?;
+            if d.direct {
+                return Err(bad(format!(
+                    "`disks[{i}].direct`: farvm opens disk images through the page cache \
+                     (O_DIRECT is not supported)"
+                )));
+            }
+        }
         let spec = CreateSpec {
             vcpus,
             memory: mem,
@@ -473,6 +502,7 @@ impl CreateSpec {
             initramfs,
             console: con,
             serial: ser,
+            disks,
         };
         spec.check_target()?;
         Ok(spec)
@@ -527,6 +557,9 @@ impl CreateSpec {
         if let Some(i) = &self.initramfs {
             o["initramfs"] = json!({ "path": i });
         }
+        if !self.disks.is_empty() {
+            o["disks"] = json!(self.disks);
+        }
         o
     }
 
@@ -564,6 +597,17 @@ impl CreateSpec {
                 target_port: None,
             }),
             console: None,
+            disks: self
+                .disks
+                .iter()
+                .enumerate()
+                .map(|(i, d)| Disk {
+                    source: d.path.clone(),
+                    block: false,
+                    target: format!("vd{}", (b'a' + (i % 26) as u8) as char),
+                    readonly: d.readonly,
+                })
+                .collect(),
             farvm: None,
             lines: Default::default(),
         }
@@ -621,7 +665,11 @@ mod tests {
     #[test]
     fn what_farvm_cannot_do_is_refused_by_name() {
         let k = r#""kernel":{"path":"/k"}"#;
-        assert!(refused(&format!(r#"{{{k},"disks":[{{"path":"/d.img"}}]}}"#)).contains("`disks`"));
+        assert!(refused(&format!(
+            r#"{{{k},"disks":[{{"path":"/d.img","direct":true}}]}}"#
+        ))
+        .contains("`disks[0].direct`"));
+        assert!(refused(&format!(r#"{{{k},"disks":[{{"path":""}}]}}"#)).contains("disks[0].path"));
         assert!(refused(&format!(r#"{{{k},"net":[{{"tap":"t0"}}]}}"#)).contains("network"));
         assert!(
             refused(&format!(r#"{{{k},"vsock":{{"cid":3,"socket":"/s"}}}}"#)).contains("vsock")

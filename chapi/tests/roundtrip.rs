@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use farvm_chapi::create::{ConsoleConfig, ConsoleMode, CreateSpec, MEMORY_ALIGN};
+use farvm_chapi::create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, MEMORY_ALIGN};
 use proptest::option;
 use proptest::prelude::*;
 
@@ -46,9 +46,10 @@ fn spec() -> impl Strategy<Value = CreateSpec> {
         option::of("[ -~]{0,40}"),
         option::of(path()),
         consoles(),
+        proptest::collection::vec((path(), any::<bool>(), option::of("[a-z0-9_]{1,8}")), 0..3),
     )
         .prop_map(
-            |(vcpus, pages, kernel, cmdline, initramfs, (console, serial))| CreateSpec {
+            |(vcpus, pages, kernel, cmdline, initramfs, (console, serial), disks)| CreateSpec {
                 vcpus,
                 memory: pages * MEMORY_ALIGN,
                 kernel,
@@ -56,6 +57,15 @@ fn spec() -> impl Strategy<Value = CreateSpec> {
                 initramfs,
                 console,
                 serial,
+                disks: disks
+                    .into_iter()
+                    .map(|(path, readonly, id)| DiskSpec {
+                        path,
+                        readonly,
+                        direct: false,
+                        id,
+                    })
+                    .collect(),
             },
         )
 }

@@ -148,6 +148,19 @@ pub struct Os {
     pub cmdline: Option<String>,
 }
 
+/// A `<disk>`: a raw image file or block device the guest sees as a virtio-blk disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disk {
+    /// `<source file=...>` (type `file`) or `<source dev=...>` (type `block`).
+    pub source: PathBuf,
+    /// Whether the source is a block device (`type='block'`).
+    pub block: bool,
+    /// `<target dev=...>`: `vda`, `vdb`, ... (farvm attaches disks in this order).
+    pub target: String,
+    /// `<readonly/>`.
+    pub readonly: bool,
+}
+
 /// The parts of a libvirt domain farvm uses. Memory sizes are in bytes (whole KiB, as libvirt
 /// keeps them).
 #[derive(Clone, Debug, PartialEq)]
@@ -178,6 +191,8 @@ pub struct Domain {
     pub serial: Option<CharDevice>,
     /// The first `<console>`.
     pub console: Option<CharDevice>,
+    /// `<disk>`s, in document order.
+    pub disks: Vec<Disk>,
     /// farvm's `<metadata>` element, when present.
     pub farvm: Option<Overrides>,
     /// Where the elements above are in the document, for errors found after parsing.
@@ -185,8 +200,9 @@ pub struct Domain {
 }
 
 /// The 1-based line of each element a later check may need to name (`None`: absent, or the
-/// domain was not parsed from text).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// domain was not parsed from text). Where a domain was written is not part of what it says:
+/// two domains that differ only in their lines are equal.
+#[derive(Clone, Debug, Default)]
 pub struct Lines {
     /// `<name>`.
     pub name: Option<u32>,
@@ -202,7 +218,17 @@ pub struct Lines {
     pub cmdline: Option<u32>,
     /// farvm's `<farvm:remote-memory>` element.
     pub remote_memory: Option<u32>,
+    /// Each `<disk>` (as [`Domain::disks`]).
+    pub disks: Vec<u32>,
 }
+
+impl PartialEq for Lines {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Lines {}
 
 /// A parsed domain and what in it farvm ignores.
 #[derive(Clone, Debug)]
@@ -497,10 +523,107 @@ fn devices(el: &Element, d: &mut Domain, w: &mut Warnings) -> Result<(), ConfigE
                     *slot = dev;
                 }
             }
+            (false, "disk") => {
+                d.disks.push(disk(c, w)?);
+                d.lines.disks.push(c.line);
+            }
             _ => w.element("devices", c),
         }
     }
     Ok(())
+}
+
+/// A `<disk>`: raw images only (a format farvm cannot read is an error, never a disk the guest
+/// would see as garbage).
+fn disk(el: &Element, w: &mut Warnings) -> Result<Disk, ConfigError> {
+    w.attrs("devices/disk", el, &["type", "device"]);
+    let block = match el.attr("type") {
+        Some("file") => false,
+        Some("block") => true,
+        Some(t) => {
+            return Err(invalid(
+                el,
+                format!(
+                    "type='{t}': farvm's disks are image files (file) or block devices (block)"
+                ),
+            ))
+        }
+        None => return Err(invalid(el, "needs type='file' or type='block'")),
+    };
+    match el.attr("device").unwrap_or("disk") {
+        "disk" => {}
+        d => {
+            return Err(invalid(
+                el,
+                format!("device='{d}': farvm has virtio-blk disks only"),
+            ))
+        }
+    }
+    if let Some(drv) = only(el, "driver")? {
+        w.attrs(
+            "devices/disk/driver",
+            drv,
+            &["name", "type", "cache", "discard"],
+        );
+        match drv.attr("type").unwrap_or("raw") {
+            "raw" => {}
+            f => {
+                return Err(invalid(
+                    drv,
+                    format!(
+                        "format {f}: farvm reads raw images only (convert one with \
+                         `qemu-img convert -O raw IN OUT`)"
+                    ),
+                ))
+            }
+        }
+    }
+    let src = only(el, "source")?.ok_or_else(|| missing(el, "source"))?;
+    let key = if block { "dev" } else { "file" };
+    w.attrs("devices/disk/source", src, &[key]);
+    let source = src
+        .attr(key)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| invalid(src, format!("needs a {key} attribute")))?;
+    let target = only(el, "target")?.ok_or_else(|| missing(el, "target"))?;
+    w.attrs("devices/disk/target", target, &["dev", "bus"]);
+    match target.attr("bus") {
+        None | Some("virtio") => {}
+        Some(b) => {
+            return Err(invalid(
+                target,
+                format!("bus='{b}': farvm's disks are virtio (bus='virtio')"),
+            ))
+        }
+    }
+    let dev = target
+        .attr("dev")
+        .filter(|d| d.len() == 3 && d.starts_with("vd") && d.as_bytes()[2].is_ascii_lowercase())
+        .ok_or_else(|| invalid(target, "needs dev='vdX' (vda, vdb, ...)"))?;
+    let readonly = match only(el, "readonly")? {
+        Some(r) => {
+            w.attrs("devices/disk/readonly", r, &[]);
+            true
+        }
+        None => false,
+    };
+    for c in &el.children {
+        let known = c.ns.is_none()
+            && matches!(
+                c.name.as_str(),
+                "driver" | "source" | "target" | "readonly" | "alias" | "address"
+            );
+        if !known {
+            w.element("devices/disk", c);
+        }
+    }
+    Ok(Disk {
+        source,
+        block,
+        target: dev.to_string(),
+        readonly,
+    })
 }
 
 fn metadata(el: &Element, w: &mut Warnings) -> Result<Option<Overrides>, ConfigError> {
@@ -616,6 +739,7 @@ impl Domain {
                 .flat_map(|m| m.children.iter())
                 .find(|c| c.ns.as_deref() == Some(FARVM_NS) && c.name == crate::metadata::ELEMENT)
                 .map(|c| c.line),
+            disks: Vec::new(),
         };
         let mut d = Domain {
             domain_type: domain_type.to_string(),
@@ -631,6 +755,7 @@ impl Domain {
             emulator: None,
             serial: None,
             console: None,
+            disks: Vec::new(),
             farvm: None,
             lines,
         };

@@ -72,6 +72,8 @@ pub struct VmSettings {
     pub cmdline: Option<String>,
     /// `--serial`: from `<serial>`, else `<console>`, else none.
     pub serial: Serial,
+    /// `<disk>`s, in document order.
+    pub disks: Vec<crate::domain::Disk>,
     /// What the manager does when the guest powers off, reboots or crashes (libvirt's defaults:
     /// destroy, restart, destroy).
     pub on_poweroff: LifecycleAction,
@@ -108,6 +110,7 @@ pub fn merge(domain: &Domain, host: &HostConfig) -> VmSettings {
         initrd: domain.os.initrd.clone(),
         cmdline: domain.os.cmdline.clone(),
         serial,
+        disks: domain.disks.clone(),
         on_poweroff: domain.on_poweroff.unwrap_or(LifecycleAction::Destroy),
         on_reboot: domain.on_reboot.unwrap_or(LifecycleAction::Restart),
         on_crash: domain.on_crash.unwrap_or(LifecycleAction::Destroy),

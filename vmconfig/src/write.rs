@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use quick_xml::escape::escape;
 
-use crate::domain::{CharBackend, CharDevice, Domain};
+use crate::domain::{CharBackend, CharDevice, Disk, Domain};
 use crate::remote::{Overrides, Servers};
 use crate::FARVM_NS;
 
@@ -39,6 +39,30 @@ fn char_device(out: &mut String, kind: &str, dev: &CharDevice) {
         out.push_str("/>\n");
     }
     let _ = writeln!(out, "    </{kind}>");
+}
+
+fn disk(out: &mut String, d: &Disk) {
+    let (ty, key) = if d.block {
+        ("block", "dev")
+    } else {
+        ("file", "file")
+    };
+    let _ = writeln!(out, "    <disk type='{ty}' device='disk'>");
+    out.push_str("      <driver name='qemu' type='raw'/>\n");
+    let _ = writeln!(
+        out,
+        "      <source {key}='{}'/>",
+        escape(d.source.to_string_lossy())
+    );
+    let _ = writeln!(
+        out,
+        "      <target dev='{}' bus='virtio'/>",
+        escape(d.target.as_str())
+    );
+    if d.readonly {
+        out.push_str("      <readonly/>\n");
+    }
+    out.push_str("    </disk>\n");
 }
 
 /// farvm's `<remote-memory>` element for `o` (indented for `<metadata>`).
@@ -154,10 +178,17 @@ impl Domain {
                 el(&mut out, 2, tag, a.as_str());
             }
         }
-        if self.emulator.is_some() || self.serial.is_some() || self.console.is_some() {
+        if self.emulator.is_some()
+            || self.serial.is_some()
+            || self.console.is_some()
+            || !self.disks.is_empty()
+        {
             out.push_str("  <devices>\n");
             if let Some(e) = &self.emulator {
                 el(&mut out, 4, "emulator", &e.to_string_lossy());
+            }
+            for d in &self.disks {
+                disk(&mut out, d);
             }
             if let Some(s) = &self.serial {
                 char_device(&mut out, "serial", s);

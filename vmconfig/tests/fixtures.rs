@@ -198,7 +198,6 @@ fn unsupported_elements_are_each_named() {
         ("features", 10),
         ("cpu", 14),
         ("clock", 15),
-        ("devices/disk", 17),
         ("devices/interface", 22),
         ("devices/serial", 27),
         ("devices/memballoon", 28),
@@ -214,7 +213,60 @@ fn unsupported_elements_are_each_named() {
     }
     // The first serial is used, the second reported.
     assert_eq!(p.domain.serial.as_ref().unwrap().backend, CharBackend::Pty);
-    assert!(p.warnings[7].message.contains("one serial"));
+    assert!(p.warnings[6].message.contains("one serial"));
+    // The raw disk is the guest's /dev/vda.
+    assert_eq!(p.domain.disks.len(), 1);
+    assert_eq!(p.domain.disks[0].target, "vda");
+    assert_eq!(p.domain.lines.disks, [17]);
+}
+
+/// Disks: raw files and block devices are read; a format, device or bus farvm does not have
+/// is an error naming the element and line, never a disk the guest would misread.
+#[test]
+fn disks_are_read_or_refused_by_line() {
+    let with = |disks: &str| {
+        Domain::parse(&format!(
+            "<domain type='kvm'>\n<name>d</name>\n<memory>65536</memory>\n\
+             <os><type>hvm</type></os>\n<devices>\n{disks}</devices>\n</domain>\n"
+        ))
+    };
+    let p = with(
+        "<disk type='file' device='disk'><driver name='qemu' type='raw'/>\
+         <source file='/img/root.img'/><target dev='vda' bus='virtio'/></disk>\n\
+         <disk type='block'><source dev='/dev/sdb'/><target dev='vdb'/><readonly/></disk>\n",
+    )
+    .unwrap();
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let d = &p.domain.disks;
+    assert_eq!(d.len(), 2);
+    assert_eq!(
+        (d[0].source.to_str(), d[0].block, d[0].readonly),
+        (Some("/img/root.img"), false, false)
+    );
+    assert_eq!(
+        (d[1].source.to_str(), d[1].block, d[1].readonly),
+        (Some("/dev/sdb"), true, true)
+    );
+    assert_eq!(p.domain.lines.disks, [6, 7]);
+    for (disk, want) in [
+        (
+            "<disk type='file'><driver name='qemu' type='qcow2'/><source file='/a'/><target dev='vda'/></disk>",
+            "format qcow2: farvm reads raw images only",
+        ),
+        (
+            "<disk type='file' device='cdrom'><source file='/a.iso'/><target dev='vda'/></disk>",
+            "device='cdrom'",
+        ),
+        (
+            "<disk type='file'><source file='/a'/><target dev='sda' bus='scsi'/></disk>",
+            "bus='scsi'",
+        ),
+        ("<disk type='network'><source protocol='nbd'/><target dev='vda'/></disk>", "type='network'"),
+        ("<disk type='file'><target dev='vda'/></disk>", "needs a <source>"),
+    ] {
+        let e = with(&format!("{disk}\n")).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("line 6"), "{disk}: {e}");
+    }
 }
 
 #[test]

@@ -28,7 +28,7 @@ const DOMAIN: &str = "<domain type='kvm'>
   </os>
   <devices>
     <console type='pty'><target type='virtio' port='0'/></console>
-    <disk type='file' device='disk'><source file='/var/lib/dr-1.img'/><target dev='vda'/></disk>
+    <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>
   </devices>
 </domain>
 ";
@@ -69,8 +69,8 @@ fn a_domain_file_runs_the_guest_on_remote_memory() {
     );
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("line 17") && stderr.contains("<devices/disk>"),
-        "the unsupported disk is named: {stderr}"
+        stderr.contains("line 17") && stderr.contains("<devices/rng>"),
+        "the unsupported device is named: {stderr}"
     );
     // The pty console goes to stdout, then the JSON report.
     let (procs, end) = guest_console::parse(&stdout);
@@ -98,5 +98,26 @@ fn a_domain_file_runs_the_guest_on_remote_memory() {
         .unwrap();
     assert_eq!(o.status.code(), Some(exit_code::USAGE));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--domain"));
+
+    // A disk the test guest cannot drive is refused naming the domain's <disk> and its line.
+    let with_disk = dir.join("dr-1-disk.xml");
+    std::fs::write(
+        &with_disk,
+        DOMAIN.replace("KERNEL", kernel.to_str().unwrap()).replace(
+            "<rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>",
+            "<disk type='file' device='disk'><source file='/var/lib/dr-1.img'/><target dev='vda'/></disk>",
+        ),
+    )
+    .unwrap();
+    let o = farvm()
+        .args(["run", "--domain", with_disk.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(exit_code::USAGE), "{stderr}");
+    assert!(
+        stderr.contains("<disk> (line 17): disks need a Linux guest"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

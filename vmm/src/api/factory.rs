@@ -125,6 +125,8 @@ mod tests {
             e.starts_with("memory.size: the workloads' working sets add up to 1G"),
             "{e}"
         );
+        let e = prepare_with_defaults(&body(r#","disks":[{"path":"/d.img"}]"#)).unwrap_err();
+        assert!(e.starts_with("disks: disks need a Linux guest"), "{e}");
         let e = prepare_with_defaults(r#"{"kernel":{"path":"/nonexistent/k"}}"#).unwrap_err();
         assert!(
             e.starts_with("kernel.path: cannot read /nonexistent/k"),

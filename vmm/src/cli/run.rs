@@ -90,17 +90,18 @@ A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM ru
 
 LIBVIRT DOMAIN XML
 --domain FILE.xml runs a libvirt domain without libvirt. farvm reads the part of the domain
-format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and console, its
-own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or the file
-$FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Elements farvm
-ignores are printed as warnings; a domain it cannot run is an error naming the element and
-line (exit status 64), and so is a problem found once the domain is read (`<vcpu> (line 4):
-32 vCPUs is more than the test guest supports (16)`). The domain decides the options listed
-under \"The VM (decided by the domain with --domain)\": --name, --memory, --vcpus, --kernel,
---initrd, --cmdline, --serial (a pty console goes to stdout) and the remote-memory options
-(--memserver or --pool, --local-memory, --prefetcher, --replicas, --memserver-token-file,
---page-space, --probe-every, --metrics, --local-only); giving one of them as well is an
-error. The other options (--timeout, --json, --workload, --pool-slab, ...) apply as usual.
+format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and console, raw
+<disk>s, its own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or
+the file $FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Its
+disks' targets run from vda, in order. Elements farvm ignores are printed as warnings; a
+domain it cannot run is an error naming the element and line (exit status 64), and so is a
+problem found once the domain is read (`<vcpu> (line 4): 32 vCPUs is more than the test guest
+supports (16)`). The domain decides the options listed under \"The VM (decided by the domain
+with --domain)\": --name, --memory, --vcpus, --kernel, --initrd, --cmdline, --disk, --serial
+(a pty console goes to stdout) and the remote-memory options (--memserver or --pool,
+--local-memory, --prefetcher, --replicas, --memserver-token-file, --page-space, --probe-every,
+--metrics, --local-only); giving one of them as well is an error. The other options
+(--timeout, --json, --workload, --pool-slab, ...) apply as usual.
 
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
@@ -194,11 +195,6 @@ pub struct RunArgs {
     /// mode while the VM runs; Ctrl-A x stops the VM.
     #[arg(long, value_name = "stdin|FILE|none")]
     pub serial_in: Option<SerialIn>,
-
-    /// A disk for a Linux guest: a raw image file or block device, read-only with `,ro`
-    /// (repeatable: /dev/vda, /dev/vdb, ... in order; virtio-blk on virtio-mmio).
-    #[arg(long = "disk", value_name = "PATH[,ro]")]
-    pub disks: Vec<DiskConfig>,
 
     /// Host backing of guest RAM without remote memory (`--local-only`): anon (private
     /// anonymous memory, the only kind). With remote memory the paging engine backs guest RAM;
@@ -429,6 +425,11 @@ pub struct VmArgs {
     /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+
+    /// A disk for a Linux guest: a raw image file or block device, read-only with `,ro`
+    /// (repeatable: /dev/vda, /dev/vdb, ... in order; virtio-blk on virtio-mmio).
+    #[arg(long = "disk", value_name = "PATH[,ro]")]
+    pub disks: Vec<DiskConfig>,
 }
 
 /// `--rdma-pages`: true for one-sided.
@@ -475,7 +476,7 @@ impl RunArgs {
             },
             serial: v.serial.clone(),
             serial_in: self.serial_in.clone(),
-            disks: self.disks.clone(),
+            disks: v.disks.clone(),
             echo_guest_logs: self.guest_log,
             async_pf: if self.kvm_async_pf {
                 AsyncPf::Keep

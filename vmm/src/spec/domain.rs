@@ -3,10 +3,11 @@
 //! or the host-config key).
 
 use farvm_devices::serial::SerialOut;
-use farvm_vmconfig::domain::Lines;
+use farvm_vmconfig::domain::{Disk, Lines};
 use farvm_vmconfig::{Domain, HostConfig, LocalShare, PageSpace, Serial, Servers, VmSettings};
 
 use super::{Field, FieldNames, MemserverUrl, SpecError, VmSpec};
+use crate::devices::board::DiskConfig;
 use crate::remote::PageSpaceKind;
 
 /// Names fields as the domain XML (and the host config under it) spells them.
@@ -19,7 +20,7 @@ impl DomainNames {
     /// Names for `domain` (its elements' lines, where it was parsed from text).
     pub fn of(domain: &Domain) -> Self {
         Self {
-            lines: domain.lines,
+            lines: domain.lines.clone(),
         }
     }
 }
@@ -50,7 +51,10 @@ impl FieldNames for DomainNames {
             Field::Initrd => element("<os><initrd>", l.initrd),
             Field::Cmdline => element("<os><cmdline>", l.cmdline),
             Field::Workloads => element("<os><cmdline> farvm.workload= words", l.cmdline),
-            Field::Disks => "<disk>".into(),
+            Field::Disks => match l.disks.first() {
+                Some(first) => format!("<disk> (line {first})"),
+                None => "<disk>".into(),
+            },
             Field::LocalMemory => remote("local-memory", "local_memory"),
             Field::Prefetcher => remote("prefetcher", "prefetcher"),
             Field::Servers => remote("memserver>/<farvm:pool", "memservers/pool"),
@@ -67,6 +71,38 @@ fn budget(s: LocalShare) -> farvm_ept::Budget {
         LocalShare::Percent(p) => farvm_ept::Budget::Percent(p),
         LocalShare::Bytes(b) => farvm_ept::Budget::Bytes(b),
     }
+}
+
+/// The domain's disks in guest order (`vda`, `vdb`, ...): farvm attaches them in that order,
+/// so the targets must run from `vda` without a gap.
+fn disks(list: &[Disk]) -> Result<Vec<DiskConfig>, SpecError> {
+    let mut sorted: Vec<&Disk> = list.iter().collect();
+    sorted.sort_by(|a, b| a.target.cmp(&b.target));
+    for (i, d) in sorted.iter().enumerate() {
+        let want = format!("vd{}", (b'a' + i as u8) as char);
+        if d.target != want {
+            return Err(SpecError::invalid(
+                Field::Disks,
+                format!(
+                    "target {}: farvm attaches disks in order as vda, vdb, ...; this domain's \
+                     targets need {want} {}",
+                    d.target,
+                    if i > 0 && sorted[i - 1].target == d.target {
+                        "instead of a second one"
+                    } else {
+                        "first"
+                    }
+                ),
+            ));
+        }
+    }
+    Ok(sorted
+        .into_iter()
+        .map(|d| DiskConfig {
+            path: d.source.clone(),
+            read_only: d.readonly,
+        })
+        .collect())
 }
 
 impl VmSpec {
@@ -95,6 +131,7 @@ impl VmSpec {
             // standard output (the API server gives its VMs a real pty).
             Serial::Stdout | Serial::Pty => SerialOut::Stdout,
         };
+        self.disks = disks(&s.disks)?;
         let r = &s.remote;
         self.metrics = r
             .metrics
@@ -195,6 +232,50 @@ mod tests {
         assert_eq!(spec.remote.local_memory, farvm_ept::Budget::Percent(25.0));
         assert_eq!(spec.remote.probe_every, crate::remote::DEFAULT_PROBE_EVERY);
         assert!(spec.remote.servers.is_empty());
+    }
+
+    /// Disks go to the guest in target order; a gap in the targets is refused naming the
+    /// first <disk>.
+    #[test]
+    fn disks_follow_their_targets() {
+        let disk = |file: &str, dev: &str, ro: &str| {
+            format!("<disk type='file'><source file='{file}'/><target dev='{dev}'/>{ro}</disk>")
+        };
+        let d = domain(
+            "",
+            &format!(
+                "{}{}",
+                disk("/b.img", "vdb", "<readonly/>"),
+                disk("/a.img", "vda", "")
+            ),
+        );
+        let mut spec = VmSpec::default();
+        spec.apply_domain(&d, &HostConfig::default()).unwrap();
+        assert_eq!(
+            spec.disks,
+            [
+                DiskConfig {
+                    path: "/a.img".into(),
+                    read_only: false
+                },
+                DiskConfig {
+                    path: "/b.img".into(),
+                    read_only: true
+                },
+            ]
+        );
+        let d = domain(
+            "",
+            &format!("{}{}", disk("/a.img", "vda", ""), disk("/c.img", "vdc", "")),
+        );
+        let e = VmSpec::default()
+            .apply_domain(&d, &HostConfig::default())
+            .unwrap_err();
+        assert_eq!(
+            e.render(&DomainNames::of(&d)),
+            "<disk> (line 6): target vdc: farvm attaches disks in order as vda, vdb, ...; this \
+             domain's targets need vdb first"
+        );
     }
 
     #[test]
