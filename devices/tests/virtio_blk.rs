@@ -551,6 +551,29 @@ fn opening_images() {
         "{err}"
     );
 
+    // A qcow2 image (its header) is refused, not served as raw sectors.
+    let qcow2 = tempfile::NamedTempFile::new().unwrap();
+    let mut head = b"QFI\xfb\0\0\0\x03".to_vec();
+    head.resize(4096, 0);
+    std::fs::write(qcow2.path(), &head).unwrap();
+    let err = Block::open(&BlockConfig {
+        path: qcow2.path().to_owned(),
+        read_only: true,
+        serial: None,
+    })
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BlockError::NotRaw {
+                format: "qcow2",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("qemu-img convert -O raw"), "{err}");
+
     let dir = tempfile::tempdir().unwrap();
     let err = Block::open(&BlockConfig {
         path: dir.path().to_owned(),

@@ -422,6 +422,24 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     wait_gone(&procs_b, "virsh destroy lv-b (its VMM and memory server)");
     assert!(!sock_b.exists(), "{} left behind", sock_b.display());
 
+    // A domain farvm refuses: `virsh start` fails, and farvm's reason, naming the field, is
+    // in the domain log at the default log level.
+    let xml_c = dir.join("lv-c.xml");
+    std::fs::write(
+        &xml_c,
+        domain_xml("lv-c", &kernel, 64, &["seq:ws=8M"])
+            .replace("<vcpu>1</vcpu>", "<vcpu>32</vcpu>"),
+    )
+    .unwrap();
+    lv.virsh(&["define", xml_c.to_str().unwrap()]);
+    let o = lv.script(&["virsh", "start", "lv-c"]);
+    assert!(!o.status.success(), "virsh start lv-c succeeded");
+    let log = lv.domain_log("lv-c");
+    assert!(
+        log.contains("cpus.boot_vcpus: 32 vCPUs is more than the test guest supports (16)"),
+        "the domain log says why:\n{log}"
+    );
+
     assert!(lv.virsh(&["list", "--name"]).trim().is_empty());
     for name in lv.virsh(&["list", "--all", "--name"]).split_whitespace() {
         lv.virsh(&["undefine", name]);

@@ -92,6 +92,18 @@ pub enum BlockError {
         /// Its size in bytes.
         len: u64,
     },
+    /// The image is in a format farvm does not read (farvm's disks are raw).
+    #[error(
+        "disk image {} is a {format} image, but farvm reads raw images only (convert it with \
+         `qemu-img convert -O raw IN OUT`)",
+        path.display()
+    )]
+    NotRaw {
+        /// The image.
+        path: PathBuf,
+        /// The format its header names.
+        format: &'static str,
+    },
     /// The serial does not fit the device's ID field.
     #[error("disk serial {serial:?} is longer than {ID_BYTES} bytes")]
     SerialTooLong {
@@ -180,6 +192,17 @@ fn lock_image(file: &File, path: &Path, read_only: bool) -> Result<(), BlockErro
     }
 }
 
+/// The container format whose magic `head` (an image's first bytes) starts with, if any.
+fn image_format(head: &[u8; 8]) -> Option<&'static str> {
+    match head {
+        [b'Q', b'F', b'I', 0xfb, ..] => Some("qcow2"),
+        [b'K', b'D', b'M', b'V', ..] => Some("vmdk"),
+        b"vhdxfile" => Some("vhdx"),
+        b"conectix" => Some("vpc"),
+        _ => None,
+    }
+}
+
 impl Block {
     /// Opens and locks the image.
     pub fn open(cfg: &BlockConfig) -> Result<Self, BlockError> {
@@ -201,6 +224,13 @@ impl Block {
         let len = file.seek(SeekFrom::End(0)).map_err(open_err)?;
         if len < SECTOR_SIZE {
             return Err(BlockError::TooSmall { path, len });
+        }
+        // The guest would read an image file's own headers as its disk: libvirt's driver sends
+        // a path without its format, so the header decides.
+        let mut head = [0u8; 8];
+        file.read_exact_at(&mut head, 0).map_err(open_err)?;
+        if let Some(format) = image_format(&head) {
+            return Err(BlockError::NotRaw { path, format });
         }
         let serial = match &cfg.serial {
             Some(s) if s.len() > ID_BYTES => {

@@ -42,7 +42,15 @@ async fn handle(
         Ok(Some(v)) => json(StatusCode::OK, v.to_string()),
         Ok(None) => (StatusCode::NO_CONTENT, [(header::SERVER, SERVER)]).into_response(),
         Err(e) => {
-            tracing::info!(status = e.status(), "{} {}: {e}", method, uri.path());
+            // A refused configuration or a failed action is the operator's to read in the
+            // domain log (libvirt shows only "failed to create guest VM"): at the default
+            // level. A probe of an endpoint in the wrong state is routine.
+            match e {
+                ApiError::BadConfig(_) | ApiError::BadJson(_) | ApiError::Failed { .. } => {
+                    tracing::warn!(status = e.status(), "{} {}: {e}", method, uri.path())
+                }
+                _ => tracing::info!(status = e.status(), "{} {}: {e}", method, uri.path()),
+            }
             let status =
                 StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             json(status, e.body())
