@@ -107,8 +107,10 @@ mod tests {
         let body = |extra: &str| {
             format!(r#"{{"kernel":{{"path":"{k}"}},"memory":{{"size":268435456}}{extra}}}"#)
         };
-        let cfg =
-            prepare_with_defaults(&body(r#","cpus":{"boot_vcpus":2,"max_vcpus":2}"#)).unwrap();
+        let cfg = prepare_with_defaults(&body(
+            r#","cpus":{"boot_vcpus":2,"max_vcpus":2},"cmdline":{"args":"farvm.workload=seq:ws=8M"}"#,
+        ))
+        .unwrap();
         assert_eq!(
             (cfg.vcpus, cfg.mem_bytes, cfg.name.as_str()),
             (2, 256 << 20, "web-1")
@@ -127,6 +129,11 @@ mod tests {
         );
         let e = prepare_with_defaults(&body(r#","disks":[{"path":"/d.img"}]"#)).unwrap_err();
         assert!(e.starts_with("disks: disks need a Linux guest"), "{e}");
+        let e = prepare_with_defaults(&body("")).unwrap_err();
+        assert!(
+            e.starts_with("cmdline.args (its farvm.workload= words): farvm's test guest has no"),
+            "{e}"
+        );
         let e = prepare_with_defaults(r#"{"kernel":{"path":"/nonexistent/k"}}"#).unwrap_err();
         assert!(
             e.starts_with("kernel.path: cannot read /nonexistent/k"),

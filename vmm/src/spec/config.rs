@@ -79,7 +79,7 @@ impl VmSpec {
         let boot = if linux {
             self.linux_boot(kernel)?
         } else {
-            self.test_guest_boot(kernel)?
+            self.test_guest_boot(kernel, test_guest_file)?
         };
         let mut cfg = VmConfig::new(&name, self.memory, self.vcpus, boot);
         cfg.uuid = self.uuid.clone();
@@ -124,7 +124,11 @@ impl VmSpec {
         })
     }
 
-    fn test_guest_boot(&self, kernel: Arc<[u8]>) -> Result<BootConfig, SpecError> {
+    fn test_guest_boot(
+        &self,
+        kernel: Arc<[u8]>,
+        test_guest_file: bool,
+    ) -> Result<BootConfig, SpecError> {
         let max_cpus = farvm_guest_agent::boot::MAX_CPUS as u32;
         if self.vcpus > max_cpus {
             return Err(SpecError::invalid(
@@ -156,6 +160,27 @@ impl VmSpec {
         }
         if specs.is_empty() {
             specs = self.default_workloads();
+        }
+        // farvm's test guest with nothing to run would boot and power off at once, exit 0: a
+        // domain without a kernel looks like it ran. (A size the builder refuses anyway is
+        // left to its own message; another ELF kernel may well run without workloads.)
+        let sizes_ok = self.vcpus >= 1
+            && (crate::layout::MIN_RAM..=crate::layout::MAX_RAM).contains(&self.memory);
+        if specs.is_empty() && sizes_ok {
+            if self.kernel.is_none() {
+                return Err(SpecError::invalid(
+                    Field::Kernel,
+                    "none given, so farvm would boot its built-in test guest, which has no \
+                     workload to run: boot a kernel, or give the test guest workloads",
+                ));
+            }
+            if test_guest_file {
+                return Err(SpecError::invalid(
+                    Field::Workloads,
+                    "farvm's test guest has no workload to run (farvm.workload=SPEC words on \
+                     the kernel command line, or --workload)",
+                ));
+            }
         }
         let placement =
             plan(&specs, self.vcpus).map_err(|e| SpecError::invalid(Field::Workloads, e))?;

@@ -234,6 +234,28 @@ mod tests {
         assert!(spec.remote.servers.is_empty());
     }
 
+    /// A domain without a kernel and nothing for the test guest to run is refused, naming
+    /// <os><kernel> (where it is missing: the <os> line).
+    #[test]
+    fn a_domain_without_a_kernel_or_workloads_is_refused() {
+        let d = Domain::parse(
+            "<domain type='kvm'>\n<name>x</name>\n<memory unit='MiB'>128</memory>\n\
+             <os>\n<type>hvm</type>\n</os>\n</domain>\n",
+        )
+        .unwrap()
+        .domain;
+        let mut spec = VmSpec::default();
+        spec.apply_domain(&d, &HostConfig::default()).unwrap();
+        let e = spec.to_config().unwrap_err();
+        assert_eq!(
+            e.render(&DomainNames::of(&d)),
+            "<os><kernel> (line 4): none given, so farvm would boot its built-in test guest, \
+             which has no workload to run: boot a kernel, or give the test guest workloads"
+        );
+        spec.workloads = vec!["seq:ws=8M".into()];
+        spec.to_config().unwrap();
+    }
+
     /// Disks go to the guest in target order; a gap in the targets is refused naming the
     /// first <disk>.
     #[test]
