@@ -133,7 +133,7 @@ fn a_pinned_fault_path_runs_on_its_cpu_and_matches_native() {
 
 #[test]
 fn a_scan_over_shuffled_frames_is_prefetched_in_virtual_page_order() {
-    use farvm_vmm::remote::PageSpaceKind;
+    use farvm_vmm::remote::PageSpace;
     if !farvm_tests::kvm_available() {
         return;
     }
@@ -141,7 +141,7 @@ fn a_scan_over_shuffled_frames_is_prefetched_in_virtual_page_order() {
     let mut s = setup("remote-virtual", 96 << 20, &["seq:ws=32M"]);
     s.frame_run_shift = 0;
     let mut sp = spec("remote-virtual", "25%", "leap+stream");
-    sp.page_space = PageSpaceKind::Virtual;
+    sp.page_space = PageSpace::Virtual;
     let (report, virt) = run_remote(&s, &sp);
     assert_native_checksums(&s, &report, &virt);
     // Phase events carry the engine's counters: the measured passes alone are a stream too.
@@ -154,7 +154,7 @@ fn a_scan_over_shuffled_frames_is_prefetched_in_virtual_page_order() {
         "measured phase: {measured:?}, {est:?}"
     );
     assert!(measured.demand_faults <= virt.engine.counters.demand_faults);
-    sp.page_space = PageSpaceKind::Physical;
+    sp.page_space = PageSpace::Physical;
     let (report, phys) = run_remote(&s, &sp);
     assert_native_checksums(&s, &report, &phys);
     let (v, p) = (&virt.engine, &phys.engine);

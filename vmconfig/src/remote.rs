@@ -78,13 +78,29 @@ impl LocalShare {
     }
 }
 
-/// Which page numbers the prefetcher learns from (`--page-space`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which page numbers the prefetcher learns from (`--page-space`): the one type for it, from the
+/// domain's metadata down to the VMM's remote-memory setup and the lab's reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PageSpace {
-    /// Each process's own virtual page numbers (page-table walks from its CR3).
+    /// Each process's own virtual page numbers, by walking its page tables from the CR3 the
+    /// guest agent published (`farvm_ept::translate::VirtualPages`).
     Virtual,
     /// Guest-physical page numbers.
     Physical,
+}
+
+impl std::str::FromStr for PageSpace {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for PageSpace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl PageSpace {

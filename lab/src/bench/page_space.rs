@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use farvm_vmm::remote::PageSpaceKind;
+use farvm_vmm::remote::PageSpace;
 use serde::Serialize;
 
 use super::ab::{compare, print_report, reference, AbArgs, Way};
@@ -94,11 +94,8 @@ pub fn run(a: PageSpaceArgs) -> Result<()> {
                 };
                 let (physical, virtual_) = compare(
                     &cell,
-                    (
-                        &format!("{frames}, physical"),
-                        with(PageSpaceKind::Physical),
-                    ),
-                    (&format!("{frames}, virtual"), with(PageSpaceKind::Virtual)),
+                    (&format!("{frames}, physical"), with(PageSpace::Physical)),
+                    (&format!("{frames}, virtual"), with(PageSpace::Virtual)),
                 )?;
                 rows.push(Row {
                     workload: w.name().to_string(),

@@ -420,7 +420,7 @@ pub struct VmArgs {
     /// process's sequential scan sequential however the guest kernel scattered its frames
     /// (`farvm-lab bench page-space`).
     #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
-    pub page_space: farvm_vmm::remote::PageSpaceKind,
+    pub page_space: farvm_vmm::remote::PageSpace,
 
     /// Serve Prometheus metrics (paging counters and latency quantiles) on this address.
     #[arg(long, value_name = "ADDR")]

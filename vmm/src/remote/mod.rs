@@ -16,6 +16,6 @@ pub mod stage2;
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use pool::{PoolAdmission, PoolSpec, PoolVm};
 pub use setup::{
-    PageSpaceKind, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats,
-    Stage2Prefault, StatsSource,
+    PageSpace, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats, Stage2Prefault,
+    StatsSource,
 };

@@ -91,7 +91,7 @@ pub struct RemoteSpec {
     /// Request timeout of the client.
     pub timeout: Duration,
     /// Page numbers the prefetcher learns from.
-    pub page_space: PageSpaceKind,
+    pub page_space: PageSpace,
     /// Host CPU for the fault path (vCPU 0, the fault handler and the local memserver's
     /// connection threads; see [`crate::affinity`]); `None` leaves placement to the scheduler.
     pub fault_path_cpu: Option<usize>,
@@ -129,7 +129,7 @@ impl RemoteSpec {
             probe_every: DEFAULT_PROBE_EVERY,
             timeout: Duration::from_secs(2),
             fault_path_cpu: None,
-            page_space: PageSpaceKind::Virtual,
+            page_space: PageSpace::Virtual,
             linux_guest: false,
             stage2_prefault: true,
             global_history: false,
@@ -140,37 +140,7 @@ impl RemoteSpec {
 }
 
 /// Which page numbers the prefetcher learns from (`farvm run --page-space`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PageSpaceKind {
-    /// Guest-physical page numbers.
-    Physical,
-    /// Guest-virtual page numbers of the faulting process, by walking its page tables from
-    /// the CR3 the guest agent published (`farvm_ept::translate::VirtualPages`).
-    Virtual,
-}
-
-impl std::str::FromStr for PageSpaceKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "physical" => Ok(Self::Physical),
-            "virtual" => Ok(Self::Virtual),
-            other => Err(format!(
-                "unknown page space `{other}` (physical or virtual)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for PageSpaceKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Physical => "physical",
-            Self::Virtual => "virtual",
-        })
-    }
-}
+pub use farvm_vmconfig::PageSpace;
 
 /// Request timeout towards the local loopback memserver (see `RemoteMemory::start`).
 const EMBEDDED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -526,7 +496,7 @@ impl RemoteMemory {
         let mut parts = EngineParts::new(store.clone(), prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
         let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
-        if spec.page_space == PageSpaceKind::Virtual {
+        if spec.page_space == PageSpace::Virtual {
             parts.page_space = Box::new(VirtualPages::with_paging(guest_paging.clone()));
         }
         let engine = match Engine::start(cfg, parts) {

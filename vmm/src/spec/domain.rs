@@ -4,11 +4,10 @@
 
 use farvm_devices::serial::SerialOut;
 use farvm_vmconfig::domain::{Disk, Lines};
-use farvm_vmconfig::{Domain, HostConfig, LocalShare, PageSpace, Serial, Servers, VmSettings};
+use farvm_vmconfig::{Domain, HostConfig, LocalShare, Serial, Servers, VmSettings};
 
 use super::{Field, FieldNames, MemserverUrl, SpecError, VmSpec};
 use crate::devices::board::DiskConfig;
-use crate::remote::PageSpaceKind;
 
 /// Names fields as the domain XML (and the host config under it) spells them.
 #[derive(Clone, Debug, Default)]
@@ -177,10 +176,7 @@ impl VmSpec {
         remote.prefetcher = r.prefetcher.clone();
         remote.replicas = r.replicas.map(|n| n as usize);
         remote.token_file = r.token_file.clone();
-        remote.page_space = match r.page_space {
-            PageSpace::Virtual => PageSpaceKind::Virtual,
-            PageSpace::Physical => PageSpaceKind::Physical,
-        };
+        remote.page_space = r.page_space;
         remote.probe_every = r.probe_every.unwrap_or(crate::remote::DEFAULT_PROBE_EVERY);
         Ok(())
     }

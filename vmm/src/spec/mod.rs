@@ -23,7 +23,7 @@ use farvm_devices::serial::{SerialIn, SerialOut};
 pub use field::{CliNames, Field, FieldNames, SpecError, SpecErrorKind};
 
 use crate::devices::board::DiskConfig;
-use crate::remote::PageSpaceKind;
+use crate::remote::PageSpace;
 
 /// Everything that describes one VM. [`Default`] is `farvm run` with no options: the built-in
 /// test guest, 512 MiB, one vCPU, console on stdout, remote memory at 50% local on an embedded
@@ -200,7 +200,7 @@ pub struct RemoteOptions {
     /// Every N-th injected prefetch stays a probe (0: none).
     pub probe_every: u32,
     /// Page numbers the prefetcher learns from.
-    pub page_space: PageSpaceKind,
+    pub page_space: PageSpace,
     /// Guest RAM's backing [`None`: the engine's default].
     pub guest_memory: Option<farvm_ept::GuestMemory>,
     /// Stage-2 pre-fault of injected pages.
@@ -225,7 +225,7 @@ impl Default for RemoteOptions {
             local_memory: farvm_ept::Budget::Percent(50.0),
             prefetcher: farvm_prefetch::registry::DEFAULT.to_string(),
             probe_every: crate::remote::DEFAULT_PROBE_EVERY,
-            page_space: PageSpaceKind::Virtual,
+            page_space: PageSpace::Virtual,
             guest_memory: None,
             stage2_prefault: true,
             global_history: false,

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use farvm_vmm::remote::PageSpaceKind;
+use farvm_vmm::remote::PageSpace;
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod charts;
@@ -118,7 +118,7 @@ pub struct RemoteArgs {
     pub fault_path_cpu: Option<usize>,
     /// Page numbers every cell's prefetcher learns from, as `farvm run --page-space`.
     #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
-    pub page_space: PageSpaceKind,
+    pub page_space: PageSpace,
 }
 
 pub fn run(a: RemoteArgs) -> Result<()> {

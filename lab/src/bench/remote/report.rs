@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use farvm_vmm::remote::PageSpaceKind;
+use farvm_vmm::remote::PageSpace;
 use serde::Serialize;
 
 use super::cpu::RunCpu;
@@ -132,7 +132,7 @@ pub struct Report {
     /// them.
     pub host_cpus: usize,
     /// `--page-space`.
-    pub page_space: PageSpaceKind,
+    pub page_space: PageSpace,
     pub floor: Floor,
     pub baselines: Vec<Baseline>,
     pub cells: Vec<Cell>,

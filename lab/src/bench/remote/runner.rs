@@ -11,7 +11,7 @@ use farvm_guest_agent::pv::state;
 use farvm_vmm::boot::testguest::TestPlan;
 use farvm_vmm::builder::{build, VmConfig};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::remote::{Budget, PageSpaceKind, RemoteSpec, RemoteStats};
+use farvm_vmm::remote::{Budget, PageSpace, RemoteSpec, RemoteStats};
 use farvm_vmm::vm::{VmOutcome, VmReport};
 use farvm_vmm::workload_spec::PlacedWorkload;
 
@@ -101,7 +101,7 @@ pub(crate) struct CellSetup {
     /// `--fault-path-cpu`.
     pub fault_path_cpu: Option<usize>,
     /// `--page-space`.
-    pub page_space: PageSpaceKind,
+    pub page_space: PageSpace,
     /// The test guest hands out frames in runs of 2^shift (`--frame-run-shift`).
     pub frame_run_shift: u32,
     /// `--stage2-prefault on|off`.
@@ -116,7 +116,7 @@ impl Default for CellSetup {
     fn default() -> Self {
         Self {
             fault_path_cpu: None,
-            page_space: PageSpaceKind::Virtual,
+            page_space: PageSpace::Virtual,
             frame_run_shift: 9,
             stage2_prefault: true,
             blob: &[],

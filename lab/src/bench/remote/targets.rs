@@ -192,7 +192,7 @@ mod tests {
     use super::super::cpu::{RunCpu, ThreadSplit};
     use super::super::report::{Baseline, Floor};
     use super::*;
-    use farvm_vmm::remote::PageSpaceKind;
+    use farvm_vmm::remote::PageSpace;
 
     /// A sequential-scan cell whose whole run read 49,152 pages, its measured phase 32,768
     /// of them in 200 ms, with 1 s of CPU in the measured phase.
@@ -230,7 +230,7 @@ mod tests {
             command: "farvm-lab bench remote".into(),
             fault_path_cpu: None,
             host_cpus: 2,
-            page_space: PageSpaceKind::Virtual,
+            page_space: PageSpace::Virtual,
             baselines: vec![Baseline {
                 workload: "seq".into(),
                 spec: "seq:ws=32M".into(),
