@@ -604,7 +604,9 @@ impl CreateSpec {
                 .map(|(i, d)| Disk {
                     source: d.path.clone(),
                     block: false,
-                    target: format!("vd{}", (b'a' + (i % 26) as u8) as char),
+                    // Past vdz the body asks for more disks than farvm attaches: an empty
+                    // target, which the VM's description refuses with the count.
+                    target: Disk::target_of(i).unwrap_or_default(),
                     readonly: d.readonly,
                 })
                 .collect(),

@@ -161,6 +161,13 @@ pub struct Disk {
     pub readonly: bool,
 }
 
+impl Disk {
+    /// The target of the disk attached `index`-th (`vda` for 0): `None` past `vdz`.
+    pub fn target_of(index: usize) -> Option<String> {
+        (index < 26).then(|| format!("vd{}", char::from(b'a' + index as u8)))
+    }
+}
+
 /// The parts of a libvirt domain farvm uses. Memory sizes are in bytes (whole KiB, as libvirt
 /// keeps them).
 #[derive(Clone, Debug, PartialEq)]

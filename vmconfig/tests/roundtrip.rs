@@ -178,7 +178,7 @@ fn domain() -> impl Strategy<Value = Domain> {
                     .map(|(i, (source, block, readonly))| Disk {
                         source,
                         block,
-                        target: format!("vd{}", (b'a' + i as u8) as char),
+                        target: Disk::target_of(i).unwrap(),
                         readonly,
                     })
                     .collect(),

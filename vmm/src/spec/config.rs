@@ -164,9 +164,7 @@ impl VmSpec {
         // farvm's test guest with nothing to run would boot and power off at once, exit 0: a
         // domain without a kernel looks like it ran. (A size the builder refuses anyway is
         // left to its own message; another ELF kernel may well run without workloads.)
-        let sizes_ok = self.vcpus >= 1
-            && (crate::layout::MIN_RAM..=crate::layout::MAX_RAM).contains(&self.memory);
-        if specs.is_empty() && sizes_ok {
+        if specs.is_empty() && self.builder_takes_sizes() {
             if self.kernel.is_none() {
                 return Err(SpecError::invalid(
                     Field::Kernel,
@@ -220,6 +218,13 @@ impl VmSpec {
         })
     }
 
+    /// Whether the builder accepts this vCPU count and RAM size. Where it does not, checks
+    /// that would fail only because of them are skipped, so the builder reports the size with
+    /// its own message.
+    fn builder_takes_sizes(&self) -> bool {
+        self.vcpus >= 1 && (crate::layout::MIN_RAM..=crate::layout::MAX_RAM).contains(&self.memory)
+    }
+
     /// The workloads of a bare `farvm run` (test guest, none given, no kernel file): a
     /// sequential scan larger than the default local budget plus a random-access one, so the
     /// run pages.
@@ -242,11 +247,7 @@ impl VmSpec {
             }
             return Ok(None);
         }
-        // Sizes the VM refuses anyway: let the builder report them with its own message.
-        if cfg.vcpus == 0
-            || cfg.mem_bytes < crate::layout::MIN_RAM
-            || cfg.mem_bytes > crate::layout::MAX_RAM
-        {
+        if !self.builder_takes_sizes() {
             return Ok(None);
         }
         if !farvm_prefetch::registry::names().contains(&r.prefetcher.as_str()) {

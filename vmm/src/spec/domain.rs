@@ -6,7 +6,7 @@ use farvm_devices::serial::SerialOut;
 use farvm_vmconfig::domain::{Disk, Lines};
 use farvm_vmconfig::{Domain, HostConfig, LocalShare, Serial, Servers, VmSettings};
 
-use super::{Field, FieldNames, MemserverUrl, SpecError, VmSpec};
+use super::{CliNames, Field, FieldNames, MemserverUrl, SpecError, VmSpec};
 use crate::devices::board::DiskConfig;
 
 /// Names fields as the domain XML (and the host config under it) spells them.
@@ -58,8 +58,8 @@ impl FieldNames for DomainNames {
             Field::Prefetcher => remote("prefetcher", "prefetcher"),
             Field::Servers => remote("memserver>/<farvm:pool", "memservers/pool"),
             Field::Metrics => remote("metrics", "metrics"),
-            Field::PoolSlab => "--pool-slab".into(),
-            Field::FaultPathCpu => "--fault-path-cpu".into(),
+            // Not the domain's: farvm run's flags give them.
+            Field::PoolSlab | Field::FaultPathCpu => CliNames.name(field),
         }
     }
 }
@@ -75,10 +75,19 @@ fn budget(s: LocalShare) -> farvm_ept::Budget {
 /// The domain's disks in guest order (`vda`, `vdb`, ...): farvm attaches them in that order,
 /// so the targets must run from `vda` without a gap.
 fn disks(list: &[Disk]) -> Result<Vec<DiskConfig>, SpecError> {
+    if Disk::target_of(list.len().saturating_sub(1)).is_none() {
+        return Err(SpecError::invalid(
+            Field::Disks,
+            format!(
+                "{} disks: farvm attaches at most 26 (vda to vdz)",
+                list.len()
+            ),
+        ));
+    }
     let mut sorted: Vec<&Disk> = list.iter().collect();
     sorted.sort_by(|a, b| a.target.cmp(&b.target));
     for (i, d) in sorted.iter().enumerate() {
-        let want = format!("vd{}", (b'a' + i as u8) as char);
+        let want = Disk::target_of(i).unwrap_or_default();
         if d.target != want {
             return Err(SpecError::invalid(
                 Field::Disks,
@@ -293,6 +302,42 @@ mod tests {
             e.render(&DomainNames::of(&d)),
             "<disk> (line 6): target vdc: farvm attaches disks in order as vda, vdb, ...; this \
              domain's targets need vdb first"
+        );
+    }
+
+    /// More disks than targets is refused by count, from the domain and from the API body.
+    #[test]
+    fn at_most_26_disks() {
+        let d = domain(
+            "",
+            &(0..27)
+                .map(|i| {
+                    let t = Disk::target_of(i).unwrap_or_else(|| "vdz".into());
+                    format!("<disk type='file'><source file='/{i}.img'/><target dev='{t}'/></disk>")
+                })
+                .collect::<String>(),
+        );
+        let e = VmSpec::default()
+            .apply_domain(&d, &HostConfig::default())
+            .unwrap_err();
+        assert_eq!(
+            e.problem,
+            "27 disks: farvm attaches at most 26 (vda to vdz)"
+        );
+        let body = format!(
+            r#"{{"kernel":{{"path":"/k"}},"disks":[{}]}}"#,
+            (0..27)
+                .map(|i| format!(r#"{{"path":"/{i}.img"}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let body = farvm_chapi::CreateSpec::parse(body.as_bytes()).unwrap();
+        let e = VmSpec::default()
+            .apply_domain(&body.to_domain("x"), &HostConfig::default())
+            .unwrap_err();
+        assert_eq!(
+            e.problem,
+            "27 disks: farvm attaches at most 26 (vda to vdz)"
         );
     }
 
