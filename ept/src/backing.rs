@@ -102,8 +102,9 @@ pub enum GuestMemory {
 
 /// The default: memfd. Anonymous guest RAM (`anon`, Linux 6.8+) takes 0.6-0.85x the CPU per
 /// remote page (`docs/data-path.md`) but is opt-in: under load, in the pool cluster tests,
-/// guest pages have come back zeroed with it and with no counter moving (`docs/data-path.md`,
-/// "Anonymous guest memory is opt-in"); memfd's data never moves, and ran the same tests clean.
+/// guest pages have come back zeroed with it and with no counter moving
+/// (`docs/data-path-journal.md`, "Anonymous guest memory is opt-in"); memfd's data never moves,
+/// and ran the same tests clean.
 impl Default for GuestMemory {
     fn default() -> Self {
         Self::Memfd

@@ -89,21 +89,12 @@ impl Budget {
             }
             return Ok(Self::Percent(v));
         }
-        let (num, mult) = match t.char_indices().last() {
-            Some((i, c)) if c.is_ascii_alphabetic() => {
-                let m = match c.to_ascii_uppercase() {
-                    'K' => 1u64 << 10,
-                    'M' => 1 << 20,
-                    'G' => 1 << 30,
-                    'T' => 1 << 40,
-                    _ => return Err(bad("unit must be K, M, G or T")),
-                };
-                (&t[..i], m)
-            }
-            _ => (t, 1),
-        };
-        let v: u64 = num.trim().parse().map_err(|_| bad("not a number"))?;
-        let bytes = v.checked_mul(mult).ok_or_else(|| bad("too large"))?;
+        let bytes = farvm_units::parse_size(t).map_err(|e| match e {
+            farvm_units::SizeError::NotANumber => bad("not a number"),
+            farvm_units::SizeError::UnknownUnit => bad("unit must be K, M, G or T"),
+            farvm_units::SizeError::TooLarge => bad("too large"),
+            farvm_units::SizeError::NotWholeBytes => bad("not a whole number of bytes"),
+        })?;
         if bytes == 0 {
             return Err(bad("must be positive"));
         }

@@ -14,7 +14,7 @@
 //! Leap's eager eviction would: a page is seen used at its first touch, while a scan goes on
 //! reading it, and evicting it then cost the scan a refault of that page; it also took the page
 //! out alone, one move and one TLB shootdown for one page, where the sweep takes it with its
-//! neighbours (`docs/data-path.md`, "Consumed prefetches are not evicted first").
+//! neighbours (`docs/data-path-journal.md`, "Consumed prefetches are not evicted first").
 //!
 //! One round, for up to `evict_batch` victims:
 //! 1. claim: CAS `LOCAL|STAGED (unpinned) -> EVICTING` (the evictor now owns the page);

@@ -55,7 +55,7 @@ pub struct ClientConfig {
     /// giving the CPU away between polls, before it blocks (default zero: it blocks at once).
     /// Pays when the server's connection thread shares the waiter's CPU (`farvm run
     /// --fault-path-cpu` with the local memserver): its answer then finds the waiter awake and
-    /// wakes nobody (docs/data-path.md, "The demand path").
+    /// wakes nobody (docs/data-path-journal.md, "The demand path").
     pub demand_poll: Duration,
     /// A fault to inject, for tests of the layers above (default none).
     pub fault: Option<Fault>,

@@ -139,24 +139,7 @@ enum Cmd {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 512M, 64G)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
+    farvm_units::parse_size(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 /// Exit status when the memory pool refuses the server (sysexits' EX_CONFIG; the systemd unit

@@ -1,48 +1,15 @@
-//! Byte counts as people read them (binary units), for errors and tables.
+//! Byte counts as people read them (binary units), for errors and tables: `farvm-units` with
+//! the pool's error type (text).
 
 /// `1536 MiB` → "1.5 GiB"; exact multiples print without decimals ("3 GiB", "0 B").
 pub fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut unit = 0;
-    let mut scale = 1u64;
-    while unit + 1 < UNITS.len() && bytes >= scale << 10 {
-        scale <<= 10;
-        unit += 1;
-    }
-    if bytes.is_multiple_of(scale) {
-        format!("{} {}", bytes / scale, UNITS[unit])
-    } else {
-        format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
-    }
+    farvm_units::Human(bytes).to_string()
 }
 
-/// Parses "4096", "512M", "64G", "1.5G", "3GiB" (powers of 1024).
+/// Parses "4096", "512M", "64G", "1.5G", "3GiB" (powers of 1024; [`farvm_units::parse_size`]),
+/// with the input in the error.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let bad = || format!("`{s}` is not a size (e.g. 4096, 512M, 64G)");
-    let num = num.trim();
-    if let Ok(n) = num.parse::<u64>() {
-        return n
-            .checked_mul(mult)
-            .ok_or_else(|| format!("`{s}` is too large"));
-    }
-    let f: f64 = num.parse().map_err(|_| bad())?;
-    let v = f * mult as f64;
-    if !v.is_finite() || v < 0.0 || v >= u64::MAX as f64 {
-        return Err(bad());
-    }
-    Ok(v.round() as u64)
+    farvm_units::parse_size(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::vm::{Vm, VmShared};
 use crate::vstate::irq;
 use crate::vstate::kvm_stats::VcpuStats;
 use crate::vstate::memory::{GuestRam, MemError};
+use crate::vstate::outcome::OutcomeLatch;
 use crate::vstate::vcpu::{self, ApStart};
 use crate::vstate::vm::{KvmError, KvmVm};
 
@@ -240,7 +241,13 @@ pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
         });
     match vm {
         Ok(mut vm) => {
-            remote.attach_vm(&vm);
+            let shared = Arc::downgrade(vm.shared());
+            remote.attach_vm(
+                vm.vm_fd(),
+                &vm.shared().pv,
+                vm.shared().latch(),
+                move || shared.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
+            );
             vm.shared().set_guest_paging(remote.guest_paging().clone());
             if cfg.is_linux() {
                 tracing::info!(
@@ -274,7 +281,9 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
         ApStart::AllAtEntry
     };
     let vcpus = vcpu::create(&kvm, cfg.vcpus, linux)?;
-    let board = build_board(cfg, &ram)?;
+    let latch = Arc::new(OutcomeLatch::default());
+    let pv = Arc::new(PvCtl::new(ram.clone(), cfg.vcpus, cfg.echo_guest_logs));
+    let board = build_board(cfg, &ram, &latch, &pv)?;
     irq::connect_irqfds(&kvm.fd, board.interrupts())?;
     let (entry, linux_info) = load_kernel(cfg, &ram, &board, vcpu::tsc_khz(&vcpus[0])?)?;
     vcpu::set_entry(&vcpus, &entry, start)?;
@@ -289,18 +298,23 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
     let shared = Arc::new(VmShared::new(
         cfg.name.clone(),
         cfg.uuid.clone(),
-        ram.clone(),
-        PvCtl::new(ram, cfg.vcpus, cfg.echo_guest_logs),
+        ram,
+        pv,
         board,
         cfg.vcpus,
         kvm_stats,
+        latch,
     ));
-    shared.board.bind(&shared);
     Ok(Vm::new(shared, kvm, vcpus, entry, linux_info))
 }
 
 /// The devices: console, power registers, and the disks with a DMA view of `ram`.
-fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
+fn build_board(
+    cfg: &VmConfig,
+    ram: &GuestRam,
+    latch: &Arc<OutcomeLatch>,
+    pv: &Arc<PvCtl>,
+) -> Result<Board, BuildError> {
     let agent_vcpus = cfg.is_linux().then_some(cfg.vcpus);
     let mem = if cfg.disks.is_empty() && agent_vcpus.is_none() {
         None
@@ -317,7 +331,7 @@ fn build_board(cfg: &VmConfig, ram: &GuestRam) -> Result<Board, BuildError> {
         disks: cfg.disks.clone(),
         agent_vcpus,
     };
-    Ok(Board::new(&board_cfg, mem)?)
+    Ok(Board::new(&board_cfg, mem, latch.clone(), pv.clone())?)
 }
 
 /// Loads the kernel and writes its boot data; returns vCPU 0's entry state and Linux boot

@@ -180,7 +180,8 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
     match cmd {
         "status" => Ok(status(vm)),
         "stats" => Ok(stats(vm)),
-        "processes" => crate::process_stats::per_process(vm)
+        "processes" => vm
+            .per_process()
             .map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
             .ok_or_else(|| {
                 "no per-process paging statistics: the VM's memory is not remote (or its \

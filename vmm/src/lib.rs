@@ -15,7 +15,7 @@
 //! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd),
 //!   [`api`] (the Cloud-Hypervisor-compatible API server libvirt drives),
 //!   [`process_stats`] (per-process paging statistics with guest process names).
-//! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`], [`size`],
+//! - Small helpers: [`affinity`], [`builtin`], [`exit_code`], [`signals`],
 //!   [`stats`], [`workload_spec`].
 
 pub mod affinity;
@@ -31,7 +31,6 @@ pub mod metrics;
 pub mod process_stats;
 pub mod remote;
 pub mod signals;
-pub mod size;
 pub mod spec;
 pub mod stats;
 pub mod vm;

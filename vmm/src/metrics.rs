@@ -48,7 +48,7 @@ impl Collector for VmCollector {
         if let Some(paging) = vm.paging_stats() {
             encode_paging(&mut f, &paging)?;
         }
-        if let Some(procs) = crate::process_stats::per_process(&vm) {
+        if let Some(procs) = vm.per_process() {
             encode_processes(&mut f, &procs)?;
         }
         f.counter(

@@ -8,8 +8,6 @@
 use farvm_ept::procstats::{ProcessCounterValues, UnattributedFaults};
 use serde::Serialize;
 
-use crate::vm::VmShared;
-
 /// One guest process's paging statistics.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessRow {
@@ -63,16 +61,18 @@ fn touched(c: &ProcessCounterValues) -> u64 {
     c.demand_faults + c.zero_fills + c.wait_faults + c.prefetch_hits()
 }
 
-/// The VM's per-process statistics (`None` without remote memory, or once the engine is
-/// gone).
-pub fn per_process(vm: &VmShared) -> Option<PerProcessStats> {
-    let snap = vm.paging_engine()?.process_stats();
+/// The per-process statistics of `engine`'s guest, each process named by `name_of(pid)`.
+pub fn per_process(
+    engine: &farvm_ept::Engine,
+    name_of: impl Fn(u64) -> Option<String>,
+) -> PerProcessStats {
+    let snap = engine.process_stats();
     let processes: Vec<ProcessRow> = snap
         .processes
         .into_iter()
         .map(|p| ProcessRow {
             pid: p.pid,
-            name: vm.process_name(p.pid),
+            name: name_of(p.pid),
             cr3: p.cr3,
             retired: p.retired,
             first_seen_secs: p.first_seen_ns as f64 / 1e9,
@@ -90,7 +90,7 @@ pub fn per_process(vm: &VmShared) -> Option<PerProcessStats> {
         .map(|p| touched(&p.counters))
         .sum();
     let missed = snap.unattributed.no_vcpu + snap.unattributed.unreadable;
-    Some(PerProcessStats {
+    PerProcessStats {
         processes,
         unattributed: snap.unattributed,
         user_faults,
@@ -100,5 +100,5 @@ pub fn per_process(vm: &VmShared) -> Option<PerProcessStats> {
             user_faults as f64 / (user_faults + missed) as f64
         },
         recycled: snap.recycled,
-    })
+    }
 }

@@ -4,14 +4,13 @@
 //! returns a [`RunningVm`], which can be paused, resumed, asked to shut down, asked for its
 //! [`VmState`] and [`VmCounters`], waited on, and finished into a [`VmReport`].
 //!
-//! [`VmShared`] is the state the vCPU threads, the devices, the control socket and the metrics
-//! endpoint share. A VM with remote memory owns its [`RemoteMemory`] and shuts it down after
+//! [`VmShared`] is the state the control socket, the API and the metrics endpoint share; the
+//! vCPU threads see it only as their [`VcpuExits`], the devices only through the
+//! [`OutcomeLatch`] that ends the VM. A VM with remote memory owns its [`RemoteMemory`] and shuts it down after
 //! its vCPU threads are joined and its KVM VM is closed.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use farvm_ept::translate::GuestPaging;
@@ -21,92 +20,20 @@ use serde::Serialize;
 use crate::boot::linux::LinuxBootInfo;
 use crate::boot::EntryState;
 use crate::devices::board::Board;
-use crate::devices::pvctl::{ProcessRecord, PvCounterValues, PvCtl};
+use crate::devices::pvctl::{ProcessRecord, PvAction, PvCounterValues, PvCtl};
+use crate::process_stats::{self, PerProcessStats};
 use crate::remote::{RemoteMemory, RemoteStats, StatsSource};
 use crate::signals;
 use crate::stats::{ExitCounts, ExitStats};
 use crate::vstate::kvm_stats::VcpuStats;
 use crate::vstate::memory::GuestRam;
-use crate::vstate::vcpu;
+use crate::vstate::outcome::OutcomeLatch;
+pub use crate::vstate::outcome::VmOutcome;
+use crate::vstate::vcpu::{self, DeviceAction, SpawnError, VcpuError, VcpuExits, VcpuGroup};
 use crate::vstate::vm::{KvmError, KvmVm};
 
 /// How long [`RunningVm::pause`] waits for every vCPU to leave the guest.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How a VM run ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum VmOutcome {
-    /// The guest wrote its exit status to the shutdown port, or powered off (ACPI S5:
-    /// status 0).
-    GuestShutdown {
-        /// The status written.
-        status: u32,
-    },
-    /// The guest asked for a reset (the ACPI reset register): farvm does not restart guests,
-    /// the VM stops.
-    GuestReboot,
-    /// The guest kernel panicked.
-    GuestPanic {
-        /// The panic location and message from the guest's record.
-        message: String,
-    },
-    /// SIGINT/SIGTERM.
-    Signal {
-        /// The signal number.
-        signal: i32,
-    },
-    /// The operator typed the console's escape sequence (Ctrl-A x).
-    ConsoleEscape,
-    /// A shutdown request (control socket, API).
-    ControlShutdown,
-    /// The run exceeded its time limit.
-    Timeout {
-        /// The limit, in seconds.
-        secs: u64,
-    },
-    /// The guest crashed: internal emulation error, triple fault, failed entry, bad MMIO.
-    Crash {
-        /// The vCPU that crashed.
-        cpu: u32,
-        /// What KVM reported.
-        message: String,
-    },
-    /// A host-side failure (ioctl error, ...).
-    HostError {
-        /// What failed.
-        message: String,
-    },
-    /// The guest needed a page of remote memory whose data the memory servers lost.
-    MemoryLost {
-        /// Guest-physical address of the page.
-        gpa: u64,
-    },
-}
-
-impl std::fmt::Display for VmOutcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            VmOutcome::GuestShutdown { status } => {
-                write!(f, "guest shut down with status {status}")
-            }
-            VmOutcome::GuestReboot => write!(f, "the guest rebooted (the VM stops)"),
-            VmOutcome::GuestPanic { message } => write!(f, "guest kernel panic: {message}"),
-            VmOutcome::Signal { signal } => write!(f, "stopped by signal {signal}"),
-            VmOutcome::ConsoleEscape => write!(f, "stopped from the console (Ctrl-A x)"),
-            VmOutcome::ControlShutdown => write!(f, "shut down through the control socket"),
-            VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
-            VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
-            VmOutcome::HostError { message } => write!(f, "host error: {message}"),
-            VmOutcome::MemoryLost { gpa } => write!(
-                f,
-                "guest memory lost: the guest needed page {gpa:#x}, whose data exists nowhere \
-                 it can be trusted (every memory server holding it lost it or returned a wrong \
-                 copy, or its local frame was not where the engine left it; the log says which)"
-            ),
-        }
-    }
-}
 
 /// Where a VM is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -181,9 +108,6 @@ pub struct VmCounters {
     pub paging: Option<RemoteStats>,
 }
 
-/// Looks up a guest process's name by pid (see [`VmShared::set_process_names`]).
-pub type ProcessNamesFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
-
 /// State shared by the vCPU threads, the devices, the control socket and the caller.
 pub struct VmShared {
     /// The VM's name.
@@ -193,7 +117,7 @@ pub struct VmShared {
     /// Guest RAM.
     pub ram: Arc<GuestRam>,
     /// The paravirtual control device.
-    pub pv: PvCtl,
+    pub pv: Arc<PvCtl>,
     /// The emulated devices behind the port-I/O and MMIO exits.
     pub board: Board,
     /// vCPU exit counters.
@@ -202,47 +126,33 @@ pub struct VmShared {
     pub ncpus: u32,
     /// When the VM was created.
     pub started: Instant,
-    stop: AtomicBool,
-    outcome: Mutex<Option<VmOutcome>>,
-    cond: Condvar,
-    threads: OnceLock<Vec<libc::pthread_t>>,
-    tids: Vec<AtomicI32>,
+    /// How the VM ends (its vCPUs, devices, paging engine and owner decide it).
+    latch: Arc<OutcomeLatch>,
+    /// The vCPU threads, once [`Vm::start`] spawned them.
+    vcpus: OnceLock<VcpuGroup>,
     kvm_stats: Vec<Option<VcpuStats>>,
     /// Paging statistics of remote memory (set by the builder when RAM is remote).
     paging: OnceLock<StatsSource>,
-    /// Guest process names from the guest agent ([`VmShared::set_process_names`]).
-    guest_process_names: OnceLock<ProcessNamesFn>,
     /// How the guest's page tables look, for the paging engine's page space (remote memory
     /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
     guest_paging: OnceLock<Arc<GuestPaging>>,
-    /// Opened by `Vm::start` once every vCPU thread has published its tid: no guest
-    /// instruction runs before the memory engine can map uffd thread ids to vCPUs.
-    go: Mutex<bool>,
-    go_cond: Condvar,
-    pause_requested: AtomicBool,
-    /// vCPU threads parked by a pause.
-    parked: Mutex<u32>,
-    park_cond: Condvar,
-    /// vCPU state reports asked for by [`VmShared::dump_vcpus`]: one flag per vCPU, and the
-    /// reports its thread wrote.
-    dump_wanted: Vec<AtomicBool>,
-    dumps: Mutex<Vec<Option<String>>>,
-    dump_cond: Condvar,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// The agent device's command register (a write there may register the vCPU's slot).
+const AGENT_COMMAND_GPA: u64 =
+    farvm_devices::layout::AGENT_MMIO_BASE + farvm_guest_agent::device::reg::COMMAND;
 
 impl VmShared {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
         uuid: Option<String>,
         ram: Arc<GuestRam>,
-        pv: PvCtl,
+        pv: Arc<PvCtl>,
         board: Board,
         ncpus: u32,
         kvm_stats: Vec<Option<VcpuStats>>,
+        latch: Arc<OutcomeLatch>,
     ) -> Self {
         VmShared {
             name,
@@ -253,23 +163,11 @@ impl VmShared {
             exits: ExitStats::default(),
             ncpus,
             started: Instant::now(),
-            stop: AtomicBool::new(false),
-            outcome: Mutex::new(None),
-            cond: Condvar::new(),
-            threads: OnceLock::new(),
-            tids: (0..ncpus).map(|_| AtomicI32::new(0)).collect(),
+            latch,
+            vcpus: OnceLock::new(),
             kvm_stats,
             paging: OnceLock::new(),
-            guest_process_names: OnceLock::new(),
             guest_paging: OnceLock::new(),
-            go: Mutex::new(false),
-            go_cond: Condvar::new(),
-            pause_requested: AtomicBool::new(false),
-            parked: Mutex::new(0),
-            park_cond: Condvar::new(),
-            dump_wanted: (0..ncpus).map(|_| AtomicBool::new(false)).collect(),
-            dumps: Mutex::new(vec![None; ncpus as usize]),
-            dump_cond: Condvar::new(),
         }
     }
 
@@ -278,32 +176,10 @@ impl VmShared {
     /// `vcpus`). A vCPU that does not answer within `timeout` (its thread blocked in the host,
     /// e.g. in a fault on a page not yet fetched) is `None`.
     pub fn dump_vcpus(&self, timeout: Duration) -> Vec<Option<String>> {
-        lock(&self.dumps).iter_mut().for_each(|d| *d = None);
-        for w in &self.dump_wanted {
-            w.store(true, Ordering::SeqCst);
+        match self.vcpus.get() {
+            Some(g) => g.dump(timeout),
+            None => vec![None; self.ncpus as usize],
         }
-        self.kick_all();
-        let d = lock(&self.dumps);
-        let (d, _) = self
-            .dump_cond
-            .wait_timeout_while(d, timeout, |d| d.iter().any(Option::is_none))
-            .unwrap_or_else(|p| p.into_inner());
-        d.clone()
-    }
-
-    /// Whether a state report of vCPU `index` is wanted (clears the request).
-    pub(crate) fn take_dump_request(&self, index: u32) -> bool {
-        self.dump_wanted
-            .get(index as usize)
-            .is_some_and(|w| w.swap(false, Ordering::SeqCst))
-    }
-
-    /// vCPU `index`'s state report (see [`VmShared::dump_vcpus`]).
-    pub(crate) fn put_dump(&self, index: u32, report: String) {
-        if let Some(d) = lock(&self.dumps).get_mut(index as usize) {
-            *d = Some(report);
-        }
-        self.dump_cond.notify_all();
     }
 
     /// KVM's own per-vCPU counters (`KVM_GET_STATS_FD`), non-zero ones only; `None` for a vCPU
@@ -321,69 +197,47 @@ impl VmShared {
 
     /// Records `outcome` (the first one wins) and stops every vCPU.
     pub fn request_stop(&self, outcome: VmOutcome) {
-        {
-            let mut o = lock(&self.outcome);
-            if o.is_none() {
-                *o = Some(outcome);
-            }
-        }
-        self.stop.store(true, Ordering::SeqCst);
-        self.cond.notify_all();
-        // Parked vCPUs re-check `stopping` under this lock: no lost wake-up.
-        drop(lock(&self.parked));
-        self.park_cond.notify_all();
-        self.kick_all();
-    }
-
-    fn kick_all(&self) {
-        if let Some(threads) = self.threads.get() {
-            for t in threads {
-                signals::kick(*t);
-            }
-        }
+        self.latch.decide(outcome);
     }
 
     /// Whether a stop was requested.
     pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        self.latch.stopping()
     }
 
     /// The outcome, once decided.
     pub fn outcome(&self) -> Option<VmOutcome> {
-        lock(&self.outcome).clone()
+        self.latch.outcome()
     }
 
     /// Waits up to `timeout` for the outcome, without asking the VM to stop (a supervisor's
     /// view; [`RunningVm::wait`] is the owner's).
     pub fn wait_outcome(&self, timeout: Duration) -> Option<VmOutcome> {
-        let o = lock(&self.outcome);
-        let (o, _) = self
-            .cond
-            .wait_timeout_while(o, timeout, |o| o.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        o.clone()
+        self.latch.wait(timeout)
+    }
+
+    /// Where the VM ends: what a component below the VM holds to stop it.
+    pub fn latch(&self) -> &Arc<OutcomeLatch> {
+        &self.latch
     }
 
     /// Where the VM is in its life.
     pub fn state(&self) -> VmState {
-        if self.stopping() {
-            VmState::Stopping
-        } else if self.threads.get().is_none() {
-            VmState::Created
-        } else if self.pause_requested.load(Ordering::SeqCst) && *lock(&self.parked) == self.ncpus {
-            VmState::Paused
-        } else {
-            VmState::Running
+        match self.vcpus.get() {
+            _ if self.stopping() => VmState::Stopping,
+            None => VmState::Created,
+            Some(g) if g.is_paused() => VmState::Paused,
+            Some(_) => VmState::Running,
         }
     }
 
     /// Host thread ids of the vCPU threads (all set once [`Vm::start`] returned; the guest runs
-    /// only after they are).
+    /// only after they are; zeros before).
     pub fn vcpu_tids(&self) -> Vec<i32> {
-        self.tids
-            .iter()
-            .map(|t| t.load(Ordering::Acquire))
-            .collect()
+        match self.vcpus.get() {
+            Some(g) => g.tids().to_vec(),
+            None => vec![0; self.ncpus as usize],
+        }
     }
 
     /// The pid each vCPU runs now, from the agent slots.
@@ -408,7 +262,8 @@ impl VmShared {
         if pid == 0 {
             return Some("kernel".into());
         }
-        if let Some(name) = self.guest_process_names.get().and_then(|f| f(pid)) {
+        let from_agent = || self.board.agent()?.process_name(u32::try_from(pid).ok()?);
+        if let Some(name) = from_agent() {
             return Some(name);
         }
         self.pv
@@ -418,10 +273,13 @@ impl VmShared {
             .map(|p| crate::workload_spec::workload_name(p.workload).to_string())
     }
 
-    /// Makes [`VmShared::process_name`] ask `f` first (the guest agent's process table).
-    /// Returns false if a source was already set.
-    pub fn set_process_names(&self, f: ProcessNamesFn) -> bool {
-        self.guest_process_names.set(f).is_ok()
+    /// Per-process paging statistics (`None` without remote memory, or once the engine is
+    /// gone).
+    pub fn per_process(&self) -> Option<PerProcessStats> {
+        let engine = self.paging_engine()?;
+        Some(process_stats::per_process(&engine, |pid| {
+            self.process_name(pid)
+        }))
     }
 
     pub(crate) fn set_paging_source(&self, source: StatsSource) {
@@ -430,18 +288,6 @@ impl VmShared {
 
     pub(crate) fn set_guest_paging(&self, paging: Arc<GuestPaging>) {
         let _ = self.guest_paging.set(paging);
-    }
-
-    /// Tells the paging engine the guest's paging depth from vCPU `cpu`'s CR4 (read when the
-    /// guest agent registers that vCPU's slot: from then on its CR3 values are walked).
-    pub(crate) fn note_guest_cr4(&self, cpu: u32, cr4: u64) {
-        if let Some(p) = self.guest_paging.get() {
-            let before = p.levels();
-            p.set_from_cr4(cr4);
-            if p.levels() != before || cpu == 0 {
-                tracing::info!(cpu, levels = p.levels(), "guest paging");
-            }
-        }
     }
 
     /// The VM's counters now.
@@ -456,80 +302,125 @@ impl VmShared {
         }
     }
 
-    pub(crate) fn publish_tid(&self, index: u32, tid: i32) {
-        self.tids[index as usize].store(tid, Ordering::Release);
-    }
-
-    fn open_gate(&self) {
-        *lock(&self.go) = true;
-        self.go_cond.notify_all();
-    }
-
-    pub(crate) fn wait_gate(&self) {
-        let mut g = lock(&self.go);
-        while !*g {
-            g = self.go_cond.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    /// Whether a pause is requested (checked by each vCPU thread before every KVM_RUN).
-    pub(crate) fn pause_requested(&self) -> bool {
-        self.pause_requested.load(Ordering::SeqCst)
-    }
-
-    /// Parks the calling vCPU thread until the VM is resumed or stopped.
-    pub(crate) fn park_while_paused(&self) {
-        let mut n = lock(&self.parked);
-        *n += 1;
-        self.park_cond.notify_all();
-        while self.pause_requested() && !self.stopping() {
-            n = self.park_cond.wait(n).unwrap_or_else(|p| p.into_inner());
-        }
-        *n -= 1;
-        self.park_cond.notify_all();
-    }
-
     fn pause(&self, timeout: Duration) -> Result<(), VmError> {
         let refuse = |state| VmError::InvalidState {
             action: "pause",
             state,
         };
         match self.state() {
-            VmState::Running => {}
-            VmState::Paused => return Ok(()),
+            VmState::Running | VmState::Paused => {}
             other => return Err(refuse(other)),
         }
-        self.pause_requested.store(true, Ordering::SeqCst);
-        // A vCPU in KVM_RUN leaves at once; one between exits sees the request before its
-        // next KVM_RUN (the kick sets immediate_exit, so even that race returns at once).
-        self.kick_all();
-        let deadline = Instant::now() + timeout;
-        let mut n = lock(&self.parked);
-        while *n < self.ncpus {
-            if self.stopping() {
-                return Err(refuse(VmState::Stopping));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                drop(n);
-                self.resume_vcpus();
-                return Err(VmError::PauseTimeout(timeout));
-            }
-            n = self
-                .park_cond
-                .wait_timeout(n, left.min(Duration::from_millis(50)))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        Ok(())
+        let group = self.vcpus.get().ok_or(refuse(VmState::Created))?;
+        group.pause(timeout).map_err(|e| match e {
+            VcpuError::PauseTimeout(t) => VmError::PauseTimeout(t),
+            _ => refuse(VmState::Stopping),
+        })
     }
 
-    fn resume_vcpus(&self) {
-        let n = lock(&self.parked);
-        self.pause_requested.store(false, Ordering::SeqCst);
-        drop(n);
-        self.park_cond.notify_all();
+    fn count_port(&self, port: u16) {
+        ExitStats::bump(if Board::is_console_port(port) {
+            &self.exits.io_serial
+        } else {
+            &self.exits.io_other
+        });
     }
+}
+
+/// The VM's side of its vCPUs' exits: the PV control device's ports, the board's I/O bus (a
+/// port nobody owns reads all-ones and drops writes, as an empty ISA bus does; an MMIO
+/// address nobody owns stops the VM), and the guest's paging depth for the paging engine.
+impl VcpuExits for VmShared {
+    fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    fn exit_stats(&self) -> &ExitStats {
+        &self.exits
+    }
+
+    fn port_out(&self, cpu: u32, port: u16, data: &[u8]) -> DeviceAction {
+        if !PvCtl::owns(port) {
+            self.count_port(port);
+            let _ = self.board.bus().pio_write(port, data);
+            return DeviceAction::Continue;
+        }
+        ExitStats::bump(&self.exits.io_pv);
+        match self.pv.write(cpu, port, le_value(data)) {
+            PvAction::Continue if port == farvm_guest_agent::pv::PORT_AGENT_SLOT => {
+                DeviceAction::AgentRegistered
+            }
+            PvAction::Continue => DeviceAction::Continue,
+            PvAction::Shutdown(status) => DeviceAction::Stop(VmOutcome::GuestShutdown { status }),
+            PvAction::Panic(message) => DeviceAction::Stop(VmOutcome::GuestPanic { message }),
+        }
+    }
+
+    fn port_in(&self, _cpu: u32, port: u16, data: &mut [u8]) {
+        if PvCtl::owns(port) {
+            ExitStats::bump(&self.exits.io_pv);
+            let v = self.pv.read(port).to_le_bytes();
+            for (i, d) in data.iter_mut().enumerate() {
+                *d = v.get(i).copied().unwrap_or(0);
+            }
+        } else {
+            self.count_port(port);
+            if self.board.bus().pio_read(port, data).is_err() {
+                data.fill(0xff);
+            }
+        }
+    }
+
+    fn mmio_read(&self, cpu: u32, addr: u64, data: &mut [u8]) -> DeviceAction {
+        ExitStats::bump(&self.exits.mmio);
+        match self.board.bus().mmio_read(addr, data) {
+            Ok(()) => DeviceAction::Continue,
+            Err(_) => unmapped(cpu, addr),
+        }
+    }
+
+    fn mmio_write(&self, cpu: u32, addr: u64, data: &[u8]) -> DeviceAction {
+        ExitStats::bump(&self.exits.mmio);
+        match self.board.bus().mmio_write(addr, data) {
+            // A guest agent command (slot registration among them): learn the guest's paging
+            // from this vCPU's CR4, as for the test guest's slot port.
+            Ok(()) if addr == AGENT_COMMAND_GPA => DeviceAction::AgentRegistered,
+            Ok(()) => DeviceAction::Continue,
+            Err(_) => unmapped(cpu, addr),
+        }
+    }
+
+    fn cpu_done(&self, cpu: u32) -> bool {
+        self.pv.cpu_done(cpu)
+    }
+
+    /// Tells the paging engine the guest's paging depth from vCPU `cpu`'s CR4 (read when the
+    /// guest agent registers that vCPU's slot: from then on its CR3 values are walked).
+    fn guest_cr4(&self, cpu: u32, cr4: u64) {
+        if let Some(p) = self.guest_paging.get() {
+            let before = p.levels();
+            p.set_from_cr4(cr4);
+            if p.levels() != before || cpu == 0 {
+                tracing::info!(cpu, levels = p.levels(), "guest paging");
+            }
+        }
+    }
+}
+
+fn le_value(data: &[u8]) -> u32 {
+    let mut b = [0u8; 4];
+    let n = data.len().min(4);
+    b[..n].copy_from_slice(&data[..n]);
+    u32::from_le_bytes(b)
+}
+
+fn unmapped(cpu: u32, addr: u64) -> DeviceAction {
+    DeviceAction::Stop(VmOutcome::Crash {
+        cpu,
+        message: format!(
+            "access to unmapped guest-physical address {addr:#x} (MMIO; no device there)"
+        ),
+    })
 }
 
 /// Remote memory owned by a VM, shut down (engine, store, embedded memory server) when the VM
@@ -652,46 +543,15 @@ impl Vm {
             remote,
             ..
         } = self;
-        let mut handles = Vec::with_capacity(vcpus.len());
-        let mut threads = Vec::with_capacity(vcpus.len());
-        for (i, fd) in vcpus.into_iter().enumerate() {
-            match vcpu::spawn(i as u32, fd, shared.clone(), kvm.hlt_in_guest) {
-                Ok((h, t)) => {
-                    handles.push(h);
-                    threads.push(t);
-                }
-                Err(source) => {
-                    shared.request_stop(VmOutcome::HostError {
-                        message: format!("cannot spawn vcpu{i}: {source}"),
-                    });
-                    shared.open_gate();
-                    for h in handles {
-                        let _ = h.join();
-                    }
-                    return Err(VmError::Spawn {
-                        index: i as u32,
-                        source,
-                    });
-                }
-            }
-        }
-        let _ = shared.threads.set(threads);
-        // Every thread publishes its tid first thing; wait for that (bounded), then let the
-        // guest run.
-        let t0 = Instant::now();
-        while shared.tids.iter().any(|t| t.load(Ordering::Acquire) == 0)
-            && t0.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        shared.open_gate();
-        // A stop requested before the thread ids were known kicked nobody: kick now.
-        if shared.stopping() {
-            shared.kick_all();
-        }
+        let exits: Arc<dyn VcpuExits> = shared.clone();
+        let group = VcpuGroup::spawn(vcpus, exits, shared.latch.clone(), kvm.hlt_in_guest)
+            .map_err(|SpawnError { index, source }| VmError::Spawn { index, source })?;
+        // The thread ids are known before any guest instruction runs, so the memory engine
+        // can map uffd thread ids to vCPUs.
+        let group = shared.vcpus.get_or_init(|| group);
+        group.start();
         Ok(RunningVm {
             shared,
-            handles,
             _kvm: kvm,
             remote,
         })
@@ -718,7 +578,7 @@ pub struct VmReport {
     /// Errors the paging engine kept (its first 256), as text.
     pub paging_errors: Vec<String>,
     /// Per-process paging statistics at the end (remote memory only).
-    pub per_process: Option<crate::process_stats::PerProcessStats>,
+    pub per_process: Option<PerProcessStats>,
     /// The engine's fault log (`farvm run --fault-log`; empty when off), written to its own
     /// file rather than into the report.
     #[serde(skip)]
@@ -731,7 +591,6 @@ pub struct VmReport {
 /// A running VM. Dropping it without [`RunningVm::finish`] stops it the same way.
 pub struct RunningVm {
     shared: Arc<VmShared>,
-    handles: Vec<JoinHandle<()>>,
     // Dropped after the vCPU threads are joined (their fds first, then the VM fd), then the
     // remote memory.
     _kvm: KvmVm,
@@ -769,7 +628,9 @@ impl RunningVm {
     pub fn resume(&self) -> Result<(), VmError> {
         match self.state() {
             VmState::Paused => {
-                self.shared.resume_vcpus();
+                if let Some(g) = self.shared.vcpus.get() {
+                    g.resume(PAUSE_TIMEOUT);
+                }
                 Ok(())
             }
             state => Err(VmError::InvalidState {
@@ -788,42 +649,24 @@ impl RunningVm {
     /// `watch_signals`), or `timeout` passes. Returns the outcome.
     pub fn wait(&self, timeout: Option<Duration>, watch_signals: bool) -> VmOutcome {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut o = lock(&self.shared.outcome);
         loop {
-            if let Some(out) = o.clone() {
+            if let Some(out) = self.shared.latch.wait(Duration::from_millis(50)) {
                 return out;
             }
-            let (g, _) = self
-                .shared
-                .cond
-                .wait_timeout(o, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner());
-            o = g;
-            if o.is_some() {
-                continue;
-            }
-            let stop =
-                if let Some(sig) = watch_signals.then(signals::termination_requested).flatten() {
-                    Some(VmOutcome::Signal { signal: sig })
-                } else if deadline.is_some_and(|d| Instant::now() >= d) {
-                    Some(VmOutcome::Timeout {
-                        secs: timeout.unwrap_or_default().as_secs(),
-                    })
-                } else {
-                    None
-                };
-            if let Some(s) = stop {
-                drop(o);
-                self.shared.request_stop(s);
-                o = lock(&self.shared.outcome);
+            if let Some(sig) = watch_signals.then(signals::termination_requested).flatten() {
+                self.shared.request_stop(VmOutcome::Signal { signal: sig });
+            } else if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.shared.request_stop(VmOutcome::Timeout {
+                    secs: timeout.unwrap_or_default().as_secs(),
+                });
             }
         }
     }
 
     fn stop_and_join(&mut self, outcome_if_running: VmOutcome) {
         self.shared.request_stop(outcome_if_running);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
+        if let Some(g) = self.shared.vcpus.get() {
+            g.join();
         }
     }
 
@@ -854,7 +697,7 @@ impl RunningVm {
             processes: self.shared.pv.processes(),
             paging,
             paging_errors,
-            per_process: crate::process_stats::per_process(&self.shared),
+            per_process: self.shared.per_process(),
             fault_log: self
                 .remote()
                 .map(|r| r.engine().fault_log().records())

@@ -92,7 +92,8 @@ fn replay_specs(rest: &str) -> Result<(Vec<u8>, Vec<String>), String> {
             Some(("trace", f)) => file = Some(f),
             Some(("records", n)) => {
                 records = Some(
-                    farvm_workloads::parse_size(n)
+                    farvm_units::parse_size(n)
+                        .ok()
                         .filter(|&n| n > 0)
                         .ok_or_else(|| format!("records={n} is not a positive number"))?,
                 )

@@ -310,9 +310,23 @@ fn pause_parks_every_vcpu_and_resume_lets_them_run() {
     let parked_at = io();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(io(), parked_at, "no guest instruction runs while paused");
+    // A parked vCPU still answers its handle: each reports its state, at the port loop.
+    let states = running.shared().dump_vcpus(Duration::from_secs(10));
+    assert_eq!(states.len(), 2);
+    for s in &states {
+        let s = s.as_deref().expect("a parked vCPU reports its state");
+        assert!(s.contains("RIP") && s.contains("lapic"), "{s}");
+    }
+    assert_eq!(running.state(), VmState::Paused, "a report does not resume");
+    assert_eq!(io(), parked_at);
     running.resume().unwrap();
     wait_past(parked_at + 100);
     assert_eq!(running.state(), VmState::Running);
+    // Running vCPUs report too (each kicked out of the guest, then back in).
+    let states = running.shared().dump_vcpus(Duration::from_secs(10));
+    assert!(states.iter().all(Option::is_some), "{states:?}");
+    wait_past(io() + 100);
+    // A stop wakes parked vCPUs: they leave without a resume.
     running.pause().unwrap();
     running.request_shutdown();
     assert_eq!(running.state(), VmState::Stopping);

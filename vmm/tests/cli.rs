@@ -40,8 +40,8 @@ fn write_file(name: &str, bytes: &[u8]) -> PathBuf {
 #[test]
 fn bad_arguments_exit_64() {
     for (args, needle) in [
-        (vec!["run", "--memory", "12X"], "unknown suffix"),
-        (vec!["run", "--memory", "lots"], "invalid size"),
+        (vec!["run", "--memory", "12X"], "unknown unit"),
+        (vec!["run", "--memory", "lots"], "not a number"),
         (vec!["run", "--vcpus", "0"], "0 is not in 1..=255"),
         (
             vec!["run", "--vcpus", "17"],

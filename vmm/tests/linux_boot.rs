@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use common::kvm_available;
 use farvm_vmm::boot::linux::{CMDLINE_GPA, ZERO_PAGE_GPA};
-use farvm_vmm::boot::testguest::translate;
 use farvm_vmm::builder::{build, BootConfig, BuildError, VmConfig};
 use farvm_vmm::vstate::memory::GuestRam;
+use farvm_vmm::vstate::pagewalk::translate;
 use vm_memory::{Bytes, GuestAddress};
 
 const PREF: u64 = 0x100_0000;

@@ -36,7 +36,7 @@ mod sparse;
 mod zipf;
 
 pub use meta::{find_by_id, find_by_name, ParamInfo, WorkloadInfo, WORKLOADS};
-pub use spec::{parse_size, parse_spec, Spec, SpecError};
+pub use spec::{parse_spec, Spec, SpecError};
 pub use zipf::Zipf;
 
 /// What a workload needs from where it runs.

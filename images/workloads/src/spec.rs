@@ -96,34 +96,6 @@ impl core::fmt::Display for SpecError<'_> {
 
 impl core::error::Error for SpecError<'_> {}
 
-/// Parses a size or count: decimal digits, optional `K`/`M`/`G`/`T` (powers of 1024),
-/// optional `iB` or `B`. `None` on syntax error or overflow.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for b in s[..digits].bytes() {
-        n = n.checked_mul(10)?.checked_add((b - b'0') as u64)?;
-    }
-    let suffix = &s[digits..];
-    let (unit, rest) = match suffix.as_bytes().first() {
-        Some(b'k' | b'K') => (1u64 << 10, &suffix[1..]),
-        Some(b'm' | b'M') => (1 << 20, &suffix[1..]),
-        Some(b'g' | b'G') => (1 << 30, &suffix[1..]),
-        Some(b't' | b'T') => (1 << 40, &suffix[1..]),
-        _ => (1, suffix),
-    };
-    match rest {
-        "" | "B" | "b" => {}
-        "iB" | "ib" if unit > 1 => {}
-        _ => return None,
-    }
-    n.checked_mul(unit)
-}
-
 /// Parses `NAME[:key=value,...]`.
 pub fn parse_spec(s: &str) -> Result<Spec, SpecError<'_>> {
     let s = s.trim();
@@ -148,7 +120,8 @@ pub fn parse_spec(s: &str) -> Result<Spec, SpecError<'_>> {
     for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item.split_once('=').ok_or(SpecError::MissingValue(item))?;
         let (key, value) = (key.trim(), value.trim());
-        let num = parse_size(value).ok_or(SpecError::BadNumber { key, value })?;
+        let num =
+            farvm_units::parse_size(value).map_err(|_| SpecError::BadNumber { key, value })?;
         match key {
             "ws" => spec.ws_bytes = num,
             "seed" => spec.seed = num,
@@ -174,20 +147,6 @@ pub fn parse_spec(s: &str) -> Result<Spec, SpecError<'_>> {
 mod tests {
     use super::*;
     use crate::meta::id;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("64K"), Some(64 << 10));
-        assert_eq!(parse_size("64M"), Some(64 << 20));
-        assert_eq!(parse_size("1G"), Some(1 << 30));
-        assert_eq!(parse_size("1GiB"), Some(1 << 30));
-        assert_eq!(parse_size("2MB"), Some(2 << 20));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size("12Q"), None);
-        assert_eq!(parse_size("99999999999999999999"), None);
-        assert_eq!(parse_size("20000000T"), None);
-    }
 
     #[test]
     fn specs() {

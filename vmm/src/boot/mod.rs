@@ -11,6 +11,7 @@ pub mod testguest;
 pub mod testguest_file;
 
 use crate::vstate::memory::MemError;
+pub use crate::vstate::regs::EntryState;
 
 /// Errors while loading a kernel or building its boot data.
 #[derive(Debug, thiserror::Error)]
@@ -48,27 +49,4 @@ pub fn sniff_kernel(image: &[u8]) -> Option<KernelKind> {
         return Some(KernelKind::BzImage);
     }
     None
-}
-
-/// The initial register state of one vCPU, as the boot path decided it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EntryState {
-    /// Instruction pointer.
-    pub rip: u64,
-    /// `rsi` (Linux: `boot_params`; test guest: the vCPU index).
-    pub rsi: u64,
-    /// `rdi` (test guest: `BootInfo`).
-    pub rdi: u64,
-    /// Stack pointer.
-    pub rsp: u64,
-    /// Page-table root.
-    pub cr3: u64,
-    /// Code and data selectors loaded in the hidden segment state.
-    pub code_selector: u16,
-    /// See `code_selector`.
-    pub data_selector: u16,
-    /// Base of the boot GDT.
-    pub gdt_base: u64,
-    /// Its limit.
-    pub gdt_limit: u16,
 }

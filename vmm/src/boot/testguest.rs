@@ -212,29 +212,10 @@ fn write_table(ram: &GuestRam, gpa: u64, entries: &[u64; 512]) -> Result<(), Boo
     Ok(())
 }
 
-/// Walks the boot page tables in guest memory like the MMU would (4-level, 2 MiB or 4 KiB
-/// leaves) and returns the guest-physical address for `va`, if mapped.
-pub fn translate(ram: &GuestRam, cr3: u64, va: u64) -> Option<u64> {
-    let mut table = cr3 & 0x000f_ffff_ffff_f000;
-    for level in (0..4).rev() {
-        let idx = (va >> (12 + 9 * level)) & 511;
-        let e: u64 = ram.read_obj(GuestAddress(table + idx * 8)).ok()?;
-        if e & PTE_P == 0 {
-            return None;
-        }
-        let addr = e & 0x000f_ffff_ffff_f000;
-        if level == 0 || (level <= 2 && e & PTE_PS != 0) {
-            let page_mask = (1u64 << (12 + 9 * level)) - 1;
-            return Some((addr & !page_mask) | (va & page_mask));
-        }
-        table = addr;
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vstate::pagewalk::translate;
     use farvm_guest_agent::boot::{DIRECT_MAP_BASE, KERNEL_WINDOW_BASE};
 
     #[test]

@@ -10,12 +10,12 @@ use clap::Args;
 use farvm_devices::serial::{SerialIn, SerialOut};
 use farvm_guest_agent::pv::state;
 use farvm_httpd::{HttpError, HttpServer, Listen};
+use farvm_units::{format_size, parse_size};
 use farvm_vmm::builder::{self, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
 use farvm_vmm::devices::board::DiskConfig;
 use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
-use farvm_vmm::size::{format_size, parse_size};
 use farvm_vmm::spec::{
     AsyncPf, CliNames, FieldNames, MemserverUrl, PoolOptions, RemoteOptions, SpecError,
     SpecErrorKind, TestGuestOptions, VmSpec,
@@ -356,7 +356,7 @@ pub struct VmArgs {
     pub cmdline: Option<String>,
 
     /// Guest RAM size (K/M/G suffixes; RAM above 3G is placed at 4G).
-    #[arg(long, short = 'm', value_name = "SIZE", default_value = "512M", value_parser = parse_size_arg)]
+    #[arg(long, short = 'm', value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
     pub memory: u64,
 
     /// Number of vCPUs (threads vcpu0, vcpu1, ...).
@@ -447,10 +447,6 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
         "off" => Ok(false),
         other => Err(format!("`{other}`: expected on or off")),
     }
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s)
 }
 
 impl RunArgs {

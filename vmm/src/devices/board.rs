@@ -11,7 +11,7 @@
 //! to the vCPU loop).
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
 use farvm_devices::agent::{AgentDevice, AgentHost, SlotArray};
 use farvm_devices::bus::{BusError, IoBus};
@@ -26,7 +26,8 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::console::{self, EscapeFilter};
 use super::pty::Pty;
-use crate::vm::{VmOutcome, VmShared};
+use super::pvctl::PvCtl;
+use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
 /// A disk to attach (`farvm run --disk PATH[,ro]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,30 +91,6 @@ pub enum DeviceError {
 /// Disks the interrupt lines allow (GSI 5..=23).
 pub const MAX_DISKS: usize = 19;
 
-/// Where device events stop the VM: the VM's shared state, bound once it exists (the devices
-/// are built before it). An event before that is logged and dropped.
-#[derive(Clone, Default)]
-pub struct StopTarget(Arc<OnceLock<Weak<VmShared>>>);
-
-impl StopTarget {
-    /// Binds the VM that device events stop (once; later calls are ignored).
-    pub fn bind(&self, shared: &Arc<VmShared>) {
-        let _ = self.0.set(Arc::downgrade(shared));
-    }
-
-    /// The VM, once bound and while it lives.
-    fn vm(&self) -> Option<Arc<VmShared>> {
-        self.0.get().and_then(Weak::upgrade)
-    }
-
-    fn stop(&self, outcome: VmOutcome) {
-        match self.vm() {
-            Some(s) => s.request_stop(outcome),
-            None => tracing::warn!("device asked to stop a VM that is not running: {outcome}"),
-        }
-    }
-}
-
 /// What the board is built from.
 #[derive(Clone, Debug)]
 pub struct BoardConfig {
@@ -130,23 +107,19 @@ pub struct BoardConfig {
     pub agent_vcpus: Option<u32>,
 }
 
-/// Where the agent device's slot registrations go: the PV control device's slot table of the
-/// bound VM (the paging engine follows it; an unregistration is passed on before the guest's
-/// write returns, so the engine stops reading pages the guest is about to free).
+/// Where the agent device's slot registrations go: the PV control device's slot table (the
+/// paging engine follows it; an unregistration is passed on before the guest's write
+/// returns, so the engine stops reading pages the guest is about to free).
 struct AgentLink {
-    vm: StopTarget,
+    pv: Arc<PvCtl>,
     ncpus: u32,
 }
 
 impl AgentHost for AgentLink {
     fn slots_changed(&self, slots: Option<SlotArray>) {
-        let Some(vm) = self.vm.vm() else {
-            tracing::warn!("guest agent registration before the VM is bound: ignored");
-            return;
-        };
         for cpu in 0..self.ncpus {
             let gpa = slots.and_then(|s| s.slot(cpu));
-            if !vm.pv.set_agent_slot(cpu, gpa) {
+            if !self.pv.set_agent_slot(cpu, gpa) {
                 tracing::warn!(cpu, "agent slot {gpa:x?} refused");
             }
         }
@@ -163,13 +136,19 @@ pub struct Board {
     irqs: Arc<EventFdInterrupts>,
     disks: Vec<MmioDeviceInfo>,
     agent: Option<Arc<Agent>>,
-    stop: StopTarget,
+    stop: Arc<OutcomeLatch>,
 }
 
 impl Board {
-    /// Builds the devices; `mem` is the guest-memory view disks do DMA through (needed only
-    /// with disks).
-    pub fn new(cfg: &BoardConfig, mem: Option<GuestMemoryMmap>) -> Result<Self, DeviceError> {
+    /// Builds the devices; `mem` is the guest-memory view disks and the agent device do DMA
+    /// through (needed only with them), `stop` ends the VM (power-off, reset, the console's
+    /// escape), `pv` gets the agent device's slot registrations.
+    pub fn new(
+        cfg: &BoardConfig,
+        mem: Option<GuestMemoryMmap>,
+        stop: Arc<OutcomeLatch>,
+        pv: Arc<PvCtl>,
+    ) -> Result<Self, DeviceError> {
         if cfg.disks.len() > MAX_DISKS {
             return Err(DeviceError::TooManyDisks(cfg.disks.len()));
         }
@@ -181,7 +160,6 @@ impl Board {
             .chain(slots.iter().map(|d| d.gsi))
             .collect();
         let irqs = Arc::new(EventFdInterrupts::new(&gsis).map_err(DeviceError::Interrupts)?);
-        let stop = StopTarget::default();
         let mut bus = IoBus::new();
 
         let com1 = IrqLine::new(irqs.clone(), COM1_GSI);
@@ -193,7 +171,7 @@ impl Board {
 
         let target = stop.clone();
         let power = PowerDevice::new(move |ev| {
-            target.stop(match ev {
+            target.decide(match ev {
                 PowerEvent::PowerOff => VmOutcome::GuestShutdown { status: 0 },
                 PowerEvent::Reboot => VmOutcome::GuestReboot,
             })
@@ -204,10 +182,7 @@ impl Board {
             Some(ncpus) => {
                 let mem = mem.clone().ok_or(DeviceError::NoMemory)?;
                 let ram = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
-                let host = AgentLink {
-                    vm: stop.clone(),
-                    ncpus,
-                };
+                let host = AgentLink { pv, ncpus };
                 let agent = Arc::new(AgentDevice::new(mem, ram, ncpus, Box::new(host)));
                 bus.register_mmio(AGENT_MMIO_BASE, AGENT_MMIO_SIZE, agent.clone())?;
                 Some(agent)
@@ -254,7 +229,7 @@ impl Board {
         let reader = if *input == SerialIn::Stdin && console::stdin_is_terminal() {
             let stop = self.stop.clone();
             Box::new(EscapeFilter::new(reader, move || {
-                stop.stop(VmOutcome::ConsoleEscape)
+                stop.decide(VmOutcome::ConsoleEscape)
             }))
         } else {
             reader
@@ -262,18 +237,6 @@ impl Board {
         // The thread ends with its input (stdin's at process exit).
         drop(self.console.attach_input(reader)?);
         Ok(())
-    }
-
-    /// Binds power and console events, and the agent device's registrations and process
-    /// names, to the VM's shared state.
-    pub fn bind(&self, shared: &Arc<VmShared>) {
-        self.stop.bind(shared);
-        if let Some(agent) = &self.agent {
-            let agent = Arc::downgrade(agent);
-            shared.set_process_names(Box::new(move |pid| {
-                agent.upgrade()?.process_name(u32::try_from(pid).ok()?)
-            }));
-        }
     }
 
     /// The agent device, if the VM has one.
@@ -312,9 +275,32 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::pvctl::PvCtl;
     use crate::vstate::memory::GuestRam;
     use vm_memory::GuestAddress;
+
+    fn latch() -> Arc<OutcomeLatch> {
+        Arc::new(OutcomeLatch::default())
+    }
+
+    fn pv() -> Arc<PvCtl> {
+        let ram = Arc::new(GuestRam::local(&[(0, 1 << 20)]).unwrap());
+        Arc::new(PvCtl::new(ram, 1, false))
+    }
+
+    /// The ACPI power registers end the VM through its latch: power-off as a guest shutdown
+    /// with status 0.
+    #[test]
+    fn power_off_decides_the_outcome() {
+        let stop = latch();
+        let b = Board::new(&cfg(Vec::new()), None, stop.clone(), pv()).unwrap();
+        assert_eq!(stop.outcome(), None);
+        // Sleep control: SLP_TYP 5 (S5) in bits 4:2, SLP_EN (bit 5).
+        let s5 = (farvm_devices::power::S5_SLEEP_TYPE << 2) | (1 << 5);
+        b.bus()
+            .pio_write(POWER_PORT + farvm_devices::power::SLEEP_CONTROL, &[s5])
+            .unwrap();
+        assert_eq!(stop.outcome(), Some(VmOutcome::GuestShutdown { status: 0 }));
+    }
 
     fn cfg(disks: Vec<DiskConfig>) -> BoardConfig {
         BoardConfig {
@@ -340,23 +326,18 @@ mod tests {
         let mem = unsafe { ram.device_view() }.unwrap();
         let mut c = cfg(Vec::new());
         c.agent_vcpus = Some(2);
-        assert!(matches!(Board::new(&c, None), Err(DeviceError::NoMemory)));
-        let board = Board::new(&c, Some(mem)).unwrap();
+        let pv = Arc::new(PvCtl::new(ram.clone(), 2, false));
+        assert!(matches!(
+            Board::new(&c, None, latch(), pv.clone()),
+            Err(DeviceError::NoMemory)
+        ));
+        let board = Board::new(&c, Some(mem), latch(), pv.clone()).unwrap();
         assert_eq!(
             board.agent_window(),
             Some((AGENT_MMIO_BASE, AGENT_MMIO_SIZE))
         );
-        let shared = Arc::new(VmShared::new(
-            "agent".into(),
-            None,
-            ram.clone(),
-            PvCtl::new(ram.clone(), 2, false),
-            board,
-            2,
-            vec![None, None],
-        ));
-        shared.board.bind(&shared);
-        let bus = shared.board.bus();
+        let bus = board.bus();
+        let name = |pid| board.agent().unwrap().process_name(pid);
         let rd = |r: u64| {
             let mut b = [0u8; 4];
             bus.mmio_read(AGENT_MMIO_BASE + r, &mut b).unwrap();
@@ -373,8 +354,8 @@ mod tests {
         wr(reg::SLOTS_COUNT, 2);
         wr(reg::COMMAND, cmd::REGISTER_SLOTS);
         assert_eq!(rd(reg::RESULT), result::OK);
-        assert_eq!(shared.pv.agent_slot_gpa(0), Some(0x10_0000));
-        assert_eq!(shared.pv.agent_slot_gpa(1), Some(0x10_1000));
+        assert_eq!(pv.agent_slot_gpa(0), Some(0x10_0000));
+        assert_eq!(pv.agent_slot_gpa(1), Some(0x10_1000));
 
         let base = 0x20_0000u64;
         let header = RingHeader {
@@ -397,13 +378,13 @@ mod tests {
         wr(reg::RING_BYTES, 4096);
         wr(reg::COMMAND, cmd::REGISTER_RING);
         assert_eq!(rd(reg::RESULT), result::OK);
-        assert_eq!(shared.process_name(77).as_deref(), Some("sqlite3"));
-        assert_eq!(shared.process_name(78), None);
+        assert_eq!(name(77).as_deref(), Some("sqlite3"));
+        assert_eq!(name(78), None);
 
         // Unloading the module: the slot table forgets the slots before the write returns.
         wr(reg::COMMAND, cmd::RESET);
-        assert_eq!(shared.pv.agent_slot_gpa(0), None);
-        assert_eq!(shared.pv.agent_slot_gpa(1), None);
+        assert_eq!(pv.agent_slot_gpa(0), None);
+        assert_eq!(pv.agent_slot_gpa(1), None);
     }
 
     #[test]
@@ -432,7 +413,7 @@ mod tests {
             })
             .collect();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let b = Board::new(&cfg(disks.clone()), Some(mem)).unwrap();
+        let b = Board::new(&cfg(disks.clone()), Some(mem), latch(), pv()).unwrap();
         let slots = b.virtio_mmio();
         assert_eq!(slots.len(), 2);
         assert_eq!((slots[0].base, slots[0].gsi), (0xd000_0000, 5));
@@ -453,16 +434,21 @@ mod tests {
         b.bus().pio_read(POWER_PORT, &mut lsr).unwrap();
         // Without a memory view disks are refused; a missing image is a clear error.
         assert!(matches!(
-            Board::new(&cfg(disks), None),
+            Board::new(&cfg(disks), None, latch(), pv()),
             Err(DeviceError::NoMemory)
         ));
         let missing = DiskConfig {
             path: dir.join("missing.img"),
             read_only: false,
         };
-        let e = Board::new(&cfg(vec![missing]), Some(GuestMemoryMmap::new()))
-            .err()
-            .unwrap();
+        let e = Board::new(
+            &cfg(vec![missing]),
+            Some(GuestMemoryMmap::new()),
+            latch(),
+            pv(),
+        )
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("missing.img"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -288,6 +288,11 @@ impl PvCtl {
         }
     }
 
+    /// The number of vCPUs the device serves.
+    pub fn ncpus(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
     /// Makes every later phase event carry the counters `f` returns. Returns false if a
     /// source was already set.
     pub fn set_paging_counters(&self, f: PagingCountersFn) -> bool {

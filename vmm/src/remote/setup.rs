@@ -24,8 +24,9 @@ use serde::Serialize;
 use super::local_server::LocalServer;
 use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
-use crate::vm::{Vm, VmOutcome};
+use crate::devices::pvctl::PvCtl;
 use crate::vstate::memory::{GuestRam, MemError};
+use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
 /// Errors setting up remote memory.
 #[derive(Debug, thiserror::Error)]
@@ -419,7 +420,7 @@ impl RemoteMemory {
         }
         // The local memserver's connection threads share the fault handler's CPU: a demand
         // read's waiter yields it to them and polls, so their answer wakes nobody
-        // (docs/data-path.md, "The demand path"). Elsewhere the poll would only spin.
+        // (docs/data-path-journal.md, "The demand path"). Elsewhere the poll would only spin.
         if local.is_some() && spec.fault_path_cpu.is_some() {
             ccfg.demand_poll = DEMAND_POLL;
         }
@@ -559,44 +560,44 @@ impl RemoteMemory {
     }
 
     /// Wires the engine to a VM created on [`RemoteMemory::guest_ram`], before it starts:
-    /// stage-2 injection ([`RemoteMemory::bind_kvm`]), vCPU thread and agent-slot attribution
-    /// ([`RemoteMemory::watch_vcpus`]), and a guest need of a lost page stops the VM with
-    /// [`VmOutcome::MemoryLost`] (no data can ever be given to that vCPU).
-    pub fn attach_vm(&mut self, vm: &Vm) {
-        let ncpus = vm.shared().ncpus;
-        self.bind_kvm(vm.vm_fd(), ncpus);
-        let w1 = Arc::downgrade(vm.shared());
-        let w2 = w1.clone();
-        let w3 = w1.clone();
+    /// stage-2 injection on KVM VM `vm_fd` ([`RemoteMemory::bind_kvm`]), vCPU thread
+    /// (`vcpu_tids`) and agent-slot (`pv`) attribution ([`RemoteMemory::watch_vcpus`]), and a
+    /// guest need of a lost page ends the VM through `latch` with [`VmOutcome::MemoryLost`] (no
+    /// data can ever be given to that vCPU).
+    pub fn attach_vm(
+        &mut self,
+        vm_fd: std::os::fd::RawFd,
+        pv: &Arc<PvCtl>,
+        latch: &Arc<OutcomeLatch>,
+        vcpu_tids: impl Fn() -> Vec<i32> + Send + 'static,
+    ) {
+        let ncpus = pv.ncpus();
+        self.bind_kvm(vm_fd, ncpus);
         let engine = Arc::downgrade(&self.engine);
-        vm.shared()
-            .pv
-            .set_paging_counters(Box::new(move || engine.upgrade().map(|e| e.counters())));
+        pv.set_paging_counters(Box::new(move || engine.upgrade().map(|e| e.counters())));
         let engine = Arc::downgrade(&self.engine);
-        vm.shared()
-            .pv
-            .set_process_counters(Box::new(move |cr3, pid| {
-                engine.upgrade()?.process_counters(cr3, pid)
-            }));
+        pv.set_process_counters(Box::new(move |cr3, pid| {
+            engine.upgrade()?.process_counters(cr3, pid)
+        }));
         // A guest agent unregistering its slots may free their pages as soon as its write
         // returns: the engine stops reading them first (registrations the watcher picks up).
         let engine = Arc::downgrade(&self.engine);
-        vm.shared().pv.set_slot_listener(Box::new(move |cpu, gpa| {
+        pv.set_slot_listener(Box::new(move |cpu, gpa| {
             if let (None, Some(e)) = (gpa, engine.upgrade()) {
                 if let Err(err) = e.clear_agent_slot(cpu) {
                     tracing::warn!("clearing the agent slot of vCPU {cpu}: {err}");
                 }
             }
         }));
-        self.watch_vcpus(
-            ncpus,
-            move || w1.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
-            move |cpu| w2.upgrade().and_then(|s| s.pv.agent_slot_gpa(cpu)),
-        );
-        self.engine.on_page_lost(move |gpa| match w3.upgrade() {
-            // request_stop has kicked every vCPU: KVM returns before the guest runs again.
-            Some(s) => {
-                s.request_stop(VmOutcome::MemoryLost { gpa });
+        let slots = Arc::downgrade(pv);
+        self.watch_vcpus(ncpus, vcpu_tids, move |cpu| {
+            slots.upgrade().and_then(|pv| pv.agent_slot_gpa(cpu))
+        });
+        let latch = Arc::downgrade(latch);
+        self.engine.on_page_lost(move |gpa| match latch.upgrade() {
+            // Deciding kicks every vCPU: KVM returns before the guest runs again.
+            Some(l) => {
+                l.decide(VmOutcome::MemoryLost { gpa });
                 LostPage::Release
             }
             None => LostPage::Hold,

@@ -14,8 +14,8 @@ use crate::boot::testguest_file::{is_test_guest, workloads_from_cmdline};
 use crate::boot::{sniff_kernel, KernelKind};
 use crate::builder::{BootConfig, VmConfig};
 use crate::remote::{PoolSpec, RemoteSpec};
-use crate::size::format_size;
 use crate::workload_spec::plan;
+use farvm_units::format_size;
 
 /// Faults a fault log keeps at most (16 bytes each).
 pub const FAULT_LOG_RECORDS: usize = 1 << 22;

@@ -21,7 +21,7 @@ pub const KVM_FEATURE_CLOCKSOURCE2: u32 = 1 << 3;
 /// `KVM_FEATURE_ASYNC_PF`, `KVM_FEATURE_ASYNC_PF_VMEXIT`, `KVM_FEATURE_ASYNC_PF_INT`.
 pub const KVM_FEATURES_ASYNC_PF: u32 = (1 << 4) | (1 << 10) | (1 << 14);
 
-/// Patches `cpuid` for vCPU `index` of `ncpus`: initial APIC id (leaf 1 EBX[31:24]), x2APIC id
+/// Patches `cpuid` for vCPU `index` of `ncpus`: initial APIC id (leaf 1 EBX\[31:24\]), x2APIC id
 /// (leaves 0xB/0x1F EDX), logical processor count, x2APIC and hypervisor bits.
 pub fn patch(cpuid: &mut CpuId, index: u32, ncpus: u32) {
     for e in cpuid.as_mut_slice() {

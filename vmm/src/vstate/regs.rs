@@ -1,10 +1,33 @@
-//! The 64-bit entry register state: long mode with paging, flat segments, SSE enabled.
+//! The 64-bit entry register state: long mode with paging, flat segments, SSE enabled; what
+//! the boot path decides ([`EntryState`]) and how a vCPU is set to it.
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment};
 use kvm_ioctls::VcpuFd;
 
 use super::vm::KvmError;
-use crate::boot::EntryState;
+
+/// The initial register state of one vCPU, as the boot path decided it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryState {
+    /// Instruction pointer.
+    pub rip: u64,
+    /// `rsi` (Linux: `boot_params`; test guest: the vCPU index).
+    pub rsi: u64,
+    /// `rdi` (test guest: `BootInfo`).
+    pub rdi: u64,
+    /// Stack pointer.
+    pub rsp: u64,
+    /// Page-table root.
+    pub cr3: u64,
+    /// Code and data selectors loaded in the hidden segment state.
+    pub code_selector: u16,
+    /// See `code_selector`.
+    pub data_selector: u16,
+    /// Base of the boot GDT.
+    pub gdt_base: u64,
+    /// Its limit.
+    pub gdt_limit: u16,
+}
 
 /// PG|AM|WP|NE|ET|MP|PE: paging on, FPU native (EM=0, TS=0).
 pub const CR0: u64 = 0x8005_0033;
