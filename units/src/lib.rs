@@ -60,6 +60,9 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, suffix) = t.split_at(num_end);
+    if num.is_empty() {
+        return Err(SizeError::NotANumber);
+    }
     let mult = unit(suffix.trim()).ok_or(SizeError::UnknownUnit)?;
     let (whole, frac) = match num.split_once('.') {
         Some((w, f)) => (w, f),
@@ -208,7 +211,8 @@ mod tests {
             ("M", SizeError::NotANumber),
             (".", SizeError::NotANumber),
             ("1.2.3", SizeError::NotANumber),
-            ("-5M", SizeError::UnknownUnit),
+            ("-5M", SizeError::NotANumber),
+            ("lots", SizeError::NotANumber),
             ("12Q", SizeError::UnknownUnit),
             ("1Mi", SizeError::UnknownUnit),
             ("1KiBB", SizeError::UnknownUnit),

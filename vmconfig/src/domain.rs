@@ -5,7 +5,9 @@
 //!
 //! Anything else libvirt allows is reported as a [`Warning`] naming the element and ignored
 //! (except what libvirt itself adds to every domain it stores: `<os><boot>` with a kernel,
-//! `<clock offset='utc'/>`, `<controller>`s);
+//! `<clock offset='utc'/>`, `<controller>`s), unless ignoring it would give the guest a
+//! different VM than described: `<memoryBacking>` (huge pages, locked or shared memory),
+//! `<numatune>` and `<cpu><numa>` are refused;
 //! XML that is not well-formed, or a value farvm cannot use, is a [`ConfigError`] naming the
 //! element and line.
 
@@ -782,6 +784,7 @@ impl Domain {
             d.farvm = metadata(m, &mut w)?;
         }
         for c in &root.children {
+            refuse_unhonoured(c)?;
             // libvirt writes `<clock offset='utc'/>` into every domain: the guest clock farvm
             // gives (the host's, in UTC).
             let utc_clock = c.name == "clock"
@@ -817,6 +820,49 @@ impl Domain {
             domain: d,
             warnings,
         })
+    }
+}
+
+/// Refuses a top-level element whose setting would change what the guest gets or how its
+/// memory is held, and which farvm cannot honour: running the domain without it would give
+/// the operator a different VM than the one described. (Elements that change nothing the guest
+/// relies on are warned about and ignored instead.)
+fn refuse_unhonoured(c: &Element) -> Result<(), ConfigError> {
+    if c.ns.is_some() {
+        return Ok(());
+    }
+    match c.name.as_str() {
+        "memoryBacking" => match c.children.first() {
+            Some(first) => Err(invalid(
+                first,
+                format!(
+                    "<memoryBacking><{}> is not supported: farvm holds guest RAM itself (a \
+                     memfd or anonymous memory of 4 KiB pages, paged to the memory servers), \
+                     so huge pages, locked, shared or file-backed guest memory cannot be \
+                     given; remove <memoryBacking>",
+                    first.name
+                ),
+            )),
+            None => Ok(()),
+        },
+        "numatune" => Err(invalid(
+            c,
+            "NUMA placement is not supported: farvm gives the guest one NUMA node and \
+             places its memory itself; remove <numatune>",
+        )),
+        "cpu" => match c
+            .children
+            .iter()
+            .find(|n| n.ns.is_none() && n.name == "numa")
+        {
+            Some(numa) => Err(invalid(
+                numa,
+                "guest NUMA cells are not supported: farvm gives the guest one NUMA node; \
+                 remove <cpu><numa>",
+            )),
+            None => Ok(()),
+        },
+        _ => Ok(()),
     }
 }
 

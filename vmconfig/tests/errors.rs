@@ -80,6 +80,31 @@ fn bad_values_name_element_and_line() {
             3,
             "needs a type",
         ),
+        // Settings farvm cannot honour are refused, not dropped: the guest would differ.
+        (
+            "  <memoryBacking>\n    <hugepages/>\n  </memoryBacking>",
+            "hugepages",
+            4,
+            "<memoryBacking><hugepages> is not supported",
+        ),
+        (
+            "  <memoryBacking><locked/></memoryBacking>",
+            "locked",
+            3,
+            "remove <memoryBacking>",
+        ),
+        (
+            "  <numatune><memory mode='strict' nodeset='0'/></numatune>",
+            "numatune",
+            3,
+            "one NUMA node",
+        ),
+        (
+            "  <cpu>\n    <numa><cell id='0' cpus='0' memory='65536'/></numa>\n  </cpu>",
+            "numa",
+            4,
+            "guest NUMA cells are not supported",
+        ),
     ];
     for (body, element, line, needle) in cases {
         let (el, l, msg) = err(&with(body));
