@@ -79,19 +79,29 @@ impl VcpuThread {
         self.answer(VcpuResponse::State(report));
     }
 
-    /// Blocks until [`VcpuEvent::Start`]; false if the VM ended first.
+    /// Blocks until [`VcpuEvent::Start`] (and, if a pause came first, its resume); false if
+    /// the VM ended first. A thread not in the guest yet is as good as parked.
     fn wait_for_start(&self) -> bool {
-        loop {
+        let (mut started, mut paused) = (false, false);
+        while !started || paused {
             select! {
                 recv(self.events) -> ev => match ev {
-                    Ok(VcpuEvent::Start) => return true,
+                    Ok(VcpuEvent::Start) => started = true,
                     Ok(VcpuEvent::DumpState) => self.report_state(),
-                    Ok(VcpuEvent::Pause | VcpuEvent::Resume) => {}
+                    Ok(VcpuEvent::Pause) => {
+                        paused = true;
+                        self.answer(VcpuResponse::Paused);
+                    }
+                    Ok(VcpuEvent::Resume) => {
+                        paused = false;
+                        self.answer(VcpuResponse::Resumed);
+                    }
                     Err(_) => return false,
                 },
                 recv(self.latch.closed()) -> _ => return false,
             }
         }
+        true
     }
 
     /// Takes the requests queued since the last KVM_RUN.
