@@ -16,7 +16,7 @@
 //! the VM (its threads, KVM VM and remote memory are released) and keeps its report for
 //! `vm.counters`. Requests are handled one at a time.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use farvm_chapi::info::{self, Counters};
@@ -30,6 +30,7 @@ use super::{Prepared, VmFactory};
 use crate::builder;
 use crate::devices::pty::Pty;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
+use crate::vstate::lock;
 
 /// How often the watcher checks that the API server is still there.
 const WATCH_TICK: Duration = Duration::from_millis(500);
@@ -79,10 +80,6 @@ pub struct ApiState {
     exit: Mutex<bool>,
     exit_cond: Condvar,
     me: Weak<ApiState>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn state_of(run: &Run) -> VmState {

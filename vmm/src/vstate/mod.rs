@@ -14,3 +14,10 @@ pub mod pagewalk;
 pub mod regs;
 pub mod vcpu;
 pub mod vm;
+
+/// Locks `m`, taking the data of a poisoned lock as it is: the state behind the VM's locks
+/// (outcome, vCPU handles, the API's VM slot) stays consistent across a panic in another
+/// thread, and a VM must still be stoppable after one.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

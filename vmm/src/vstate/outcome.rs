@@ -7,12 +7,13 @@
 //! The latch lives below the VM and its devices, so each can stop the VM without knowing it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 
+use super::lock;
 use crate::signals;
 
 /// How a VM run ended.
@@ -101,10 +102,6 @@ pub struct OutcomeLatch {
     /// The vCPU threads to kick out of KVM_RUN when the outcome is decided; emptied before
     /// they are joined (a joined thread's id may not be signalled).
     vcpu_threads: RwLock<Vec<libc::pthread_t>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Default for OutcomeLatch {

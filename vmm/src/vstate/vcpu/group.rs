@@ -5,7 +5,7 @@
 //! on these handles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
@@ -13,6 +13,7 @@ use kvm_ioctls::VcpuFd;
 use super::exits::VcpuExits;
 use super::handle::{VcpuEvent, VcpuHandle, VcpuResponse};
 use super::run::VcpuThread;
+use crate::vstate::lock;
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
 /// How long a new vCPU thread has to report its thread id.
@@ -47,10 +48,6 @@ pub struct VcpuGroup {
     handles: Mutex<Vec<VcpuHandle>>,
     tids: Vec<i32>,
     paused: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl VcpuGroup {
