@@ -11,6 +11,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 use farvm_pageio::PageBuf;
+use farvm_transport::Endpoint;
 
 use crate::core::{Core, Job, Receive};
 use crate::health::{self, ClientStats, Health, RelocateError};
@@ -99,7 +100,10 @@ impl Client {
         }
         // Authentication and permission failures are configuration errors: report them.
         if let Some(
-            e @ (ClientError::Auth { .. } | ClientError::Denied | ClientError::Rdma { .. }),
+            e @ (ClientError::Auth { .. }
+            | ClientError::Denied
+            | ClientError::Rdma { .. }
+            | ClientError::NoLink { .. }),
         ) = first_err
         {
             core.close_all();
@@ -274,22 +278,22 @@ impl Client {
         Ok(freed)
     }
 
-    /// The server at `addr` becomes one of the client's servers if it is not yet (a pool
+    /// The server at `endpoint` becomes one of the client's servers if it is not yet (a pool
     /// server that joined after this client started, the target of a move or a repair):
     /// connected now, or kept trying by the maintenance thread if it does not answer yet.
     /// Returns whether it was new; fails when the client holds [`MAX_SERVERS`] already.
     ///
     /// [`MAX_SERVERS`]: crate::MAX_SERVERS
-    pub fn add_server(&self, addr: SocketAddr) -> Result<bool, ClientError> {
-        Ok(self.server_index(addr)?.1)
+    pub fn add_server(&self, endpoint: Endpoint) -> Result<bool, ClientError> {
+        Ok(self.server_index(endpoint)?.1)
     }
 
-    /// The index of the server at `addr`, added first if the client does not know it, and
+    /// The index of the server at `endpoint`, added first if the client does not know it, and
     /// whether it was new.
-    fn server_index(&self, addr: SocketAddr) -> Result<(u16, bool), ClientError> {
+    fn server_index(&self, endpoint: Endpoint) -> Result<(u16, bool), ClientError> {
         let core = &self.core;
         core.servers
-            .add(addr, |s| core.bring_in(s))
+            .add(endpoint, |s| core.bring_in(s))
             .ok_or(ClientError::InvalidRequest(
                 "the client knows 64 memory servers already",
             ))
@@ -298,7 +302,7 @@ impl Client {
     /// Slabs `k` with `k % pool slabs == j` are placed on `servers` from now on, when first
     /// written (a pool moved pool slab `j`'s replicas there). Servers the client does not know
     /// are added first ([`Client::add_server`]). Fails if `j` is not one of the pool's slabs.
-    pub fn set_slab_home(&self, j: usize, servers: &[SocketAddr]) -> Result<(), ClientError> {
+    pub fn set_slab_home(&self, j: usize, servers: &[Endpoint]) -> Result<(), ClientError> {
         let home = servers
             .iter()
             .map(|&a| Ok(self.server_index(a)?.0))

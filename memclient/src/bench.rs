@@ -1,4 +1,4 @@
-//! The client's read bench (`farvm-memserver bench`): 4 KiB read latency and throughput of a
+//! The client's read bench (`farvm-lab bench memserver`): 4 KiB read latency and throughput of a
 //! memserver next to a raw TCP request/response floor (16 B request, 4096 B response,
 //! TCP_NODELAY) measured in the same process, on the same loopback, in alternating slices.
 
@@ -12,7 +12,9 @@ use hdrhistogram::Histogram;
 
 use farvm_memproto::PAGE_SIZE;
 
-use crate::{Client, ClientConfig, ClientError, IoBuf, Op, Priority, ReplyTo, Request};
+use crate::{
+    Client, ClientConfig, ClientError, Endpoint, IoBuf, Op, Priority, ReplyTo, Request, Transport,
+};
 
 /// Longest stretch measured on one side before switching to the other.
 const SLICE: Duration = Duration::from_millis(100);
@@ -252,7 +254,7 @@ pub fn run(
     let floor_thread = std::thread::spawn(move || floor_server(fl, st));
 
     // One connection, like the floor; window large enough for the deepest setting.
-    let client = bench_client(cfg, server, Transport::Tcp)?;
+    let client = bench_client(cfg, Endpoint::tcp(server))?;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];
     let mut p = 0;
@@ -307,21 +309,9 @@ pub struct TransportRow {
     pub send_recv: Cell,
 }
 
-/// How a bench client reaches the server.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Tcp,
-    OneSided,
-    SendRecv,
-}
-
 /// A bench client of `server` (one bulk connection, window for the deepest setting).
-fn bench_client(cfg: &BenchConfig, server: SocketAddr, t: Transport) -> Result<Client, BenchError> {
-    let mut ccfg = ClientConfig::new(vec![server]);
-    if t != Transport::Tcp {
-        ccfg.rdma_servers = vec![server];
-        ccfg.rdma_one_sided = t == Transport::OneSided;
-    }
+fn bench_client(cfg: &BenchConfig, server: Endpoint) -> Result<Client, BenchError> {
+    let mut ccfg = ClientConfig::new([server]);
     ccfg.conns_per_server = 1;
     let maxd = cfg.depths.iter().copied().max().unwrap_or(1);
     ccfg.window = maxd.max(1);
@@ -369,9 +359,13 @@ pub fn run_transports(
     rdma: SocketAddr,
     mut progress: impl FnMut(&str),
 ) -> Result<TransportRun, BenchError> {
-    let over_tcp = bench_client(cfg, tcp, Transport::Tcp)?;
-    let over_rdma = bench_client(cfg, rdma, Transport::OneSided)?;
-    let over_sr = bench_client(cfg, rdma, Transport::SendRecv)?;
+    let over_tcp = bench_client(cfg, Endpoint::tcp(tcp))?;
+    let rdma = |one_sided| Endpoint {
+        addr: rdma,
+        transport: Transport::Rdma { one_sided },
+    };
+    let over_rdma = bench_client(cfg, rdma(true))?;
+    let over_sr = bench_client(cfg, rdma(false))?;
     // Each client writes the pages itself (a client reads only slabs it placed); all land
     // in the same namespace of the one server.
     let fill = vec![0xa5u8; 256 * PAGE_SIZE];

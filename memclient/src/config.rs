@@ -1,22 +1,17 @@
 //! Client settings ([`ClientConfig`]) and the connections ("lanes") a server gets.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use farvm_memproto::auth::Secret;
+use farvm_transport::Endpoint;
 
 /// Client settings. [`ClientConfig::new`] gives the defaults.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Memory servers.
-    pub servers: Vec<SocketAddr>,
-    /// The servers of `servers` reached over RDMA: each of these addresses is a server's RDMA
-    /// listener (`farvm-memserver --rdma`), and its connections are RDMA links (needs the
-    /// `rdma` feature and an RDMA device on the route to it). Default: none, all TCP.
-    pub rdma_servers: Vec<SocketAddr>,
-    /// RDMA links move pages by one-sided READ/WRITE on slabs the server grants (default);
-    /// off, every request travels as a SEND answered by a SEND (docs/rdma.md).
-    pub rdma_one_sided: bool,
+    /// Memory servers, each with the transport its links use: an RDMA server's address is
+    /// its RDMA listener (`farvm-memserver --rdma`), and its links need the `rdma` feature and
+    /// an RDMA device on the route to it.
+    pub servers: Vec<Endpoint>,
     /// Tenant secret (None: the servers must run in open mode).
     pub secret: Option<Secret>,
     /// Replication factor; default 2 with ≥ 2 servers, else 1.
@@ -73,12 +68,10 @@ pub enum Fault {
 }
 
 impl ClientConfig {
-    /// Defaults for these servers.
-    pub fn new(servers: Vec<SocketAddr>) -> Self {
+    /// Defaults for these servers (a bare address is a TCP server).
+    pub fn new<E: Into<Endpoint>>(servers: impl IntoIterator<Item = E>) -> Self {
         Self {
-            servers,
-            rdma_servers: Vec::new(),
-            rdma_one_sided: true,
+            servers: servers.into_iter().map(Into::into).collect(),
             secret: None,
             replication: None,
             slab_pages: 1 << 18,

@@ -8,6 +8,7 @@ use std::sync::{Arc, MutexGuard, Weak};
 
 use crossbeam_channel::Receiver;
 use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME};
+use farvm_transport::Endpoint;
 
 use crate::config::{ClientConfig, Lane};
 use crate::connection::{self, ConnLimits, Link, LinkSpec, SendMode, Sink};
@@ -98,9 +99,16 @@ impl Core {
     }
 
     pub fn addr(&self, s: u16) -> SocketAddr {
+        self.endpoint(s).addr
+    }
+
+    /// Server `s`'s address and transport (slot `s` whether in use yet or not).
+    pub fn endpoint(&self, s: u16) -> Endpoint {
         self.servers
             .slot(s)
-            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |st| st.addr())
+            .map_or(Endpoint::tcp(SocketAddr::from(([0, 0, 0, 0], 0))), |st| {
+                st.endpoint()
+            })
     }
 
     /// Opens every connection to server `s` (bulk, then the write and demand lanes), as
@@ -111,7 +119,7 @@ impl Core {
         generation: u32,
     ) -> Result<Arc<[Arc<dyn Link>]>, ClientError> {
         let spec = LinkSpec {
-            addr: self.addr(s),
+            addr: self.endpoint(s).addr,
             server: s,
             secret: self.cfg.secret.as_ref(),
             limits: ConnLimits {
@@ -121,8 +129,7 @@ impl Core {
                 timeout: self.cfg.timeout,
             },
             connect_timeout: self.cfg.connect_timeout,
-            rdma: self.cfg.rdma_servers.contains(&self.addr(s)),
-            one_sided: self.cfg.rdma_one_sided,
+            transport: self.endpoint(s).transport,
             demand_poll: self.cfg.demand_poll,
         };
         let n = self.cfg.conns_total();

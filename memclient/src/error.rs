@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use farvm_memproto::Status;
+use farvm_transport::Transport;
 
 /// Everything a client call can fail with. Cheap to clone (no heap data), so one failure can
 /// be reported to several waiters.
@@ -77,6 +78,15 @@ pub enum ClientError {
         addr: SocketAddr,
         /// Why.
         reason: &'static str,
+    },
+    /// The server's transport is one this client has no link for (a configuration error:
+    /// not retried).
+    #[error("cannot reach memserver {addr}: this client has no link for transport {transport}")]
+    NoLink {
+        /// Server address.
+        addr: SocketAddr,
+        /// Its transport.
+        transport: Transport,
     },
     /// The server violated the protocol.
     #[error("protocol error: {0}")]

@@ -8,7 +8,8 @@
 //! - [`PageStore`] ([`store`]): `farvm_pageio::RemoteStore` over the client, for the paging
 //!   engine. Read responses are received straight into the engine's pages.
 //! - [`bench`]: read latency and throughput against a raw TCP floor.
-//! - [`rdma`]: the one-sided RDMA verbs layer (feature `rdma`).
+//! - Servers are [`Endpoint`]s: each one's [`Transport`] says which link it gets (TCP, or
+//!   RDMA with feature `rdma`, on `farvm_transport`'s verbs layer).
 //!
 //! # Hot path
 //! A request carries a caller-owned [`IoBuf`] (allocated once) that comes back when it
@@ -52,7 +53,6 @@ mod fills;
 pub mod health;
 mod iobuf;
 mod placement;
-pub mod rdma;
 mod servers;
 pub mod store;
 mod tickets;
@@ -61,6 +61,7 @@ pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
 pub use config::{ClientConfig, Fault};
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
+pub use farvm_transport::{Endpoint, Transport};
 pub use health::{ClientStats, RelocateError};
 pub use iobuf::IoBuf;
 pub use servers::MAX_SERVERS;

@@ -7,6 +7,8 @@
 //! without a lock.
 
 use std::net::{Ipv4Addr, SocketAddr};
+
+use farvm_transport::Endpoint;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -19,7 +21,7 @@ pub const MAX_SERVERS: usize = 64;
 /// One server.
 pub(crate) struct ServerState {
     /// Set once, when the slot is taken.
-    addr: OnceLock<SocketAddr>,
+    endpoint: OnceLock<Endpoint>,
     /// Laid out as `[bulk..., write lane?, demand lane?]`. Replaced as a whole when the server
     /// rejoins (the read lock is held only to pick and clone one connection).
     pub conns: RwLock<Arc<[Arc<dyn Link>]>>,
@@ -38,7 +40,7 @@ pub(crate) struct ServerState {
 impl ServerState {
     fn vacant() -> Self {
         Self {
-            addr: OnceLock::new(),
+            endpoint: OnceLock::new(),
             conns: RwLock::new(Arc::from(Vec::new())),
             generation: AtomicU32::new(0),
             instance: AtomicU64::new(0),
@@ -49,11 +51,17 @@ impl ServerState {
         }
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// Its address and transport (a vacant slot: TCP to 0.0.0.0:0).
+    pub fn endpoint(&self) -> Endpoint {
+        self.endpoint
             .get()
             .copied()
-            .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+            .unwrap_or(Endpoint::tcp(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))))
+    }
+
+    /// Its address: the server's identity for the client.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint().addr
     }
 }
 
@@ -70,16 +78,16 @@ pub(crate) struct Servers {
 }
 
 impl Servers {
-    pub fn new(addrs: &[SocketAddr], write_lane: bool, demand_lane: bool) -> Self {
-        let list: Box<[ServerState]> = (0..addrs.len().max(MAX_SERVERS))
+    pub fn new(endpoints: &[Endpoint], write_lane: bool, demand_lane: bool) -> Self {
+        let list: Box<[ServerState]> = (0..endpoints.len().max(MAX_SERVERS))
             .map(|_| ServerState::vacant())
             .collect();
-        for (st, &a) in list.iter().zip(addrs) {
-            let _ = st.addr.set(a);
+        for (st, &e) in list.iter().zip(endpoints) {
+            let _ = st.endpoint.set(e);
         }
         Self {
             list,
-            len: AtomicUsize::new(addrs.len()),
+            len: AtomicUsize::new(endpoints.len()),
             adding: Mutex::new(()),
             write_lane,
             demand_lane,
@@ -104,19 +112,23 @@ impl Servers {
         self.list.get(s as usize)
     }
 
-    /// The index of the server at `addr`, taking the next slot for it if it has none:
-    /// `(index, true)` for a new one. `connect` (called with the new index before anyone else
+    /// The index of the server at `endpoint`'s address, taking the next slot for it if it has
+    /// none: `(index, true)` for a new one (a known server keeps the transport it has). `connect` (called with the new index before anyone else
     /// can see it) says whether the server is in service; if not, it is published out of
     /// service and the maintenance thread keeps trying it like any server out of service.
     /// None when every slot is taken.
-    pub fn add(&self, addr: SocketAddr, connect: impl FnOnce(u16) -> bool) -> Option<(u16, bool)> {
+    pub fn add(
+        &self,
+        endpoint: Endpoint,
+        connect: impl FnOnce(u16) -> bool,
+    ) -> Option<(u16, bool)> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = self.index_of(addr) {
+        if let Some(s) = self.index_of(endpoint.addr) {
             return Some((s, false));
         }
         let n = self.len();
         let st = self.list.get(n)?;
-        let _ = st.addr.set(addr);
+        let _ = st.endpoint.set(endpoint);
         let up = connect(n as u16);
         st.dead.store(!up, Ordering::Release);
         // Published with its address and state set: readers load `len` with Acquire.

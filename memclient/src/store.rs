@@ -349,7 +349,8 @@ pub fn map_err(e: ClientError) -> StoreError {
         | ClientError::NoLiveReplica
         | ClientError::Lost
         | ClientError::Connect { .. }
-        | ClientError::Rdma { .. } => StoreError::Unavailable,
+        | ClientError::Rdma { .. }
+        | ClientError::NoLink { .. } => StoreError::Unavailable,
         ClientError::QueueFull => StoreError::Busy,
         ClientError::Protocol(_)
         | ClientError::Version { .. }

@@ -1,15 +1,14 @@
 //! farvm-memserver: the remote page store (server).
 //!
 //! - [`server`]: the daemon as a library ([`server::Server::start`]).
-//! - [`bench`]: the `farvm-memserver bench` latency/throughput comparison with a raw TCP floor
-//!   (an in-process server measured by the client's bench, `farvm_memclient::bench`).
 //! - [`pool_member`]: membership in a memory pool (`--pool`): registration in etcd and the
 //!   garbage collector of this server's namespaces of VMs that left.
 //! - [`process`]: observing a server process from outside (has SIGSTOP taken effect?).
 //!
-//! The wire protocol is `farvm-memproto`; the client is `farvm-memclient`.
+//! The wire protocol is `farvm-memproto`; the RDMA verbs layer is `farvm-transport`'s. The
+//! client, `farvm-memclient`, is not linked here (`farvm-lab bench memserver` measures a server
+//! through it).
 
-pub mod bench;
 pub mod pool_member;
 pub mod process;
 pub mod server;

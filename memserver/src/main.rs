@@ -1,4 +1,4 @@
-//! `farvm-memserver`: the memory server daemon, its bench and a token generator.
+//! `farvm-memserver`: the memory server daemon and a token generator.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 use farvm_memproto::auth::{load_token_file, Secret};
-use farvm_memserver::bench::{self, BenchConfig};
 use farvm_memserver::pool_member::{is_refusal, PoolMember, PoolMemberConfig};
 use farvm_memserver::server::{Server, ServerConfig};
 use farvm_pool::{PoolError, RackId, ServerId};
@@ -26,7 +25,6 @@ use farvm_pool::{PoolError, RackId, ServerId};
 ///   farvm-memserver --listen 0.0.0.0:7070 --advertise 10.77.1.11:7070 --capacity 64G \
 ///                   --pool http://10.77.0.2:2379 --rack r1 --pool-id ms-r1-a
 ///   farvm-memserver --listen 0.0.0.0:7070 --rdma 10.0.0.5:7071 --capacity 64G
-///   farvm-memserver bench --duration 2
 ///   farvm-memserver gen-token >> /etc/farvm/tokens
 ///
 /// Exit status: 0 after a subcommand; 78 when the memory pool refuses the server (its --rack
@@ -110,30 +108,6 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Measure 4 KiB read latency (p50/p99) and pages/s at 1, 8 and 32 in flight, next to a
-    /// raw TCP 16 B request / 4096 B response floor measured in the same run on loopback.
-    Bench {
-        /// Seconds per cell and round.
-        #[arg(long, default_value_t = 2.0)]
-        duration: f64,
-        /// Alternating floor/memserver rounds per depth (pooled).
-        #[arg(long, default_value_t = 2)]
-        rounds: usize,
-        /// Comma-separated in-flight depths to measure (e.g. `1` for the latency cell only).
-        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
-        depths: Vec<usize>,
-        /// Pages stored before reading; each read picks one at random (8192 pages = 32 MiB,
-        /// more than the CPU caches, like a real server; 1 = always the same cache-hot page).
-        #[arg(long, default_value_t = 8192)]
-        pages: u64,
-        /// Compare transports instead: one server listening on this local IP over TCP and
-        /// over RDMA (`--rdma`), read through TCP, RDMA with one-sided pages and RDMA with
-        /// SEND/RECV in alternating slices; prints their ratios, and the CPU time of the idle
-        /// links. The IP must have an RDMA device (a RoCE GID), e.g. 127.0.0.1 with
-        /// Soft-RoCE on `lo`. An RDMA link keeps at most 16 requests in flight.
-        #[arg(long, value_name = "IP")]
-        rdma: Option<std::net::IpAddr>,
-    },
     /// Print a fresh random secret (hex) for a token file.
     GenToken,
 }
@@ -189,45 +163,6 @@ fn run() -> Result<()> {
     match cli.cmd {
         Some(Cmd::GenToken) => {
             println!("{}", Secret::generate().to_hex());
-            Ok(())
-        }
-        Some(Cmd::Bench {
-            duration,
-            rounds,
-            depths,
-            pages,
-            rdma,
-        }) => {
-            if !(duration > 0.0 && duration.is_finite()) {
-                bail!("--duration must be a positive number of seconds");
-            }
-            if depths.is_empty() || depths.iter().any(|&d| d == 0 || d > 256) {
-                bail!("--depths must list in-flight depths between 1 and 256");
-            }
-            if pages == 0 || pages > 1 << 20 {
-                bail!("--pages must be between 1 and 1048576 (4 GiB)");
-            }
-            let cfg = BenchConfig {
-                duration: Duration::from_secs_f64(duration),
-                rounds,
-                depths,
-                pages,
-            };
-            eprintln!(
-                "bench: {} rounds x {:.1} s per cell, depths {:?}, one TCP connection each",
-                cfg.rounds, duration, cfg.depths
-            );
-            if let Some(ip) = rdma {
-                eprintln!(
-                    "bench: the same memserver on {ip} over TCP, RDMA one-sided and RDMA \
-                     SEND/RECV"
-                );
-                let run = bench::run_transports(&cfg, ip, |l| eprintln!("{l}"))?;
-                print!("{}", bench::transport_table(&run));
-                return Ok(());
-            }
-            let rows = bench::run(&cfg, |l| eprintln!("{l}"))?;
-            print!("{}", bench::table(&rows));
             Ok(())
         }
         None => {

@@ -27,6 +27,7 @@ use farvm_pool::{
     Directory, DirectoryConfig, NamespaceReclaimer, PoolError, RackId, RegistrationState,
     ServerHealth, ServerId, ServerRecord, ServerRegistration,
 };
+use farvm_transport::{Endpoint, Transport};
 
 use crate::server::ServerHandle;
 
@@ -148,6 +149,15 @@ fn record(server: &ServerHandle, cfg: &PoolMemberConfig) -> ServerRecord {
     ServerRecord {
         id: cfg.id.clone(),
         address: cfg.advertise,
+        // Its RDMA listener, if it has one: a VM that asks for RDMA uses it.
+        endpoints: server
+            .rdma_addr()
+            .map(|addr| Endpoint {
+                addr,
+                transport: Transport::RDMA,
+            })
+            .into_iter()
+            .collect(),
         rack: cfg.rack.clone(),
         capacity_bytes: occ.capacity_pages * PAGE_SIZE as u64,
         used_bytes: occ.used_pages * PAGE_SIZE as u64,

@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::*;
-use farvm_memclient::{Client, ClientConfig, ClientError, IoBuf, Op, ReplyTo};
+use farvm_memclient::{Client, ClientConfig, ClientError, Endpoint, IoBuf, Op, ReplyTo, Transport};
 use farvm_memproto::PAGE_SIZE;
 use farvm_memserver::process::rdma_test_ip;
 use farvm_memserver::server::metrics::Op as ServerOp;
@@ -26,7 +26,10 @@ fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
 
 fn rdma_config(addr: SocketAddr) -> ClientConfig {
     let mut c = config(&[addr]);
-    c.rdma_servers = vec![addr];
+    c.servers = vec![Endpoint {
+        addr,
+        transport: Transport::RDMA,
+    }];
     c
 }
 
@@ -139,7 +142,7 @@ fn pages_round_trip_over_send_recv_when_one_sided_is_off() {
     let srv = rdma_server(ip, 1 << 14);
     let raddr = srv.rdma_addr().expect("RDMA listener");
     let mut cfg = rdma_config(raddr);
-    cfg.rdma_one_sided = false;
+    cfg.servers[0].transport = Transport::Rdma { one_sided: false };
     let c = Client::connect(cfg).expect("client connects over RDMA");
     let (ns, first) = (9, 300);
     let mut data = vec![0u8; 300 * PAGE_SIZE];

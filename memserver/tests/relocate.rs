@@ -133,8 +133,8 @@ fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on
         c.move_replicas(NS, addrs[0], addrs[2], &|_| true).is_err(),
         "a server the client does not know is refused as a target"
     );
-    assert!(c.add_server(addrs[2]).unwrap(), "the server is new");
-    assert!(!c.add_server(addrs[2]).unwrap(), "added once");
+    assert!(c.add_server(addrs[2].into()).unwrap(), "the server is new");
+    assert!(!c.add_server(addrs[2].into()).unwrap(), "added once");
     let w = rewrite_slab_1(&c);
     let moved = c.move_replicas(NS, addrs[0], addrs[2], &|_| true).unwrap();
     w.join().unwrap();
@@ -152,17 +152,21 @@ fn a_server_added_while_the_client_runs_takes_a_moved_replica_while_writes_go_on
     );
     // The pool slab's home follows the move: a slab first written now goes to the new
     // server, not back to the one it left (where the pool would not know of it).
-    c.set_slab_home(0, &[addrs[2], addrs[1]]).unwrap();
+    c.set_slab_home(0, &[addrs[2].into(), addrs[1].into()])
+        .unwrap();
     write_retrying(&c, 3 * 1024, 1024, 1);
     assert_eq!(c.slabs_on(NS, addrs[2]), vec![0, 1, 3]);
     assert!(c.slabs_on(NS, addrs[0]).is_empty());
-    assert!(c.set_slab_home(1, &[addrs[2]]).is_err(), "no pool slab 1");
+    assert!(
+        c.set_slab_home(1, &[addrs[2].into()]).is_err(),
+        "no pool slab 1"
+    );
     // A server that does not answer is added out of service, and taken for nothing.
     let gone = {
         let p = ServerProc::spawn("64M");
         p.addr
     };
-    assert!(c.add_server(gone).unwrap());
+    assert!(c.add_server(gone.into()).unwrap());
     assert_eq!(c.stat(NS).len(), 4);
     assert!(c.stat(NS)[3].is_none(), "out of service");
     write_retrying(&c, 4 * 1024, 1024, 1);

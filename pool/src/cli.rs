@@ -342,6 +342,7 @@ pub fn run(args: PoolArgs) -> Result<()> {
             ServerRecord {
                 id,
                 address,
+                endpoints: Vec::new(),
                 rack,
                 capacity_bytes: capacity,
                 used_bytes: 0,

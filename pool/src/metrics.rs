@@ -222,6 +222,7 @@ mod tests {
                 ServerRecord {
                     id,
                     address: "127.0.0.1:7070".parse().unwrap(),
+                    endpoints: Vec::new(),
                     rack: RackId::new(rack).unwrap(),
                     capacity_bytes: 1 << 30,
                     used_bytes: used,

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 
+use farvm_transport::{Endpoint, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{RackId, ServerId, VmId};
@@ -38,8 +39,12 @@ impl ServerHealth {
 pub struct ServerRecord {
     /// The server's id (also its key).
     pub id: ServerId,
-    /// Where clients connect.
+    /// Where clients connect over TCP.
     pub address: SocketAddr,
+    /// Other listeners clients may use, each with its transport (`rdma://IP:PORT`: the
+    /// server's RDMA listener, `farvm-memserver --rdma`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<Endpoint>,
     /// Its failure domain.
     pub rack: RackId,
     /// Arena size in bytes.
@@ -55,6 +60,18 @@ pub struct ServerRecord {
 }
 
 impl ServerRecord {
+    /// How a client that wants `transport` reaches this server: its listener of that kind
+    /// (with `transport`'s RDMA page mode), else its TCP address.
+    pub fn endpoint(&self, transport: Transport) -> Endpoint {
+        self.endpoints
+            .iter()
+            .find(|e| e.transport.same_kind(transport))
+            .map_or(Endpoint::tcp(self.address), |e| Endpoint {
+                addr: e.addr,
+                transport,
+            })
+    }
+
     /// Capacity not used by stored pages (reservations by placed slabs not counted).
     pub fn free_bytes(&self) -> u64 {
         self.capacity_bytes.saturating_sub(self.used_bytes)
@@ -100,4 +117,43 @@ pub struct SlabRecord {
     pub bytes: u64,
     /// The servers holding a replica, primary first.
     pub replicas: Vec<ServerId>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(json_endpoints: &str) -> ServerRecord {
+        serde_json::from_str(&format!(
+            r#"{{"id":"s1","address":"10.0.0.5:7070",{json_endpoints}"rack":"r1",
+            "capacity_bytes":1,"used_bytes":0,"instance":7,"wire_version":3,"health":"up"}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_server_is_reached_by_the_transport_asked_for_where_it_has_one() {
+        // A record written before endpoints existed reads as TCP only.
+        let old = server("");
+        assert!(old.endpoints.is_empty());
+        let tcp = Endpoint::tcp("10.0.0.5:7070".parse().unwrap());
+        assert_eq!(old.endpoint(Transport::RDMA), tcp);
+        assert!(!serde_json::to_string(&old).unwrap().contains("endpoints"));
+        let both = server(r#""endpoints":["rdma://10.0.0.5:7071"],"#);
+        assert_eq!(both.endpoint(Transport::Tcp), tcp);
+        let send = Transport::Rdma { one_sided: false };
+        assert_eq!(
+            both.endpoint(send),
+            Endpoint {
+                addr: "10.0.0.5:7071".parse().unwrap(),
+                transport: send,
+            }
+        );
+        let json = serde_json::to_string(&both).unwrap();
+        assert!(
+            json.contains(r#""endpoints":["rdma://10.0.0.5:7071"]"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<ServerRecord>(&json).unwrap(), both);
+    }
 }

@@ -54,6 +54,7 @@ fn record(id: &str, rack: &str, port: u16, capacity: u64) -> ServerRecord {
     ServerRecord {
         id: ServerId::new(id).unwrap(),
         address: SocketAddr::from(([127, 0, 0, 1], port)),
+        endpoints: Vec::new(),
         rack: RackId::new(rack).unwrap(),
         capacity_bytes: capacity,
         used_bytes: 0,

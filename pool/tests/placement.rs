@@ -18,6 +18,7 @@ fn server(id: &str, rack: &str, capacity: u64, used: u64, health: ServerHealth) 
     ServerRecord {
         id: ServerId::new(id).unwrap(),
         address: "127.0.0.1:7070".parse().unwrap(),
+        endpoints: Vec::new(),
         rack: RackId::new(rack).unwrap(),
         capacity_bytes: capacity,
         used_bytes: used,

@@ -73,7 +73,7 @@ fn sigkill_of_one_replica_mid_run_keeps_the_checksum() {
     let mut a = MemserverProcess::spawn("1G");
     let b = MemserverProcess::spawn("1G");
     let mut sp = spec("remote-replicated", "25%", "leap+stream");
-    sp.servers = vec![a.addr, b.addr];
+    sp.servers = vec![a.addr.into(), b.addr.into()];
     sp.replicas = Some(2);
     // The kill is seen at once (the connections reset); the timeout only has to be longer
     // than the worst answer time of a live server on this loaded 2-core host, where two VMs
@@ -116,7 +116,7 @@ fn frozen_sole_memserver_rejoins_and_the_run_completes() {
     }
     let server = MemserverProcess::spawn("1G");
     let mut sp = spec("remote-frozen", "25%", "leap+stream");
-    sp.servers = vec![server.addr];
+    sp.servers = vec![server.addr.into()];
     sp.timeout = Duration::from_millis(300);
     let s = setup("remote-frozen", 144 << 20, &["seq:ws=96M,passes=6,write=1"]);
     let frozen = Duration::from_millis(2500);
@@ -181,7 +181,7 @@ fn a_sole_memserver_restarted_empty_stops_the_vm_with_memory_lost() {
     let mut server = MemserverProcess::spawn("1G");
     let addr = server.addr;
     let mut sp = spec("remote-restarted", "25%", "leap+stream");
-    sp.servers = vec![addr];
+    sp.servers = vec![addr.into()];
     sp.timeout = Duration::from_millis(300);
     let s = setup(
         "remote-restarted",

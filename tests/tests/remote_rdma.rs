@@ -12,6 +12,8 @@ mod remote_common;
 
 use std::time::Duration;
 
+use farvm_vmm::spec::{Endpoint, Transport};
+
 use remote_common::{
     assert_native_checksums, rdma_ip, run_remote, run_remote_with, setup, spec,
     wait_for_write_backs, MemserverProcess,
@@ -28,8 +30,10 @@ fn test_guest_on_an_rdma_memserver_keeps_its_checksums() {
     let server = MemserverProcess::spawn_rdma(ip, "256M");
     let rdma = server.rdma.expect("RDMA listener");
     let mut sp = spec("remote-rdma", "25%", "leap+stream");
-    sp.servers = vec![rdma];
-    sp.rdma_servers = vec![rdma];
+    sp.servers = vec![Endpoint {
+        addr: rdma,
+        transport: Transport::RDMA,
+    }];
     let s = setup("remote-rdma", 48 << 20, &["seq:ws=16M,passes=3,write=1"]);
     let (report, stats) = run_remote(&s, &sp);
     assert_native_checksums(&s, &report, &stats);
@@ -58,8 +62,13 @@ fn replicas_on_tcp_and_rdma_survive_killing_the_rdma_one() {
     let mut over_rdma = MemserverProcess::spawn_rdma(ip, "256M");
     let rdma = over_rdma.rdma.expect("RDMA listener");
     let mut sp = spec("remote-rdma-replicated", "25%", "leap+stream");
-    sp.servers = vec![tcp.addr, rdma];
-    sp.rdma_servers = vec![rdma];
+    sp.servers = vec![
+        Endpoint::tcp(tcp.addr),
+        Endpoint {
+            addr: rdma,
+            transport: Transport::RDMA,
+        },
+    ];
     sp.replicas = Some(2);
     // Generous: under emulation (the KVM lab) a live server may answer slowly; the kill itself
     // is seen at once (the control connection closes).

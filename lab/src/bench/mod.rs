@@ -5,6 +5,7 @@
 mod ab;
 mod compare;
 mod local;
+mod memserver;
 mod page_cycle;
 mod page_space;
 mod placement;
@@ -44,6 +45,9 @@ pub enum BenchCmd {
     /// farvm vs kernel swap (zram, loop swapfile) under a memory cgroup, and all-local.
     #[command(long_about = compare::COMPARE_ABOUT)]
     Compare(compare::CompareArgs),
+    /// One memory server: 4 KiB reads vs a raw TCP floor, or TCP vs RDMA (`--rdma IP`).
+    #[command(long_about = memserver::MEMSERVER_ABOUT)]
+    Memserver(memserver::MemserverArgs),
     /// A memory pool: 1..8 concurrent VMs on 1..4 memory servers, paging rate and latency.
     #[command(long_about = pool::POOL_ABOUT)]
     Pool(pool::PoolArgs),
@@ -59,5 +63,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Stage2(s) => stage2::run(s),
         BenchCmd::Compare(c) => compare::run(c),
         BenchCmd::Pool(p) => pool::run(p),
+        BenchCmd::Memserver(m) => memserver::run(m),
     }
 }

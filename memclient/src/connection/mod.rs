@@ -6,7 +6,9 @@
 //! request from the ticket table and writes a read's pages straight into the ticket's buffer.
 //! [`tcp`] is the pipelined TCP link; `rdma` (feature `rdma`) moves pages by one-sided RDMA and
 //! carries the other frames as SEND/RECV messages over an RDMA queue pair (its verbs layer is
-//! [`crate::rdma`]). Both schedule their requests with [`sched`].
+//! `farvm_transport::verbs`; [`wc`] maps its completion statuses). Both schedule their
+//! requests with [`sched`]. Which link a server gets is its endpoint's
+//! [`farvm_transport::Transport`].
 
 pub(crate) mod handshake;
 #[cfg(feature = "rdma")]
@@ -14,6 +16,8 @@ pub(crate) mod rdma;
 pub(crate) mod recv;
 pub(crate) mod sched;
 pub(crate) mod tcp;
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) mod wc;
 pub(crate) mod wire;
 
 use std::net::SocketAddr;
@@ -21,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use farvm_memproto::auth::Secret;
+use farvm_transport::Transport;
 
 use crate::tickets::Tickets;
 use crate::{ClientError, Priority};
@@ -92,11 +97,8 @@ pub(crate) struct LinkSpec<'a> {
     pub secret: Option<&'a Secret>,
     pub limits: ConnLimits,
     pub connect_timeout: Duration,
-    /// An RDMA link (`addr` is the server's RDMA bootstrap listener), else TCP.
-    pub rdma: bool,
-    /// An RDMA link moves pages one-sided (`ClientConfig::rdma_one_sided`).
-    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-    pub one_sided: bool,
+    /// The link to open (for RDMA, `addr` is the server's RDMA bootstrap listener).
+    pub transport: Transport,
     /// `ClientConfig::demand_poll`.
     pub demand_poll: Duration,
 }
@@ -129,24 +131,31 @@ pub(crate) fn on_receive_side() -> bool {
     RECEIVING.with(|r| r.get())
 }
 
-/// Opens a link (TCP, or RDMA for an RDMA server) and starts its threads.
+/// Opens the link its transport names and starts its threads.
 pub(crate) fn connect(
     spec: &LinkSpec<'_>,
     tickets: Arc<Tickets>,
     sink: Arc<dyn Sink>,
 ) -> Result<Arc<dyn Link>, ClientError> {
-    if spec.rdma {
+    match spec.transport {
+        Transport::Tcp => {
+            let c: Arc<dyn Link> = tcp::TcpLink::connect(spec, tickets, sink)?;
+            Ok(c)
+        }
         #[cfg(feature = "rdma")]
-        {
-            let c: Arc<dyn Link> = rdma::RdmaLink::connect(spec, tickets, sink)?;
-            return Ok(c);
+        Transport::Rdma { one_sided } => {
+            let c: Arc<dyn Link> = rdma::RdmaLink::connect(spec, one_sided, tickets, sink)?;
+            Ok(c)
         }
         #[cfg(not(feature = "rdma"))]
-        return Err(ClientError::Rdma {
+        Transport::Rdma { .. } => Err(ClientError::Rdma {
             addr: spec.addr,
             reason: "this build has no RDMA support (cargo feature `rdma`)",
-        });
+        }),
+        // A transport `farvm_transport` knows before this client has its link.
+        transport => Err(ClientError::NoLink {
+            addr: spec.addr,
+            transport,
+        }),
     }
-    let c: Arc<dyn Link> = tcp::TcpLink::connect(spec, tickets, sink)?;
-    Ok(c)
 }

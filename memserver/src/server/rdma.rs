@@ -23,12 +23,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use farvm_memclient::rdma::{Completion, MemoryRegion, RcQueuePair, RdmaDevice, POLL_BATCH};
 use farvm_memproto::frame::{decode_body, decode_header, Body, HEADER_LEN};
 use farvm_memproto::rdma::bootstrap::{ClientHello, CLIENT_HELLO_LEN, SLOT_BYTES};
 use farvm_memproto::rdma::grant::{reply_bytes, GrantRequest, GRANT_REQUEST_LEN, GRANT_SLAB_PAGES};
 use farvm_memproto::rdma::region::RemoteRegion;
 use farvm_memproto::Status;
+use farvm_transport::verbs::{Completion, MemoryRegion, RcQueuePair, RdmaDevice, POLL_BATCH};
 use rustc_hash::FxHashMap;
 
 use super::conn::{handle, ConnEnd, Session};

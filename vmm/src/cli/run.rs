@@ -17,8 +17,8 @@ use farvm_vmm::devices::board::DiskConfig;
 use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::spec::{
-    AsyncPf, CliNames, FieldNames, MemserverUrl, PoolOptions, RemoteOptions, SpecError,
-    SpecErrorKind, TestGuestOptions, VmSpec,
+    AsyncPf, CliNames, Endpoint, FieldNames, PoolOptions, RemoteOptions, SpecError, SpecErrorKind,
+    TestGuestOptions, Transport, VmSpec,
 };
 use farvm_vmm::vm::{Vm, VmOutcome, VmReport};
 use farvm_vmm::workload_spec::workload_name;
@@ -231,6 +231,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", requires = "pool_source", value_parser = parse_slab)]
     pub pool_slab: Option<u64>,
 
+    /// With a pool: how to reach its memory servers, tcp or rdma. rdma uses each server's
+    /// RDMA listener (one registered with `farvm-memserver --rdma`) and reaches a server that
+    /// has none over TCP, saying so in the log; its pages move as --rdma-pages says. This host
+    /// needs an RDMA device on the route to the servers [default: tcp].
+    #[arg(long, value_name = "tcp|rdma", requires = "pool_source", value_parser = parse_transport)]
+    pub pool_transport: Option<Transport>,
+
     /// With a pool: seconds to wait for etcd at start before giving up [default: 300].
     #[arg(long, value_name = "SECS", requires = "pool_source")]
     pub pool_wait: Option<u64>,
@@ -377,7 +384,7 @@ pub struct VmArgs {
     /// (`farvm-memserver --rdma`), and this host needs an RDMA device on the route to it
     /// (without one, farvm stops at start: "no RDMA device ...", exit status 71).
     #[arg(long = "memserver", value_name = "[rdma://]HOST:PORT", value_parser = parse_memserver)]
-    pub memservers: Vec<MemserverUrl>,
+    pub memservers: Vec<Endpoint>,
 
     /// Join a memory pool: etcd client URLs (comma-separated or repeated, e.g.
     /// http://10.77.0.2:2379). The VM gets a fresh instance id (its namespace on the servers)
@@ -493,6 +500,7 @@ impl RunArgs {
                         slab_bytes: self.pool_slab.unwrap_or(d.slab_bytes),
                         wait: self.pool_wait.map_or(d.wait, Duration::from_secs),
                         host: self.pool_host.clone(),
+                        transport: self.pool_transport.unwrap_or(d.transport),
                     }
                 },
                 rdma_one_sided: self.rdma_pages,
@@ -843,8 +851,14 @@ fn process_json(p: &ProcessRecord) -> serde_json::Value {
 }
 
 /// `--memserver`: `[rdma://]HOST:PORT`, resolved now so that a typo fails at the command line.
-fn parse_memserver(s: &str) -> Result<MemserverUrl, String> {
-    MemserverUrl::parse(s)
+fn parse_memserver(s: &str) -> Result<Endpoint, String> {
+    Endpoint::parse(s).map_err(|e| e.to_string())
+}
+
+/// `--pool-transport`: a transport's URL scheme (`tcp`, `rdma`).
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    Transport::from_scheme(s)
+        .ok_or_else(|| format!("`{s}`: use {}", Transport::SCHEMES.join(" or ")))
 }
 
 /// `--local-memory`.
@@ -959,7 +973,7 @@ mod tests {
     #[test]
     fn memserver_urls_name_the_transport() {
         let tcp = parse_memserver("127.0.0.1:7070").unwrap();
-        assert_eq!((tcp.addr.port(), tcp.rdma), (7070, false));
+        assert_eq!((tcp.addr.port(), tcp.transport), (7070, Transport::Tcp));
         assert_eq!(parse_rdma_pages("one-sided"), Ok(true));
         assert_eq!(parse_rdma_pages("send-recv"), Ok(false));
         assert!(parse_rdma_pages("two-sided").is_err());
@@ -982,10 +996,26 @@ mod tests {
         assert!(e.contains("`bogus`: use one-sided or send-recv"), "{e}");
         let rdma = parse_memserver("rdma://10.2.0.2:7071").unwrap();
         assert_eq!(rdma.addr, "10.2.0.2:7071".parse().unwrap());
-        assert!(rdma.rdma);
-        assert!(!parse_memserver("tcp://127.0.0.1:1").unwrap().rdma);
+        assert_eq!(rdma.transport, Transport::RDMA);
+        assert_eq!(
+            parse_memserver("tcp://127.0.0.1:1").unwrap().transport,
+            Transport::Tcp
+        );
         let e = parse_memserver("nvme://127.0.0.1:1").unwrap_err();
         assert!(e.contains("unknown scheme"), "{e}");
         assert!(parse_memserver("rdma://nohostport").is_err());
+        let pool = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+                .map(|c| c.run.pool_transport)
+                .map_err(|e| e.to_string())
+        };
+        let etcd = ["--pool", "http://127.0.0.1:2379"];
+        assert_eq!(pool(&etcd), Ok(None));
+        assert_eq!(
+            pool(&[&etcd[..], &["--pool-transport", "rdma"]].concat()),
+            Ok(Some(Transport::RDMA))
+        );
+        let e = pool(&[&etcd[..], &["--pool-transport", "ib"]].concat()).unwrap_err();
+        assert!(e.contains("`ib`: use tcp or rdma"), "{e}");
     }
 }

@@ -21,11 +21,11 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use farvm_memclient::{Client, RelocateError};
+use farvm_memclient::{Client, Endpoint, RelocateError, Transport};
 use farvm_memproto::PROTOCOL_VERSION;
 use farvm_pool::{
     AdmissionRequest, Directory, DirectoryConfig, Move, PoolError, PoolView, RegistrationState,
-    ServerHealth, ServerId, SlabRef, VmId, VmRegistration,
+    ServerHealth, ServerId, ServerRecord, SlabRef, VmId, VmRegistration,
 };
 
 use super::setup::RemoteError;
@@ -46,6 +46,9 @@ pub struct PoolSpec {
     pub lease_ttl: Duration,
     /// How long to wait for etcd at start before giving up.
     pub wait: Duration,
+    /// The transport the VM's links use where a server offers it (a server's record lists
+    /// its endpoints); a server without it is reached over TCP.
+    pub transport: Transport,
 }
 
 impl PoolSpec {
@@ -61,6 +64,7 @@ impl PoolSpec {
             slab_bytes: 1 << 30,
             lease_ttl: Duration::from_secs(10),
             wait: Duration::from_secs(300),
+            transport: Transport::Tcp,
         }
     }
 }
@@ -74,7 +78,7 @@ pub struct PoolAdmission {
     pub namespace: u64,
     /// The servers the client connects to: those of the placement first, then every other
     /// server in service (targets of moves and of writes that find a server full).
-    pub servers: Vec<SocketAddr>,
+    pub servers: Vec<Endpoint>,
     /// Per pool slab, its replica servers as indices into `servers`.
     pub homes: Vec<Vec<u16>>,
     /// Replicas per slab.
@@ -87,7 +91,8 @@ pub struct PoolVm {
     dir: Directory,
     reg: Option<VmRegistration>,
     vm: VmId,
-    servers: Vec<(ServerId, SocketAddr)>,
+    servers: Vec<(ServerId, Endpoint)>,
+    transport: Transport,
     slabs: u32,
     stop: Arc<AtomicBool>,
     follower: Option<JoinHandle<()>>,
@@ -171,11 +176,11 @@ impl PoolVm {
                 return Err(pool_err(e));
             }
         };
-        let mut servers: Vec<(ServerId, SocketAddr)> = Vec::new();
+        let mut servers: Vec<(ServerId, Endpoint)> = Vec::new();
         let mut add = |id: &ServerId| {
             if let Some(rec) = view.servers.get(id) {
                 if !servers.iter().any(|(s, _)| s == id) {
-                    servers.push((id.clone(), rec.address));
+                    servers.push((id.clone(), endpoint_of(id, rec, spec.transport)));
                 }
             }
         };
@@ -205,7 +210,7 @@ impl PoolVm {
         let admission = PoolAdmission {
             vm: req.vm,
             namespace: req.vm.namespace(),
-            servers: servers.iter().map(|(_, a)| *a).collect(),
+            servers: servers.iter().map(|(_, e)| *e).collect(),
             homes,
             replication: r.min(servers.len().max(1)),
         };
@@ -217,6 +222,7 @@ impl PoolVm {
                 reg: Some(reg),
                 vm: req.vm,
                 servers,
+                transport: spec.transport,
                 slabs,
                 stop: Arc::new(AtomicBool::new(false)),
                 follower: None,
@@ -246,6 +252,7 @@ impl PoolVm {
             ns: self.vm.namespace(),
             slabs: self.slabs.max(1) as u64,
             servers: self.servers.iter().cloned().collect(),
+            transport: self.transport,
             client,
             stop: self.stop.clone(),
             repairs: BTreeMap::new(),
@@ -304,13 +311,25 @@ impl Drop for PoolVm {
     }
 }
 
+/// How this VM reaches server `id`: by `want` where its record lists a listener for it, else
+/// over TCP, which the log says (an operator who asked for RDMA learns which server lacks it).
+fn endpoint_of(id: &ServerId, rec: &ServerRecord, want: Transport) -> Endpoint {
+    let e = rec.endpoint(want);
+    if !e.transport.same_kind(want) {
+        tracing::warn!(server = %id, endpoint = %e, "memory pool: the server has no {} listener; reached over {}", want.scheme(), e.transport);
+    }
+    e
+}
+
 /// Carries out the moves the pool asks of this VM.
 struct Follower {
     dir: Directory,
     vm: VmId,
     ns: u64,
     slabs: u64,
-    servers: BTreeMap<ServerId, SocketAddr>,
+    servers: BTreeMap<ServerId, Endpoint>,
+    /// How the VM reaches a server that joins later ([`PoolSpec::transport`]).
+    transport: Transport,
     client: Weak<Client>,
     stop: Arc<AtomicBool>,
     /// The server chosen for each lost replica being repaired ((slab, lost server) → new),
@@ -334,12 +353,12 @@ impl Follower {
             let Some(client) = self.client.upgrade() else {
                 return;
             };
-            for (id, addr) in &self.servers {
+            for (id, e) in &self.servers {
                 let draining = view
                     .servers
                     .get(id)
                     .is_some_and(|s| s.health == ServerHealth::Draining);
-                let _ = client.set_draining(*addr, draining);
+                let _ = client.set_draining(e.addr, draining);
             }
             if !lost_noted
                 && !view.vms.contains_key(&self.vm)
@@ -356,7 +375,7 @@ impl Follower {
                 if self.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let Some(&from) = self.servers.get(&m.from) else {
+                let Some(from) = self.servers.get(&m.from).map(|e| e.addr) else {
                     // The VM never had a replica there: the request is stale.
                     tracing::warn!(%m, "memory pool: a move from a server this VM holds nothing on; declined");
                     let _ = self.dir.drop_move_request(m);
@@ -370,7 +389,7 @@ impl Follower {
                 // Slabs of this pool slab that are first written from now on go to the
                 // moved placement, not to `from` (they would stay there, unknown to the pool).
                 self.set_home_after(&view, &client, m);
-                match self.move_all(&client, from, to, m.slab.index) {
+                match self.move_all(&client, from, to.addr, m.slab.index) {
                     Ok(moved) => {
                         tracing::info!(%m, client_slabs = moved, "memory pool: replica moved");
                         if let Err(e) = self.dir.complete_move(m) {
@@ -447,11 +466,11 @@ impl Follower {
         if self.homes.get(&j) == Some(&live) {
             return;
         }
-        let addrs: Vec<SocketAddr> = live
+        let endpoints: Vec<Endpoint> = live
             .iter()
             .filter_map(|id| self.connect(view, client, id))
             .collect();
-        match client.set_slab_home(j as usize, &addrs) {
+        match client.set_slab_home(j as usize, &endpoints) {
             Ok(()) => {
                 self.homes.insert(j, live);
             }
@@ -459,21 +478,21 @@ impl Follower {
         }
     }
 
-    /// The address of server `id`, connecting the client to it first if it joined the pool
+    /// The endpoint of server `id`, connecting the client to it first if it joined the pool
     /// after this VM started (or was draining then): the target of a move or a repair.
-    fn connect(&mut self, view: &PoolView, client: &Client, id: &ServerId) -> Option<SocketAddr> {
-        if let Some(&a) = self.servers.get(id) {
-            return Some(a);
+    fn connect(&mut self, view: &PoolView, client: &Client, id: &ServerId) -> Option<Endpoint> {
+        if let Some(&e) = self.servers.get(id) {
+            return Some(e);
         }
-        let addr = view.servers.get(id)?.address;
-        match client.add_server(addr) {
+        let endpoint = endpoint_of(id, view.servers.get(id)?, self.transport);
+        match client.add_server(endpoint) {
             Ok(_) => {
-                tracing::info!(server = %id, %addr, "memory pool: connected to a server that joined after this VM started");
-                self.servers.insert(id.clone(), addr);
-                Some(addr)
+                tracing::info!(server = %id, %endpoint, "memory pool: connected to a server that joined after this VM started");
+                self.servers.insert(id.clone(), endpoint);
+                Some(endpoint)
             }
             Err(e) => {
-                tracing::warn!(server = %id, %addr, "memory pool: cannot add the server: {e}");
+                tracing::warn!(server = %id, %endpoint, "memory pool: cannot add the server: {e}");
                 None
             }
         }
@@ -509,7 +528,7 @@ impl Follower {
                 continue;
             };
             self.set_home_after(view, client, &m);
-            match self.repair_slab(view, client, &m, to) {
+            match self.repair_slab(view, client, &m, to.addr) {
                 Ok(true) => match self.dir.commit_move(&m) {
                     Ok(()) => {
                         self.repairs.remove(&key);
@@ -539,7 +558,7 @@ impl Follower {
             .replicas
             .iter()
             .filter(|id| **id != m.from)
-            .filter_map(|id| self.servers.get(id).copied())
+            .filter_map(|id| self.servers.get(id).map(|e| e.addr))
             .chain([to])
             .collect();
         let j = m.slab.index as u64;
@@ -547,9 +566,14 @@ impl Follower {
         let ours = |k: &u64| k % n == j;
         // A copy on a server outside the slab's new replica set (the dead one, if the client
         // has not noticed yet, or where the client re-replicated on its own) moves to `to`.
-        for addr in self.servers.values().filter(|a| !keep.contains(a)) {
-            if client.slabs_on(self.ns, *addr).iter().any(ours) {
-                match client.move_replicas(self.ns, *addr, to, &|k| k % n == j) {
+        for addr in self
+            .servers
+            .values()
+            .map(|e| e.addr)
+            .filter(|a| !keep.contains(a))
+        {
+            if client.slabs_on(self.ns, addr).iter().any(ours) {
+                match client.move_replicas(self.ns, addr, to, &|k| k % n == j) {
                     Ok(_)
                     | Err(RelocateError::Busy { .. })
                     | Err(RelocateError::Changed { .. }) => {}
@@ -561,8 +585,9 @@ impl Follower {
         let elsewhere = self
             .servers
             .values()
+            .map(|e| e.addr)
             .filter(|a| !keep.contains(a))
-            .any(|a| client.slabs_on(self.ns, *a).iter().any(ours));
+            .any(|a| client.slabs_on(self.ns, a).iter().any(ours));
         let missing = keep
             .iter()
             .flat_map(|a| client.slabs_on(self.ns, *a))

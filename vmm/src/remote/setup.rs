@@ -3,7 +3,6 @@
 //! ([`PageStore`]), the prefetcher, and the paging engine (`farvm-ept`) that owns guest RAM. Also the glue that tells the engine which host thread runs which vCPU and where
 //! each vCPU's agent slot is, and the late binding of stage-2 injection to the KVM VM.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -16,7 +15,7 @@ use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
 use farvm_memclient::{
-    namespace_for_name, Client, ClientConfig, ClientStats, PageStore, StoreConfig,
+    namespace_for_name, Client, ClientConfig, ClientStats, Endpoint, PageStore, StoreConfig,
 };
 use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
@@ -69,16 +68,12 @@ pub enum RemoteError {
 pub struct RemoteSpec {
     /// VM name (the memserver namespace is derived from it).
     pub vm_name: String,
-    /// Memory servers; empty (and no pool) = start a local `farvm-memserver` child on loopback.
-    pub servers: Vec<SocketAddr>,
+    /// Memory servers, each with its transport (`farvm run --memserver [rdma://]HOST:PORT`;
+    /// RDMA's page mode is `--rdma-pages`); empty (and no pool) = start a local
+    /// `farvm-memserver` child on loopback.
+    pub servers: Vec<Endpoint>,
     /// A memory pool to be admitted to instead of a server list (`farvm run --pool`).
     pub pool: Option<PoolSpec>,
-    /// The servers of `servers` reached over RDMA (their RDMA listeners, `rdma://` on the
-    /// command line).
-    pub rdma_servers: Vec<SocketAddr>,
-    /// RDMA servers' pages move by one-sided READ/WRITE (`farvm run --rdma-pages one-sided`,
-    /// the default), else as SEND/RECV messages (`send-recv`).
-    pub rdma_one_sided: bool,
     /// Replication factor (default: 2 with ≥ 2 servers, else 1).
     pub replicas: Option<usize>,
     /// Tenant secret file (one hex secret; the first line is used).
@@ -121,8 +116,6 @@ impl RemoteSpec {
             vm_name: vm_name.to_string(),
             servers: Vec::new(),
             pool: None,
-            rdma_servers: Vec::new(),
-            rdma_one_sided: true,
             replicas: None,
             token_file: None,
             budget: Budget::Percent(50.0),
@@ -234,7 +227,7 @@ pub struct RemoteStats {
 pub struct StatsSource {
     engine: Weak<Engine>,
     store: Weak<PageStore>,
-    servers: Vec<SocketAddr>,
+    servers: Vec<Endpoint>,
     embedded: bool,
     pool_vm: Option<String>,
     stage2_prefault: bool,
@@ -264,7 +257,7 @@ impl StatsSource {
 fn collect(
     engine: &Engine,
     store: &PageStore,
-    servers: &[SocketAddr],
+    servers: &[Endpoint],
     embedded: bool,
     pool_vm: Option<String>,
     stage2_prefault: bool,
@@ -318,7 +311,7 @@ pub struct RemoteMemory {
     engine: Arc<Engine>,
     store: Arc<PageStore>,
     stage2: Arc<LateStageTwo>,
-    servers: Vec<SocketAddr>,
+    servers: Vec<Endpoint>,
     local: Option<LocalServer>,
     pool: Option<PoolVm>,
     fault_path_cpu: Option<usize>,
@@ -378,13 +371,11 @@ impl RemoteMemory {
             // actually written back cost host memory. Its connection threads are the server's
             // half of the fault path: pinned with it.
             let h = LocalServer::start(mem_bytes + (64 << 20), spec.fault_path_cpu)?;
-            (vec![h.addr()], Some(h))
+            (vec![Endpoint::tcp(h.addr())], Some(h))
         } else {
             (spec.servers.clone(), None)
         };
         let mut ccfg = ClientConfig::new(servers.clone());
-        ccfg.rdma_servers = spec.rdma_servers.clone();
-        ccfg.rdma_one_sided = spec.rdma_one_sided;
         // Write-backs the evictor waits on get their own connection (measured: behind a
         // prefetch stream on a shared one, an eviction round took ~750 µs and bounded a
         // write-heavy scan at ~15 µs per page).
@@ -555,7 +546,7 @@ impl RemoteMemory {
     }
 
     /// The memory servers in use.
-    pub fn servers(&self) -> &[SocketAddr] {
+    pub fn servers(&self) -> &[Endpoint] {
         &self.servers
     }
 

@@ -265,12 +265,11 @@ impl VmSpec {
                 .map_err(|e| SpecError::invalid(Field::FaultPathCpu, e))?;
         }
         let mut spec = RemoteSpec::new(&cfg.name);
-        spec.servers = r.servers.iter().map(|m| m.addr).collect();
-        spec.rdma_servers = r
+        // `--rdma-pages` says how every RDMA server's pages move.
+        spec.servers = r
             .servers
             .iter()
-            .filter(|m| m.rdma)
-            .map(|m| m.addr)
+            .map(|e| e.with_rdma_pages(r.rdma_one_sided))
             .collect();
         if !r.pool.is_empty() {
             let p = &r.pool_options;
@@ -290,6 +289,7 @@ impl VmSpec {
             if let Some(h) = &p.host {
                 ps.host = h.clone();
             }
+            ps.transport = p.transport.with_rdma_pages(r.rdma_one_sided);
             spec.pool = Some(ps);
         }
         spec.replicas = r.replicas;
@@ -301,7 +301,6 @@ impl VmSpec {
         spec.fault_path_cpu = r.fault_path_cpu;
         spec.page_space = r.page_space;
         spec.stage2_prefault = r.stage2_prefault;
-        spec.rdma_one_sided = r.rdma_one_sided;
         spec.global_history = r.global_history;
         spec.fault_log_records = if r.fault_log { FAULT_LOG_RECORDS } else { 0 };
         Ok(Some(spec))

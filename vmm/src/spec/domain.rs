@@ -6,7 +6,7 @@ use farvm_devices::serial::SerialOut;
 use farvm_vmconfig::domain::{Disk, Lines};
 use farvm_vmconfig::{Domain, HostConfig, LocalShare, Serial, Servers, VmSettings};
 
-use super::{CliNames, Field, FieldNames, MemserverUrl, SpecError, VmSpec};
+use super::{CliNames, Endpoint, Field, FieldNames, SpecError, VmSpec};
 use crate::devices::board::DiskConfig;
 
 /// Names fields as the domain XML (and the host config under it) spells them.
@@ -160,9 +160,9 @@ impl VmSpec {
             Servers::Memservers(list) => {
                 remote.servers = list
                     .iter()
-                    .map(|a| MemserverUrl::parse(a))
+                    .map(|a| Endpoint::parse(a))
                     .collect::<Result<_, _>>()
-                    .map_err(|e| SpecError::invalid(Field::Servers, e))?;
+                    .map_err(|e| SpecError::invalid(Field::Servers, e.to_string()))?;
                 remote.pool.clear();
             }
             Servers::Pool(p) => {

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use farvm_devices::serial::{SerialIn, SerialOut};
+pub use farvm_memclient::{Endpoint, Transport};
 
 pub use field::{CliNames, Field, FieldNames, SpecError, SpecErrorKind};
 
@@ -135,54 +136,12 @@ pub enum AsyncPf {
     Off,
 }
 
-/// A memory server's address and how it is reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemserverUrl {
-    /// Its TCP listener, or its RDMA listener when `rdma`.
-    pub addr: SocketAddr,
-    /// Reached over RDMA (`rdma://HOST:PORT`).
-    pub rdma: bool,
-}
-
-impl MemserverUrl {
-    /// `[tcp://|rdma://]HOST:PORT`, a host name resolved now (its first address) so that a
-    /// typo fails where it was written.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (rest, rdma) = match s.split_once("://") {
-            Some(("rdma", rest)) => (rest, true),
-            Some(("tcp", rest)) => (rest, false),
-            Some((scheme, _)) => {
-                return Err(format!(
-                    "`{s}`: unknown scheme `{scheme}://` (use HOST:PORT or rdma://HOST:PORT)"
-                ))
-            }
-            None => (s, false),
-        };
-        resolve_host_port(rest).map(|addr| MemserverUrl { addr, rdma })
-    }
-}
-
-fn resolve_host_port(s: &str) -> Result<SocketAddr, String> {
-    use std::net::ToSocketAddrs;
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(a);
-    }
-    if !s.contains(':') {
-        return Err(format!("`{s}`: expected HOST:PORT (e.g. memsrv1:7070)"));
-    }
-    let mut addrs = s
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?;
-    addrs
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))
-}
-
 /// Remote memory: where the pages live and how the engine pages them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemoteOptions {
-    /// Memory servers [empty, and no `pool`: an embedded server on loopback].
-    pub servers: Vec<MemserverUrl>,
+    /// Memory servers, each with its transport [empty, and no `pool`: an embedded server on
+    /// loopback].
+    pub servers: Vec<Endpoint>,
     /// A memory pool's etcd endpoints, instead of a server list [empty: no pool].
     pub pool: Vec<String>,
     /// How a VM joins a pool (used when `pool` is not empty).
@@ -246,6 +205,9 @@ pub struct PoolOptions {
     pub wait: Duration,
     /// This host's name in the pool [`None`: the kernel's host name].
     pub host: Option<String>,
+    /// The transport to reach the pool's servers by, where a server offers it (TCP
+    /// otherwise); RDMA's page mode is [`RemoteOptions::rdma_one_sided`].
+    pub transport: Transport,
 }
 
 impl Default for PoolOptions {
@@ -256,6 +218,7 @@ impl Default for PoolOptions {
             slab_bytes: 1 << 30,
             wait: Duration::from_secs(300),
             host: None,
+            transport: Transport::Tcp,
         }
     }
 }

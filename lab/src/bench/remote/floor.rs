@@ -9,13 +9,13 @@ use anyhow::{Context, Result};
 use super::report::Floor;
 
 pub(super) fn floor(secs: u64) -> Result<Floor> {
-    let cfg = farvm_memserver::bench::BenchConfig {
+    let cfg = farvm_memclient::bench::BenchConfig {
         duration: Duration::from_secs(secs.max(1)),
         depths: vec![1],
         rounds: 2,
         ..Default::default()
     };
-    let rows = farvm_memserver::bench::run(&cfg, |_| {}).context("measuring the TCP floor")?;
+    let rows = super::super::memserver::loopback_rows(&cfg).context("measuring the TCP floor")?;
     let r = rows.first().context("TCP floor: no result")?;
     let (spin_p50, spin_p99) =
         farvm_memclient::bench::tcp_spinning_floor(Duration::from_secs(secs.max(1)))

@@ -108,7 +108,7 @@ pub struct Floor {
     /// The lower of the blocking and spinning request/response p50s (and that one's p99).
     pub tcp_p50_us: f64,
     pub tcp_p99_us: f64,
-    /// 16 B request / 4 KiB response, blocking reads (farvm-memserver bench's floor).
+    /// 16 B request / 4 KiB response, blocking reads (farvm-lab bench memserver's floor).
     pub tcp_blocking_p50_us: f64,
     /// The same with the client polling the socket instead of sleeping in `recv`.
     pub tcp_spinning_p50_us: f64,

@@ -50,15 +50,16 @@ use farvm_memproto::rdma::grant::{
 use farvm_memproto::rdma::plan::{plan, WorkRequest};
 use farvm_memproto::rdma::region::RegionMap;
 use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
+use farvm_transport::verbs::{
+    Completion, MemoryRegion, OneSided, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH,
+};
 use rustc_hash::FxHashSet;
-use sideway::ibverbs::memory_region::MemoryRegion;
 
 use super::handshake::{handshake, io_err};
 use super::sched::Sched;
+use super::wc::map_status;
 use super::wire::{apply_response, encode_request};
 use super::{ConnLimits, Link, LinkSpec, ReceivingGuard, SendMode, Sink};
-use crate::rdma::wc::map_status;
-use crate::rdma::{Completion, OneSided, RcQueuePair, RdmaDevice, RdmaError, POLL_BATCH};
 use crate::tickets::{TicketOp, Tickets};
 use crate::{ClientError, Priority};
 
@@ -276,6 +277,7 @@ impl RdmaLink {
     /// Connects, authenticates, sets up the queue pair and starts the poller thread.
     pub fn connect(
         spec: &LinkSpec<'_>,
+        one_sided: bool,
         tickets: Arc<Tickets>,
         sink: Arc<dyn Sink>,
     ) -> Result<Arc<Self>, ClientError> {
@@ -400,7 +402,7 @@ impl RdmaLink {
                     .map_err(|_| ClientError::Protocol("grant slab size"))?,
                 refused: FxHashSet::default(),
             }),
-            one_sided: spec.one_sided,
+            one_sided,
             landed_copied: AtomicU64::new(0),
             one_sided_reads: AtomicU64::new(0),
             one_sided_writes: AtomicU64::new(0),
