@@ -55,7 +55,24 @@ Examples:
   farvm pool --etcd http://10.77.0.2:2379 status --json
   farvm pool --etcd http://10.77.0.2:2379 drain r1-ms1
   farvm pool --etcd http://10.77.0.2:2379 rebalance
-  farvm pool --etcd http://10.77.0.2:2379 gc";
+  farvm pool --etcd http://10.77.0.2:2379 gc
+
+EXIT STATUS
+  0   done
+  1   the command failed (the message says why: a refused plan, an unknown server or rack, ...)
+  64  bad command-line arguments
+  69  etcd did not answer (status --wait SECONDS keeps retrying that long)";
+
+/// `farvm pool`'s exit status when etcd did not answer (EX_UNAVAILABLE).
+pub const EXIT_ETCD_UNREACHABLE: i32 = 69;
+
+/// The exit status for a failed command (see EXIT STATUS in [`POOL_ABOUT`]).
+pub fn exit_status(err: &anyhow::Error) -> i32 {
+    match err.downcast_ref::<PoolError>() {
+        Some(e) if e.is_unreachable() => EXIT_ETCD_UNREACHABLE,
+        _ => 1,
+    }
+}
 
 /// The pool commands.
 #[derive(Subcommand, Debug)]
@@ -272,7 +289,8 @@ pub fn run(args: PoolArgs) -> Result<()> {
             let status = loop {
                 match dir.status() {
                     Err(e @ PoolError::Unreachable { .. }) if Instant::now() < deadline => {
-                        eprintln!("farvm-pool: {e}");
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        eprintln!("farvm-pool: {e}; retrying for up to {} s", left.as_secs());
                         std::thread::sleep(Duration::from_secs(1));
                     }
                     other => break other?,

@@ -696,7 +696,7 @@ fn etcd_restart_clients_wait_then_reconnect() {
     assert!(e.is_unreachable(), "{e}");
     let msg = e.to_string();
     assert!(
-        msg.contains("etcd unreachable") && msg.contains("waiting for it to come back"),
+        msg.contains("etcd unreachable") && msg.contains("no answer for"),
         "{msg}"
     );
     assert!(matches!(d.connectivity(), Connectivity::Unreachable { .. }));

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use farvm_pool::placement::{
-    admit, drain_plan, rebalance_plan, repair_plan, replace_replica, Move,
+    admit, drain_plan, fitted_slab_bytes, rebalance_plan, repair_plan, replace_replica, Move,
+    MAX_FITTED_SLAB, MIN_FITTED_SLAB,
 };
 use farvm_pool::{
     AdmissionRequest, PlacementError, PoolView, RackId, ServerHealth, ServerId, ServerRecord,
@@ -550,5 +551,22 @@ fn rebalance_evens_a_skewed_pool() {
     }
     for rec in view.slabs.values() {
         assert_ne!(rec.replicas[0], rec.replicas[1]);
+    }
+}
+
+/// A VM's fitted slabs reserve at most twice its remote share (for a share of 1 MiB or more),
+/// and never more than 1 GiB per slab.
+#[test]
+fn fitted_slabs_reserve_at_most_twice_the_share() {
+    assert_eq!(fitted_slab_bytes(48 << 20), 64 << 20);
+    assert_eq!(fitted_slab_bytes(64 << 20), 64 << 20);
+    assert_eq!(fitted_slab_bytes(0), MIN_FITTED_SLAB);
+    assert_eq!(fitted_slab_bytes(5 << 30), MAX_FITTED_SLAB);
+    assert_eq!(fitted_slab_bytes(u64::MAX), MAX_FITTED_SLAB);
+    for share in (1u64 << 20..=64 << 30).step_by(7 << 20 | 4096) {
+        let slab = fitted_slab_bytes(share);
+        assert!(slab.is_power_of_two() && slab.is_multiple_of(4096));
+        let reserved = share.div_ceil(slab) * slab;
+        assert!(reserved <= 2 * share, "{share}: {reserved}");
     }
 }

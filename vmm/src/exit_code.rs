@@ -14,6 +14,9 @@ pub const NO_INPUT: i32 = 66;
 /// The guest crashed: KVM internal error, triple fault, failed entry, bad MMIO, guest kernel
 /// panic (EX_SOFTWARE).
 pub const GUEST_CRASH: i32 = 70;
+/// The memory pool cannot take the VM: no room for its replicas on distinct racks, or etcd did
+/// not answer within `--pool-wait` (EX_UNAVAILABLE: a service the VM needs is not there).
+pub const POOL_UNAVAILABLE: i32 = 69;
 /// A host-side failure: /dev/kvm unusable, an ioctl failed, out of memory (EX_OSERR).
 pub const HOST_ERROR: i32 = 71;
 /// The guest needed a page whose data every memory server holding it lost (EX_IOERR).
@@ -75,6 +78,7 @@ pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
     match e {
         BuildError::Config(_)
         | BuildError::Remote(RemoteError::Config(_) | RemoteError::Token { .. }) => USAGE,
+        BuildError::Remote(RemoteError::PoolUnavailable(_)) => POOL_UNAVAILABLE,
         BuildError::Boot(BootError::Mem(_))
         | BuildError::Memory(_)
         | BuildError::Kvm(_)

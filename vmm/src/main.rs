@@ -65,7 +65,10 @@ fn main() {
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
-        Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0),
+        Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0).map_err(|e| {
+            let code = farvm_pool::cli::exit_status(&e);
+            cli::Failure::new(code, format!("{e:#}")).into()
+        }),
         Command::Api(args) => cli::api::run(args),
     };
     match result {

@@ -189,6 +189,54 @@ fn a_pool_vm_computes_native_checksums_and_its_pages_go_at_exit_and_when_killed(
     });
 }
 
+/// Without `--pool-slab` a VM's slabs are fitted to its remote share: a 64 MiB VM at 25% local
+/// (a 48 MiB share) reserves one 64 MiB slab per replica, at most twice what it can store, where
+/// a fixed 1 GiB slab reserved 1 GiB per replica.
+#[test]
+fn a_small_vm_reserves_slabs_fitted_to_its_remote_share() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let mut child = farvm()
+        .args([
+            "run",
+            "--pool",
+            &pool.url(),
+            "--pool-lease-ttl",
+            "2",
+            "--memory",
+            "64M",
+            "--local-memory",
+            "25%",
+            "--workload",
+            "seq:ws=32M,passes=1000",
+            "--serial",
+            "none",
+            "--no-control-socket",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let v = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let vm = *v.vms.keys().next().unwrap();
+    let rec = &v.vms[&vm];
+    let share = rec.remote_bytes();
+    assert_eq!(share, 48 << 20, "{rec:?}");
+    assert_eq!((rec.slab_bytes, rec.slabs), (64 << 20, 1), "{rec:?}");
+    let reserved = rec.slab_bytes * u64::from(rec.slabs);
+    assert!(
+        reserved <= 2 * share,
+        "reserves {reserved} bytes per replica for a {share}-byte share"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    pool.wait("the killed VM's pages collected", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+}
+
 /// A libvirt domain whose farvm metadata names a pool runs in it (`farvm run --domain`), with
 /// the pool's lease and slab from the command line.
 #[test]
@@ -245,7 +293,7 @@ fn a_vm_the_pool_cannot_place_is_refused_naming_rack_and_bytes() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert_eq!(o.status.code(), Some(69), "the pool cannot take it: {err}");
     assert!(err.contains("cannot admit VM"), "{err}");
     assert!(err.contains("short by"), "{err}");
     assert!(err.contains("r1 has room for"), "{err}");

@@ -20,11 +20,16 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match farvm_pool::cli::run(Cli::parse().args) {
+    // Bad arguments exit 64 (EX_USAGE), as `farvm`'s do; --help and --version 0.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { 64 } else { 0 });
+    });
+    match farvm_pool::cli::run(cli.args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("farvm-pool: error: {e:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(farvm_pool::cli::exit_status(&e) as u8)
         }
     }
 }

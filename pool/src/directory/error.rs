@@ -11,7 +11,7 @@ pub enum PoolError {
     /// etcd does not answer (down, restarting, partitioned). The directory keeps retrying in
     /// the background; registrations stay in place on the servers' side until their lease TTL.
     #[error(
-        "etcd unreachable at {endpoints} (for {:.1}s): waiting for it to come back; last error: {detail}",
+        "etcd unreachable at {endpoints} (no answer for {:.1}s); last error: {detail}",
         down_for.as_secs_f64()
     )]
     Unreachable {

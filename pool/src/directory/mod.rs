@@ -9,7 +9,7 @@
 //!
 //! # etcd going away
 //! Calls made while etcd does not answer fail with [`PoolError::Unreachable`] ("etcd
-//! unreachable at …: waiting for it to come back") and [`Directory::connectivity`] says so;
+//! unreachable at … (no answer for N s)") and [`Directory::connectivity`] says so;
 //! the client reconnects by itself when etcd is back. Registrations keep retrying their lease
 //! meanwhile; a lease that expired in the outage is granted again and the record re-put (a
 //! VM's only while its placement still exists: see [`RegistrationState::Lost`]).

@@ -34,6 +34,23 @@ pub struct AdmissionRequest {
     pub min_wire_version: u8,
 }
 
+/// The largest slab [`fitted_slab_bytes`] chooses (and the usual `--pool-slab`).
+pub const MAX_FITTED_SLAB: u64 = 1 << 30;
+/// The smallest slab [`fitted_slab_bytes`] chooses.
+pub const MIN_FITTED_SLAB: u64 = 2 << 20;
+
+/// The slab size for a VM whose remote share is `remote_bytes` when the operator names none:
+/// the share rounded up to a power of two, between 2 MiB and 1 GiB. The slabs reserved then
+/// hold at most twice the share (for a share of 1 MiB or more): a 48 MiB share reserves one
+/// 64 MiB slab per replica, where a fixed 1 GiB slab reserved 1 GiB.
+pub fn fitted_slab_bytes(remote_bytes: u64) -> u64 {
+    remote_bytes
+        .max(1)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_FITTED_SLAB)
+        .clamp(MIN_FITTED_SLAB, MAX_FITTED_SLAB)
+}
+
 impl AdmissionRequest {
     /// Bytes of guest RAM on memory servers (one copy).
     pub fn remote_bytes(&self) -> u64 {

@@ -23,7 +23,10 @@ mod ledger;
 mod rebalance;
 mod replace;
 
-pub use admit::{admit, AdmissionRequest, RackRoom, Shortfall, VmPlacement};
+pub use admit::{
+    admit, fitted_slab_bytes, AdmissionRequest, RackRoom, Shortfall, VmPlacement, MAX_FITTED_SLAB,
+    MIN_FITTED_SLAB,
+};
 pub use rebalance::rebalance_plan;
 pub use replace::{drain_plan, repair_plan, replace_replica, DrainPlan, Unmovable};
 

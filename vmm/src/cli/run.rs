@@ -142,6 +142,8 @@ EXIT STATUS
   64       bad command-line arguments
   65       the kernel or initrd is malformed or does not fit in guest memory
   66       the kernel, initrd or a disk image cannot be read (or a disk is in use)
+  69       the memory pool cannot take the VM: no room for its replicas on distinct racks
+           (the message names the racks and bytes), or etcd did not answer within --pool-wait
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
@@ -227,7 +229,9 @@ pub struct RunArgs {
     pub pool_lease_ttl: Option<u64>,
 
     /// With a pool: the slab size, the unit of placement (each slab of the remote share is
-    /// reserved whole on --replicas servers), e.g. 1G or 64M [default: 1G].
+    /// reserved whole on --replicas servers), e.g. 1G or 64M [default: the remote share
+    /// (guest RAM minus --local-memory) rounded up to a power of two, 2M to 1G, so a VM
+    /// reserves at most twice what it can store: 64M for a 48M share].
     #[arg(long, value_name = "SIZE", requires = "pool_source", value_parser = parse_slab)]
     pub pool_slab: Option<u64>,
 
@@ -497,7 +501,7 @@ impl RunArgs {
                     let d = PoolOptions::default();
                     PoolOptions {
                         lease_ttl: self.pool_lease_ttl.map_or(d.lease_ttl, Duration::from_secs),
-                        slab_bytes: self.pool_slab.unwrap_or(d.slab_bytes),
+                        slab_bytes: self.pool_slab.or(d.slab_bytes),
                         wait: self.pool_wait.map_or(d.wait, Duration::from_secs),
                         host: self.pool_host.clone(),
                         transport: self.pool_transport.unwrap_or(d.transport),
@@ -922,7 +926,7 @@ mod tests {
         assert_eq!(s.remote.local_memory, farvm_ept::Budget::Percent(25.0));
         assert_eq!(s.async_pf, AsyncPf::Keep);
         assert_eq!(s.remote.pool, ["http://10.0.0.2:2379"]);
-        assert_eq!(s.remote.pool_options.slab_bytes, 64 << 20);
+        assert_eq!(s.remote.pool_options.slab_bytes, Some(64 << 20));
         // A pool's knobs need a pool (given, or one a domain may name).
         use clap::Parser;
         let e = Cli::try_parse_from(["--pool-slab", "64M"]).err().unwrap();

@@ -39,8 +39,9 @@ pub struct PoolSpec {
     pub prefix: String,
     /// This host's name in the pool (informative: `farvm pool status` groups VMs by it).
     pub host: String,
-    /// Slab size: the unit of placement (and of the client's replica sets).
-    pub slab_bytes: u64,
+    /// Slab size: the unit of placement (and of the client's replica sets) [`None`: fitted
+    /// to the VM's remote share, `farvm_pool::placement::fitted_slab_bytes`].
+    pub slab_bytes: Option<u64>,
     /// The VM's lease TTL: its namespaces are collected this long (plus the servers' grace)
     /// after the VMM dies.
     pub lease_ttl: Duration,
@@ -52,7 +53,7 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    /// Defaults for these endpoints: 1 GiB slabs, a 10 s lease, waiting up to 5 minutes for
+    /// Defaults for these endpoints: slabs fitted to the VM, a 10 s lease, waiting up to 5 minutes for
     /// etcd, the host name from the kernel.
     pub fn new(endpoints: Vec<String>) -> Self {
         Self {
@@ -61,7 +62,7 @@ impl PoolSpec {
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_else(|_| "localhost".to_owned()),
-            slab_bytes: 1 << 30,
+            slab_bytes: None,
             lease_ttl: Duration::from_secs(10),
             wait: Duration::from_secs(300),
             transport: Transport::Tcp,
@@ -83,6 +84,8 @@ pub struct PoolAdmission {
     pub homes: Vec<Vec<u16>>,
     /// Replicas per slab.
     pub replication: usize,
+    /// Bytes per slab (the spec's, or fitted to the VM's remote share).
+    pub slab_bytes: u64,
 }
 
 /// The VM's membership. Dropping it without [`PoolVm::release`] revokes the lease and leaves
@@ -106,6 +109,19 @@ impl std::fmt::Debug for PoolVm {
 
 fn pool_err(e: PoolError) -> RemoteError {
     RemoteError::Pool(e.to_string())
+}
+
+/// Why admission failed: the pool cannot take the VM (no room, or etcd still silent after
+/// `--pool-wait`: exit 69), or something else failed.
+fn admission_err(e: PoolError, wait: Duration) -> RemoteError {
+    match e {
+        PoolError::Unreachable { .. } => RemoteError::PoolUnavailable(format!(
+            "gave up after waiting {} s (--pool-wait): {e}",
+            wait.as_secs()
+        )),
+        PoolError::Placement(_) => RemoteError::PoolUnavailable(e.to_string()),
+        e => pool_err(e),
+    }
 }
 
 /// Runs `f` until it does not fail with "etcd unreachable", for up to `wait`, saying why it
@@ -162,18 +178,20 @@ impl PoolVm {
             guest_ram_bytes: guest_ram,
             local_budget_bytes: local_budget.min(guest_ram),
             replication: r as u8,
-            slab_bytes: spec.slab_bytes,
+            slab_bytes: spec.slab_bytes.unwrap_or_else(|| {
+                farvm_pool::placement::fitted_slab_bytes(guest_ram.saturating_sub(local_budget))
+            }),
             min_wire_version: PROTOCOL_VERSION,
         };
         let reg = patiently("admitting the VM", spec.wait, || {
             dir.admit_vm(&req, spec.lease_ttl)
         })
-        .map_err(pool_err)?;
+        .map_err(|e| admission_err(e, spec.wait))?;
         let view = match patiently("reading the pool", spec.wait, || dir.view()) {
             Ok(v) => v,
             Err(e) => {
                 reg.deregister();
-                return Err(pool_err(e));
+                return Err(admission_err(e, spec.wait));
             }
         };
         let mut servers: Vec<(ServerId, Endpoint)> = Vec::new();
@@ -213,8 +231,9 @@ impl PoolVm {
             servers: servers.iter().map(|(_, e)| *e).collect(),
             homes,
             replication: r.min(servers.len().max(1)),
+            slab_bytes: req.slab_bytes,
         };
-        tracing::info!(vm = %req.vm, name, servers = servers.len(), slabs = reg.placement().slabs.len(), "admitted to the memory pool");
+        tracing::info!(vm = %req.vm, name, servers = servers.len(), slabs = reg.placement().slabs.len(), slab_bytes = req.slab_bytes, "admitted to the memory pool");
         let slabs = reg.record().slabs;
         Ok((
             Self {

@@ -47,9 +47,13 @@ pub enum RemoteError {
         /// What is wrong.
         msg: String,
     },
-    /// The memory pool refused or failed (`--pool`).
+    /// The memory pool failed (`--pool`).
     #[error("memory pool: {0}")]
     Pool(String),
+    /// The memory pool cannot take the VM: no room for its replicas, or etcd did not answer
+    /// within `--pool-wait`.
+    #[error("memory pool: {0}")]
+    PoolUnavailable(String),
     /// `--fault-path-cpu` names a CPU this process may not run on.
     #[error("cannot pin the fault path to CPU {cpu}: {source}")]
     Placement {
@@ -432,9 +436,7 @@ impl RemoteMemory {
         if let Some((_, admission)) = &pool {
             ccfg.slab_homes = admission.homes.clone();
             ccfg.replication = Some(admission.replication);
-            if let Some(ps) = &spec.pool {
-                ccfg.slab_pages = (ps.slab_bytes / 4096).max(1);
-            }
+            ccfg.slab_pages = (admission.slab_bytes / 4096).max(1);
         } else if let Some(r) = spec.replicas {
             if r == 0 || r > servers.len() {
                 return Err(RemoteError::Config(format!(

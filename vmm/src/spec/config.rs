@@ -273,14 +273,13 @@ impl VmSpec {
             .collect();
         if !r.pool.is_empty() {
             let p = &r.pool_options;
-            if p.slab_bytes < 4096 || !p.slab_bytes.is_multiple_of(4096) {
-                return Err(SpecError::invalid(
-                    Field::PoolSlab,
-                    format!(
-                        "{} bytes: a size of whole 4 KiB pages, e.g. 1G or 64M",
-                        p.slab_bytes
-                    ),
-                ));
+            if let Some(slab) = p.slab_bytes {
+                if slab < 4096 || !slab.is_multiple_of(4096) {
+                    return Err(SpecError::invalid(
+                        Field::PoolSlab,
+                        format!("{slab} bytes: a size of whole 4 KiB pages, e.g. 1G or 64M"),
+                    ));
+                }
             }
             let mut ps = PoolSpec::new(r.pool.clone());
             ps.lease_ttl = p.lease_ttl.max(std::time::Duration::from_secs(1));

@@ -216,7 +216,7 @@ mod tests {
             ..VmSpec::default()
         };
         spec.remote.pool = vec!["http://old:2379".into()];
-        spec.remote.pool_options.slab_bytes = 64 << 20;
+        spec.remote.pool_options.slab_bytes = Some(64 << 20);
         spec.remote.probe_every = 7;
         let d = domain(
             &format!(
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(spec.serial, SerialOut::Stdout);
         assert_eq!(spec.metrics, Some("127.0.0.1:9300".parse().unwrap()));
         assert_eq!(spec.remote.pool, ["http://e:2379"]);
-        assert_eq!(spec.remote.pool_options.slab_bytes, 64 << 20);
+        assert_eq!(spec.remote.pool_options.slab_bytes, Some(64 << 20));
         assert_eq!(spec.remote.local_memory, farvm_ept::Budget::Percent(25.0));
         assert_eq!(spec.remote.probe_every, crate::remote::DEFAULT_PROBE_EVERY);
         assert!(spec.remote.servers.is_empty());

@@ -199,8 +199,8 @@ impl Default for RemoteOptions {
 pub struct PoolOptions {
     /// The VM's lease TTL.
     pub lease_ttl: Duration,
-    /// The slab size, bytes: a multiple of 4 KiB.
-    pub slab_bytes: u64,
+    /// The slab size, bytes: a multiple of 4 KiB [`None`: fitted to the VM's remote share].
+    pub slab_bytes: Option<u64>,
     /// How long to wait for etcd at start.
     pub wait: Duration,
     /// This host's name in the pool [`None`: the kernel's host name].
@@ -211,11 +211,12 @@ pub struct PoolOptions {
 }
 
 impl Default for PoolOptions {
-    /// `farvm run --pool`'s: a 10 s lease, 1 GiB slabs, up to 300 s waiting for etcd.
+    /// `farvm run --pool`'s: a 10 s lease, slabs fitted to the VM, up to 300 s waiting for
+    /// etcd.
     fn default() -> Self {
         Self {
             lease_ttl: Duration::from_secs(10),
-            slab_bytes: 1 << 30,
+            slab_bytes: None,
             wait: Duration::from_secs(300),
             host: None,
             transport: Transport::Tcp,
