@@ -3,6 +3,14 @@
 //! anonymous memory whose pages move in and out), the userfaultfd registered on the guest
 //! view, and the stage-2 pre-fault gate; counts what it installs.
 //!
+//! Two jobs, two files: the backing is the memory mechanism (where a page's bytes live, how
+//! they enter and leave the guest view, the userfaultfd, landing frames), the same whichever
+//! page it is; the installer is the page-state protocol on top of it (pins in the state
+//! words, counters, wake-ups, fingerprints, the stage-2 gate). The engine's other parts talk
+//! to the installer only, so guest RAM has one owner; calls that need no page state
+//! (`drop_landing`, `settle`, `evictable`, `unpool`, `publish_pool`, `free`) pass straight
+//! through to the backing.
+//!
 //! Mapping protocol: a page is mapped into the guest view only while its state word is `LOCAL`
 //! and holds a pin taken for the mapping ([`Installer::claim_local`], then
 //! [`Installer::map_pinned`] drops the pin). The evictor claims unpinned pages only, so it
