@@ -422,6 +422,17 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     wait_gone(&procs_b, "virsh destroy lv-b (its VMM and memory server)");
     assert!(!sock_b.exists(), "{} left behind", sock_b.display());
 
+    // lv-a, whose host-config section serves metrics, destroyed and started back to back:
+    // libvirt reports a destroyed domain before its VMM has exited, and every start must
+    // still get the metrics port (it failed every other time while the old VMM held it).
+    for cycle in 1..=10 {
+        lv.virsh(&["start", "lv-a"]);
+        let m = get(&BoundAddr::Tcp(metrics), "/metrics").expect("lv-a's metrics endpoint");
+        assert_eq!(m.status, 200, "cycle {cycle}");
+        lv.virsh(&["destroy", "lv-a"]);
+    }
+    lv.wait_domstate("lv-a", "shut off (destroyed)");
+
     // A domain farvm refuses: `virsh start` fails, and farvm's reason, naming the field, is
     // in the domain log at the default log level.
     let xml_c = dir.join("lv-c.xml");

@@ -42,6 +42,31 @@ struct Created {
     pty: Option<Arc<Pty>>,
 }
 
+/// How long a boot waits for its metrics port while another process holds it: the VMM this
+/// domain ran in a moment ago may still be exiting (libvirt reports a destroyed domain before
+/// its VMM is gone).
+const METRICS_PORT_PATIENCE: Duration = Duration::from_secs(3);
+
+/// Serves the VM's metrics on `listen`, retrying for [`METRICS_PORT_PATIENCE`] while the
+/// address is in use.
+fn serve_metrics(
+    listen: &farvm_httpd::Listen,
+    shared: &Arc<VmShared>,
+) -> Result<HttpServer, farvm_httpd::HttpError> {
+    let deadline = std::time::Instant::now() + METRICS_PORT_PATIENCE;
+    loop {
+        match crate::metrics::serve(listen, shared) {
+            Err(farvm_httpd::HttpError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Where the created VM is.
 enum Run {
     /// Not booted (or shut down through the API).
@@ -49,7 +74,10 @@ enum Run {
     Running {
         vm: Box<RunningVm>,
         generation: u64,
-        _metrics: Option<HttpServer>,
+        /// Its metrics endpoint, closed before the VM is torn down: a VMM told to stop frees
+        /// its port at once, though finishing the VM takes a moment more (libvirt's destroy
+        /// returns before the VMM has exited, and a start right after binds the port again).
+        metrics: Option<HttpServer>,
     },
     /// The guest stopped by itself; its final report.
     Stopped(Box<VmReport>),
@@ -220,7 +248,7 @@ impl ApiState {
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
         let metrics = match &created.prepared.metrics {
             Some(listen) => Some(
-                crate::metrics::serve(listen, vm.shared())
+                serve_metrics(listen, vm.shared())
                     .map_err(|e| failed(format!("cannot serve metrics on {listen}: {e}")))?,
             ),
             None => None,
@@ -232,7 +260,7 @@ impl ApiState {
         slot.run = Run::Running {
             vm: Box::new(vm),
             generation,
-            _metrics: metrics,
+            metrics,
         };
         self.emit(Source::Vm, "booted");
         Ok(())
@@ -266,9 +294,10 @@ impl ApiState {
         if !current {
             return; // Stopped through the API meanwhile.
         }
-        let Run::Running { vm, .. } = std::mem::replace(&mut slot.run, Run::Idle) else {
+        let Run::Running { vm, metrics, .. } = std::mem::replace(&mut slot.run, Run::Idle) else {
             return;
         };
+        drop(metrics);
         let report = vm.finish(VmOutcome::ControlShutdown);
         slot.retire_console_input();
         tracing::info!(vm = self.name, "the guest stopped: {}", report.outcome);
@@ -280,7 +309,8 @@ impl ApiState {
     /// Stops a running VM (returns whether one was running).
     fn stop_vm(&self, slot: &mut Slot) -> bool {
         match std::mem::replace(&mut slot.run, Run::Idle) {
-            Run::Running { vm, .. } => {
+            Run::Running { vm, metrics, .. } => {
+                drop(metrics);
                 let report = vm.finish(VmOutcome::ControlShutdown);
                 slot.retire_console_input();
                 tracing::info!(vm = self.name, "stopped: {}", report.outcome);
