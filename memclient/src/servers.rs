@@ -113,10 +113,10 @@ impl Servers {
     }
 
     /// The index of the server at `endpoint`'s address, taking the next slot for it if it has
-    /// none: `(index, true)` for a new one (a known server keeps the transport it has). `connect` (called with the new index before anyone else
-    /// can see it) says whether the server is in service; if not, it is published out of
-    /// service and the maintenance thread keeps trying it like any server out of service.
-    /// None when every slot is taken.
+    /// none: `(index, true)` for a new one (a known server keeps the transport it has).
+    /// `connect` (called with the new index before anyone else can see it) says whether the
+    /// server is in service; if not, it is published out of service and the maintenance
+    /// thread keeps trying it like any server out of service. None when every slot is taken.
     pub fn add(
         &self,
         endpoint: Endpoint,

@@ -53,8 +53,8 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    /// Defaults for these endpoints: slabs fitted to the VM, a 10 s lease, waiting up to 5 minutes for
-    /// etcd, the host name from the kernel.
+    /// Defaults for these endpoints: slabs fitted to the VM, a 10 s lease, waiting up to 5
+    /// minutes for etcd, TCP, the host name from the kernel.
     pub fn new(endpoints: Vec<String>) -> Self {
         Self {
             endpoints,
