@@ -36,6 +36,9 @@ pub struct LocalEtcd {
     child: Option<Child>,
 }
 
+/// Tries of [`LocalEtcd::start`] with fresh ports when etcd finds one taken.
+const PORT_ATTEMPTS: u32 = 5;
+
 fn free_port() -> std::io::Result<SocketAddr> {
     TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
@@ -65,8 +68,22 @@ impl LocalEtcd {
             peer: free_port()?,
             child: None,
         };
-        me.spawn()?;
-        Ok(me)
+        // A port picked free may be taken before etcd binds it (another test's listener, or
+        // the source port of an outgoing connection): pick others and try again.
+        let mut attempts = 1;
+        loop {
+            match me.spawn() {
+                Err(LocalEtcdError::Failed(why))
+                    if why.contains("address already in use") && attempts < PORT_ATTEMPTS =>
+                {
+                    attempts += 1;
+                    let _ = std::fs::remove_dir_all(me.dir.join("data"));
+                    me.client = free_port()?;
+                    me.peer = free_port()?;
+                }
+                r => return r.map(|()| me),
+            }
+        }
     }
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
