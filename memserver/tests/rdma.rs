@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::*;
-use farvm_memclient::{Client, ClientConfig, ClientError, Endpoint, IoBuf, Op, ReplyTo, Transport};
+use farvm_memclient::{Client, ClientConfig, ClientError, IoBuf, Op, ReplyTo, Transport};
 use farvm_memproto::PAGE_SIZE;
 use farvm_memserver::process::rdma_test_ip;
 use farvm_memserver::server::metrics::Op as ServerOp;
@@ -26,10 +26,7 @@ fn rdma_server(ip: std::net::IpAddr, pages: u64) -> ServerHandle {
 
 fn rdma_config(addr: SocketAddr) -> ClientConfig {
     let mut c = config(&[addr]);
-    c.servers = vec![Endpoint {
-        addr,
-        transport: Transport::RDMA,
-    }];
+    c.servers[0].transport = Transport::RDMA;
     c
 }
 

@@ -97,6 +97,19 @@ impl Slot {
             pty.retire_readers();
         }
     }
+
+    /// Finishes the running VM, if one runs, leaving the slot idle: its metrics endpoint is
+    /// closed first (a VMM told to stop frees its port at once), then the VM is torn down and
+    /// the console's input retired.
+    fn finish_running(&mut self) -> Option<VmReport> {
+        let Run::Running { vm, metrics, .. } = std::mem::replace(&mut self.run, Run::Idle) else {
+            return None;
+        };
+        drop(metrics);
+        let report = vm.finish(VmOutcome::ControlShutdown);
+        self.retire_console_input();
+        Some(report)
+    }
 }
 
 /// The API's VM and what serves it.
@@ -294,12 +307,9 @@ impl ApiState {
         if !current {
             return; // Stopped through the API meanwhile.
         }
-        let Run::Running { vm, metrics, .. } = std::mem::replace(&mut slot.run, Run::Idle) else {
+        let Some(report) = slot.finish_running() else {
             return;
         };
-        drop(metrics);
-        let report = vm.finish(VmOutcome::ControlShutdown);
-        slot.retire_console_input();
         tracing::info!(vm = self.name, "the guest stopped: {}", report.outcome);
         slot.run = Run::Stopped(Box::new(report));
         drop(slot);
@@ -308,16 +318,11 @@ impl ApiState {
 
     /// Stops a running VM (returns whether one was running).
     fn stop_vm(&self, slot: &mut Slot) -> bool {
-        match std::mem::replace(&mut slot.run, Run::Idle) {
-            Run::Running { vm, metrics, .. } => {
-                drop(metrics);
-                let report = vm.finish(VmOutcome::ControlShutdown);
-                slot.retire_console_input();
-                tracing::info!(vm = self.name, "stopped: {}", report.outcome);
-                true
-            }
-            _ => false,
-        }
+        let Some(report) = slot.finish_running() else {
+            return false;
+        };
+        tracing::info!(vm = self.name, "stopped: {}", report.outcome);
+        true
     }
 
     /// The running VM for `action`, or the error for the state it is in.
