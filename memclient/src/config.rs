@@ -46,6 +46,14 @@ pub struct ClientConfig {
     /// per pool slab): slab `k` is first placed on `slab_homes[k % len]`, skipping servers out
     /// of service, full or draining. Empty (the default): power of two choices on free space.
     pub slab_homes: Vec<Vec<u16>>,
+    /// The pool owns placement (set with `slab_homes`): the client never picks a server of its
+    /// own. A slab is placed on its home's servers in service, a slab that lost a replica is
+    /// refilled onto a home server that does not hold it, and a full server's replica moves
+    /// onto one; where the home has none, the slab stays as it is until the pool's follower
+    /// gives it a new home ([`crate::Client::set_slab_home`]), so that every replica is
+    /// where the pool's records (rack-aware, reserved) say it is. Off (the default): the
+    /// client re-replicates and relocates by power of two choices among its servers.
+    pub pool_placement: bool,
     /// How long a thread waiting for a demand read (`Client::submit_wait`) polls its socket,
     /// giving the CPU away between polls, before it blocks (default zero: it blocks at once).
     /// Pays when the server's connection thread shares the waiter's CPU (`farvm run
@@ -85,6 +93,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             max_requests: 1024,
             slab_homes: Vec::new(),
+            pool_placement: false,
             demand_poll: Duration::ZERO,
             fault: None,
         }

@@ -85,6 +85,11 @@ impl Core {
                 "replication must be within 1..=min(4, servers)",
             ));
         }
+        if cfg.pool_placement && cfg.slab_homes.is_empty() {
+            return Err(ClientError::InvalidRequest(
+                "pool placement needs the pool's slab homes",
+            ));
+        }
         Ok(Self {
             r,
             servers: Servers::new(&cfg.servers, cfg.write_lane, cfg.demand_lane),
@@ -92,6 +97,7 @@ impl Core {
             placements: Placements::new(
                 u64::from_le_bytes(farvm_memproto::auth::random_bytes::<8>()),
                 cfg.slab_homes.clone(),
+                cfg.pool_placement,
             ),
             health,
             cfg,

@@ -1,6 +1,7 @@
 //! The bookkeeping of slab copies: which slab is being copied onto which new replica, the pages
-//! written or discarded meanwhile, and the old copies being scrubbed off a server a replica
-//! moved away from.
+//! written or discarded meanwhile, the old copies being scrubbed off a server a replica
+//! moved away from, and the copies left on a server out of service when its replicas were
+//! dropped (scrubbed if it comes back with its pages).
 //!
 //! Every change of a placement that a write can race with happens under this one lock
 //! ([`Placements::fills`](crate::placement::Placements)), taken before the placement's shard:
@@ -38,6 +39,10 @@ pub(crate) struct Fills {
     /// (slab, server): the server's old copy of the slab is being discarded (the replica
     /// moved away); no copy of that slab may go back there until it is done.
     scrubbing: FxHashSet<(SlabKey, u16)>,
+    /// Per server taken out of service, the slabs whose replica on it was dropped from the
+    /// placement (others held them): a server that comes back with its pages still has those
+    /// copies, which nothing reads and nobody else knows of, so they are scrubbed then.
+    left_behind: FxHashMap<u16, Vec<SlabKey>>,
 }
 
 impl Fills {
@@ -95,6 +100,18 @@ impl Fills {
 
     pub fn end_scrub(&mut self, key: SlabKey, server: u16) {
         self.scrubbing.remove(&(key, server));
+    }
+
+    /// Records that `server`'s replica of `key` left the placement while it was out of
+    /// service (its copy may still be there).
+    pub fn leave_behind(&mut self, server: u16, key: SlabKey) {
+        self.left_behind.entry(server).or_default().push(key);
+    }
+
+    /// The slabs whose copies `server` may still hold though no placement names it (see
+    /// `left_behind`); the record is cleared.
+    pub fn take_left_behind(&mut self, server: u16) -> Vec<SlabKey> {
+        self.left_behind.remove(&server).unwrap_or_default()
     }
 
     /// Whether `server`'s old copy of `key` is being scrubbed.

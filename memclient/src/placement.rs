@@ -85,10 +85,13 @@ pub(crate) struct Placements {
     /// current by the pool's follower as replicas move ([`Placements::set_home`]); read only
     /// when a slab is first placed.
     homes: Box<[RwLock<Vec<u16>>]>,
+    /// The pool owns placement ([`crate::ClientConfig::pool_placement`]): servers come from
+    /// `homes` only.
+    pool_only: bool,
 }
 
 impl Placements {
-    pub fn new(seed: u64, homes: Vec<Vec<u16>>) -> Self {
+    pub fn new(seed: u64, homes: Vec<Vec<u16>>, pool_only: bool) -> Self {
         Self {
             shards: (0..SHARDS)
                 .map(|_| RwLock::new(FxHashMap::default()))
@@ -96,7 +99,34 @@ impl Placements {
             fills: Mutex::new(Fills::default()),
             rng: AtomicU64::new(0x9e3779b97f4a7c15 ^ seed),
             homes: homes.into_iter().map(RwLock::new).collect(),
+            pool_only,
         }
+    }
+
+    /// Whether the pool owns placement: the client picks no server outside a slab's home.
+    pub fn pool_only(&self) -> bool {
+        self.pool_only
+    }
+
+    /// The first server of slab `slab`'s pool home that is in service, outside `exclude` and
+    /// has room for `need` pages (0: any in service): where the pool wants the slab's next
+    /// replica. None without homes.
+    pub fn home_target(
+        &self,
+        servers: &Servers,
+        slab: u64,
+        exclude: &[u16],
+        need: u64,
+    ) -> Option<u16> {
+        if self.homes.is_empty() {
+            return None;
+        }
+        let home = self.homes[(slab % self.homes.len() as u64) as usize]
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        home.iter()
+            .copied()
+            .find(|&s| !exclude.contains(&s) && takes(servers, s, need))
     }
 
     /// Pool slab `j`'s servers are now `servers`: slabs placed from now on go there. Whether
@@ -222,7 +252,10 @@ impl Placements {
     }
 
     /// Up to `r` servers for slab `slab`: its pool home servers that take new slabs, then
-    /// others by [`Placements::choose`].
+    /// others by [`Placements::choose`]. When the pool owns placement, its home servers in
+    /// service and nothing else: the pool reserved the slab's room on them (a draining one
+    /// is in a home only until the drain's move sets the next), and a server the pool did
+    /// not choose would hold pages its records do not know of.
     fn choose_home(
         &self,
         servers: &Servers,
@@ -236,15 +269,16 @@ impl Placements {
             let home = self.homes[(slab % self.homes.len() as u64) as usize]
                 .read()
                 .unwrap_or_else(|e| e.into_inner());
+            let need = if self.pool_only { 0 } else { 1 };
             for &s in home.iter() {
-                if k < r && (s as usize) < servers.len() && servers.takes_new(s, 1) {
+                if k < r && takes(servers, s, need) {
                     servers.charge(s, slab_pages);
                     out[k] = s;
                     k += 1;
                 }
             }
         }
-        if k < r {
+        if k < r && !self.pool_only {
             let (more, m) = self.choose(servers, &out[..k], r - k, slab_pages);
             out[k..k + m].copy_from_slice(&more[..m]);
             k += m;
@@ -280,6 +314,17 @@ impl Placements {
         m.insert(key, p);
         Some(p)
     }
+}
+
+/// Whether server `s` exists and may take a slab's replica: in service with room for `need`
+/// pages and not draining, or (`need` 0) just in service.
+fn takes(servers: &Servers, s: u16, need: u64) -> bool {
+    (s as usize) < servers.len()
+        && if need == 0 {
+            !servers.is_dead(s)
+        } else {
+            servers.takes_new(s, need)
+        }
 }
 
 #[cfg(test)]

@@ -245,3 +245,53 @@ fn restarted_sole_server_reports_its_pages_lost_never_absent_until_written_again
     assert_eq!(c.read(7, 0, &mut back).expect("read back"), vec![true]);
     assert_eq!(back, fresh);
 }
+
+#[test]
+fn a_frozen_replica_that_comes_back_keeps_no_copy_of_slabs_re_replicated_elsewhere() {
+    let procs: Vec<ServerProc> = (0..3).map(|_| ServerProc::spawn("64M")).collect();
+    let addrs: Vec<SocketAddr> = procs.iter().map(|p| p.addr).collect();
+    let mut cfg = config(&addrs);
+    cfg.timeout = Duration::from_millis(300);
+    let c = Client::connect(cfg).expect("client connects");
+    write_all(&c);
+    let frozen = (0..3)
+        .find(|&i| !c.slabs_on(42, addrs[i]).is_empty())
+        .expect("a server holds slabs");
+    let held = c.slabs_on(42, addrs[frozen]);
+    procs[frozen].signal(libc::SIGSTOP);
+    // Writes time out on it: it leaves service and its slabs are re-replicated elsewhere.
+    let model = write_all(&c);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.stats().degraded_slabs > 0 || c.stats().dead_servers == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no re-replication: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(c.slabs_on(42, addrs[frozen]).is_empty());
+    procs[frozen].signal(libc::SIGCONT);
+    wait_rejoined(&c, 1);
+    // Its copies of those slabs, which nothing reads any more, are discarded, not kept for
+    // good.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = c.stat(42);
+        let pages = st[frozen]
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .namespace_pages;
+        if pages == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server that came back still holds {pages} pages of slabs {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    verify_all(&c, &model);
+}

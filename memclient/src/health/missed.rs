@@ -10,6 +10,9 @@
 //! reported failed and changes nothing (the paging engine keeps its page and writes it
 //! again). The slab is re-replicated from the replicas that stored the write (`recovery`).
 //!
+//! A dropped replica's copy stays on its server until the maintenance thread scrubs it there
+//! (`rejoin`: at once if the server is in service, once it is back otherwise).
+//!
 //! The last established replica is never dropped here: a slab with no replica would read as
 //! lost as a whole, while only the pages it missed are wrong, and the paging engine, which
 //! knows each page's last content, rejects those one by one ([`Core::reject_replica`]).
@@ -23,7 +26,7 @@ impl Core {
     /// Drops the established replicas `missed` of slab `key` (they lack a write another
     /// replica stored), keeping at least one established replica.
     pub(crate) fn drop_missed(&self, key: SlabKey, missed: &[u16]) {
-        let _fills = self.placements.lock_fills();
+        let mut fills = self.placements.lock_fills();
         let mut m = self.placements.write_shard(key);
         let Some(p) = m.get_mut(&key) else {
             return;
@@ -40,6 +43,7 @@ impl Core {
                 // replicas that stored it.
                 if !p.is_filling(i) {
                     p.remove_at(i);
+                    fills.leave_behind(s, key);
                     dropped += 1;
                 }
             }
@@ -63,7 +67,7 @@ impl Core {
     /// slab (it lacks a write) if another established replica remains. Returns whether one
     /// does: the page may be read again from it; false: no replica holds the page.
     pub(crate) fn reject_replica(&self, key: SlabKey, s: u16) -> bool {
-        let _fills = self.placements.lock_fills();
+        let mut fills = self.placements.lock_fills();
         let mut m = self.placements.write_shard(key);
         let Some(p) = m.get_mut(&key) else {
             return false;
@@ -82,6 +86,7 @@ impl Core {
         let established = (0..p.n as usize).find(|&i| p.replicas[i] == s && !p.is_filling(i));
         if let Some(i) = established {
             p.remove_at(i);
+            fills.leave_behind(s, key);
             drop(m);
             self.health
                 .replicas_rejected

@@ -231,7 +231,8 @@ impl Core {
 /// The maintenance thread: handles servers taken out of service, and every second refreshes
 /// free capacity, reports stalls, tries to bring servers out of service back and
 /// re-replicates slabs left with fewer than R replicas (a replica dropped for a missed
-/// write, a copy that stopped).
+/// write, a copy that stopped), then discards the copies such dropped replicas left on
+/// servers in service.
 pub(crate) fn maintenance(core: Weak<Core>, rx: Receiver<Event>) {
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
@@ -257,6 +258,7 @@ pub(crate) fn maintenance(core: Weak<Core>, rx: Receiver<Event>) {
                 }
                 if !c.health.closing.load(Ordering::Acquire) {
                     c.rereplicate_degraded();
+                    c.scrub_left_behind_in_service();
                 }
             }
         }

@@ -1,7 +1,9 @@
 //! Re-replication after a server dies (runs on the client's maintenance thread).
 //!
 //! For every slab that had a replica on the dead server, a live server outside the slab's
-//! replica set is chosen (power of two choices) and added as a *filling* replica: it is not
+//! replica set is chosen (power of two choices; with a pool, the first server of the slab's
+//! pool home that does not hold it, and none until the pool names one: see
+//! [`crate::ClientConfig::pool_placement`]) and added as a *filling* replica: it is not
 //! read from and client writes skip it. One copy per slab at a time, recorded under the fill
 //! lock together with the filling bit (see `fills`). The copier then:
 //! 1. waits for every write/discard that was already in flight (it may have read the old
@@ -41,9 +43,9 @@ impl Core {
         }
         let mut suspended = 0u64;
         {
-            let _fills = self.placements.lock_fills();
+            let mut fills = self.placements.lock_fills();
             for mut m in self.placements.write_all() {
-                for p in m.values_mut() {
+                for (key, p) in m.iter_mut() {
                     let Some(pos) = p.servers().iter().position(|&s| s == dead) else {
                         continue;
                     };
@@ -55,6 +57,7 @@ impl Core {
                         continue;
                     }
                     p.remove_at(pos);
+                    fills.leave_behind(dead, *key);
                 }
             }
         }
@@ -96,12 +99,20 @@ impl Core {
                     let exclude: Vec<u16> = (0..self.servers.len() as u16)
                         .filter(|&s| p.servers().contains(&s) || fills.scrubbing(*key, s))
                         .collect();
-                    let (c, k) =
+                    let target = if self.placements.pool_only() {
+                        // The pool's choice only (its follower sets the home a repair
+                        // picked); none yet: the slab waits for it.
                         self.placements
-                            .choose(&self.servers, &exclude, 1, self.cfg.slab_pages);
-                    if k == 1 && fills.start(*key, c[0]) {
-                        p.add_filling(c[0]);
-                        jobs.push((*key, c[0]));
+                            .home_target(&self.servers, key.1, &exclude, 0)
+                    } else {
+                        let (c, k) =
+                            self.placements
+                                .choose(&self.servers, &exclude, 1, self.cfg.slab_pages);
+                        (k == 1).then_some(c[0])
+                    };
+                    if let Some(t) = target.filter(|&t| fills.start(*key, t)) {
+                        p.add_filling(t);
+                        jobs.push((*key, t));
                     }
                 }
             }

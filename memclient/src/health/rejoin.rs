@@ -8,8 +8,10 @@
 //! trying: every maintenance tick it reconnects to each server out of service, asks for its
 //! instance id, and
 //! - same id: the server kept its pages. Its connections are swapped in, it is back in
-//!   service, the slabs it was the last replica of work again, and slabs left with fewer than
-//!   R replicas meanwhile are re-replicated (onto it, if it is the only choice);
+//!   service, the slabs it was the last replica of work again, slabs left with fewer than
+//!   R replicas meanwhile are re-replicated (onto it, if it is the only choice or, with a
+//!   pool, in the slab's home), and its copies of slabs that were re-replicated elsewhere
+//!   meanwhile are discarded (nothing reads them; they would only hold its space);
 //! - another id: the server restarted and holds nothing of ours. It is first removed from
 //!   every placement (a slab it was the last replica of is lost: logged as an error), then
 //!   put in service as an empty server.
@@ -70,6 +72,48 @@ impl Core {
         self.health.rejoined_servers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(server = %st.addr(), "memserver back in service");
         self.rereplicate_degraded();
+        // Its copies of slabs re-replicated elsewhere meanwhile are scrubbed by the next
+        // maintenance tick (`scrub_left_behind`); a server that restarted has none.
+    }
+
+    /// Scrubs the left-behind copies (see `fills`) on every server in service.
+    pub(super) fn scrub_left_behind_in_service(&self) {
+        for s in 0..self.servers.len() as u16 {
+            if !self.servers.is_dead(s) {
+                self.scrub_left_behind(s);
+            }
+        }
+    }
+
+    /// Discards server `s`'s copies of the slabs whose replica on it was dropped while it was
+    /// out of service and that did not come back to it (the re-replication above may have
+    /// refilled it there): nothing reads them, and a pool's records do not count them.
+    fn scrub_left_behind(&self, s: u16) {
+        let keys = self.placements.lock_fills().take_left_behind(s);
+        let mut scrubbed = 0u64;
+        for key in keys {
+            {
+                let mut fills = self.placements.lock_fills();
+                let placed_here = self
+                    .placements
+                    .lookup(key)
+                    .is_some_and(|p| p.servers().contains(&s));
+                if placed_here || !fills.start_scrub(key, s) {
+                    continue;
+                }
+            }
+            self.scrub(key, s);
+            self.placements.lock_fills().end_scrub(key, s);
+            scrubbed += 1;
+        }
+        if scrubbed > 0 {
+            tracing::info!(
+                server = %self.addr(s),
+                slabs = scrubbed,
+                "discarded the copies of slabs that were re-replicated elsewhere while the \
+                 server was out of service"
+            );
+        }
     }
 
     /// Connects to server `s`, just given a slot (not yet visible to anyone else), and asks
@@ -111,7 +155,9 @@ impl Core {
     fn forget_server(&self, s: u16) {
         let (mut dropped, mut lost) = (0u64, 0u64);
         // A filling replica goes too: its copier finds it gone at the flip and stops.
-        let _fills = self.placements.lock_fills();
+        let mut fills = self.placements.lock_fills();
+        // It holds nothing: no copy of ours is left behind there.
+        fills.take_left_behind(s);
         for mut m in self.placements.write_all() {
             for p in m.values_mut() {
                 if let Some(pos) = p.servers().iter().position(|&x| x == s) {

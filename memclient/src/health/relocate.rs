@@ -1,7 +1,8 @@
 //! Moving a slab's replica from one server to another while the slab stays in use: off a
 //! server that answered a write with CapacityExhausted (it is full: the write is failed, the
-//! caller retries it and the retry lands on the new replica), and off a server a memory pool
-//! drains ([`crate::Client::move_replicas`]).
+//! caller retries it and the retry lands on the new replica; with a pool, only onto a server
+//! of the slab's pool home), and off a server a memory pool drains
+//! ([`crate::Client::move_replicas`]).
 //!
 //! The new replica is filled exactly as a re-replication fills one (see `recovery`: copied
 //! from a live replica, then the pages written meanwhile, then flipped to established under
@@ -61,21 +62,36 @@ impl Core {
         if p.filling != 0 || !p.servers().contains(&from) {
             return; // handled already, or being handled
         }
-        let (c, k) = self
-            .placements
-            .choose(&self.servers, p.servers(), 1, self.cfg.slab_pages);
-        if k == 0 || !self.servers.takes_new(c[0], 1) {
-            tracing::warn!(
-                server = %self.addr(from),
-                slab = key.1,
-                "memserver full and no other server has room: writes to this slab wait"
-            );
+        let to = if self.placements.pool_only() {
+            self.placements
+                .home_target(&self.servers, key.1, p.servers(), 1)
+        } else {
+            let (c, k) = self
+                .placements
+                .choose(&self.servers, p.servers(), 1, self.cfg.slab_pages);
+            (k == 1).then_some(c[0])
+        };
+        let Some(to) = to.filter(|&to| self.servers.takes_new(to, 1)) else {
+            if self.placements.pool_only() {
+                tracing::warn!(
+                    server = %self.addr(from),
+                    slab = key.1,
+                    "memserver full and no other server of the slab's pool home has room: \
+                     writes to this slab wait until the pool moves it"
+                );
+            } else {
+                tracing::warn!(
+                    server = %self.addr(from),
+                    slab = key.1,
+                    "memserver full and no other server has room: writes to this slab wait"
+                );
+            }
             return;
-        }
-        match self.move_replica(key, from, c[0]) {
+        };
+        match self.move_replica(key, from, to) {
             Ok(()) => tracing::info!(
                 from = %self.addr(from),
-                to = %self.addr(c[0]),
+                to = %self.addr(to),
                 slab = key.1,
                 "slab replica moved off a full memserver"
             ),
@@ -120,7 +136,7 @@ impl Core {
 
     /// Discards slab `key`'s pages on `from`, which no longer holds a replica of it, once
     /// every request that may still read there has finished.
-    fn scrub(&self, key: SlabKey, from: u16) {
+    pub(super) fn scrub(&self, key: SlabKey, from: u16) {
         let slab = key.1;
         // Requests that read the old placement may still go to `from`: let them finish
         // before its copy goes. One that does not finish in time may still read there: the
