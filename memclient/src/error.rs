@@ -28,6 +28,15 @@ pub enum ClientError {
     /// The namespace belongs to another tenant.
     #[error("namespace belongs to another tenant")]
     Denied,
+    /// The memory pool reclaimed the namespace: its VM's lease expired and the pool's
+    /// collector claimed its pages, so the server refuses it for good (a VMM paused or cut
+    /// off from etcd for longer than its lease plus the servers' grace).
+    #[error(
+        "the memory pool reclaimed this namespace: its VM's lease expired (the VMM was paused \
+         or cut off from etcd for longer than its lease and the servers' grace) and its pages \
+         were dropped"
+    )]
+    Reclaimed,
     /// A server has no free page for this write; see PROTOCOL.md ("Capacity").
     #[error("memserver capacity exhausted")]
     CapacityExhausted,
@@ -112,6 +121,7 @@ impl ClientError {
     pub(crate) fn from_status(st: Status) -> Self {
         match st {
             Status::Denied => ClientError::Denied,
+            Status::Reclaimed => ClientError::Reclaimed,
             Status::CapacityExhausted => ClientError::CapacityExhausted,
             Status::ChecksumMismatch => ClientError::ChecksumMismatch,
             other => ClientError::Server(other),

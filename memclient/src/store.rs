@@ -72,6 +72,19 @@ struct Deliver {
     free: ArrayQueue<IoBuf>,
     sink: OnceLock<Arc<dyn CompletionSink>>,
     counters: StoreCounters,
+    /// A server answered that the pool reclaimed the namespace ([`PageStore::reclaimed`]).
+    reclaimed: AtomicBool,
+}
+
+impl Deliver {
+    /// Notes a request the pool's reclaim of the namespace refused (logged once).
+    fn note(&self, done: &Finished) {
+        if done.result == Err(ClientError::Reclaimed)
+            && !self.reclaimed.swap(true, Ordering::AcqRel)
+        {
+            tracing::error!("{}", ClientError::Reclaimed);
+        }
+    }
 }
 
 /// `RemoteStore` over a memserver client (see the module docs).
@@ -98,6 +111,13 @@ impl std::fmt::Debug for PageStore {
 }
 
 impl PageStore {
+    /// Whether a memory server answered that the pool reclaimed this store's namespace (its
+    /// VM's lease expired and the collector claimed it): every remote page is gone, and the
+    /// pages the engine reports lost are lost for that reason.
+    pub fn reclaimed(&self) -> bool {
+        self.deliver.reclaimed.load(Ordering::Acquire)
+    }
+
     /// Wraps `client`; allocates every request buffer now.
     pub fn new(client: Arc<Client>, cfg: StoreConfig) -> Arc<Self> {
         let n = cfg.slots.clamp(1, 4096);
@@ -113,6 +133,7 @@ impl PageStore {
             free,
             sink: OnceLock::new(),
             counters: StoreCounters::default(),
+            reclaimed: AtomicBool::new(false),
         });
         Arc::new(Self {
             client,
@@ -292,6 +313,7 @@ impl FinishedSink for Deliver {
     /// Turns a finished request into one completion per page (no allocation), frees its
     /// buffer, then hands the completions to the engine.
     fn finished(&self, done: Finished) {
+        self.note(&done);
         let op = if done.user_data == WRITE {
             Op::Write
         } else {
@@ -319,22 +341,23 @@ impl FinishedSink for Deliver {
 }
 
 /// The copy a read's pages came from, for the engine to reject if they are stale or absent;
-/// none for a slab whose every replica was lost (`Lost`): its absent pages are lost, not
-/// missing from one copy.
+/// none for a slab whose every replica was lost (`Lost`) or a namespace the pool reclaimed
+/// (`Reclaimed`): its absent pages are lost, not missing from one copy.
 fn answered_by(done: &Finished) -> Replica {
     match done.result {
-        Err(ClientError::Lost) => Replica::NONE,
+        Err(ClientError::Lost | ClientError::Reclaimed) => Replica::NONE,
         _ => Replica(done.server),
     }
 }
 
 /// A page's status from its request's outcome. `Lost`: the pages delivered are good, the
 /// others are gone for good (Absent to the engine, which reads only pages it wrote back and
-/// reports those as lost). A read that failed reports no page present, whatever landed.
+/// reports those as lost); `Reclaimed`: every page is gone so. A read that failed otherwise
+/// reports no page present, whatever landed.
 fn page_status(op: Op, result: &Result<u32, ClientError>, present: bool) -> Status {
     match (result, op) {
         (Ok(_) | Err(ClientError::Lost), Op::Read) if present => Status::Ok,
-        (Ok(_) | Err(ClientError::Lost), Op::Read) => Status::Absent,
+        (Ok(_) | Err(ClientError::Lost | ClientError::Reclaimed), Op::Read) => Status::Absent,
         (Err(e), _) => Status::Failed(map_err(*e)),
         (Ok(_), Op::Write) => Status::Ok,
     }
@@ -345,8 +368,11 @@ pub fn map_err(e: ClientError) -> StoreError {
     match e {
         ClientError::Timeout => StoreError::Timeout,
         // Lost: reads turn it into `Status::Absent` first; writes and discards never see it.
+        // Reclaimed: the VMM's pool follower sees the VM's placement gone and stops the VM
+        // with that cause; until then the engine retries, never installing anything.
         ClientError::Disconnected
         | ClientError::NoLiveReplica
+        | ClientError::Reclaimed
         | ClientError::Lost
         | ClientError::Connect { .. }
         | ClientError::Rdma { .. }
@@ -403,6 +429,7 @@ impl RemoteStore for PageStore {
         }
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let done = self.client.submit_wait(Op::Read, self.ns, io);
+        self.deliver.note(&done);
         if matches!(done.result, Err(e) if e != ClientError::Lost) {
             counters.failed_requests.fetch_add(1, Ordering::Relaxed);
         }

@@ -1,6 +1,6 @@
 //! farvm-memproto: what the memserver client and server share.
 //!
-//! - The wire protocol (version 2): constants, status codes ([`Status`]), the frame codec
+//! - The wire protocol (version 3): constants, status codes ([`Status`]), the frame codec
 //!   ([`frame`]) and the challenge–response handshake ([`auth`]). The normative description is
 //!   `PROTOCOL.md` next to this crate.
 //! - [`rdma`]: the transport-neutral half of one-sided RDMA access (region grants, work-request
@@ -16,7 +16,7 @@ pub use frame::{Body, Frame, FrameError, Header, Opcode, PageSel, StatInfo};
 /// Page size served by the memory server.
 pub const PAGE_SIZE: usize = 4096;
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 /// Most pages one READ, WRITE or DISCARD frame may name (1 MiB of data).
 pub const MAX_PAGES_PER_FRAME: usize = 256;
 
@@ -40,6 +40,10 @@ pub enum Status {
     VersionUnsupported = 6,
     /// A data request arrived before a successful HELLO.
     NotAuthenticated = 7,
+    /// The memory pool reclaimed the namespace (its VM's lease expired and the pool's
+    /// collector claimed it): nothing of the request was done, and the namespace is refused
+    /// from then on, so a VMM that comes back late cannot recreate it.
+    Reclaimed = 8,
 }
 
 impl Status {
@@ -54,6 +58,7 @@ impl Status {
             5 => Self::ChecksumMismatch,
             6 => Self::VersionUnsupported,
             7 => Self::NotAuthenticated,
+            8 => Self::Reclaimed,
             _ => return None,
         })
     }

@@ -2,7 +2,11 @@
 //! its record in the etcd directory (address, rack, capacity, used bytes, instance id, wire
 //! version) under a lease kept alive in the background, refreshed as its usage changes, and
 //! the garbage collector for its own namespaces: when a VM's lease expired or the VM released
-//! its placement, this server drops the VM's namespace from its store.
+//! its placement, this server drops the VM's namespace from its store. Besides, every
+//! [`RECONCILE_EVERY`] it checks each namespace it holds against a fresh view of the pool
+//! and drops those nothing there has owned for the grace period ([`crate::orphans`]): what
+//! it missed while it was away when the collector claimed a VM, or a copy no record lists.
+//! So a pool member's store holds pool VMs' namespaces only.
 //!
 //! Everything runs on one thread of its own; serving pages never waits on etcd. While etcd is
 //! unreachable the server keeps serving and retries; its record disappears from the pool when
@@ -29,7 +33,12 @@ use farvm_pool::{
 };
 use farvm_transport::{Endpoint, Transport};
 
+use crate::orphans::OrphanNamespaces;
 use crate::server::ServerHandle;
+
+/// How often a member checks its namespaces against the pool ([`crate::orphans`]): each check
+/// reads the whole pool from etcd.
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 
 /// How a server joins a pool.
 #[derive(Debug, Clone)]
@@ -83,7 +92,7 @@ impl NamespaceReclaimer for LocalReclaimer<'_> {
         if server != self.id {
             return Err(format!("{server} is not this server ({})", self.id).into());
         }
-        let pages = self.server.drop_namespace(namespace);
+        let pages = self.server.reclaim_namespace(namespace);
         tracing::info!(
             namespace = format_args!("{namespace:#018x}"),
             pages,
@@ -228,6 +237,8 @@ fn run(
     let mut watch = dir.watch();
     let mut last_update = Instant::now();
     let mut gc_due = true;
+    let mut orphans = OrphanNamespaces::default();
+    let mut last_reconcile = Instant::now();
     while !stop.load(Ordering::Acquire) {
         if let RegistrationState::Lost { reason } = reg.state() {
             tracing::error!("the memory pool refuses this server: {reason}");
@@ -262,6 +273,40 @@ fn run(
                 }
             }
         }
+        if last_reconcile.elapsed() >= RECONCILE_EVERY {
+            last_reconcile = Instant::now();
+            reconcile(dir, server, cfg.gc_grace, &mut orphans);
+        }
     }
     reg.deregister();
+}
+
+/// Drops the namespaces nothing in the pool has owned for `grace` (see [`crate::orphans`]).
+fn reconcile(
+    dir: &Directory,
+    server: &ServerHandle,
+    grace: Duration,
+    orphans: &mut OrphanNamespaces,
+) {
+    // Listed before the view is read: see the module doc of `orphans`.
+    let held = server.namespace_ids();
+    if held.is_empty() {
+        return;
+    }
+    let view = match dir.view() {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!("checking namespaces against the pool: {e}");
+            return;
+        }
+    };
+    for ns in orphans.check(&held, &view, Instant::now(), grace) {
+        let pages = server.reclaim_namespace(ns);
+        tracing::warn!(
+            namespace = format_args!("{ns:#018x}"),
+            pages,
+            "namespace dropped: no VM, placement or collector mark of the pool has owned it \
+             for the grace period"
+        );
+    }
 }

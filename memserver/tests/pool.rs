@@ -1,14 +1,15 @@
 //! `farvm-memserver --pool` against a real etcd (Debian's etcd-server on loopback, or
 //! `$FARVM_ETCD`): the server registers itself with its rack, capacity, instance id and wire
 //! version, keeps its used bytes current, drops the namespace of a VM whose lease expired and
-//! of a VM that released its placement, and leaves the pool when killed.
+//! of a VM that released its placement and refuses it from then on, drops by itself a
+//! namespace nothing in the pool owns, and leaves the pool when killed.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use farvm_memclient::{Client, ClientConfig};
+use farvm_memclient::{Client, ClientConfig, ClientError};
 use farvm_memproto::{PAGE_SIZE, PROTOCOL_VERSION};
 use farvm_pool::local_etcd::LocalEtcd;
 use farvm_pool::{
@@ -119,9 +120,18 @@ fn a_pool_member_registers_reports_usage_collects_dead_vms_and_leaves_when_kille
     wait_view(&dir, "the dead VM's namespace dropped", |v| {
         used(v, &id) == Some(0) && v.gc_marks.is_empty() && v.slabs.is_empty()
     });
+    // Its namespace is refused from now on: a VMM that was only paused past its lease learns
+    // that its memory was reclaimed, and its late write-backs cannot recreate the namespace.
     let mut page = vec![0u8; PAGE_SIZE];
-    let present = client.read(vm1.namespace(), 0, &mut page).unwrap();
-    assert_eq!(present, vec![false], "a collected page must be gone");
+    assert_eq!(
+        client.read(vm1.namespace(), 0, &mut page),
+        Err(ClientError::Reclaimed)
+    );
+    assert_eq!(
+        client.write(vm1.namespace(), 0, &data[..PAGE_SIZE]),
+        Err(ClientError::Reclaimed)
+    );
+    assert_eq!(used(&dir.view().unwrap(), &id), Some(0));
 
     // A VM that exits cleanly releases its placement: dropped at once, no grace.
     let vm2 = VmId::random();
@@ -137,6 +147,20 @@ fn a_pool_member_registers_reports_usage_collects_dead_vms_and_leaves_when_kille
     wait_view(&dir, "the released VM's namespace dropped", |v| {
         used(v, &id) == Some(0)
     });
+    // A namespace that nothing in the pool owns (no VM record, placement or collector mark
+    // names it: a copy no record lists) is dropped by the server itself, then refused.
+    let stray = VmId::random().namespace();
+    client.write(stray, 0, &data[..PAGE_SIZE * 2]).unwrap();
+    wait_view(&dir, "2 stray pages stored", |v| {
+        used(v, &id) == Some(2 * PAGE_SIZE as u64)
+    });
+    wait_view(&dir, "the stray namespace dropped", |v| {
+        used(v, &id) == Some(0)
+    });
+    assert_eq!(
+        client.write(stray, 0, &data[..PAGE_SIZE]),
+        Err(ClientError::Reclaimed)
+    );
     client.close();
 
     // Killed: its record goes with its lease.

@@ -205,9 +205,10 @@ fn reads_on_granted_slabs_are_one_sided() {
         "the server counts one-sided pages"
     );
 
-    // The server drops the namespace (as the pool's collector does): one-sided reads now
-    // find the pages absent, never the old bytes as if stored.
-    assert_eq!(srv.drop_namespace(ns), 300);
+    // The server reclaims the namespace (as the pool's collector does): one-sided reads of
+    // the slabs granted before now find the pages absent, never the old bytes as if stored
+    // (requests through the server are refused as reclaimed).
+    assert_eq!(srv.reclaim_namespace(ns), 300);
     let present = c.read(ns, 0, &mut back).expect("read after the drop");
     assert!(
         present.iter().all(|&p| !p),

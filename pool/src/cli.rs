@@ -175,8 +175,8 @@ pub enum PoolCommand {
         /// Lease TTL in seconds.
         #[arg(long, default_value_t = 5)]
         ttl: u64,
-        /// Wire-protocol version the server speaks.
-        #[arg(long, default_value_t = 2)]
+        /// Wire-protocol version the server speaks (this build speaks the default).
+        #[arg(long, default_value_t = farvm_memproto::PROTOCOL_VERSION)]
         wire_version: u8,
         /// Seconds between TCP probes of the server; three failures in a row deregister it.
         #[arg(long, default_value_t = 1.0)]

@@ -19,7 +19,8 @@ pub const GUEST_CRASH: i32 = 70;
 pub const POOL_UNAVAILABLE: i32 = 69;
 /// A host-side failure: /dev/kvm unusable, an ioctl failed, out of memory (EX_OSERR).
 pub const HOST_ERROR: i32 = 71;
-/// The guest needed a page whose data every memory server holding it lost (EX_IOERR).
+/// The guest needed a page whose data every memory server holding it lost, or the memory
+/// pool reclaimed the VM's remote memory after its lease expired (EX_IOERR).
 pub const MEMORY_LOST: i32 = 74;
 /// The guest rebooted (the ACPI reset register); farvm stopped the VM rather than restart it
 /// (EX_TEMPFAIL: run it again).
@@ -63,7 +64,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
         ControlShutdown => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
-        MemoryLost { .. } => MEMORY_LOST,
+        MemoryLost { .. } | MemoryReclaimed => MEMORY_LOST,
         Timeout { .. } => TIMEOUT,
         Signal { signal } => 128 + signal,
     }

@@ -698,6 +698,10 @@ fn etcd_restarts_under_running_vms_and_bad_tokens_unknown_racks_and_old_servers_
     let err = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("cannot admit VM"), "{err}");
-    assert!(err.contains("r4-old speaks wire version 1 < 2"), "{err}");
+    let why = format!(
+        "r4-old speaks wire version 1 < {}",
+        farvm_memproto::PROTOCOL_VERSION
+    );
+    assert!(err.contains(&why), "{err}");
     c.wait("nothing stored, no VM", |s| vms(s) == 0 && used(s) == 0);
 }

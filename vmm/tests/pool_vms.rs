@@ -5,7 +5,8 @@
 //! the rack and the bytes, `farvm pool drain` moves a running VM's slabs off a server with no
 //! lost or stale page, and while etcd is down a running VM is unaffected and a VM started
 //! meanwhile waits, says so, and starts when etcd is back; a memory server of a rack the pool
-//! does not declare is refused and exits, and never joins.
+//! does not declare is refused and exits, and never joins; a VMM paused past its lease stops
+//! saying its memory was reclaimed, and recreates nothing on the servers.
 
 mod common;
 
@@ -546,4 +547,73 @@ fn a_memserver_of_an_undeclared_rack_is_refused_exits_and_never_joins() {
         err.contains("rack r2 still has 1 live memory server(s) (ms1-r2)"),
         "{err}"
     );
+}
+
+/// A VMM paused past its lease (SIGSTOP, as a host stall or a debugger would) has its memory
+/// reclaimed by the pool; when it resumes, the memory servers refuse its namespace (its late
+/// write-backs recreate nothing) and the VM stops with exit 74, naming the cause.
+#[test]
+fn a_vmm_paused_past_its_lease_stops_saying_its_memory_was_reclaimed_and_recreates_nothing() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let child = farvm()
+        .args(run_args(&pool, "seq:ws=96M,passes=1000,write=1"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pool.wait("the VM's pages on the servers", |v| {
+        v.vms.len() == 1 && Pool::used(v) > 32 << 20
+    });
+    let pid = child.id() as i32;
+    // SAFETY: signalling the child this test spawned (still unreaped, so the pid is ours).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    pool.wait("the paused VM's memory reclaimed", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && v.gc_marks.is_empty() && Pool::used(v) == 0
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let o = wait_output(child, PATIENCE);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(74), "{err}");
+    assert!(err.contains("guest memory reclaimed"), "{err}");
+    // Its write-backs after the resume were refused: nothing was stored again (the servers
+    // report their usage every second).
+    std::thread::sleep(Duration::from_secs(3));
+    let v = pool.dir.view().unwrap();
+    assert_eq!(Pool::used(&v), 0, "{:#?}", v.servers);
+}
+
+/// The exit status and stderr of `child` once it exits (its stderr read as it goes, so a
+/// chatty child never blocks on a full pipe), killing it if it runs past `patience`.
+fn wait_output(mut child: Child, patience: Duration) -> Output {
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let deadline = Instant::now() + patience;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = reader.join().unwrap_or_default();
+            panic!(
+                "the VM did not stop within {patience:?}: {}",
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr: reader.join().unwrap_or_default(),
+    }
 }

@@ -100,6 +100,17 @@ pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
     }
 }
 
+/// The message of an error answer for a request on a namespace refused with `st`.
+fn refusal(st: Status) -> &'static str {
+    match st {
+        Status::Reclaimed => {
+            "the memory pool reclaimed this namespace (its VM's lease expired); it is refused \
+             from now on"
+        }
+        _ => "namespace belongs to another tenant",
+    }
+}
+
 fn reply_error(sess: &mut Session, op: Opcode, st: Status, f: &Frame<'_>, msg: &str) {
     encode_error(&mut sess.out, op, st, f.req_id, f.namespace, msg);
 }
@@ -112,7 +123,8 @@ fn namespace(
     create: bool,
 ) -> Result<Option<Arc<Namespace>>, Status> {
     if let Some((cid, ns)) = &sess.cached {
-        if *cid == id {
+        // A reclaimed namespace is looked up again (and refused).
+        if *cid == id && !ns.is_reclaimed() {
             return Ok(Some(ns.clone()));
         }
     }
@@ -188,7 +200,7 @@ pub(super) fn handle(
             let ns = match namespace(sh, sess, tenant, ns_id, false) {
                 Ok(ns) => ns,
                 Err(st) => {
-                    reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                    reply_error(sess, op, st, f, refusal(st));
                     sh.metrics.record(Op::Read, st, t0.elapsed());
                     return Ok(());
                 }
@@ -228,7 +240,7 @@ pub(super) fn handle(
                     let msg = match st {
                         Status::CapacityExhausted => "server capacity exhausted; batch not stored",
                         Status::ChecksumMismatch => "page crc32c mismatch; batch not stored",
-                        _ => "namespace belongs to another tenant",
+                        st => refusal(st),
                     };
                     reply_error(sess, op, st, f, msg);
                     sh.metrics.record(Op::Write, st, t0.elapsed());
@@ -244,7 +256,7 @@ pub(super) fn handle(
                 sh.metrics.record(Op::Discard, Status::Ok, t0.elapsed());
             }
             Err(st) => {
-                reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                reply_error(sess, op, st, f, refusal(st));
                 sh.metrics.record(Op::Discard, st, t0.elapsed());
             }
         },
@@ -266,7 +278,7 @@ pub(super) fn handle(
                 sh.metrics.record(Op::Stat, Status::Ok, t0.elapsed());
             }
             Err(st) => {
-                reply_error(sess, op, st, f, "namespace belongs to another tenant");
+                reply_error(sess, op, st, f, refusal(st));
                 sh.metrics.record(Op::Stat, st, t0.elapsed());
             }
         },

@@ -38,7 +38,7 @@ const OPS: [&str; 5] = ["hello", "read", "write", "discard", "stat"];
 const BUCKETS_US: [u64; 12] = [
     5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 100000,
 ];
-const STATUSES: [&str; 8] = [
+const STATUSES: [&str; 9] = [
     "ok",
     "bad_request",
     "auth_failed",
@@ -47,6 +47,7 @@ const STATUSES: [&str; 8] = [
     "checksum_mismatch",
     "version_unsupported",
     "not_authenticated",
+    "reclaimed",
 ];
 
 #[derive(Default)]

@@ -302,10 +302,15 @@ impl ServerHandle {
         self.shared.store.occupancy()
     }
 
-    /// Drops namespace `id` whoever owns it (see [`store::Store::drop_namespace`]); returns
-    /// the pages freed.
-    pub fn drop_namespace(&self, id: u64) -> u64 {
-        self.shared.store.drop_namespace(id)
+    /// Reclaims namespace `id` for the pool: drops it and refuses it from then on (see
+    /// [`store::Store::reclaim_namespace`]); returns the pages freed.
+    pub fn reclaim_namespace(&self, id: u64) -> u64 {
+        self.shared.store.reclaim_namespace(id)
+    }
+
+    /// The ids of every namespace this server holds.
+    pub fn namespace_ids(&self) -> Vec<u64> {
+        self.shared.store.namespace_ids()
     }
 
     /// Stops accepting, closes every connection and joins the server threads.

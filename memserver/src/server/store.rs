@@ -12,10 +12,11 @@
 //! that the client reads and writes directly. Every path (TCP, two-sided RDMA, one-sided
 //! RDMA) then stores and finds that slab's pages there.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::arena::{Arena, Slot};
 use farvm_memproto::frame::WIRE_PAGE;
@@ -104,6 +105,17 @@ impl Index {
 pub struct Namespace {
     owner: TenantId,
     index: RwLock<Index>,
+    /// Reclaimed: out of the store's map and emptied (set under the index's write lock). A
+    /// connection may still hold it (its per-session cache): it must look the id up again,
+    /// and a write must not land in it, where its slots would be lost to every namespace.
+    reclaimed: AtomicBool,
+}
+
+impl Namespace {
+    /// Whether the pool reclaimed it (see the field).
+    pub fn is_reclaimed(&self) -> bool {
+        self.reclaimed.load(Ordering::Acquire)
+    }
 }
 
 /// All namespaces plus the arena.
@@ -112,6 +124,32 @@ pub struct Store {
     /// This process's instance id (see [`StatInfo::instance`]).
     instance: u64,
     namespaces: RwLock<FxHashMap<u64, Arc<Namespace>>>,
+    /// Namespaces the pool reclaimed ([`Store::reclaim_namespace`]), refused from then on.
+    reclaimed: Mutex<Fence>,
+}
+
+/// The reclaimed namespaces, the oldest forgotten past [`Fence::CAPACITY`] (a namespace is
+/// one VM run's: after a million later reclaims, a VMM still paused from then is not
+/// expected).
+#[derive(Default)]
+struct Fence {
+    set: FxHashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Fence {
+    const CAPACITY: usize = 1 << 20;
+
+    fn insert(&mut self, id: u64) {
+        if self.set.insert(id) {
+            self.order.push_back(id);
+            if self.order.len() > Self::CAPACITY {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Store {
@@ -121,6 +159,7 @@ impl Store {
             arena: Arc::new(arena),
             instance: u64::from_le_bytes(farvm_memproto::auth::random_bytes::<8>()),
             namespaces: RwLock::new(FxHashMap::default()),
+            reclaimed: Mutex::new(Fence::default()),
         }
     }
 
@@ -136,6 +175,8 @@ impl Store {
 
     /// Looks a namespace up for `tenant`. With `create`, a missing namespace is created and
     /// owned by `tenant`. `Ok(None)`: absent and not created. `Err(Denied)`: another owner.
+    /// `Err(Reclaimed)`: the pool reclaimed it (checked only when it is not held, so the
+    /// request path of a live namespace never takes the fence's lock).
     pub fn namespace(
         &self,
         id: u64,
@@ -152,14 +193,23 @@ impl Store {
                 };
             }
         }
+        if self.is_reclaimed(id) {
+            return Err(Status::Reclaimed);
+        }
         if !create {
             return Ok(None);
         }
         let mut map = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+        // Reclaimed between the check above and this lock: `reclaim_namespace` fences before
+        // it removes, so seen here at the latest.
+        if self.is_reclaimed(id) {
+            return Err(Status::Reclaimed);
+        }
         let ns = map.entry(id).or_insert_with(|| {
             Arc::new(Namespace {
                 owner: tenant,
                 index: RwLock::new(Index::default()),
+                reclaimed: AtomicBool::new(false),
             })
         });
         if ns.owner == tenant {
@@ -224,6 +274,9 @@ impl Store {
             }
         }
         let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
+        if ns.is_reclaimed() {
+            return Err(Status::Reclaimed);
+        }
         // Count pages needing a new slot (a scatter list may repeat an index: count it once).
         let scatter = matches!(sel, PageSel::Scatter(_));
         let mut new = 0u64;
@@ -297,10 +350,18 @@ impl Store {
         freed
     }
 
-    /// Drops a whole namespace, whoever owns it, and frees its pages; returns how many it
-    /// held. The pool's garbage collector does this for a VM whose lease expired (this server
-    /// acts on the pool's word, not on a client's, so no tenant check applies).
-    pub fn drop_namespace(&self, id: u64) -> u64 {
+    /// Drops a whole namespace, whoever owns it, frees its pages and refuses the id from then
+    /// on (`Status::Reclaimed`), also to connections that still hold it: the pool reclaimed
+    /// it, and a VMM that comes back late (paused past its lease) must not recreate it with
+    /// its stale write-backs. Returns the pages it held. The pool's garbage collector does
+    /// this for a VM whose lease expired or that released its placement (this server acts on
+    /// the pool's word, not on a client's, so no tenant check applies).
+    pub fn reclaim_namespace(&self, id: u64) -> u64 {
+        // Fenced first: a lookup that misses the map from now on is refused.
+        self.reclaimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id);
         let Some(ns) = self
             .namespaces
             .write()
@@ -310,6 +371,7 @@ impl Store {
             return 0;
         };
         let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
+        ns.reclaimed.store(true, Ordering::Release);
         let mut freed = index.pages.len() as u64;
         for (_, e) in index.pages.drain() {
             self.arena.free(e.slot);
@@ -323,6 +385,25 @@ impl Store {
             }
         }
         freed
+    }
+
+    /// Whether the pool reclaimed namespace `id`.
+    pub fn is_reclaimed(&self, id: u64) -> bool {
+        self.reclaimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set
+            .contains(&id)
+    }
+
+    /// The ids of every namespace held (a pool member checks them against the pool's owners).
+    pub fn namespace_ids(&self) -> Vec<u64> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
     }
 
     /// Pages in a namespace.
@@ -393,6 +474,41 @@ mod tests {
         out
     }
 
+    /// A reclaimed namespace is dropped and refused from then on, to reads and to writes that
+    /// would recreate it; other namespaces are untouched.
+    #[test]
+    fn a_reclaimed_namespace_is_refused_for_good() {
+        let store = Store::new(Arena::new(64).unwrap());
+        for id in [1, 2] {
+            let ns = store.namespace(id, [0; 8], true).unwrap().unwrap();
+            let sel = PageSel::Run { start: 0, count: 3 };
+            assert_eq!(store.write(&ns, &sel, &wire(&[0, 1, 2], 9), false), Ok(3));
+        }
+        assert_eq!(store.reclaim_namespace(1), 3);
+        assert!(store.is_reclaimed(1) && !store.is_reclaimed(2));
+        assert_eq!(
+            store.namespace(1, [0; 8], true).err(),
+            Some(Status::Reclaimed)
+        );
+        assert_eq!(
+            store.namespace(1, [0; 8], false).err(),
+            Some(Status::Reclaimed)
+        );
+        assert_eq!(store.namespace_ids(), vec![2]);
+        assert_eq!(store.occupancy().used_pages, 3);
+        // A connection still holding namespace 2 when it is reclaimed cannot write into it
+        // (its slots would be lost to every namespace).
+        let held = store.namespace(2, [0; 8], false).unwrap().unwrap();
+        assert_eq!(store.reclaim_namespace(2), 3);
+        let sel = PageSel::Run { start: 5, count: 1 };
+        assert_eq!(
+            store.write(&held, &sel, &wire(&[5], 1), false),
+            Err(Status::Reclaimed)
+        );
+        assert!(held.is_reclaimed());
+        assert_eq!(store.occupancy().used_pages, 0);
+    }
+
     /// A granted slab keeps the pages stored before the grant, serves later writes, reads,
     /// discards and counts through its page table, and its capacity comes back with the
     /// namespace.
@@ -444,7 +560,7 @@ mod tests {
         assert_eq!(store.discard(&ns, &run(255, 2)), 2);
         assert_eq!(store.namespace_pages(Some(&ns)), 8);
         drop(x);
-        assert_eq!(store.drop_namespace(1), 8);
+        assert_eq!(store.reclaim_namespace(1), 8);
         assert_eq!(store.occupancy().used_pages, 0);
         // A slab past the end of the index space is refused. Capacity bounds grants, and so
         // does fragmentation: the ten single slots freed above are not one extent.

@@ -149,7 +149,9 @@ EXIT STATUS
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
   74       guest memory was lost: the guest needed a page whose data exists nowhere it can be
            trusted (every memory server holding it lost it or returned a wrong copy, or its
-           local frame vanished); the log names the page and the cause
+           local frame vanished); the log names the page and the cause. Also when the memory
+           pool reclaimed the VM's remote memory after its lease expired (the VMM was paused
+           or cut off from etcd for too long): \"guest memory reclaimed\"
   75       the guest rebooted (farvm stopped it instead of restarting it)
   124      --timeout expired
   130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";

@@ -10,14 +10,17 @@
 //! When a memory server leaves the pool (its lease expired: the server or its rack is gone),
 //! the follower repairs this VM's slabs that had a replica there: the pool's repair plan
 //! picks, per slab, a server in a rack holding none of the slab's other replicas; the
-//! follower has the client's copy of the slab end up there (the client re-replicates from a
-//! surviving replica as soon as it sees the server die; a copy it put elsewhere is moved) and
-//! then commits the new replica to the pool, so `farvm pool status` shows no degraded slab.
+//! follower makes that server part of the slab's home in the client, the client fills it
+//! from a surviving replica (it never picks a server of its own with a pool:
+//! `ClientConfig::pool_placement`; a copy still on the lost server is moved) and the
+//! follower then commits the new replica to the pool, so `farvm pool status` shows no
+//! degraded slab. A server that restarted empty under the same pool id keeps its place in
+//! the home, and the client refills it there: the pool's record of it comes true again.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -99,7 +102,12 @@ pub struct PoolVm {
     slabs: u32,
     stop: Arc<AtomicBool>,
     follower: Option<JoinHandle<()>>,
+    /// Called once if the follower finds the VM's placement reclaimed ([`PoolVm::on_reclaimed`]).
+    reclaimed: Arc<OnceLock<ReclaimedHook>>,
 }
+
+/// What the VMM does when the pool reclaimed the VM's remote memory (it ends the VM).
+type ReclaimedHook = Box<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for PoolVm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -245,6 +253,7 @@ impl PoolVm {
                 slabs,
                 stop: Arc::new(AtomicBool::new(false)),
                 follower: None,
+                reclaimed: Arc::new(OnceLock::new()),
             },
             admission,
         ))
@@ -262,6 +271,13 @@ impl PoolVm {
             .map_or(RegistrationState::Stopped, |r| r.state())
     }
 
+    /// Has the follower call `f` (once) if it finds this VM's placement reclaimed: its lease
+    /// expired and the pool's collector claimed its pages, so its remote memory is gone and
+    /// the memory servers refuse its namespace. The VMM ends the VM saying so.
+    pub fn on_reclaimed(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.reclaimed.set(Box::new(f));
+    }
+
     /// Starts the follower thread: it marks draining servers in the client (they take no new
     /// slab) and carries out the moves requested for this VM, while the VM runs.
     pub fn follow(&mut self, client: Weak<Client>) {
@@ -276,6 +292,7 @@ impl PoolVm {
             stop: self.stop.clone(),
             repairs: BTreeMap::new(),
             homes: BTreeMap::new(),
+            reclaimed: self.reclaimed.clone(),
         };
         match std::thread::Builder::new()
             .name("farvm-pool".into())
@@ -356,6 +373,8 @@ struct Follower {
     repairs: BTreeMap<(SlabRef, ServerId), ServerId>,
     /// The servers the client places each pool slab's new client slabs on, as last set.
     homes: BTreeMap<u32, Vec<ServerId>>,
+    /// The VMM's [`PoolVm::on_reclaimed`] hook.
+    reclaimed: Arc<OnceLock<ReclaimedHook>>,
 }
 
 impl Follower {
@@ -383,9 +402,14 @@ impl Follower {
                 && !view.vms.contains_key(&self.vm)
                 && view.vm_slabs(self.vm).next().is_none()
             {
-                // Reclaimed during an etcd outage longer than the lease and the grace.
+                // Reclaimed: the lease expired (a VMM paused, or an etcd outage, longer than
+                // the lease and the grace) and the collector claimed the VM, which can never
+                // register again; the servers refuse its namespace from then on.
                 lost_noted = true;
                 tracing::error!(vm = %self.vm, "memory pool: this VM's placement was reclaimed; its remote pages are gone");
+                if let Some(f) = self.reclaimed.get() {
+                    f();
+                }
             }
             self.repair(&view, &client);
             self.sync_homes(&view, &client);
@@ -584,7 +608,8 @@ impl Follower {
         let n = self.slabs;
         let ours = |k: &u64| k % n == j;
         // A copy on a server outside the slab's new replica set (the dead one, if the client
-        // has not noticed yet, or where the client re-replicated on its own) moves to `to`.
+        // has not noticed yet) moves to `to`; once the client has dropped the dead replica,
+        // it fills `to` itself, `to` being in the slab's home.
         for addr in self
             .servers
             .values()

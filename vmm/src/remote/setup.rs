@@ -435,6 +435,9 @@ impl RemoteMemory {
         }
         if let Some((_, admission)) = &pool {
             ccfg.slab_homes = admission.homes.clone();
+            // The pool's placement module decides every replica's server (rack-aware, with
+            // its room reserved); the follower hands its decisions to the client as homes.
+            ccfg.pool_placement = true;
             ccfg.replication = Some(admission.replication);
             ccfg.slab_pages = (admission.slab_bytes / 4096).max(1);
         } else if let Some(r) = spec.replicas {
@@ -556,7 +559,8 @@ impl RemoteMemory {
     /// stage-2 injection on KVM VM `vm_fd` ([`RemoteMemory::bind_kvm`]), vCPU thread
     /// (`vcpu_tids`) and agent-slot (`pv`) attribution ([`RemoteMemory::watch_vcpus`]), and a
     /// guest need of a lost page ends the VM through `latch` with [`VmOutcome::MemoryLost`] (no
-    /// data can ever be given to that vCPU).
+    /// data can ever be given to that vCPU), and so does the pool reclaiming the VM's remote
+    /// memory, with [`VmOutcome::MemoryReclaimed`].
     pub fn attach_vm(
         &mut self,
         vm_fd: std::os::fd::RawFd,
@@ -586,11 +590,26 @@ impl RemoteMemory {
         self.watch_vcpus(ncpus, vcpu_tids, move |cpu| {
             slots.upgrade().and_then(|pv| pv.agent_slot_gpa(cpu))
         });
+        if let Some(pool) = &self.pool {
+            let latch = Arc::downgrade(latch);
+            pool.on_reclaimed(move || {
+                if let Some(l) = latch.upgrade() {
+                    l.decide(VmOutcome::MemoryReclaimed);
+                }
+            });
+        }
         let latch = Arc::downgrade(latch);
+        let store = Arc::downgrade(&self.store);
         self.engine.on_page_lost(move |gpa| match latch.upgrade() {
             // Deciding kicks every vCPU: KVM returns before the guest runs again.
             Some(l) => {
-                l.decide(VmOutcome::MemoryLost { gpa });
+                // Lost because the pool reclaimed the namespace: say so (the pool follower
+                // says it too once it sees etcd; whichever comes first decides).
+                if store.upgrade().is_some_and(|s| s.reclaimed()) {
+                    l.decide(VmOutcome::MemoryReclaimed);
+                } else {
+                    l.decide(VmOutcome::MemoryLost { gpa });
+                }
                 LostPage::Release
             }
             None => LostPage::Hold,

@@ -65,6 +65,9 @@ pub enum VmOutcome {
         /// Guest-physical address of the page.
         gpa: u64,
     },
+    /// The memory pool reclaimed the VM's remote memory: its lease expired and the pool's
+    /// collector claimed its pages (the VMM was paused, or cut off from etcd, for too long).
+    MemoryReclaimed,
 }
 
 impl std::fmt::Display for VmOutcome {
@@ -86,6 +89,13 @@ impl std::fmt::Display for VmOutcome {
                 "guest memory lost: the guest needed page {gpa:#x}, whose data exists nowhere \
                  it can be trusted (every memory server holding it lost it or returned a wrong \
                  copy, or its local frame was not where the engine left it; the log says which)"
+            ),
+            VmOutcome::MemoryReclaimed => write!(
+                f,
+                "guest memory reclaimed: the memory pool's collector dropped this VM's remote \
+                 pages after its lease expired (the VMM was paused, or cut off from etcd, for \
+                 longer than --pool-lease-ttl plus the memory servers' --pool-gc-grace); the \
+                 VM cannot go on"
             ),
         }
     }
