@@ -64,6 +64,17 @@ impl PoolView {
             && server.wire_version >= min_wire_version
     }
 
+    /// Servers that slab placements name but that are not registered: gone for good, or
+    /// about to register again (after an etcd outage every lease expired, and each server
+    /// registers again within its lease TTL of etcd's return).
+    pub fn unregistered_replica_servers(&self) -> BTreeSet<&ServerId> {
+        self.slabs
+            .values()
+            .flat_map(|s| &s.replicas)
+            .filter(|id| !self.servers.contains_key(*id))
+            .collect()
+    }
+
     /// Bytes reserved on `server` by placed slab replicas.
     pub fn committed_bytes(&self, server: &ServerId) -> u64 {
         self.slabs

@@ -6,7 +6,8 @@
 //! lost or stale page, and while etcd is down a running VM is unaffected and a VM started
 //! meanwhile waits, says so, and starts when etcd is back; a memory server of a rack the pool
 //! does not declare is refused and exits, and never joins; a VMM paused past its lease stops
-//! saying its memory was reclaimed, and recreates nothing on the servers.
+//! saying its memory was reclaimed, and recreates nothing on the servers; a VM started before
+//! any server registers waits for them, saying so.
 
 mod common;
 
@@ -616,4 +617,43 @@ fn wait_output(mut child: Child, patience: Duration) -> Output {
         stdout: Vec::new(),
         stderr: reader.join().unwrap_or_default(),
     }
+}
+
+/// A VM started while no memory server is registered (the pool starting, or every lease
+/// expired in an etcd outage) waits for the servers, saying so, instead of being refused; it
+/// starts once they register and computes its native checksum.
+#[test]
+fn a_vm_started_before_the_servers_register_waits_for_them_then_runs() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let signal_all = |sig| {
+        for m in &pool.members {
+            // SAFETY: signalling a memory server this test spawned (unreaped, so ours).
+            unsafe { libc::kill(m.child.id() as i32, sig) };
+        }
+    };
+    // Frozen, the servers cannot renew their leases: the pool forgets them.
+    signal_all(libc::SIGSTOP);
+    pool.wait("no server registered", |v| v.servers.is_empty());
+    let workload = "seq:ws=96M,passes=2";
+    let mut child = farvm()
+        .args(run_args(&pool, workload))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Refused at once, it would have exited by now; it waits instead.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(child.try_wait().unwrap().is_none(), "the VM did not wait");
+    signal_all(libc::SIGCONT);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot place the VM yet")
+            && err.contains("no memory server is registered yet"),
+        "{err}"
+    );
+    assert_checksum(&o, workload);
 }

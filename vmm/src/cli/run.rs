@@ -143,7 +143,8 @@ EXIT STATUS
   65       the kernel or initrd is malformed or does not fit in guest memory
   66       the kernel, initrd or a disk image cannot be read (or a disk is in use)
   69       the memory pool cannot take the VM: no room for its replicas on distinct racks
-           (the message names the racks and bytes), or etcd did not answer within --pool-wait
+           (the message names the racks and bytes), or etcd, or any memory server, did not
+           answer within --pool-wait
   70       the guest crashed: KVM internal error, triple fault, failed entry, access to an
            unmapped address, guest kernel panic
   71       host failure: /dev/kvm unusable, a KVM ioctl failed, cannot map guest memory
@@ -244,7 +245,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "tcp|rdma", requires = "pool_source", value_parser = parse_transport)]
     pub pool_transport: Option<Transport>,
 
-    /// With a pool: seconds to wait for etcd at start before giving up [default: 300].
+    /// With a pool: seconds to wait at start for etcd, and for memory servers while none is
+    /// registered, before giving up [default: 300]. Servers that placements name but that
+    /// are not registered (an etcd outage expired their leases) are waited for up to 30 s of
+    /// it; a pool that is only short of room refuses at once.
     #[arg(long, value_name = "SECS", requires = "pool_source")]
     pub pool_wait: Option<u64>,
 

@@ -159,9 +159,73 @@ fn patiently<T>(
     }
 }
 
+/// How long a VM the pool cannot place waits for servers that placements name but that are
+/// not registered (they register again within their lease TTL once etcd is back; a server
+/// gone for good would otherwise hold every refusal for `--pool-wait`).
+const REREGISTRATION_WAIT: Duration = Duration::from_secs(30);
+
+/// Admits `req`, waiting for etcd while it does not answer (`spec.wait`), and, while the pool
+/// cannot place the VM, for memory servers that may still register: none is registered yet
+/// (the pool is starting: up to `spec.wait`), or placements name servers that are not (an
+/// etcd outage expired their leases: up to [`REREGISTRATION_WAIT`]). A pool that is simply
+/// short of room refuses at once.
+fn admit_when_servers_register(
+    dir: &Directory,
+    spec: &PoolSpec,
+    req: &AdmissionRequest,
+) -> Result<VmRegistration, RemoteError> {
+    let started = Instant::now();
+    let mut next_note = started;
+    loop {
+        let e = match patiently("admitting the VM", spec.wait, || {
+            dir.admit_vm(req, spec.lease_ttl)
+        }) {
+            Ok(reg) => return Ok(reg),
+            Err(e @ PoolError::Placement(_)) => e,
+            Err(e) => return Err(admission_err(e, spec.wait)),
+        };
+        let Ok(view) = dir.view() else {
+            return Err(admission_err(e, spec.wait));
+        };
+        let awaited = view.unregistered_replica_servers();
+        let (why, limit) = if view.servers.is_empty() {
+            ("no memory server is registered yet".to_owned(), spec.wait)
+        } else if !awaited.is_empty() {
+            let names: Vec<String> = awaited.iter().map(|s| s.to_string()).collect();
+            (
+                format!(
+                    "placements name {} server(s) not registered now ({}); after an etcd \
+                     outage servers register again within their lease TTL",
+                    names.len(),
+                    names.join(", ")
+                ),
+                REREGISTRATION_WAIT.min(spec.wait),
+            )
+        } else {
+            return Err(admission_err(e, spec.wait));
+        };
+        if started.elapsed() >= limit {
+            return Err(RemoteError::PoolUnavailable(format!(
+                "{e} (waited {} s: {why})",
+                started.elapsed().as_secs()
+            )));
+        }
+        if Instant::now() >= next_note {
+            tracing::warn!("memory pool: cannot place the VM yet: {e}; {why}");
+            eprintln!(
+                "farvm: memory pool: cannot place the VM yet: {e}; {why} (waiting up to {} s)",
+                limit.as_secs()
+            );
+            next_note = Instant::now() + Duration::from_secs(30);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 impl PoolVm {
     /// Admits a VM of `guest_ram` bytes keeping `local_budget` resident, with `replication`
-    /// replicas per slab (default 2), waiting for etcd while it does not answer.
+    /// replicas per slab (default 2), waiting for etcd while it does not answer and for memory
+    /// servers that may still register (see `admit_when_servers_register`).
     pub fn admit(
         spec: &PoolSpec,
         name: &str,
@@ -191,10 +255,7 @@ impl PoolVm {
             }),
             min_wire_version: PROTOCOL_VERSION,
         };
-        let reg = patiently("admitting the VM", spec.wait, || {
-            dir.admit_vm(&req, spec.lease_ttl)
-        })
-        .map_err(|e| admission_err(e, spec.wait))?;
+        let reg = admit_when_servers_register(&dir, spec, &req)?;
         let view = match patiently("reading the pool", spec.wait, || dir.view()) {
             Ok(v) => v,
             Err(e) => {
