@@ -157,8 +157,15 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         f(&self.lock().device)
     }
 
+    /// Runs `f` on the device model mutably, under the lock the queues are served with (for
+    /// tests that drive a fake backend).
+    pub fn with_device_mut<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.lock().device)
+    }
+
     /// Processes queue `index` as if the driver had written it to QueueNotify; for an
-    /// ioeventfd worker.
+    /// ioeventfd worker, or a thread that learnt the device's backend has data for a
+    /// device-paced queue ([`super::VirtioDevice::queue_has_work`]).
     pub fn notify_queue(&self, index: u32) {
         let mut st = self.lock();
         self.process_queue(&mut st, index as usize);
@@ -381,7 +388,13 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         let result = (|| -> Result<bool, virtio_queue::Error> {
             loop {
                 q.disable_notification(mem)?;
+                let mut out_of_work = false;
                 loop {
+                    // A device-paced queue (receive) keeps its buffers until there is data.
+                    if !device.queue_has_work(index) {
+                        out_of_work = true;
+                        break;
+                    }
                     // The iterator borrows the queue: take one chain and release it before
                     // add_used (a `while let` would hold the borrow across the body).
                     let next = q.iter(mem)?.next();
@@ -393,13 +406,18 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
                     q.add_used(mem, head, len)?;
                     served = true;
                 }
-                // Re-enable notifications; if buffers arrived meanwhile, serve them too.
-                if !q.enable_notification(mem)? {
+                // Re-enable notifications; if buffers arrived meanwhile, serve them too
+                // (unless the device has nothing to put in them).
+                if !q.enable_notification(mem)? || out_of_work {
                     break;
                 }
             }
             Ok(served && q.needs_notification(mem)?)
         })();
+        if st.device.take_config_change() {
+            st.config_generation = st.config_generation.wrapping_add(1);
+            self.raise(st, VIRTIO_MMIO_INT_CONFIG);
+        }
         match result {
             Ok(true) => self.raise(st, VIRTIO_MMIO_INT_VRING),
             Ok(false) => {}
