@@ -220,6 +220,23 @@ fn a_backend_that_goes_away_takes_the_link_down_with_a_config_interrupt() {
     assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
 }
 
+/// A runt from the backend (no frame after the header) is dropped and ends that run of the
+/// queue; the next run delivers what follows it.
+#[test]
+fn runts_from_the_backend_are_dropped() {
+    let mut r = net_rig(FakeBackend::default());
+    r.start(FEATURES);
+    let good = with_hdr(&ether(ETH_TEST, &[3; 64]));
+    push_frames(&r, vec![vec![0; NET_HDR_LEN], good.clone()]);
+    r.post_rx(0);
+    r.dev.notify_queue(RX_QUEUE as u32);
+    assert_eq!(r.used_idx(0), 0);
+    assert_eq!(r.dev.with_device(|n| n.stats()).rx_dropped, 1);
+    r.dev.notify_queue(RX_QUEUE as u32);
+    assert_eq!(r.used_idx(0), 1);
+    assert_eq!(r.rx_frame(0)[NET_HDR_LEN..], good[NET_HDR_LEN..]);
+}
+
 #[test]
 fn a_reset_drops_the_held_frame() {
     let mut r = net_rig(FakeBackend::default());

@@ -462,30 +462,31 @@ impl<B: NetBackend> Net<B> {
         }
     }
 
-    /// Reads the next frame from the backend into `rx_buf`; whether one is now held.
+    /// Reads the next frame from the backend into `rx_buf`; whether one is now held. Anything
+    /// but a frame ends this run of the queue (the receive thread comes back while the backend
+    /// stays readable), so a backend that keeps answering nonsense cannot hold the lock.
     fn fetch_frame(&mut self) -> bool {
-        loop {
-            match self.backend.recv(&mut self.rx_buf) {
-                Ok(n) if n > NET_HDR_LEN && n <= BUFFER_LEN => {
-                    self.rx_len = n;
-                    return true;
-                }
-                Ok(n) => {
-                    // A runt (or a backend claiming more than the buffer): nothing to deliver.
-                    tracing::debug!("virtio-net: {n}-byte frame from the backend dropped");
-                    self.stats.rx_dropped += 1;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if backend_gone(&e) => {
-                    self.backend_lost(&e);
-                    return false;
-                }
-                Err(e) => {
-                    tracing::debug!("virtio-net: backend read: {e}");
-                    self.stats.rx_dropped += 1;
-                    return false;
-                }
+        match self.backend.recv(&mut self.rx_buf) {
+            Ok(n) if n > NET_HDR_LEN && n <= BUFFER_LEN => {
+                self.rx_len = n;
+                true
+            }
+            Ok(n) => {
+                // A runt (or a backend claiming more than the buffer): nothing to deliver.
+                tracing::debug!("virtio-net: {n}-byte frame from the backend dropped");
+                self.stats.rx_dropped += 1;
+                false
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
+            Err(e) if backend_gone(&e) => {
+                self.backend_lost(&e);
+                false
+            }
+            Err(e) => {
+                tracing::debug!("virtio-net: backend read: {e}");
+                self.stats.rx_dropped += 1;
+                false
             }
         }
     }
