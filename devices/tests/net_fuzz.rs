@@ -162,6 +162,8 @@ enum Op {
     NotifyRx,
     /// The backend goes away.
     Gone,
+    /// The backend goes down (EIO on writes) or up again.
+    ToggleDown,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -170,6 +172,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::KickTx),
         4 => Just(Op::NotifyRx),
         1 => Just(Op::Gone),
+        1 => Just(Op::ToggleDown),
     ]
 }
 
@@ -291,6 +294,10 @@ proptest! {
                 Op::KickTx => r.kick(1),
                 Op::NotifyRx => r.dev.notify_queue(RX_QUEUE as u32),
                 Op::Gone => r.dev.with_device_mut(|n| n.backend_mut().gone = true),
+                Op::ToggleDown => r.dev.with_device_mut(|n| {
+                    let b = n.backend_mut();
+                    b.down = !b.down;
+                }),
             }
         }
         let after = snapshot(&mem);

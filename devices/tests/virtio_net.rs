@@ -237,6 +237,49 @@ fn runts_from_the_backend_are_dropped() {
     assert_eq!(r.rx_frame(0)[NET_HDR_LEN..], good[NET_HDR_LEN..]);
 }
 
+/// A backend that is down (EIO, or a carrier reported off) is a link down the guest is told
+/// about, and up again when frames pass or the carrier returns; the device never needs a
+/// reset and the receive thread would go on.
+#[test]
+fn a_backend_that_is_down_takes_the_link_down_until_it_is_up() {
+    let mut r = net_rig(FakeBackend {
+        carrier: Some(false),
+        ..FakeBackend::default()
+    });
+    assert_eq!(r.link_status(), 0, "a tap down at start: link down");
+    r.start(FEATURES);
+    r.dev.with_device_mut(|n| {
+        n.backend_mut().carrier = Some(true);
+        n.refresh_link();
+    });
+    r.w32(REG_INTERRUPT_ACK, 3);
+    r.dev.notify_queue(RX_QUEUE as u32);
+    assert_eq!(r.link_status(), 1);
+    assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
+    // The host takes the tap down: the next transmission fails with EIO.
+    r.dev.with_device_mut(|n| n.backend_mut().down = true);
+    r.w32(REG_INTERRUPT_ACK, 3);
+    let generation = r.r32(REG_CONFIG_GENERATION);
+    let frame = with_hdr(&ether(ETH_TEST, &[5; 64]));
+    r.post_tx(0, &frame);
+    r.kick(1);
+    assert_eq!(r.used_idx(1), 1);
+    assert_eq!(r.link_status(), 0);
+    assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
+    assert_ne!(r.r32(REG_CONFIG_GENERATION), generation);
+    assert!(!r.dev.with_device(|n| n.gone()), "down, not gone");
+    // Up again: the next frame passes and the link is back.
+    r.dev.with_device_mut(|n| n.backend_mut().down = false);
+    r.w32(REG_INTERRUPT_ACK, 3);
+    r.post_tx(1, &frame);
+    r.kick(1);
+    assert_eq!(r.link_status(), 1);
+    assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
+    let s = r.dev.with_device(|n| n.stats());
+    assert_eq!((s.tx_frames, s.tx_dropped), (1, 1));
+    assert_eq!(r.r32(REG_STATUS) & STATUS_NEEDS_RESET, 0);
+}
+
 #[test]
 fn a_reset_drops_the_held_frame() {
     let mut r = net_rig(FakeBackend::default());
@@ -529,6 +572,34 @@ fn deleting_the_tap_mid_run_gives_the_guest_a_link_down() {
     r.kick(1);
     assert_eq!(r.used_idx(1), 2);
     assert_eq!(r.dev.with_device(|n| n.stats()).tx_dropped, 1);
+}
+
+/// The link follows the tap's state on the host: down before it is brought up, up within a
+/// second of `ip link set up` (the receive thread looks), down at the first transmission after
+/// `ip link set down`, and up again; the receive thread keeps running throughout.
+#[test]
+fn the_link_follows_the_tap_up_and_down() {
+    let ns = NetNs::new();
+    let tap = ns.within(|| Tap::open(TAP)).expect("open the tap");
+    let mut r = net_rig(tap);
+    assert_eq!(r.link_status(), 0, "a tap not yet up");
+    r.start(FEATURES);
+    let (stop, done, h) = spawn_rx(&r);
+    ns.ip(&["link", "set", TAP, "up"]);
+    wait_for("the link to come up", || r.link_status() == 1);
+    assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
+    r.w32(REG_INTERRUPT_ACK, 3);
+    ns.ip(&["link", "set", TAP, "down"]);
+    r.post_tx(0, &with_hdr(&ether(ETH_TEST, &[6; 64])));
+    r.kick(1);
+    assert_eq!(r.link_status(), 0, "EIO from a tap that is down");
+    assert_ne!(r.r32(REG_INTERRUPT_STATUS) & INT_CONFIG, 0);
+    ns.ip(&["link", "set", TAP, "up"]);
+    wait_for("the link to come back", || r.link_status() == 1);
+    assert!(done.try_recv().is_err(), "the receive thread still runs");
+    stop.write(1).unwrap();
+    h.join().unwrap();
+    done.recv().unwrap().unwrap();
 }
 
 #[test]

@@ -393,7 +393,12 @@ fn a_network_interface_follows_the_disks_in_the_dsdt() {
         .args(["run", "--kernel", k.to_str().unwrap()])
         .args(["--disk", disk.to_str().unwrap()])
         .args(["--net", &format!("tap={tap}")])
-        .args(["--cmdline", "console=ttyS0", "--stop-at-entry", "--local-only"])
+        .args([
+            "--cmdline",
+            "console=ttyS0",
+            "--stop-at-entry",
+            "--local-only",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -403,7 +408,11 @@ fn a_network_interface_follows_the_disks_in_the_dsdt() {
         .args(["--stop-at-entry"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(64), "a bad --net is a usage error (EX_USAGE)");
+    assert_eq!(
+        o.status.code(),
+        Some(64),
+        "a bad --net is a usage error (EX_USAGE)"
+    );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("not a network interface name"),
         "{}",

@@ -373,8 +373,18 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         }
     }
 
-    /// Serves every available chain of queue `index`, then interrupts if the driver wants it.
+    /// Serves queue `index` ([`Self::serve_queue`]), then tells the driver if the device
+    /// changed its configuration space meanwhile (or since the last time).
     fn process_queue(&self, st: &mut Transport<D>, index: usize) {
+        self.serve_queue(st, index);
+        if st.device.take_config_change() && st.activated {
+            st.config_generation = st.config_generation.wrapping_add(1);
+            self.raise(st, VIRTIO_MMIO_INT_CONFIG);
+        }
+    }
+
+    /// Serves every available chain of queue `index`, then interrupts if the driver wants it.
+    fn serve_queue(&self, st: &mut Transport<D>, index: usize) {
         if !st.activated {
             return;
         }
@@ -414,10 +424,6 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
             }
             Ok(served && q.needs_notification(mem)?)
         })();
-        if st.device.take_config_change() {
-            st.config_generation = st.config_generation.wrapping_add(1);
-            self.raise(st, VIRTIO_MMIO_INT_CONFIG);
-        }
         match result {
             Ok(true) => self.raise(st, VIRTIO_MMIO_INT_VRING),
             Ok(false) => {}

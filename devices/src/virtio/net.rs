@@ -21,16 +21,22 @@
 //! 64 KiB frame), so nothing is allocated per packet. A malformed chain (a readable buffer in a
 //! receive chain, a writable one in a transmit chain, a buffer outside guest memory, a frame
 //! larger than the buffers) is consumed and counted, its frame dropped; guest memory is only
-//! touched through vm-memory's checked accessors. A backend that goes away (the tap deleted:
-//! EBADFD, EIO, ENODEV, ENXIO) sets the link down in configuration space and raises a
-//! config-change interrupt; the VMM carries on, the guest sees a cable pulled. The link stays
-//! down: a deleted tap's file cannot be attached again.
+//! touched through vm-memory's checked accessors.
+//!
+//! The link status follows the tap: a tap that is down on the host (not yet brought up, or
+//! `ip link set down`: writes fail with EIO) is a link down for the guest, and up again once
+//! the tap is (the receive thread looks at the tap's flags every [`LINK_POLL`]). A tap that
+//! goes away (deleted: EBADFD, ENODEV, ENXIO) is a link down for good: a deleted tap's file
+//! cannot be attached again, and the receive thread ends. Every change sets the status in
+//! configuration space and raises a config-change interrupt; the VMM carries on, the guest sees
+//! a cable pulled.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
@@ -55,6 +61,8 @@ pub const NET_HDR_LEN: usize = 12;
 pub const FRAME_MAX: usize = 65_550;
 /// Size of each of the device's two frame buffers: a header and the largest frame.
 pub const BUFFER_LEN: usize = NET_HDR_LEN + FRAME_MAX;
+/// How often the receive thread looks at the tap's flags (up or down) when nothing happens.
+pub const LINK_POLL: Duration = Duration::from_secs(1);
 /// Offset of `num_buffers` in the header.
 const NUM_BUFFERS: usize = 10;
 /// Configuration space: `mac[6]`, `status` (u16).
@@ -74,6 +82,11 @@ pub trait NetBackend: Send {
     /// A file descriptor that polls readable when [`NetBackend::recv`] has a frame, for the
     /// receive thread; `None` for backends that are polled by other means (tests).
     fn poll_fd(&self) -> Option<RawFd>;
+    /// Whether the backend can carry frames now (a tap: up on the host); `None` when it cannot
+    /// tell.
+    fn carrier(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Why a network device could not be set up.
@@ -149,6 +162,7 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
 const IFNAMSIZ: usize = 16;
+const IFF_UP: libc::c_short = 0x1;
 
 /// `struct ifreq` as TUNSETIFF / TUNGETIFF use it: the name and the flags of its union.
 #[repr(C)]
@@ -174,6 +188,33 @@ impl IfReq {
 pub struct Tap {
     file: File,
     name: String,
+    /// A socket in the namespace the tap was opened in, to read its flags (SIOCGIFFLAGS);
+    /// `None` if none could be made (the link is then judged by reads and writes alone).
+    ctl: Option<OwnedFd>,
+}
+
+/// A datagram socket for interface ioctls in the calling thread's network namespace.
+fn ctl_socket() -> Option<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        tracing::debug!("tap: no control socket: {}", io::Error::last_os_error());
+        return None;
+    }
+    // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// TUNGETIFF on `fd`: the attached interface's name and flags.
+fn tun_get_iff(fd: RawFd) -> io::Result<IfReq> {
+    let mut req = IfReq::zeroed();
+    // SAFETY: TUNGETIFF writes one `struct ifreq` into `req`, a live, properly sized
+    // `#[repr(C)]` ifreq; the descriptor is borrowed for the call.
+    let rc = unsafe { libc::ioctl(fd, TUNGETIFF as _, &mut req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(req)
 }
 
 impl Tap {
@@ -205,6 +246,7 @@ impl Tap {
         let tap = Tap {
             file,
             name: name.into(),
+            ctl: ctl_socket(),
         };
         tap.set_vnet_hdr_size()?;
         Ok(tap)
@@ -216,16 +258,7 @@ impl Tap {
     pub fn from_fd(fd: OwnedFd) -> Result<Self, NetError> {
         let raw = fd.as_raw_fd();
         let not_a_tap = |reason: String| NetError::NotATap { fd: raw, reason };
-        let mut req = IfReq::zeroed();
-        // SAFETY: TUNGETIFF writes one `struct ifreq` into `req`, a live, properly sized
-        // `#[repr(C)]` ifreq; the descriptor is borrowed for the call.
-        let rc = unsafe { libc::ioctl(raw, TUNGETIFF as _, &mut req) };
-        if rc < 0 {
-            return Err(not_a_tap(format!(
-                "TUNGETIFF: {}",
-                io::Error::last_os_error()
-            )));
-        }
+        let req = tun_get_iff(raw).map_err(|e| not_a_tap(format!("TUNGETIFF: {e}")))?;
         let len = req.name.iter().position(|&b| b == 0).unwrap_or(IFNAMSIZ);
         let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
         let flags = req.flags;
@@ -259,6 +292,7 @@ impl Tap {
         let tap = Tap {
             file: File::from(fd),
             name,
+            ctl: ctl_socket(),
         };
         tap.set_vnet_hdr_size()?;
         Ok(tap)
@@ -301,14 +335,31 @@ impl NetBackend for Tap {
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.file.as_raw_fd())
     }
+
+    fn carrier(&self) -> Option<bool> {
+        let ctl = self.ctl.as_ref()?;
+        // The interface's current name (it may have been renamed since it was opened).
+        let mut req = tun_get_iff(self.file.as_raw_fd()).ok()?;
+        req.flags = 0;
+        // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, a live,
+        // properly sized `#[repr(C)]` ifreq; the socket is borrowed for the call.
+        let rc = unsafe { libc::ioctl(ctl.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) };
+        // ENODEV: the tap is in another namespace than the control socket; cannot tell.
+        (rc == 0).then_some(req.flags & IFF_UP != 0)
+    }
 }
 
-/// Whether `e` means the backend is gone for good (the tap was deleted or brought down).
+/// Whether `e` means the backend is gone for good (the tap was deleted).
 fn backend_gone(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EBADFD | libc::EIO | libc::ENODEV | libc::ENXIO | libc::EBADF)
+        Some(libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EBADF)
     )
+}
+
+/// Whether `e` means the backend cannot carry frames for now (a tap that is down: EIO).
+fn backend_down(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
 }
 
 /// The virtio-net device model (module doc).
@@ -316,6 +367,8 @@ pub struct Net<B: NetBackend> {
     backend: B,
     mac: MacAddr,
     link_up: bool,
+    /// The backend went away: the link stays down.
+    gone: bool,
     config_changed: bool,
     acked_features: u64,
     active: bool,
@@ -358,17 +411,20 @@ pub enum RxWait {
     Backend,
     /// The device's wake eventfd (the driver freed a buffer or became ready).
     Wake,
-    /// Nothing: the link is down for good.
+    /// Nothing: the backend is gone, the link down for good.
     LinkDown,
 }
 
 impl<B: NetBackend> Net<B> {
-    /// A device with address `mac` on `backend`, link up.
+    /// A device with address `mac` on `backend`; the link is up if the backend says it can
+    /// carry frames (or cannot tell).
     pub fn new(backend: B, mac: MacAddr) -> Result<Self, NetError> {
+        let link_up = backend.carrier().unwrap_or(true);
         Ok(Net {
             backend,
             mac,
-            link_up: true,
+            link_up,
+            gone: false,
             config_changed: false,
             acked_features: 0,
             active: false,
@@ -387,9 +443,38 @@ impl<B: NetBackend> Net<B> {
         self.mac
     }
 
-    /// Whether the link is up (the backend has not gone away).
+    /// Whether the link is up (the backend is there and can carry frames).
     pub fn link_up(&self) -> bool {
         self.link_up
+    }
+
+    /// Whether the backend went away for good.
+    pub fn gone(&self) -> bool {
+        self.gone
+    }
+
+    /// Looks at the backend's carrier (a tap up or down on the host) and follows it; the
+    /// receive thread calls this every [`LINK_POLL`]. A change is reported to the guest with
+    /// the next run of a queue.
+    pub fn refresh_link(&mut self) {
+        if let Some(up) = self.backend.carrier() {
+            self.set_link(up);
+        }
+    }
+
+    /// Sets the link status (nothing once the backend is gone); a change raises a config
+    /// interrupt.
+    fn set_link(&mut self, up: bool) {
+        if self.gone || self.link_up == up {
+            return;
+        }
+        tracing::info!(
+            "virtio-net {}: link {}",
+            format_mac(&self.mac),
+            if up { "up" } else { "down" }
+        );
+        self.link_up = up;
+        self.config_changed = true;
     }
 
     /// Frame counters so far.
@@ -427,7 +512,7 @@ impl<B: NetBackend> Net<B> {
     /// readable backend would spin, so the thread parks on the wake eventfd until a buffer is
     /// used or the driver (re)activates the device.
     pub fn rx_wait(&self) -> RxWait {
-        if !self.link_up {
+        if self.gone {
             return RxWait::LinkDown;
         }
         let ran = self.rx_ran.swap(false, Ordering::SeqCst);
@@ -449,17 +534,18 @@ impl<B: NetBackend> Net<B> {
 
     /// Takes the link down for good and tells the guest (module doc).
     fn backend_lost(&mut self, e: &io::Error) {
-        if self.link_up {
-            tracing::warn!(
-                "virtio-net {}: backend gone ({e}); link down",
-                format_mac(&self.mac)
-            );
-            self.link_up = false;
-            self.config_changed = true;
-            self.rx_len = 0;
-            // A parked receive thread learns it can end.
-            self.unpark();
+        if self.gone {
+            return;
         }
+        tracing::warn!(
+            "virtio-net {}: backend gone ({e}); link down",
+            format_mac(&self.mac)
+        );
+        self.set_link(false);
+        self.gone = true;
+        self.rx_len = 0;
+        // A parked receive thread learns it can end.
+        self.unpark();
     }
 
     /// Reads the next frame from the backend into `rx_buf`; whether one is now held. Anything
@@ -469,6 +555,8 @@ impl<B: NetBackend> Net<B> {
         match self.backend.recv(&mut self.rx_buf) {
             Ok(n) if n > NET_HDR_LEN && n <= BUFFER_LEN => {
                 self.rx_len = n;
+                // Frames flow: whatever the link was thought to be, it carries.
+                self.set_link(true);
                 true
             }
             Ok(n) => {
@@ -481,6 +569,10 @@ impl<B: NetBackend> Net<B> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
             Err(e) if backend_gone(&e) => {
                 self.backend_lost(&e);
+                false
+            }
+            Err(e) if backend_down(&e) => {
+                self.set_link(false);
                 false
             }
             Err(e) => {
@@ -564,7 +656,9 @@ impl<B: NetBackend> Net<B> {
             self.stats.tx_dropped += 1;
             return 0;
         }
-        if !self.link_up {
+        // A link thought down is tried anyway: a tap brought up since then takes the frame
+        // (and the link comes back), a tap still down refuses it.
+        if self.gone {
             self.stats.tx_dropped += 1;
             return 0;
         }
@@ -575,9 +669,14 @@ impl<B: NetBackend> Net<B> {
             Ok(()) => {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += (len - NET_HDR_LEN) as u64;
+                self.set_link(true);
             }
             Err(e) if backend_gone(&e) => {
                 self.backend_lost(&e);
+                self.stats.tx_dropped += 1;
+            }
+            Err(e) if backend_down(&e) => {
+                self.set_link(false);
                 self.stats.tx_dropped += 1;
             }
             Err(e) => {
@@ -654,7 +753,7 @@ impl<B: NetBackend> VirtioDevice for Net<B> {
             return true;
         }
         *self.rx_ran.get_mut() = true;
-        if !self.link_up || !self.active {
+        if self.gone || !self.active {
             return false;
         }
         if self.rx_len > 0 {
@@ -671,8 +770,9 @@ impl<B: NetBackend> VirtioDevice for Net<B> {
 }
 
 /// The receive thread's loop for `dev`: waits for the backend to turn readable (or for the
-/// device's wake eventfd while parked) and runs the receive queue, until `stop` is written or
-/// the link goes down. Errors are the poller's own (poll(2) failing), never the guest's.
+/// device's wake eventfd while parked) and runs the receive queue, and every [`LINK_POLL`]
+/// without either looks at the backend's carrier, until `stop` is written or the backend is
+/// gone. Errors are the poller's own (poll(2) failing), never the guest's.
 pub fn run_rx<B, A>(dev: &VirtioMmio<Net<B>, A>, stop: &EventFd) -> io::Result<()>
 where
     B: NetBackend,
@@ -707,8 +807,9 @@ where
                 revents: 0,
             },
         ];
+        let timeout = LINK_POLL.as_millis() as libc::c_int;
         // SAFETY: poll(2) on two pollfd structs in a live local array whose length is passed.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -718,6 +819,10 @@ where
         }
         if fds[0].revents != 0 {
             return Ok(());
+        }
+        if rc == 0 {
+            // The next run of the queue reports a change to the guest.
+            dev.with_device_mut(|n| n.refresh_link());
         }
         if wait == RxWait::Wake {
             // Non-blocking: a spurious wake just reads EAGAIN.

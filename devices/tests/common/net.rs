@@ -30,12 +30,15 @@ pub const RX_BUF_LEN: u32 = 2048;
 pub const TX_BUFS: u64 = 0x60000;
 pub const NET_QUEUE: u16 = 16;
 
-/// Frames a test hands the device, frames the device sent, and whether the "tap" is gone.
+/// Frames a test hands the device, frames the device sent, whether the "tap" is gone (EBADFD)
+/// or down (EIO on writes), and the carrier it reports.
 #[derive(Default)]
 pub struct FakeBackend {
     pub incoming: VecDeque<Vec<u8>>,
     pub sent: Vec<Vec<u8>>,
     pub gone: bool,
+    pub down: bool,
+    pub carrier: Option<bool>,
 }
 
 impl NetBackend for FakeBackend {
@@ -56,12 +59,19 @@ impl NetBackend for FakeBackend {
         if self.gone {
             return Err(io::Error::from_raw_os_error(libc::EBADFD));
         }
+        if self.down {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         self.sent.push(frame.to_vec());
         Ok(())
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
         None
+    }
+
+    fn carrier(&self) -> Option<bool> {
+        self.carrier
     }
 }
 

@@ -52,8 +52,9 @@ Each --net tap=NAME[,mac=MAC] is a virtio-net device on the host's tap NAME, in 
 the disks (eth0, eth1, ... in order; virtio_net must be built in or loaded from the initrd).
 farvm opens the tap (creating it if it does not exist: that needs CAP_NET_ADMIN) but does not
 configure the host side: give the tap an address, or plug it into a bridge, with ip(8). No
-offloads yet (MTU 1500, checksums computed by the sender). A tap deleted while the VM runs is a
-pulled cable: the guest sees its link go down, the VM goes on.
+offloads yet (MTU 1500, checksums computed by the sender). The guest's link follows the tap
+(down while the tap is down on the host); a tap deleted while the VM runs is a pulled cable
+for good: the guest sees its link go down, the VM goes on.
 Console input comes from --serial-in (stdin by default for Linux). On a terminal, stdin is put
 in raw mode while the VM runs, so every key (Ctrl-C too) goes to the guest; Ctrl-A x stops
 the VM (exit status 130), Ctrl-A Ctrl-A sends Ctrl-A. `poweroff` in the guest (ACPI S5) ends

@@ -210,7 +210,7 @@ impl NetPort {
         let thread = std::thread::Builder::new()
             .name(format!("net-{name}"))
             .spawn(move || match vnet::run_rx(&d, &s) {
-                Ok(()) if !d.with_device(|n| n.link_up()) => {
+                Ok(()) if d.with_device(|n| n.gone()) => {
                     tracing::warn!(tap = %name, "tap gone: the guest's link is down")
                 }
                 Ok(()) => {}
