@@ -87,6 +87,9 @@ pub trait NetBackend: Send {
     fn carrier(&self) -> Option<bool> {
         None
     }
+    /// Lets go of the backend's resources (a tap's file: a tap farvm created goes with it);
+    /// afterwards every call fails. For a VM that stops while others still hold its devices.
+    fn close(&mut self) {}
 }
 
 /// Why a network device could not be set up.
@@ -186,7 +189,8 @@ impl IfReq {
 /// with 12-byte vnet headers.
 #[derive(Debug)]
 pub struct Tap {
-    file: File,
+    /// `None` once closed.
+    file: Option<File>,
     name: String,
     /// A socket in the namespace the tap was opened in, to read its flags (SIOCGIFFLAGS);
     /// `None` if none could be made (the link is then judged by reads and writes alone).
@@ -244,7 +248,7 @@ impl Tap {
             });
         }
         let tap = Tap {
-            file,
+            file: Some(file),
             name: name.into(),
             ctl: ctl_socket(),
         };
@@ -290,7 +294,7 @@ impl Tap {
             });
         }
         let tap = Tap {
-            file: File::from(fd),
+            file: Some(File::from(fd)),
             name,
             ctl: ctl_socket(),
         };
@@ -301,7 +305,12 @@ impl Tap {
     fn set_vnet_hdr_size(&self) -> Result<(), NetError> {
         let size: libc::c_int = NET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer; `size` lives for the call.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), TUNSETVNETHDRSZ as _, &size) };
+        let rc = match &self.file {
+            // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer; `size` lives for the
+            // call and the descriptor is borrowed for it.
+            Some(f) => unsafe { libc::ioctl(f.as_raw_fd(), TUNSETVNETHDRSZ as _, &size) },
+            None => return Ok(()),
+        };
         if rc < 0 {
             return Err(NetError::Configure {
                 name: self.name.clone(),
@@ -316,16 +325,22 @@ impl Tap {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    fn file(&self) -> io::Result<&File> {
+        self.file
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
 }
 
 impl NetBackend for Tap {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.file.read(buf)
+        self.file()?.read(buf)
     }
 
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
         // A tap takes a frame per write, whole or not at all.
-        let n = self.file.write(frame)?;
+        let n = self.file()?.write(frame)?;
         if n != frame.len() {
             return Err(io::Error::new(io::ErrorKind::WriteZero, "short tap write"));
         }
@@ -333,19 +348,23 @@ impl NetBackend for Tap {
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.file.as_raw_fd())
+        self.file.as_ref().map(|f| f.as_raw_fd())
     }
 
     fn carrier(&self) -> Option<bool> {
         let ctl = self.ctl.as_ref()?;
         // The interface's current name (it may have been renamed since it was opened).
-        let mut req = tun_get_iff(self.file.as_raw_fd()).ok()?;
+        let mut req = tun_get_iff(self.file.as_ref()?.as_raw_fd()).ok()?;
         req.flags = 0;
         // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, a live,
         // properly sized `#[repr(C)]` ifreq; the socket is borrowed for the call.
         let rc = unsafe { libc::ioctl(ctl.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) };
         // ENODEV: the tap is in another namespace than the control socket; cannot tell.
         (rc == 0).then_some(req.flags & IFF_UP != 0)
+    }
+
+    fn close(&mut self) {
+        self.file = None;
     }
 }
 
@@ -451,6 +470,16 @@ impl<B: NetBackend> Net<B> {
     /// Whether the backend went away for good.
     pub fn gone(&self) -> bool {
         self.gone
+    }
+
+    /// Closes the backend (its receive thread must have ended): the device stays, the link
+    /// is gone. A stopped VM's devices may outlive it in others' hands; its tap must not (the
+    /// next boot opens it again).
+    pub fn close_backend(&mut self) {
+        self.backend.close();
+        self.gone = true;
+        self.link_up = false;
+        self.rx_len = 0;
     }
 
     /// Looks at the backend's carrier (a tap up or down on the host) and follows it; the

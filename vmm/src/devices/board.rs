@@ -224,7 +224,7 @@ impl NetPort {
         })
     }
 
-    /// Ends and joins the receive thread (idempotent).
+    /// Ends and joins the receive thread and closes the tap (idempotent).
     fn stop(&self) {
         let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
@@ -233,6 +233,10 @@ impl NetPort {
                 return;
             }
             let _ = h.join();
+            // The VM's shared state (and so this device) may outlive the VM in a watcher's
+            // hands; the tap must not: a reboot opens it again, and a second open of a
+            // single-queue tap is refused.
+            self.dev.with_device_mut(|n| n.close_backend());
         }
     }
 }
@@ -435,7 +439,7 @@ impl Board {
     }
 
     /// Ends and joins the devices' own threads (the network devices' receive threads), so
-    /// nothing touches guest memory after the vCPUs are joined. Idempotent.
+    /// nothing touches guest memory after the vCPUs are joined, and closes the taps. Idempotent.
     pub fn stop_devices(&self) {
         for p in &self.nets {
             p.stop();
@@ -649,11 +653,21 @@ mod tests {
         assert_eq!(b.nets().count(), 1);
         b.stop_devices();
         b.stop_devices();
-        drop(b);
+        // Stopped, the board no longer holds the tap (even before it is dropped): a tap farvm
+        // created is gone, and the next boot may open the name again.
         assert!(
             !std::path::Path::new(&format!("/sys/class/net/{tap}")).exists(),
-            "the tap farvm created goes with the board"
+            "the tap farvm created goes when the devices stop"
         );
+        assert!(b.nets().all(|n| n.with_device(|n| n.gone())));
+        // A new board opens the same name while the old one is still alive (the disk is left
+        // out: its image stays locked by the old board until that is dropped).
+        let mut c2 = cfg(Vec::new());
+        c2.nets = c.nets.clone();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let again = Board::new(&c2, Some(mem), latch(), pv()).unwrap();
+        drop(again);
+        drop(b);
         // Too many devices: counted together.
         let mut c = cfg(Vec::new());
         c.nets = vec![NetConfig { tap, mac: None }; MAX_VIRTIO_DEVICES + 1];
