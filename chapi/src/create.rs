@@ -26,12 +26,20 @@
 //!   share one pty). Absent: `serial` Null, `console` Off.
 //! - `disks`: `path` (a raw image) and `readonly`, as libvirt's driver sends them; `id` is
 //!   accepted, `direct: true` (O_DIRECT) refused. They become `/dev/vda`, `/dev/vdb`, ... in order.
-//! - Any device farvm does not have (`net`, `devices`, `vsock`, `rng`, `fs`, `pmem`,
-//!   `balloon`, `numa`, ...) is refused unless empty; an unknown field is refused.
+//! - `net`: `tap` (the host's tap device, opened by name) and `mac`, virtio-net devices in order
+//!   after the disks; `id` is accepted, and so are the offload switches (farvm offers no offloads
+//!   yet, so the guest does without). Tap descriptors (`fds`, which libvirt's driver passes with
+//!   `vm.add-net` over SCM_RIGHTS) are refused: farvm's API does not take descriptors yet. So
+//!   are `ip`/`mask` (the host side's address), `host_mac`, `mtu`, more than one queue pair, a
+//!   queue size other than 256, vhost-user and rate limits.
+//! - Any device farvm does not have (`devices`, `vsock`, `rng`, `fs`, `pmem`, `balloon`,
+//!   `numa`, ...) is refused unless empty; an unknown field is refused.
 
 use std::path::{Path, PathBuf};
 
-use farvm_vmconfig::domain::{CharBackend, CharDevice, Disk, Os};
+use farvm_vmconfig::domain::{
+    check_tap_name, parse_mac, CharBackend, CharDevice, Disk, Interface, Os,
+};
 use farvm_vmconfig::Domain;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -121,6 +129,140 @@ pub struct CreateSpec {
     pub serial: ConsoleConfig,
     /// `disks`: virtio-blk disks, `/dev/vda`, `/dev/vdb`, ... in this order.
     pub disks: Vec<DiskSpec>,
+    /// `net`: virtio-net devices on taps, in this order.
+    pub net: Vec<NetSpec>,
+}
+
+/// One of `net`, as accepted: a tap device by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NetSpec {
+    /// The host's tap device.
+    pub tap: String,
+    /// The guest's MAC address (`aa:bb:cc:dd:ee:ff`) [`None`: derived from the tap's name].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Cloud Hypervisor's device id (accepted; farvm names devices by order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// Cloud Hypervisor's `NetConfig` (v27 to v40 fields).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNet {
+    tap: Option<String>,
+    mac: Option<String>,
+    id: Option<String>,
+    ip: Option<Value>,
+    mask: Option<Value>,
+    host_mac: Option<Value>,
+    mtu: Option<Value>,
+    iommu: Option<bool>,
+    num_queues: Option<u64>,
+    queue_size: Option<u64>,
+    vhost_user: Option<bool>,
+    vhost_socket: Option<Value>,
+    vhost_mode: Option<Value>,
+    fds: Option<Value>,
+    rate_limiter_config: Option<Value>,
+    pci_segment: Option<u64>,
+    offload_tso: Option<bool>,
+    offload_ufo: Option<bool>,
+    offload_csum: Option<bool>,
+}
+
+/// Checks `net[i]`: a tap by name, a unicast MAC, nothing farvm would not honour.
+fn net(i: usize, raw: RawNet) -> Result<NetSpec, ApiError> {
+    let key = |f: &str| format!("net[{i}].{f}");
+    refuse_unless_empty(
+        &key("fds"),
+        &raw.fds,
+        "farvm's API does not take tap descriptors yet (libvirt passes them with vm.add-net \
+         over SCM_RIGHTS); name the tap in `tap`",
+    )?;
+    for (f, v, why) in [
+        (
+            "ip",
+            &raw.ip,
+            "farvm does not configure the host side of a tap; set its address on the host",
+        ),
+        (
+            "mask",
+            &raw.mask,
+            "farvm does not configure the host side of a tap; set its address on the host",
+        ),
+        (
+            "host_mac",
+            &raw.host_mac,
+            "farvm does not set the host side's MAC",
+        ),
+        (
+            "mtu",
+            &raw.mtu,
+            "farvm's network device offers no MTU (the guest uses 1500)",
+        ),
+        (
+            "vhost_socket",
+            &raw.vhost_socket,
+            "farvm has no vhost-user devices",
+        ),
+        (
+            "vhost_mode",
+            &raw.vhost_mode,
+            "farvm has no vhost-user devices",
+        ),
+        (
+            "rate_limiter_config",
+            &raw.rate_limiter_config,
+            "farvm has no rate limits",
+        ),
+    ] {
+        refuse_unless_empty(&key(f), v, why)?;
+    }
+    if raw.vhost_user == Some(true) {
+        return Err(bad(format!(
+            "`{}`: farvm has no vhost-user devices",
+            key("vhost_user")
+        )));
+    }
+    if raw.iommu == Some(true) {
+        return Err(bad(format!("`{}`: farvm has no IOMMU", key("iommu"))));
+    }
+    if let Some(n) = raw.num_queues.filter(|&n| n != 2) {
+        return Err(bad(format!(
+            "`{}` is {n}: farvm's network device has one queue pair (2 queues)",
+            key("num_queues")
+        )));
+    }
+    if let Some(n) = raw.queue_size.filter(|&n| n != 256) {
+        return Err(bad(format!(
+            "`{}` is {n}: farvm's network queues have 256 entries",
+            key("queue_size")
+        )));
+    }
+    if let Some(n) = raw.pci_segment.filter(|&n| n != 0) {
+        return Err(bad(format!(
+            "`{}` is {n}: farvm has no PCI segments",
+            key("pci_segment")
+        )));
+    }
+    // Offloads only allow the guest to use them; farvm offers none yet.
+    let _ = (raw.offload_tso, raw.offload_ufo, raw.offload_csum);
+    let tap = raw.tap.filter(|t| !t.is_empty()).ok_or_else(|| {
+        bad(format!(
+            "`{}`: farvm opens the tap device by name; give it",
+            key("tap")
+        ))
+    })?;
+    check_tap_name(&tap).map_err(|m| bad(format!("`{}`: {m}", key("tap"))))?;
+    if let Some(m) = &raw.mac {
+        parse_mac(m).map_err(|e| bad(format!("`{}`: {e}", key("mac"))))?;
+    }
+    Ok(NetSpec {
+        tap,
+        mac: raw.mac,
+        id: raw.id,
+    })
 }
 
 /// One of `disks`: a raw image file (what libvirt's driver sends for `<disk type='file'>`).
@@ -207,10 +349,6 @@ struct RawConsole {
 
 /// Top-level fields farvm refuses unless absent or empty, and why.
 const REFUSED: &[(&str, &str)] = &[
-    (
-        "net",
-        "farvm has no network devices; remove the domain's <interface> elements",
-    ),
     (
         "devices",
         "farvm cannot pass host devices through (VFIO); remove the domain's <hostdev> elements",
@@ -430,6 +568,7 @@ impl CreateSpec {
         let mut con = ConsoleConfig::mode(ConsoleMode::Off);
         let mut ser = ConsoleConfig::mode(ConsoleMode::Null);
         let mut disks: Vec<DiskSpec> = Vec::new();
+        let mut nets: Vec<RawNet> = Vec::new();
         for (key, v) in map {
             match key.as_str() {
                 "cpus" => vcpus = cpus(field(&key, v)?)?,
@@ -441,6 +580,7 @@ impl CreateSpec {
                 "console" => con = console(&key, field(&key, v)?)?,
                 "serial" => ser = console(&key, field(&key, v)?)?,
                 "disks" => disks = field::<Option<Vec<DiskSpec>>>(&key, v)?.unwrap_or_default(),
+                "net" => nets = field::<Option<Vec<RawNet>>>(&key, v)?.unwrap_or_default(),
                 other => match REFUSED.iter().find(|(k, _)| *k == other) {
                     Some((_, why)) => refuse_unless_empty(other, &Some(v), why)?,
                     None => {
@@ -494,6 +634,11 @@ impl CreateSpec {
                 )));
             }
         }
+        let net = nets
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| net(i, n))
+            .collect::<Result<_, _>>()?;
         let spec = CreateSpec {
             vcpus,
             memory: mem,
@@ -503,6 +648,7 @@ impl CreateSpec {
             console: con,
             serial: ser,
             disks,
+            net,
         };
         spec.check_target()?;
         Ok(spec)
@@ -560,6 +706,9 @@ impl CreateSpec {
         if !self.disks.is_empty() {
             o["disks"] = json!(self.disks);
         }
+        if !self.net.is_empty() {
+            o["net"] = json!(self.net);
+        }
         o
     }
 
@@ -610,6 +759,15 @@ impl CreateSpec {
                     readonly: d.readonly,
                 })
                 .collect(),
+            interfaces: self
+                .net
+                .iter()
+                .map(|n| Interface {
+                    tap: n.tap.clone(),
+                    // Checked by parse.
+                    mac: n.mac.as_deref().and_then(|m| parse_mac(m).ok()),
+                })
+                .collect(),
             farvm: None,
             lines: Default::default(),
         }
@@ -628,6 +786,35 @@ mod tests {
         let e = parse(s).unwrap_err();
         assert_eq!(e.status(), 400, "{e}");
         e.to_string()
+    }
+
+    /// Taps by name become the domain's interfaces, in order, and read back from vm.info.
+    #[test]
+    fn net_entries_are_taps_by_name() {
+        let s = parse(
+            r#"{"kernel":{"path":"/k"},"net":[
+                {"tap":"vnet0","mac":"52:54:00:aa:bb:cc","id":"net0","num_queues":2,
+                 "queue_size":256,"offload_csum":true,"iommu":false,"vhost_user":false},
+                {"tap":"vnet1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.net.len(), 2);
+        let d = s.to_domain("x");
+        assert_eq!(
+            d.interfaces,
+            [
+                Interface {
+                    tap: "vnet0".into(),
+                    mac: Some([0x52, 0x54, 0, 0xaa, 0xbb, 0xcc])
+                },
+                Interface {
+                    tap: "vnet1".into(),
+                    mac: None
+                }
+            ]
+        );
+        let back = CreateSpec::parse(s.to_json().to_string().as_bytes()).unwrap();
+        assert_eq!(back, s);
     }
 
     /// What libvirt 9.0's ch driver sent (captured from a real virtchd).
@@ -672,7 +859,24 @@ mod tests {
         ))
         .contains("`disks[0].direct`"));
         assert!(refused(&format!(r#"{{{k},"disks":[{{"path":""}}]}}"#)).contains("disks[0].path"));
-        assert!(refused(&format!(r#"{{{k},"net":[{{"tap":"t0"}}]}}"#)).contains("network"));
+        for (net, want) in [
+            (
+                r#"{"fds":[3]}"#,
+                "`net[0].fds`: farvm's API does not take tap descriptors",
+            ),
+            (r#"{"mac":"52:54:00:00:00:01"}"#, "`net[0].tap`"),
+            (r#"{"tap":"t0","ip":"192.168.1.1"}"#, "`net[0].ip`"),
+            (r#"{"tap":"t0","mtu":9000}"#, "`net[0].mtu`"),
+            (r#"{"tap":"t0","num_queues":4}"#, "one queue pair"),
+            (r#"{"tap":"t0","queue_size":1024}"#, "256 entries"),
+            (r#"{"tap":"t0","vhost_user":true}"#, "vhost-user"),
+            (r#"{"tap":"t0","mac":"01:00:00:00:00:01"}"#, "`net[0].mac`"),
+            (r#"{"tap":"bad/name"}"#, "not a network interface name"),
+            (r#"{"tap":"t0","bogus":1}"#, "unknown field `bogus`"),
+        ] {
+            let e = refused(&format!(r#"{{{k},"net":[{net}]}}"#));
+            assert!(e.contains(want), "{net}: {e}");
+        }
         assert!(
             refused(&format!(r#"{{{k},"vsock":{{"cid":3,"socket":"/s"}}}}"#)).contains("vsock")
         );

@@ -23,7 +23,7 @@ pub mod error;
 pub mod event;
 pub mod info;
 
-pub use create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, SerialTarget};
+pub use create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, NetSpec, SerialTarget};
 pub use endpoint::{route, Endpoint, Method};
 pub use error::ApiError;
 pub use info::VmState;

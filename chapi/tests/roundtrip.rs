@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use farvm_chapi::create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, MEMORY_ALIGN};
+use farvm_chapi::create::{
+    ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, NetSpec, MEMORY_ALIGN,
+};
 use proptest::option;
 use proptest::prelude::*;
 
@@ -46,26 +48,42 @@ fn spec() -> impl Strategy<Value = CreateSpec> {
         option::of("[ -~]{0,40}"),
         option::of(path()),
         consoles(),
-        proptest::collection::vec((path(), any::<bool>(), option::of("[a-z0-9_]{1,8}")), 0..3),
+        (
+            proptest::collection::vec((path(), any::<bool>(), option::of("[a-z0-9_]{1,8}")), 0..3),
+            proptest::collection::vec(
+                (
+                    "[a-z][a-z0-9]{0,14}",
+                    option::of("52:54:00:[0-9a-f]{2}:[0-9a-f]{2}:[0-9a-f]{2}"),
+                    option::of("[a-z0-9_]{1,8}"),
+                ),
+                0..3,
+            ),
+        ),
     )
         .prop_map(
-            |(vcpus, pages, kernel, cmdline, initramfs, (console, serial), disks)| CreateSpec {
-                vcpus,
-                memory: pages * MEMORY_ALIGN,
-                kernel,
-                cmdline,
-                initramfs,
-                console,
-                serial,
-                disks: disks
-                    .into_iter()
-                    .map(|(path, readonly, id)| DiskSpec {
-                        path,
-                        readonly,
-                        direct: false,
-                        id,
-                    })
-                    .collect(),
+            |(vcpus, pages, kernel, cmdline, initramfs, (console, serial), (disks, net))| {
+                CreateSpec {
+                    vcpus,
+                    memory: pages * MEMORY_ALIGN,
+                    kernel,
+                    cmdline,
+                    initramfs,
+                    console,
+                    serial,
+                    disks: disks
+                        .into_iter()
+                        .map(|(path, readonly, id)| DiskSpec {
+                            path,
+                            readonly,
+                            direct: false,
+                            id,
+                        })
+                        .collect(),
+                    net: net
+                        .into_iter()
+                        .map(|(tap, mac, id)| NetSpec { tap, mac, id })
+                        .collect(),
+                }
             },
         )
 }

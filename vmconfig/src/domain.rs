@@ -1,6 +1,7 @@
 //! The libvirt domain XML subset farvm reads (`farvm run --domain FILE.xml`, and the domain a
 //! libvirt driver hands farvm): name, uuid, memory/currentMemory, vcpu, os (type, kernel,
-//! initrd, cmdline), serial/console, on_poweroff/on_reboot/on_crash, the emulator path, and
+//! initrd, cmdline), serial/console, disks, network interfaces (`<interface type='ethernet'>`
+//! on a tap: other types are refused), on_poweroff/on_reboot/on_crash, the emulator path, and
 //! farvm's own `<metadata>` element ([`crate::metadata`]).
 //!
 //! Anything else libvirt allows is reported as a [`Warning`] naming the element and ignored
@@ -170,6 +171,64 @@ impl Disk {
     }
 }
 
+/// A MAC address.
+pub type Mac = [u8; 6];
+
+/// An `<interface type='ethernet'>`: a tap device on the host the guest sees as a virtio-net
+/// device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// `<target dev=...>`: the host's tap device (opened, or created, by that name).
+    pub tap: String,
+    /// `<mac address=...>` [`None`: farvm derives one from the tap's name].
+    pub mac: Option<Mac>,
+}
+
+/// Longest network interface name Linux takes (`IFNAMSIZ` less the NUL).
+pub const MAX_TAP_NAME: usize = 15;
+
+/// Parses a MAC address `aa:bb:cc:dd:ee:ff` (or with dashes); a multicast address (the low bit
+/// of the first byte) is refused, as no NIC may have one.
+pub fn parse_mac(s: &str) -> Result<Mac, String> {
+    let bad = || format!("`{s}` is not a MAC address (six hex bytes, aa:bb:cc:dd:ee:ff)");
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(&parts) {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "`{s}` is a multicast address; a network interface needs a unicast one"
+        ));
+    }
+    Ok(mac)
+}
+
+/// Checks a tap name Linux would take: 1 to 15 bytes, no '/', ':', whitespace or NUL.
+pub fn check_tap_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_TAP_NAME
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c == '\0');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a network interface name (1 to {MAX_TAP_NAME} bytes, no '/', ':' \
+             or spaces)"
+        ))
+    }
+}
+
 /// The parts of a libvirt domain farvm uses. Memory sizes are in bytes (whole KiB, as libvirt
 /// keeps them).
 #[derive(Clone, Debug, PartialEq)]
@@ -202,6 +261,8 @@ pub struct Domain {
     pub console: Option<CharDevice>,
     /// `<disk>`s, in document order.
     pub disks: Vec<Disk>,
+    /// `<interface>`s, in document order (the guest's eth0, eth1, ...).
+    pub interfaces: Vec<Interface>,
     /// farvm's `<metadata>` element, when present.
     pub farvm: Option<Overrides>,
     /// Where the elements above are in the document, for errors found after parsing.
@@ -229,6 +290,8 @@ pub struct Lines {
     pub remote_memory: Option<u32>,
     /// Each `<disk>` (as [`Domain::disks`]).
     pub disks: Vec<u32>,
+    /// Each `<interface>` (as [`Domain::interfaces`]).
+    pub interfaces: Vec<u32>,
 }
 
 impl PartialEq for Lines {
@@ -536,6 +599,10 @@ fn devices(el: &Element, d: &mut Domain, w: &mut Warnings) -> Result<(), ConfigE
                 d.disks.push(disk(c, w)?);
                 d.lines.disks.push(c.line);
             }
+            (false, "interface") => {
+                d.interfaces.push(interface(c, w)?);
+                d.lines.interfaces.push(c.line);
+            }
             _ => w.element("devices", c),
         }
     }
@@ -632,6 +699,68 @@ fn disk(el: &Element, w: &mut Warnings) -> Result<Disk, ConfigError> {
         block,
         target: dev.to_string(),
         readonly,
+    })
+}
+
+/// An `<interface>`: a tap device (`type='ethernet'`) with a virtio model. Other types (a
+/// libvirt network, a bridge, user networking, macvtap, ...) are refused: farvm does not
+/// create or plug taps itself, so it would give the guest no network where one was described.
+fn interface(el: &Element, w: &mut Warnings) -> Result<Interface, ConfigError> {
+    w.attrs("devices/interface", el, &["type"]);
+    match el.attr("type") {
+        Some("ethernet") => {}
+        Some(t) => {
+            return Err(invalid(
+                el,
+                format!(
+                    "type='{t}': farvm attaches existing tap devices only (type='ethernet' with \
+                     <target dev='TAP'/>); create the tap (and plug it into a bridge) on the host"
+                ),
+            ))
+        }
+        None => return Err(invalid(el, "needs type='ethernet'")),
+    }
+    let target = only(el, "target")?.ok_or_else(|| missing(el, "target"))?;
+    w.attrs("devices/interface/target", target, &["dev", "managed"]);
+    let tap = target
+        .attr("dev")
+        .ok_or_else(|| invalid(target, "needs dev='TAP' (the host's tap device)"))?;
+    check_tap_name(tap).map_err(|m| invalid(target, m))?;
+    let mac = match only(el, "mac")? {
+        Some(m) => {
+            w.attrs("devices/interface/mac", m, &["address"]);
+            let a = m
+                .attr("address")
+                .ok_or_else(|| invalid(m, "needs an address attribute"))?;
+            Some(parse_mac(a).map_err(|e| invalid(m, e))?)
+        }
+        None => None,
+    };
+    if let Some(model) = only(el, "model")? {
+        w.attrs("devices/interface/model", model, &["type"]);
+        match model.attr("type") {
+            None | Some("virtio") => {}
+            Some(t) => {
+                return Err(invalid(
+                    model,
+                    format!("type='{t}': farvm's network device is virtio (type='virtio')"),
+                ))
+            }
+        }
+    }
+    for c in &el.children {
+        let known = c.ns.is_none()
+            && matches!(
+                c.name.as_str(),
+                "target" | "mac" | "model" | "alias" | "address"
+            );
+        if !known {
+            w.element("devices/interface", c);
+        }
+    }
+    Ok(Interface {
+        tap: tap.to_string(),
+        mac,
     })
 }
 
@@ -749,6 +878,7 @@ impl Domain {
                 .find(|c| c.ns.as_deref() == Some(FARVM_NS) && c.name == crate::metadata::ELEMENT)
                 .map(|c| c.line),
             disks: Vec::new(),
+            interfaces: Vec::new(),
         };
         let mut d = Domain {
             domain_type: domain_type.to_string(),
@@ -765,6 +895,7 @@ impl Domain {
             serial: None,
             console: None,
             disks: Vec::new(),
+            interfaces: Vec::new(),
             farvm: None,
             lines,
         };

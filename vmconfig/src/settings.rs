@@ -74,6 +74,8 @@ pub struct VmSettings {
     pub serial: Serial,
     /// `<disk>`s, in document order.
     pub disks: Vec<crate::domain::Disk>,
+    /// `<interface>`s, in document order.
+    pub interfaces: Vec<crate::domain::Interface>,
     /// What the manager does when the guest powers off, reboots or crashes (libvirt's defaults:
     /// destroy, restart, destroy).
     pub on_poweroff: LifecycleAction,
@@ -111,6 +113,7 @@ pub fn merge(domain: &Domain, host: &HostConfig) -> VmSettings {
         cmdline: domain.os.cmdline.clone(),
         serial,
         disks: domain.disks.clone(),
+        interfaces: domain.interfaces.clone(),
         on_poweroff: domain.on_poweroff.unwrap_or(LifecycleAction::Destroy),
         on_reboot: domain.on_reboot.unwrap_or(LifecycleAction::Restart),
         on_crash: domain.on_crash.unwrap_or(LifecycleAction::Destroy),

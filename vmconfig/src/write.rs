@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use quick_xml::escape::escape;
 
-use crate::domain::{CharBackend, CharDevice, Disk, Domain};
+use crate::domain::{CharBackend, CharDevice, Disk, Domain, Interface};
 use crate::remote::{Overrides, Servers};
 use crate::FARVM_NS;
 
@@ -63,6 +63,20 @@ fn disk(out: &mut String, d: &Disk) {
         out.push_str("      <readonly/>\n");
     }
     out.push_str("    </disk>\n");
+}
+
+fn interface(out: &mut String, i: &Interface) {
+    out.push_str("    <interface type='ethernet'>\n");
+    if let Some(m) = &i.mac {
+        let _ = writeln!(
+            out,
+            "      <mac address='{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}'/>",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        );
+    }
+    let _ = writeln!(out, "      <target dev='{}'/>", escape(i.tap.as_str()));
+    out.push_str("      <model type='virtio'/>\n");
+    out.push_str("    </interface>\n");
 }
 
 /// farvm's `<remote-memory>` element for `o` (indented for `<metadata>`).
@@ -182,6 +196,7 @@ impl Domain {
             || self.serial.is_some()
             || self.console.is_some()
             || !self.disks.is_empty()
+            || !self.interfaces.is_empty()
         {
             out.push_str("  <devices>\n");
             if let Some(e) = &self.emulator {
@@ -189,6 +204,9 @@ impl Domain {
             }
             for d in &self.disks {
                 disk(&mut out, d);
+            }
+            for i in &self.interfaces {
+                interface(&mut out, i);
             }
             if let Some(s) = &self.serial {
                 char_device(&mut out, "serial", s);

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use farvm_vmconfig::domain::{CharBackend, LifecycleAction};
+use farvm_vmconfig::domain::{CharBackend, Interface, LifecycleAction};
 use farvm_vmconfig::{Domain, LocalShare, PageSpace, ParsedDomain, Servers};
 
 fn fixtures_dir() -> PathBuf {
@@ -198,7 +198,7 @@ fn unsupported_elements_are_each_named() {
         ("features", 10),
         ("cpu", 14),
         ("clock", 15),
-        ("devices/interface", 22),
+        ("devices/interface/rom", 24),
         ("devices/serial", 27),
         ("devices/memballoon", 28),
     ];
@@ -266,6 +266,84 @@ fn disks_are_read_or_refused_by_line() {
     ] {
         let e = with(&format!("{disk}\n")).unwrap_err().to_string();
         assert!(e.contains(want) && e.contains("line 6"), "{disk}: {e}");
+    }
+}
+
+/// Network interfaces: a tap (`type='ethernet'`) with its MAC is read; another type, model or
+/// a bad MAC or tap name is an error naming the element and line.
+#[test]
+fn interfaces_are_read_or_refused_by_line() {
+    let with = |nics: &str| {
+        Domain::parse(&format!(
+            "<domain type='kvm'>\n<name>d</name>\n<memory>65536</memory>\n\
+             <os><type>hvm</type></os>\n<devices>\n{nics}</devices>\n</domain>\n"
+        ))
+    };
+    let p = with(
+        "<interface type='ethernet'><mac address='52:54:00:ab:cd:ef'/>\
+         <target dev='vnet0' managed='no'/><model type='virtio'/></interface>\n\
+         <interface type='ethernet'><target dev='tap-b'/></interface>\n",
+    )
+    .unwrap();
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let n = &p.domain.interfaces;
+    assert_eq!(
+        n,
+        &[
+            Interface {
+                tap: "vnet0".into(),
+                mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 0xef])
+            },
+            Interface {
+                tap: "tap-b".into(),
+                mac: None
+            }
+        ]
+    );
+    assert_eq!(p.domain.lines.interfaces, [6, 7]);
+    for (nic, element, want) in [
+        (
+            "<interface type='network'><source network='default'/><model type='virtio'/></interface>",
+            "<interface>",
+            "type='network': farvm attaches existing tap devices only",
+        ),
+        (
+            "<interface type='bridge'><source bridge='br0'/></interface>",
+            "<interface>",
+            "type='bridge'",
+        ),
+        ("<interface type='user'/>", "<interface>", "type='user'"),
+        (
+            "<interface type='ethernet'><model type='virtio'/></interface>",
+            "<interface>",
+            "needs a <target>",
+        ),
+        (
+            "<interface type='ethernet'><target dev='a-name-far-too-long'/></interface>",
+            "<target>",
+            "is not a network interface name",
+        ),
+        (
+            "<interface type='ethernet'><target dev='t0'/><model type='e1000'/></interface>",
+            "<model>",
+            "type='e1000': farvm's network device is virtio",
+        ),
+        (
+            "<interface type='ethernet'><target dev='t0'/><mac address='01:00:5e:00:00:01'/></interface>",
+            "<mac>",
+            "multicast",
+        ),
+        (
+            "<interface type='ethernet'><target dev='t0'/><mac address='52:54:zz:00:00:01'/></interface>",
+            "<mac>",
+            "is not a MAC address",
+        ),
+    ] {
+        let e = with(&format!("{nic}\n")).unwrap_err().to_string();
+        assert!(
+            e.contains(want) && e.contains("line 6") && e.contains(element),
+            "{nic}: {e}"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use farvm_vmconfig::domain::{CharBackend, CharDevice, Disk, LifecycleAction, Os, Uuid};
+use farvm_vmconfig::domain::{CharBackend, CharDevice, Disk, Interface, LifecycleAction, Os, Uuid};
 use farvm_vmconfig::{Domain, LocalShare, Overrides, PageSpace, Pool, Servers};
 use proptest::option;
 use proptest::prelude::*;
@@ -146,6 +146,16 @@ fn domain() -> impl Strategy<Value = Domain> {
             option::of(char_device()),
             option::of(char_device()),
             proptest::collection::vec((path(), any::<bool>(), any::<bool>()), 0..4),
+            proptest::collection::vec(
+                (
+                    "[a-z][a-z0-9_-]{0,14}",
+                    option::of(any::<[u8; 6]>().prop_map(|mut m| {
+                        m[0] &= !1;
+                        m
+                    })),
+                ),
+                0..3,
+            ),
         ),
         option::of(overrides()),
     )
@@ -156,7 +166,7 @@ fn domain() -> impl Strategy<Value = Domain> {
                 vcpus,
                 os,
                 (off, reb, crash),
-                (emu, serial, console, disks),
+                (emu, serial, console, disks, nics),
                 farvm,
             )| Domain {
                 domain_type: "kvm".into(),
@@ -181,6 +191,10 @@ fn domain() -> impl Strategy<Value = Domain> {
                         target: Disk::target_of(i).unwrap(),
                         readonly,
                     })
+                    .collect(),
+                interfaces: nics
+                    .into_iter()
+                    .map(|(tap, mac)| Interface { tap, mac })
                     .collect(),
                 farvm,
                 lines: Default::default(),

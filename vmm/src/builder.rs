@@ -18,7 +18,7 @@ use farvm_devices::serial::{SerialIn, SerialOut};
 use crate::boot::linux::{self, LinuxBootInfo};
 use crate::boot::testguest::{self, TestPlan};
 use crate::boot::{acpi, BootError, EntryState};
-use crate::devices::board::{Board, BoardConfig, DeviceError, DiskConfig};
+use crate::devices::board::{Board, BoardConfig, DeviceError, DiskConfig, NetConfig};
 use crate::devices::pty::Pty;
 use crate::devices::pvctl::PvCtl;
 use crate::layout;
@@ -108,6 +108,9 @@ pub struct VmConfig {
     /// Disks, virtio-blk on virtio-mmio in this order (Linux guests: `/dev/vda`, `/dev/vdb`,
     /// …).
     pub disks: Vec<DiskConfig>,
+    /// Network interfaces, virtio-net on virtio-mmio after the disks (Linux guests: eth0,
+    /// eth1, … in this order, as the guest's driver probes them).
+    pub nets: Vec<NetConfig>,
     /// Echo guest PV log lines on stderr.
     pub echo_guest_logs: bool,
     /// Keep KVM's async page faults (KVM's default). Off, a guest fault on remote memory is
@@ -131,6 +134,7 @@ impl VmConfig {
             serial_in: SerialIn::None,
             console_pty: None,
             disks: Vec::new(),
+            nets: Vec::new(),
             echo_guest_logs: false,
             kvm_async_pf: true,
         }
@@ -191,6 +195,9 @@ impl VmConfig {
         }
         if !self.disks.is_empty() && !self.is_linux() {
             return bad("--disk needs a Linux guest: the test guest has no disk driver".into());
+        }
+        if !self.nets.is_empty() && !self.is_linux() {
+            return bad("--net needs a Linux guest: the test guest has no network driver".into());
         }
         Ok(())
     }
@@ -308,7 +315,8 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
     Ok(Vm::new(shared, kvm, vcpus, entry, linux_info))
 }
 
-/// The devices: console, power registers, and the disks with a DMA view of `ram`.
+/// The devices: console, power registers, and the disks and network devices with a DMA view
+/// of `ram`.
 fn build_board(
     cfg: &VmConfig,
     ram: &GuestRam,
@@ -316,12 +324,15 @@ fn build_board(
     pv: &Arc<PvCtl>,
 ) -> Result<Board, BuildError> {
     let agent_vcpus = cfg.is_linux().then_some(cfg.vcpus);
-    let mem = if cfg.disks.is_empty() && agent_vcpus.is_none() {
+    let mem = if cfg.disks.is_empty() && cfg.nets.is_empty() && agent_vcpus.is_none() {
         None
     } else {
-        // SAFETY: the view is used by the disks and the agent device only, on vCPU threads
-        // (their registers are MMIO exits), which are joined before the VM's remote memory
-        // shuts down: the VM owns its RemoteMemory and drops it last (`vm::RemoteOwner`).
+        // SAFETY: the view is used by the disks and the agent device on vCPU threads (their
+        // registers are MMIO exits), and by the network devices' receive threads; the vCPU
+        // threads are joined, and the receive threads stopped and joined
+        // (`Board::stop_devices`, in `RunningVm`'s stop), before the VM's remote memory shuts
+        // down: the VM owns its RemoteMemory and drops it last (`vm::RemoteOwner`). A VM
+        // never started has no active device: its receive threads never touch the view.
         Some(unsafe { ram.device_view() }?)
     };
     let board_cfg = BoardConfig {
@@ -329,6 +340,7 @@ fn build_board(
         serial_in: cfg.serial_in.clone(),
         pty: cfg.console_pty.clone(),
         disks: cfg.disks.clone(),
+        nets: cfg.nets.clone(),
         agent_vcpus,
     };
     Ok(Board::new(&board_cfg, mem, latch.clone(), pv.clone())?)
@@ -400,6 +412,8 @@ mod tests {
         linux.disks = vec!["/nonexistent.img".parse().unwrap()];
         linux.validate().unwrap();
         assert!(err(&|c| c.disks = vec!["/x.img".parse().unwrap()]).contains("needs a Linux guest"));
+        assert!(err(&|c| c.nets = vec!["tap=t0".parse().unwrap()])
+            .contains("--net needs a Linux guest"));
         let mut plan = TestPlan::default();
         plan.procs.push(farvm_guest_agent::boot::ProcessSpec {
             cpu: 1,

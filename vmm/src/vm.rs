@@ -668,6 +668,9 @@ impl RunningVm {
         if let Some(g) = self.shared.vcpus.get() {
             g.join();
         }
+        // Devices with threads of their own (network receive) touch guest memory too: they
+        // end here, before the remote memory this VM owns is shut down.
+        self.shared.board.stop_devices();
     }
 
     /// Stops the VM (if still running), joins the vCPU threads and returns the report; then

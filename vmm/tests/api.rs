@@ -209,8 +209,8 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     assert_eq!(api.call("GET", "vm.snapshot", None).status, 404);
     assert_eq!(api.call("PUT", "vm.info", None).status, 400);
     assert_eq!(api.call("GET", "vm.boot", None).status, 400);
-    // What farvm cannot do is refused, naming the field: a disk the test guest cannot drive,
-    // an unknown device.
+    // What farvm cannot do is refused, naming the field: a disk or a network interface the
+    // test guest cannot drive, tap descriptors.
     let mut with_disk = create_body(&kernel, &["seq:ws=8M"], 64 << 20);
     with_disk["disks"] = json!([{"path": "/var/lib/disk.img"}]);
     let m = error_messages(&api.put("vm.create", Some(&with_disk), 400));
@@ -222,7 +222,15 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     let mut with_net = create_body(&kernel, &["seq:ws=8M"], 64 << 20);
     with_net["net"] = json!([{"tap": "tap0"}]);
     let m = error_messages(&api.put("vm.create", Some(&with_net), 400));
-    assert!(m.iter().any(|m| m.contains("`net`")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|m| m.starts_with("net: network interfaces need a Linux guest")),
+        "{m:?}"
+    );
+    // Tap descriptors come over SCM_RIGHTS, which the API does not take yet.
+    with_net["net"] = json!([{"fds": [3]}]);
+    let m = error_messages(&api.put("vm.create", Some(&with_net), 400));
+    assert!(m.iter().any(|m| m.contains("`net[0].fds`")), "{m:?}");
     let m = error_messages(&api.put("vm.create", None, 400));
     assert!(m.iter().any(|m| m.contains("JSON body")), "{m:?}");
     let missing = create_body(&dir.join("no-such-kernel"), &[], 64 << 20);

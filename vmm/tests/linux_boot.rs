@@ -334,3 +334,89 @@ fn smp_linux_on_remote_memory_starts_the_bsp_only_and_describes_every_vcpu_in_ac
     drop(vm);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A network interface end to end up to the guest's entry: `farvm run --disk --net` builds the
+/// VM (the tap opened, the device in the slot after the disk, both in the DSDT), stops at
+/// entry and exits cleanly, taking the tap it created with it. Needs root (it creates a tap,
+/// under a name of its own in this namespace).
+#[test]
+fn a_network_interface_follows_the_disks_in_the_dsdt() {
+    if !kvm_available() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "this test creates a tap device: run it as root (CI does)"
+    );
+    let dir = std::env::temp_dir().join(format!("farvm-linux-net-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let tap = format!("fvl{}", std::process::id() % 1_000_000);
+    let mut cfg = config(
+        256 << 20,
+        bzimage(0x020f, &[0x90; 8192]),
+        None,
+        "console=ttyS0",
+    );
+    cfg.disks = vec![disk.to_str().unwrap().parse().unwrap()];
+    cfg.nets = vec![format!("tap={tap},mac=52:54:00:12:34:56").parse().unwrap()];
+    let vm = build(&cfg).expect("Linux with a disk and a network interface");
+    let board = &vm.shared().board;
+    let slots = board.virtio_mmio();
+    assert_eq!(slots.len(), 2);
+    assert_eq!((slots[1].base, slots[1].gsi), (0xd000_1000, 6));
+    assert_eq!(board.nets().count(), 1);
+    let ram = vm.ram().clone();
+    let rsdp: u64 = ram.read_obj(GuestAddress(ZERO_PAGE_GPA + 0x70)).unwrap();
+    let dsdt = acpi_table(&ram, rsdp, b"DSDT").expect("a DSDT");
+    let count = dsdt.windows(8).filter(|w| w == b"LNRO0005").count();
+    assert_eq!(count, 2, "the disk and the network device in the DSDT");
+    // The second device's window, as the _CRS's 32-bit memory descriptor spells its base.
+    assert!(
+        dsdt.windows(4).any(|w| w == 0xd000_1000u32.to_le_bytes()),
+        "the network device's window in the DSDT"
+    );
+    assert!(std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
+    drop(vm);
+    assert!(
+        !std::path::Path::new(&format!("/sys/class/net/{tap}")).exists(),
+        "the tap farvm created goes with the VM"
+    );
+
+    // The same through the CLI, to the entry point and out.
+    let k = dir.join("bzImage");
+    std::fs::write(&k, bzimage(0x020f, &[0x90; 8192])).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_farvm"))
+        .args(["run", "--kernel", k.to_str().unwrap()])
+        .args(["--disk", disk.to_str().unwrap()])
+        .args(["--net", &format!("tap={tap}")])
+        .args([
+            "--cmdline",
+            "console=ttyS0",
+            "--stop-at-entry",
+            "--local-only",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_farvm"))
+        .args(["run", "--kernel", k.to_str().unwrap()])
+        .args(["--net", "tap=no/slash"])
+        .args(["--stop-at-entry"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(64),
+        "a bad --net is a usage error (EX_USAGE)"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a network interface name"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -157,8 +157,15 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         f(&self.lock().device)
     }
 
+    /// Runs `f` on the device model mutably, under the lock the queues are served with (for
+    /// tests that drive a fake backend).
+    pub fn with_device_mut<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.lock().device)
+    }
+
     /// Processes queue `index` as if the driver had written it to QueueNotify; for an
-    /// ioeventfd worker.
+    /// ioeventfd worker, or a thread that learnt the device's backend has data for a
+    /// device-paced queue ([`super::VirtioDevice::queue_has_work`]).
     pub fn notify_queue(&self, index: u32) {
         let mut st = self.lock();
         self.process_queue(&mut st, index as usize);
@@ -366,8 +373,18 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         }
     }
 
-    /// Serves every available chain of queue `index`, then interrupts if the driver wants it.
+    /// Serves queue `index` ([`Self::serve_queue`]), then tells the driver if the device
+    /// changed its configuration space meanwhile (or since the last time).
     fn process_queue(&self, st: &mut Transport<D>, index: usize) {
+        self.serve_queue(st, index);
+        if st.device.take_config_change() && st.activated {
+            st.config_generation = st.config_generation.wrapping_add(1);
+            self.raise(st, VIRTIO_MMIO_INT_CONFIG);
+        }
+    }
+
+    /// Serves every available chain of queue `index`, then interrupts if the driver wants it.
+    fn serve_queue(&self, st: &mut Transport<D>, index: usize) {
         if !st.activated {
             return;
         }
@@ -381,7 +398,13 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
         let result = (|| -> Result<bool, virtio_queue::Error> {
             loop {
                 q.disable_notification(mem)?;
+                let mut out_of_work = false;
                 loop {
+                    // A device-paced queue (receive) keeps its buffers until there is data.
+                    if !device.queue_has_work(index) {
+                        out_of_work = true;
+                        break;
+                    }
                     // The iterator borrows the queue: take one chain and release it before
                     // add_used (a `while let` would hold the borrow across the body).
                     let next = q.iter(mem)?.next();
@@ -393,8 +416,9 @@ impl<D: VirtioDevice, A: GuestAddressSpace> VirtioMmio<D, A> {
                     q.add_used(mem, head, len)?;
                     served = true;
                 }
-                // Re-enable notifications; if buffers arrived meanwhile, serve them too.
-                if !q.enable_notification(mem)? {
+                // Re-enable notifications; if buffers arrived meanwhile, serve them too
+                // (unless the device has nothing to put in them).
+                if !q.enable_notification(mem)? || out_of_work {
                     break;
                 }
             }

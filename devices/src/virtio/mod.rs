@@ -1,10 +1,20 @@
 //! Virtio devices: the [`VirtioDevice`] trait a device model implements, the virtio-mmio
-//! transport that exposes one to the guest ([`mmio::VirtioMmio`]), and the block device
-//! ([`block::Block`]). Split virtqueues come from rust-vmm's `virtio-queue`; guest memory is any
-//! vm-memory `GuestMemory`.
+//! transport that exposes one to the guest ([`mmio::VirtioMmio`]), the block device
+//! ([`block::Block`]) and the network device ([`net::Net`]). Split virtqueues come from
+//! rust-vmm's `virtio-queue`; guest memory is any vm-memory `GuestMemory`.
+//!
+//! Most queues are paced by the driver: it posts a request, kicks, the device serves it. A
+//! receive queue is paced by the device's backend instead: its buffers wait until a frame
+//! arrives. [`VirtioDevice::queue_has_work`] is the one seam for both: the transport asks it
+//! before taking each chain, so a receive queue's buffers stay available until the device holds
+//! data for them, and whoever learns that data arrived (a thread polling the backend's fd)
+//! simply runs the queue with [`mmio::VirtioMmio::notify_queue`] as a driver kick would.
+//! [`VirtioDevice::take_config_change`] lets a device that changed its configuration space on
+//! its own (a link going down) have the transport raise the config-change interrupt.
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 
 use virtio_queue::DescriptorChain;
 use vm_memory::GuestMemory;
@@ -38,4 +48,19 @@ pub trait VirtioDevice: Send {
     /// chain's device-writable buffers (the used-ring length). Guest mistakes are answered in
     /// the device's own way (an error status), never with a panic.
     fn process_chain<M: GuestMemory>(&mut self, queue: usize, chain: DescriptorChain<&M>) -> u32;
+
+    /// Whether the device has something for the next chain of queue `queue`. Queues the
+    /// driver paces (requests, transmit) always do: the default. A receive queue has work only
+    /// while the device holds an incoming frame, which this call may fetch from its backend;
+    /// the transport asks before taking each chain and stops serving the queue at the first
+    /// `false`, leaving the remaining buffers available.
+    fn queue_has_work(&mut self, _queue: usize) -> bool {
+        true
+    }
+
+    /// Whether the device changed its configuration space by itself since the last call (the
+    /// transport then bumps the config generation and raises a config-change interrupt).
+    fn take_config_change(&mut self) -> bool {
+        false
+    }
 }

@@ -88,6 +88,77 @@ pub fn image(sectors: u64) -> tempfile::NamedTempFile {
     f
 }
 
+/// 32-bit register access to a virtio-mmio device, and the bring-up steps every test driver
+/// shares on top of it.
+pub trait Regs {
+    /// A guest load from register `off`.
+    fn load(&self, off: u64, data: &mut [u8]);
+    /// A guest store to register `off`.
+    fn store(&self, off: u64, data: &[u8]);
+
+    fn r32(&self, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.load(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn w32(&self, off: u64, v: u32) {
+        self.store(off, &v.to_le_bytes());
+    }
+
+    fn device_features(&self) -> u64 {
+        self.w32(REG_DEVICE_FEATURES_SEL, 0);
+        let lo = self.r32(REG_DEVICE_FEATURES);
+        self.w32(REG_DEVICE_FEATURES_SEL, 1);
+        let hi = self.r32(REG_DEVICE_FEATURES);
+        u64::from(hi) << 32 | u64::from(lo)
+    }
+
+    fn write_driver_features(&self, f: u64) {
+        self.w32(REG_DRIVER_FEATURES_SEL, 0);
+        self.w32(REG_DRIVER_FEATURES, f as u32);
+        self.w32(REG_DRIVER_FEATURES_SEL, 1);
+        self.w32(REG_DRIVER_FEATURES, (f >> 32) as u32);
+    }
+
+    /// Reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK; returns the status read back.
+    fn negotiate(&self, features: u64) -> u32 {
+        self.w32(REG_STATUS, 0);
+        self.w32(REG_STATUS, STATUS_ACKNOWLEDGE);
+        self.w32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        self.write_driver_features(features);
+        self.w32(
+            REG_STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        self.r32(REG_STATUS)
+    }
+
+    fn driver_ok(&self) {
+        let s = self.r32(REG_STATUS);
+        self.w32(REG_STATUS, s | STATUS_DRIVER_OK);
+    }
+}
+
+/// Writes descriptor `index` of the table at `table` in `mem`.
+pub fn write_desc_at(
+    mem: &Mem,
+    table: u64,
+    index: u16,
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+) {
+    let mut d = [0u8; 16];
+    d[0..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&flags.to_le_bytes());
+    d[14..16].copy_from_slice(&next.to_le_bytes());
+    mem.write_slice(&d, GuestAddress(table + 16 * u64::from(index)))
+        .unwrap();
+}
+
 pub struct Rig {
     pub dev: Dev,
     pub mem: Mem,
@@ -122,45 +193,17 @@ pub fn rig_with(sectors: u64, read_only: bool) -> Rig {
     }
 }
 
+impl Regs for Rig {
+    fn load(&self, off: u64, data: &mut [u8]) {
+        self.dev.read(off, data)
+    }
+
+    fn store(&self, off: u64, data: &[u8]) {
+        self.dev.write(off, data)
+    }
+}
+
 impl Rig {
-    pub fn r32(&self, off: u64) -> u32 {
-        let mut b = [0u8; 4];
-        self.dev.read(off, &mut b);
-        u32::from_le_bytes(b)
-    }
-
-    pub fn w32(&self, off: u64, v: u32) {
-        self.dev.write(off, &v.to_le_bytes());
-    }
-
-    pub fn device_features(&self) -> u64 {
-        self.w32(REG_DEVICE_FEATURES_SEL, 0);
-        let lo = self.r32(REG_DEVICE_FEATURES);
-        self.w32(REG_DEVICE_FEATURES_SEL, 1);
-        let hi = self.r32(REG_DEVICE_FEATURES);
-        u64::from(hi) << 32 | u64::from(lo)
-    }
-
-    pub fn write_driver_features(&self, f: u64) {
-        self.w32(REG_DRIVER_FEATURES_SEL, 0);
-        self.w32(REG_DRIVER_FEATURES, f as u32);
-        self.w32(REG_DRIVER_FEATURES_SEL, 1);
-        self.w32(REG_DRIVER_FEATURES, (f >> 32) as u32);
-    }
-
-    /// Reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK; returns the status read back.
-    pub fn negotiate(&self, features: u64) -> u32 {
-        self.w32(REG_STATUS, 0);
-        self.w32(REG_STATUS, STATUS_ACKNOWLEDGE);
-        self.w32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
-        self.write_driver_features(features);
-        self.w32(
-            REG_STATUS,
-            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
-        );
-        self.r32(REG_STATUS)
-    }
-
     /// Programs queue 0 with the rings at `desc`, `avail`, `used`.
     pub fn setup_queue_at(&self, size: u16, desc: u64, avail: u64, used: u64) {
         self.w32(REG_QUEUE_SEL, 0);
@@ -173,11 +216,6 @@ impl Rig {
         self.w32(REG_QUEUE_USED_LOW, used as u32);
         self.w32(REG_QUEUE_USED_HIGH, (used >> 32) as u32);
         self.w32(REG_QUEUE_READY, 1);
-    }
-
-    pub fn driver_ok(&self) {
-        let s = self.r32(REG_STATUS);
-        self.w32(REG_STATUS, s | STATUS_DRIVER_OK);
     }
 
     /// The whole Linux-style bring-up with `features`; the device ends DRIVER_OK.
@@ -195,14 +233,7 @@ impl Rig {
 
     /// Writes descriptor `index` of the table at `table`.
     pub fn write_desc(&self, table: u64, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        self.mem
-            .write_slice(&d, GuestAddress(table + 16 * u64::from(index)))
-            .unwrap();
+        write_desc_at(&self.mem, table, index, addr, len, flags, next);
     }
 
     /// Puts a chain of `(addr, len, device_writable)` buffers in the descriptor table and
@@ -289,3 +320,5 @@ impl Rig {
         v
     }
 }
+
+pub mod net;

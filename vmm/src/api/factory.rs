@@ -24,6 +24,7 @@ impl FieldNames for ApiNames {
             Field::Cmdline => "cmdline.args",
             Field::Workloads => "cmdline.args (its farvm.workload= words)",
             Field::Disks => "disks",
+            Field::Nets => "net",
             Field::LocalMemory => "the host config's local_memory",
             Field::Prefetcher => "the host config's prefetcher",
             Field::Servers => "the host config's memservers/pool",
@@ -129,6 +130,13 @@ mod tests {
         );
         let e = prepare_with_defaults(&body(r#","disks":[{"path":"/d.img"}]"#)).unwrap_err();
         assert!(e.starts_with("disks: disks need a Linux guest"), "{e}");
+        let e = prepare_with_defaults(&body(r#","net":[{"tap":"vnet0"}]"#)).unwrap_err();
+        assert!(
+            e.starts_with("net: network interfaces need a Linux guest"),
+            "{e}"
+        );
+        let e = prepare_with_defaults(&body(r#","net":[{"fds":[5]}]"#)).unwrap_err();
+        assert!(e.contains("net[0].fds"), "{e}");
         let e = prepare_with_defaults(&body("")).unwrap_err();
         assert!(
             e.starts_with("cmdline.args (its farvm.workload= words): farvm's test guest has no"),

@@ -68,6 +68,7 @@ mod tests {
                         "page_space" => "virtual",
                         "local_memory" => "25%",
                         "pool" => "http://127.0.0.1:2379",
+                        "nets" => "tap=t0",
                         _ => "x",
                     }
                     .into(),

@@ -13,7 +13,7 @@ use farvm_httpd::{HttpError, HttpServer, Listen};
 use farvm_units::{format_size, parse_size};
 use farvm_vmm::builder::{self, VmConfig};
 use farvm_vmm::control::{default_socket_path, ControlServer};
-use farvm_vmm::devices::board::DiskConfig;
+use farvm_vmm::devices::board::{DiskConfig, NetConfig};
 use farvm_vmm::devices::console::{self, RawMode};
 use farvm_vmm::devices::pvctl::ProcessRecord;
 use farvm_vmm::spec::{
@@ -48,6 +48,13 @@ map, kvmclock, the in-kernel PIC/IOAPIC/LAPICs and PIT; the kernel starts the ot
 itself with INIT/SIPI. Each --disk PATH[,ro] is a virtio-blk disk on virtio-mmio, announced
 in the DSDT (device LNRO0005; /dev/vda, /dev/vdb, ... in order): a kernel that builds
 virtio_mmio, virtio_blk and its file system as modules needs them loaded from the initrd.
+Each --net tap=NAME[,mac=MAC] is a virtio-net device on the host's tap NAME, in the slots after
+the disks (eth0, eth1, ... in order; virtio_net must be built in or loaded from the initrd).
+farvm opens the tap (creating it if it does not exist: that needs CAP_NET_ADMIN) but does not
+configure the host side: give the tap an address, or plug it into a bridge, with ip(8). No
+offloads yet (MTU 1500, checksums computed by the sender). The guest's link follows the tap
+(down while the tap is down on the host); a tap deleted while the VM runs is a pulled cable
+for good: the guest sees its link go down, the VM goes on.
 Console input comes from --serial-in (stdin by default for Linux). On a terminal, stdin is put
 in raw mode while the VM runs, so every key (Ctrl-C too) goes to the guest; Ctrl-A x stops
 the VM (exit status 130), Ctrl-A Ctrl-A sends Ctrl-A. `poweroff` in the guest (ACPI S5) ends
@@ -91,16 +98,19 @@ A control socket answers `farvm status|stats|shutdown --vm NAME` while the VM ru
 LIBVIRT DOMAIN XML
 --domain FILE.xml runs a libvirt domain without libvirt. farvm reads the part of the domain
 format it understands (name, memory, vcpu, os kernel/initrd/cmdline, serial and console, raw
-<disk>s, its own <metadata> element) and merges the host config (/etc/farvm/farvm.toml, or
-the file $FARVM_CONFIG names: the domain's [domain.\"NAME\"] section, then [defaults]). Its
-disks' targets run from vda, in order. Elements farvm ignores are printed as warnings; a
-domain it cannot run is an error naming the element and line (exit status 64), and so is a
-problem found once the domain is read (`<vcpu> (line 4): 32 vCPUs is more than the test guest
-supports (16)`). The domain decides the options listed under \"The VM (decided by the domain
-with --domain)\": --name, --memory, --vcpus, --kernel, --initrd, --cmdline, --disk, --serial
-(a pty console goes to stdout) and the remote-memory options (--memserver or --pool,
---local-memory, --prefetcher, --replicas, --memserver-token-file, --page-space, --probe-every,
---metrics, --local-only); giving one of them as well is an error. The other options
+<disk>s, <interface type='ethernet'> taps, its own <metadata> element) and merges the host
+config (/etc/farvm/farvm.toml, or the file $FARVM_CONFIG names: the domain's [domain.\"NAME\"]
+section, then [defaults]). Its disks' targets run from vda, in order; its interfaces are the
+guest's eth0, eth1, ... in document order (other interface types, a bridge or a libvirt
+network, are refused: create the tap on the host and name it in <target dev='NAME'/>).
+Elements farvm ignores are printed as warnings; a domain it cannot run is an error naming the
+element and line (exit status 64), and so is a problem found once the domain is read (`<vcpu>
+(line 4): 32 vCPUs is more than the test guest supports (16)`). The domain decides the options
+listed under \"The VM (decided by the domain with --domain)\": --name, --memory, --vcpus,
+--kernel, --initrd, --cmdline, --disk, --net, --serial (a pty console goes to stdout) and the
+remote-memory options (--memserver or --pool, --local-memory, --prefetcher, --replicas,
+--memserver-token-file, --page-space, --probe-every, --metrics, --local-only); giving one of
+them as well is an error. The other options
 (--timeout, --json, --workload, --pool-slab, ...) apply as usual.
 
 WORKLOAD SPEC
@@ -447,6 +457,13 @@ pub struct VmArgs {
     /// (repeatable: /dev/vda, /dev/vdb, ... in order; virtio-blk on virtio-mmio).
     #[arg(long = "disk", value_name = "PATH[,ro]")]
     pub disks: Vec<DiskConfig>,
+
+    /// A network interface for a Linux guest: virtio-net on the host's tap device NAME
+    /// (opened by name; created, and removed at exit, if it does not exist), with MAC address
+    /// MAC (default: 52:54:00 and three bytes derived from NAME). Repeatable: eth0, eth1, ...
+    /// in order, after the disks on virtio-mmio.
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]")]
+    pub nets: Vec<NetConfig>,
 }
 
 /// `--rdma-pages`: true for one-sided.
@@ -490,6 +507,7 @@ impl RunArgs {
             serial: v.serial.clone(),
             serial_in: self.serial_in.clone(),
             disks: v.disks.clone(),
+            nets: v.nets.clone(),
             echo_guest_logs: self.guest_log,
             async_pf: if self.kvm_async_pf {
                 AsyncPf::Keep

@@ -1,7 +1,11 @@
 //! The emulated board of a VM, from farvm-devices, on one I/O bus: the COM1 console (16550,
 //! IRQ 4, output and input), the ACPI power registers (power-off ends the VM as a guest
-//! shutdown with status 0, reset as [`VmOutcome::GuestReboot`]) and one virtio-blk disk per
-//! `--disk` on virtio-mmio (slot i: window `0xd000_0000 + i * 4 KiB`, GSI 5 + i). Every
+//! shutdown with status 0, reset as [`VmOutcome::GuestReboot`]), one virtio-blk disk per
+//! `--disk` and then one virtio-net device per `--net` on virtio-mmio (slot i: window
+//! `0xd000_0000 + i * 4 KiB`, GSI 5 + i). Each network device has a thread of its own that
+//! polls its tap and fills the guest's receive buffers (`farvm_devices::virtio::net::run_rx`);
+//! [`Board::stop_devices`] (also on drop) ends and joins them, which the VM does with its vCPUs,
+//! before its remote memory goes. Every
 //! interrupt line is an eventfd the VMM registers as a KVM irqfd
 //! ([`crate::vstate::irq::connect_irqfds`]). A Linux guest also gets the farvm agent device
 //! (ACPI `FARV0001` at [`AGENT_MMIO_BASE`]): the guest agent module registers its per-vCPU
@@ -11,7 +15,8 @@
 //! to the vCPU loop).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use farvm_devices::agent::{AgentDevice, AgentHost, SlotArray};
 use farvm_devices::bus::{BusError, IoBus};
@@ -22,7 +27,9 @@ use farvm_devices::power::{PowerDevice, PowerEvent};
 use farvm_devices::serial::{SerialConsole, SerialError, SerialIn, SerialOut};
 use farvm_devices::virtio::block::{Block, BlockConfig, BlockError};
 use farvm_devices::virtio::mmio::{MmioError, VirtioMmio};
+use farvm_devices::virtio::net::{self as vnet, MacAddr, Net, NetError, Tap};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::console::{self, EscapeFilter};
 use super::pty::Pty;
@@ -62,6 +69,56 @@ impl std::str::FromStr for DiskConfig {
     }
 }
 
+/// A network interface to attach (`farvm run --net tap=NAME[,mac=MAC]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The host's tap device, opened by name (created if it does not exist).
+    pub tap: String,
+    /// The guest's MAC address [`None`: derived from the tap's name, see
+    /// [`NetConfig::mac_or_derived`]].
+    pub mac: Option<MacAddr>,
+}
+
+impl NetConfig {
+    /// The MAC the guest gets: the one given, else `52:54:00` followed by three bytes of a
+    /// hash of the tap's name (locally administered, unicast, the same at every boot).
+    pub fn mac_or_derived(&self) -> MacAddr {
+        if let Some(m) = self.mac {
+            return m;
+        }
+        // FNV-1a: stable across builds and Rust versions, unlike std's hasher.
+        let h = self.tap.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let b = h.to_le_bytes();
+        [0x52, 0x54, 0x00, b[0], b[1], b[2]]
+    }
+}
+
+impl std::str::FromStr for NetConfig {
+    type Err = String;
+    /// `tap=NAME` or `tap=NAME,mac=MAC`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (mut tap, mut mac) = (None, None);
+        for opt in s.split(',') {
+            match opt.split_once('=') {
+                Some(("tap", v)) => {
+                    farvm_vmconfig::domain::check_tap_name(v)?;
+                    tap = Some(v.to_string());
+                }
+                Some(("mac", v)) => mac = Some(farvm_vmconfig::domain::parse_mac(v)?),
+                _ => {
+                    return Err(format!(
+                        "`{s}`: unknown network option `{opt}` (expected tap=NAME[,mac=MAC])"
+                    ))
+                }
+            }
+        }
+        let tap = tap.ok_or_else(|| format!("`{s}`: no tap=NAME"))?;
+        Ok(NetConfig { tap, mac })
+    }
+}
+
 /// Why the board could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -71,9 +128,36 @@ pub enum DeviceError {
     /// A disk image could not be opened.
     #[error(transparent)]
     Disk(#[from] BlockError),
-    /// More disks than interrupt lines.
-    #[error("{0} disks: at most {max} virtio-mmio devices fit the interrupt lines", max = MAX_DISKS)]
-    TooManyDisks(usize),
+    /// A network device could not be attached.
+    #[error("network device on tap {tap}: {source}")]
+    Net {
+        /// The tap.
+        tap: String,
+        /// Why.
+        #[source]
+        source: NetError,
+    },
+    /// More disks and network devices than interrupt lines.
+    #[error(
+        "{disks} disks and {nets} network devices: at most {max} virtio-mmio devices fit the \
+         interrupt lines",
+        max = MAX_VIRTIO_DEVICES
+    )]
+    TooManyDevices {
+        /// Disks asked for.
+        disks: usize,
+        /// Network devices asked for.
+        nets: usize,
+    },
+    /// A network device's receive thread could not be started.
+    #[error("network device on tap {tap}: cannot start its thread: {source}")]
+    NetThread {
+        /// The tap.
+        tap: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The virtio-mmio transport refused the device.
     #[error("virtio transport: {0}")]
     Transport(#[from] MmioError),
@@ -83,13 +167,79 @@ pub enum DeviceError {
     /// An interrupt eventfd could not be created or registered.
     #[error("interrupt lines: {0}")]
     Interrupts(#[source] std::io::Error),
-    /// Disks or the agent device were asked for without guest memory to DMA into.
-    #[error("disks and the agent device need a memory view")]
+    /// Disks, network devices or the agent device were asked for without guest memory to
+    /// DMA into.
+    #[error("disks, network devices and the agent device need a memory view")]
     NoMemory,
 }
 
-/// Disks the interrupt lines allow (GSI 5..=23).
-pub const MAX_DISKS: usize = 19;
+/// Virtio devices (disks and network devices together) the interrupt lines allow (GSI
+/// 5..=23).
+pub const MAX_VIRTIO_DEVICES: usize = 19;
+
+/// A network device as the board holds it.
+pub type NetDevice = VirtioMmio<Net<Tap>, Arc<GuestMemoryMmap>>;
+
+/// A network device and its receive thread.
+struct NetPort {
+    dev: Arc<NetDevice>,
+    stop: Arc<EventFd>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl NetPort {
+    /// Opens the tap, builds the device and starts its receive thread.
+    fn start(
+        cfg: &NetConfig,
+        mem: Arc<GuestMemoryMmap>,
+        irq: IrqLine,
+    ) -> Result<Self, DeviceError> {
+        let net_err = |source| DeviceError::Net {
+            tap: cfg.tap.clone(),
+            source,
+        };
+        let thread_err = |source| DeviceError::NetThread {
+            tap: cfg.tap.clone(),
+            source,
+        };
+        let tap = Tap::open(&cfg.tap).map_err(net_err)?;
+        let net = Net::new(tap, cfg.mac_or_derived()).map_err(net_err)?;
+        let dev = Arc::new(VirtioMmio::new(net, mem, irq)?);
+        let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(thread_err)?);
+        let (d, s, name) = (dev.clone(), stop.clone(), cfg.tap.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("net-{name}"))
+            .spawn(move || match vnet::run_rx(&d, &s) {
+                Ok(()) if d.with_device(|n| n.gone()) => {
+                    tracing::warn!(tap = %name, "tap gone: the guest's link is down")
+                }
+                Ok(()) => {}
+                Err(e) => tracing::error!(tap = %name, "network receive thread: {e}"),
+            })
+            .map_err(thread_err)?;
+        Ok(NetPort {
+            dev,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Ends and joins the receive thread and closes the tap (idempotent).
+    fn stop(&self) {
+        let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            if let Err(e) = self.stop.write(1) {
+                tracing::error!("stopping a network receive thread: {e}");
+                return;
+            }
+            let _ = h.join();
+            // The VM's shared state (and so this device) may outlive the VM in a watcher's
+            // hands; the tap must not: a reboot opens it again, and a second open of a
+            // single-queue tap is refused.
+            self.dev.with_device_mut(|n| n.close_backend());
+        }
+    }
+}
 
 /// What the board is built from.
 #[derive(Clone, Debug)]
@@ -103,6 +253,8 @@ pub struct BoardConfig {
     pub pty: Option<Arc<Pty>>,
     /// The virtio-blk disks, in order.
     pub disks: Vec<DiskConfig>,
+    /// The virtio-net devices, in order (after the disks).
+    pub nets: Vec<NetConfig>,
     /// Add the farvm agent device, for a guest of this many vCPUs (Linux guests).
     pub agent_vcpus: Option<u32>,
 }
@@ -134,7 +286,9 @@ pub struct Board {
     bus: IoBus,
     console: SerialConsole,
     irqs: Arc<EventFdInterrupts>,
-    disks: Vec<MmioDeviceInfo>,
+    /// The virtio-mmio slots: disks, then network devices.
+    virtio: Vec<MmioDeviceInfo>,
+    nets: Vec<NetPort>,
     agent: Option<Arc<Agent>>,
     stop: Arc<OutcomeLatch>,
 }
@@ -149,13 +303,18 @@ impl Board {
         stop: Arc<OutcomeLatch>,
         pv: Arc<PvCtl>,
     ) -> Result<Self, DeviceError> {
-        if cfg.disks.len() > MAX_DISKS {
-            return Err(DeviceError::TooManyDisks(cfg.disks.len()));
+        let too_many = DeviceError::TooManyDevices {
+            disks: cfg.disks.len(),
+            nets: cfg.nets.len(),
+        };
+        let count = cfg.disks.len() + cfg.nets.len();
+        if count > MAX_VIRTIO_DEVICES {
+            return Err(too_many);
         }
-        let slots: Vec<MmioDeviceInfo> = (0..cfg.disks.len() as u32)
+        let slots: Vec<MmioDeviceInfo> = (0..count as u32)
             .map(MmioDeviceInfo::slot)
             .collect::<Option<_>>()
-            .ok_or(DeviceError::TooManyDisks(cfg.disks.len()))?;
+            .ok_or(too_many)?;
         let gsis: Vec<u32> = std::iter::once(COM1_GSI)
             .chain(slots.iter().map(|d| d.gsi))
             .collect();
@@ -190,9 +349,11 @@ impl Board {
             None => None,
         };
 
+        let mut nets = Vec::with_capacity(cfg.nets.len());
         if !slots.is_empty() {
             let mem = Arc::new(mem.ok_or(DeviceError::NoMemory)?);
-            for (disk, slot) in cfg.disks.iter().zip(&slots) {
+            let (disk_slots, net_slots) = slots.split_at(cfg.disks.len());
+            for (disk, slot) in cfg.disks.iter().zip(disk_slots) {
                 let block = Block::open(&BlockConfig {
                     path: disk.path.clone(),
                     read_only: disk.read_only,
@@ -202,13 +363,19 @@ impl Board {
                     VirtioMmio::new(block, mem.clone(), IrqLine::new(irqs.clone(), slot.gsi))?;
                 bus.register_mmio(slot.base, slot.size, Arc::new(virtio))?;
             }
+            for (net, slot) in cfg.nets.iter().zip(net_slots) {
+                let port = NetPort::start(net, mem.clone(), IrqLine::new(irqs.clone(), slot.gsi))?;
+                bus.register_mmio(slot.base, slot.size, port.dev.clone())?;
+                nets.push(port);
+            }
         }
 
         let board = Board {
             bus,
             console,
             irqs,
-            disks: slots,
+            virtio: slots,
+            nets,
             agent,
             stop,
         };
@@ -263,12 +430,31 @@ impl Board {
 
     /// The virtio-mmio devices, for the ACPI tables.
     pub fn virtio_mmio(&self) -> &[MmioDeviceInfo] {
-        &self.disks
+        &self.virtio
+    }
+
+    /// The network devices, in order.
+    pub fn nets(&self) -> impl Iterator<Item = &NetDevice> {
+        self.nets.iter().map(|p| &*p.dev)
+    }
+
+    /// Ends and joins the devices' own threads (the network devices' receive threads), so
+    /// nothing touches guest memory after the vCPUs are joined, and closes the taps. Idempotent.
+    pub fn stop_devices(&self) {
+        for p in &self.nets {
+            p.stop();
+        }
     }
 
     /// Whether `port` is COM1's (for the exit counters).
     pub fn is_console_port(port: u16) -> bool {
         (COM1_PORT..COM1_PORT + COM1_PORTS).contains(&port)
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        self.stop_devices();
     }
 }
 
@@ -308,6 +494,7 @@ mod tests {
             serial_in: SerialIn::None,
             pty: None,
             disks,
+            nets: Vec::new(),
             agent_vcpus: None,
         }
     }
@@ -396,6 +583,100 @@ mod tests {
         assert!(!"x,rw".parse::<DiskConfig>().unwrap().read_only);
         assert!("x,rx".parse::<DiskConfig>().unwrap_err().contains("rx"));
         assert!(",ro".parse::<DiskConfig>().is_err());
+    }
+
+    #[test]
+    fn net_arguments_parse() {
+        let n: NetConfig = "tap=vnet0".parse().unwrap();
+        assert_eq!((n.tap.as_str(), n.mac), ("vnet0", None));
+        let n: NetConfig = "tap=t1,mac=52:54:00:01:02:03".parse().unwrap();
+        assert_eq!(n.mac, Some([0x52, 0x54, 0, 1, 2, 3]));
+        assert_eq!(n.mac_or_derived(), [0x52, 0x54, 0, 1, 2, 3]);
+        for (bad, want) in [
+            ("vnet0", "unknown network option `vnet0`"),
+            ("mac=52:54:00:01:02:03", "no tap=NAME"),
+            ("tap=t0,mac=52:54", "not a MAC address"),
+            ("tap=t0,mac=03:54:00:01:02:03", "multicast"),
+            ("tap=a-name-longer-than-15", "not a network interface name"),
+            ("tap=t0,queues=4", "unknown network option `queues=4`"),
+        ] {
+            let e = bad.parse::<NetConfig>().unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        // Without a MAC: locally administered, unicast, the same for the same tap.
+        let a = "tap=vnet0".parse::<NetConfig>().unwrap().mac_or_derived();
+        let b = "tap=vnet1".parse::<NetConfig>().unwrap().mac_or_derived();
+        assert_eq!(
+            a,
+            "tap=vnet0".parse::<NetConfig>().unwrap().mac_or_derived()
+        );
+        assert_ne!(a, b);
+        assert_eq!(a[0] & 3, 2);
+    }
+
+    /// A network device takes the slot after the disks, answers as virtio-net on the bus, and
+    /// its receive thread ends with the board. Needs root: it creates a tap (in this
+    /// namespace, under a name of its own; the tap goes when its file is closed).
+    #[test]
+    fn network_devices_follow_the_disks_and_stop_with_the_board() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        assert_eq!(
+            uid, 0,
+            "this test creates a tap device: run it as root (CI does)"
+        );
+        let dir = std::env::temp_dir().join(format!("farvm-board-net-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join("d.img");
+        std::fs::write(&img, vec![0u8; 4096]).unwrap();
+        let tap = format!("fvb{}", std::process::id() % 1_000_000);
+        let mut c = cfg(vec![DiskConfig {
+            path: img,
+            read_only: false,
+        }]);
+        c.nets = vec![NetConfig {
+            tap: tap.clone(),
+            mac: Some([0x52, 0x54, 0, 9, 8, 7]),
+        }];
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let b = Board::new(&c, Some(mem), latch(), pv()).unwrap();
+        let slots = b.virtio_mmio();
+        assert_eq!(slots.len(), 2);
+        assert_eq!((slots[1].base, slots[1].gsi), (0xd000_1000, 6));
+        let mut id = [0u8; 4];
+        b.bus().mmio_read(slots[1].base + 8, &mut id).unwrap();
+        assert_eq!(u32::from_le_bytes(id), 1, "virtio-net");
+        let mut mac = [0u8; 6];
+        b.bus().mmio_read(slots[1].base + 0x100, &mut mac).unwrap();
+        assert_eq!(mac, [0x52, 0x54, 0, 9, 8, 7]);
+        assert!(std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
+        assert_eq!(b.nets().count(), 1);
+        b.stop_devices();
+        b.stop_devices();
+        // Stopped, the board no longer holds the tap (even before it is dropped): a tap farvm
+        // created is gone, and the next boot may open the name again.
+        assert!(
+            !std::path::Path::new(&format!("/sys/class/net/{tap}")).exists(),
+            "the tap farvm created goes when the devices stop"
+        );
+        assert!(b.nets().all(|n| n.with_device(|n| n.gone())));
+        // A new board opens the same name while the old one is still alive (the disk is left
+        // out: its image stays locked by the old board until that is dropped).
+        let mut c2 = cfg(Vec::new());
+        c2.nets = c.nets.clone();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let again = Board::new(&c2, Some(mem), latch(), pv()).unwrap();
+        drop(again);
+        drop(b);
+        // Too many devices: counted together.
+        let mut c = cfg(Vec::new());
+        c.nets = vec![NetConfig { tap, mac: None }; MAX_VIRTIO_DEVICES + 1];
+        let e = Board::new(&c, None, latch(), pv()).err().unwrap();
+        assert!(
+            e.to_string().contains("0 disks and 20 network devices"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -90,6 +90,7 @@ impl VmSpec {
             SerialIn::None
         });
         cfg.disks = self.disks.clone();
+        cfg.nets = self.nets.clone();
         cfg.echo_guest_logs = self.echo_guest_logs;
         // Local RAM has no userfaultfd pages: KVM's default is harmless there. The test guest
         // from a file pages like the built-in one.
@@ -149,6 +150,12 @@ impl VmSpec {
             return Err(SpecError::invalid(
                 Field::Disks,
                 "disks need a Linux guest: the test guest has no disk driver",
+            ));
+        }
+        if !self.nets.is_empty() {
+            return Err(SpecError::invalid(
+                Field::Nets,
+                "network interfaces need a Linux guest: the test guest has no network driver",
             ));
         }
         let mut specs = self.workloads.clone();

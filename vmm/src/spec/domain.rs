@@ -3,11 +3,11 @@
 //! or the host-config key).
 
 use farvm_devices::serial::SerialOut;
-use farvm_vmconfig::domain::{Disk, Lines};
+use farvm_vmconfig::domain::{Disk, Interface, Lines};
 use farvm_vmconfig::{Domain, HostConfig, LocalShare, Serial, Servers, VmSettings};
 
 use super::{CliNames, Endpoint, Field, FieldNames, SpecError, VmSpec};
-use crate::devices::board::DiskConfig;
+use crate::devices::board::{DiskConfig, NetConfig};
 
 /// Names fields as the domain XML (and the host config under it) spells them.
 #[derive(Clone, Debug, Default)]
@@ -53,6 +53,10 @@ impl FieldNames for DomainNames {
             Field::Disks => match l.disks.first() {
                 Some(first) => format!("<disk> (line {first})"),
                 None => "<disk>".into(),
+            },
+            Field::Nets => match l.interfaces.first() {
+                Some(first) => format!("<interface> (line {first})"),
+                None => "<interface>".into(),
             },
             Field::LocalMemory => remote("local-memory", "local_memory"),
             Field::Prefetcher => remote("prefetcher", "prefetcher"),
@@ -113,9 +117,20 @@ fn disks(list: &[Disk]) -> Result<Vec<DiskConfig>, SpecError> {
         .collect())
 }
 
+/// The domain's interfaces, in document order (the guest's eth0, eth1, ...).
+fn nets(list: &[Interface]) -> Vec<NetConfig> {
+    list.iter()
+        .map(|i| NetConfig {
+            tap: i.tap.clone(),
+            mac: i.mac,
+        })
+        .collect()
+}
+
 impl VmSpec {
     /// Sets every field a domain decides from `domain` merged with `host`: name, UUID,
-    /// memory, vCPUs, kernel, initrd, command line, console output, metrics, and remote
+    /// memory, vCPUs, kernel, initrd, command line, console output, disks, network
+    /// interfaces, metrics, and remote
     /// memory's servers (or pool, or local only), local share, prefetcher, replicas, token,
     /// page space and probes. The rest (workloads, timeouts, the engine's A/B knobs, a pool's
     /// lease and slab) stays as the caller set it.
@@ -140,6 +155,7 @@ impl VmSpec {
             Serial::Stdout | Serial::Pty => SerialOut::Stdout,
         };
         self.disks = disks(&s.disks)?;
+        self.nets = nets(&s.interfaces);
         let r = &s.remote;
         self.metrics = r
             .metrics
@@ -302,6 +318,76 @@ mod tests {
             e.render(&DomainNames::of(&d)),
             "<disk> (line 6): target vdc: farvm attaches disks in order as vda, vdb, ...; this \
              domain's targets need vdb first"
+        );
+    }
+
+    /// Interfaces become the VM's network devices in document order, with their MACs; the
+    /// same from the API body's `net`; the test guest refuses them naming <interface>; an
+    /// unsupported interface type is refused at parse time with its element and line.
+    #[test]
+    fn interfaces_become_network_devices() {
+        let nic = |tap: &str, mac: &str| {
+            format!("<interface type='ethernet'>{mac}<target dev='{tap}'/><model type='virtio'/></interface>")
+        };
+        let d = domain(
+            "",
+            &format!(
+                "{}{}",
+                nic("vnet3", "<mac address='52:54:00:0a:0b:0c'/>"),
+                nic("vnet1", "")
+            ),
+        );
+        let mut spec = VmSpec::default();
+        spec.apply_domain(&d, &HostConfig::default()).unwrap();
+        assert_eq!(
+            spec.nets,
+            [
+                NetConfig {
+                    tap: "vnet3".into(),
+                    mac: Some([0x52, 0x54, 0, 0x0a, 0x0b, 0x0c])
+                },
+                NetConfig {
+                    tap: "vnet1".into(),
+                    mac: None
+                },
+            ]
+        );
+        // The built-in test guest has no network driver: refused, naming the first element.
+        spec.kernel = None;
+        spec.workloads = vec!["seq".into()];
+        let e = spec.to_config().unwrap_err();
+        assert_eq!(
+            e.render(&DomainNames::of(&d)),
+            "<interface> (line 6): network interfaces need a Linux guest: the test guest has no \
+             network driver"
+        );
+        assert_eq!(CliNames.name(e.field), "--net");
+        // The API body's net entries take the same road.
+        let body = farvm_chapi::CreateSpec::parse(
+            br#"{"kernel":{"path":"/k"},"net":[{"tap":"vnet7","mac":"52:54:00:00:00:07"}]}"#,
+        )
+        .unwrap();
+        let mut spec = VmSpec::default();
+        spec.apply_domain(&body.to_domain("x"), &HostConfig::default())
+            .unwrap();
+        assert_eq!(
+            spec.nets,
+            [NetConfig {
+                tap: "vnet7".into(),
+                mac: Some([0x52, 0x54, 0, 0, 0, 7])
+            }]
+        );
+        // A bridge (or any type but a tap) is refused where the domain is read.
+        let xml = "<domain type='kvm'>\n<name>x</name>\n<memory unit='MiB'>64</memory>\n\
+                   <os><type>hvm</type><kernel>/k</kernel></os>\n<devices>\n\
+                   <interface type='bridge'><source bridge='br0'/></interface>\n\
+                   </devices>\n</domain>\n";
+        let e = Domain::parse(xml).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "domain XML line 6: <interface>: type='bridge': farvm attaches existing tap"
+            ),
+            "{e}"
         );
     }
 

@@ -23,6 +23,8 @@ pub enum Field {
     Workloads,
     /// Disks.
     Disks,
+    /// Network interfaces.
+    Nets,
     /// The local-memory budget.
     LocalMemory,
     /// The prefetcher.
@@ -49,6 +51,7 @@ impl Field {
             Field::Cmdline => "cmdline",
             Field::Workloads => "workloads",
             Field::Disks => "disks",
+            Field::Nets => "network interfaces",
             Field::LocalMemory => "local memory",
             Field::Prefetcher => "prefetcher",
             Field::Servers => "memory servers",
@@ -137,6 +140,7 @@ impl FieldNames for CliNames {
             Field::Cmdline => "--cmdline",
             Field::Workloads => "--workload",
             Field::Disks => "--disk",
+            Field::Nets => "--net",
             Field::LocalMemory => "--local-memory",
             Field::Prefetcher => "--prefetcher",
             Field::Servers => "--memserver/--pool",

@@ -23,7 +23,7 @@ pub use farvm_memclient::{Endpoint, Transport};
 
 pub use field::{CliNames, Field, FieldNames, SpecError, SpecErrorKind};
 
-use crate::devices::board::DiskConfig;
+use crate::devices::board::{DiskConfig, NetConfig};
 use crate::remote::PageSpace;
 
 /// Everything that describes one VM. [`Default`] is `farvm run` with no options: the built-in
@@ -59,6 +59,8 @@ pub struct VmSpec {
     pub serial_in: Option<SerialIn>,
     /// Disks (Linux guests; virtio-blk, `/dev/vda`, ... in order).
     pub disks: Vec<DiskConfig>,
+    /// Network interfaces (Linux guests; virtio-net on taps, after the disks).
+    pub nets: Vec<NetConfig>,
     /// Echo the guest's PV log lines on stderr.
     pub echo_guest_logs: bool,
     /// KVM's async page faults.
@@ -88,6 +90,7 @@ impl Default for VmSpec {
             serial: SerialOut::Stdout,
             serial_in: None,
             disks: Vec::new(),
+            nets: Vec::new(),
             echo_guest_logs: false,
             async_pf: AsyncPf::Auto,
             metrics: None,
