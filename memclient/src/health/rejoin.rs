@@ -85,9 +85,10 @@ impl Core {
         }
     }
 
-    /// Discards server `s`'s copies of the slabs whose replica on it was dropped while it was
-    /// out of service and that did not come back to it (the re-replication above may have
-    /// refilled it there): nothing reads them, and a pool's records do not count them.
+    /// Discards server `s`'s copies of the slabs whose replica on it was dropped (while it was
+    /// out of service, or for a missed write or a stale page) and that did not come back to it
+    /// (a re-replication may have refilled it there): nothing reads them, and a pool's records
+    /// do not count them.
     fn scrub_left_behind(&self, s: u16) {
         let keys = self.placements.lock_fills().take_left_behind(s);
         let mut scrubbed = 0u64;
@@ -110,8 +111,7 @@ impl Core {
             tracing::info!(
                 server = %self.addr(s),
                 slabs = scrubbed,
-                "discarded the copies of slabs that were re-replicated elsewhere while the \
-                 server was out of service"
+                "discarded the server's copies of slabs it no longer holds a replica of"
             );
         }
     }
