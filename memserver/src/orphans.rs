@@ -39,10 +39,12 @@ impl OrphanNamespaces {
         if !view.unreadable.is_empty() {
             return Vec::new();
         }
+        // A live VM's record names its namespace; placements and marks, as the collector reads
+        // them, only the VM (its namespace derives from its id).
         let owned: HashSet<u64> = view
-            .vms
+            .slabs
             .keys()
-            .chain(view.slabs.keys().map(|s| &s.vm))
+            .map(|s| &s.vm)
             .chain(
                 view.gc_marks
                     .iter()

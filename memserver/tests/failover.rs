@@ -182,15 +182,12 @@ fn write_all(c: &Client) -> HashMap<u64, u64> {
 }
 
 fn wait_rejoined(c: &Client, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.stats().rejoined_servers < n {
-        assert!(
-            Instant::now() < deadline,
-            "the server never came back in service: {:?}",
-            c.stats()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(
+        "the server back in service",
+        c,
+        Duration::from_secs(20),
+        |c| c.stats().rejoined_servers >= n,
+    );
 }
 
 #[test]
@@ -261,15 +258,9 @@ fn a_frozen_replica_that_comes_back_keeps_no_copy_of_slabs_re_replicated_elsewhe
     procs[frozen].signal(libc::SIGSTOP);
     // Writes time out on it: it leaves service and its slabs are re-replicated elsewhere.
     let model = write_all(&c);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.stats().degraded_slabs > 0 || c.stats().dead_servers == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no re-replication: {:?}",
-            c.stats()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("re-replication", &c, Duration::from_secs(30), |c| {
+        c.stats().degraded_slabs == 0 && c.stats().dead_servers > 0
+    });
     assert!(c.slabs_on(42, addrs[frozen]).is_empty());
     procs[frozen].signal(libc::SIGCONT);
     wait_rejoined(&c, 1);

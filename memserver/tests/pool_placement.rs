@@ -53,17 +53,8 @@ fn verify(c: &Client, first: u64, count: u64, v: u64) {
     }
 }
 
-fn wait_for(what: &str, c: &Client, done: impl Fn(&Client) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done(c) {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never happened: {:?}",
-            c.stats()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+/// Bound on waits for the client's own recovery (fills, rejoins).
+const PATIENCE: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_lost_replica_waits_for_the_pools_choice_and_is_filled_there() {
@@ -77,7 +68,7 @@ fn a_lost_replica_waits_for_the_pools_choice_and_is_filled_there() {
     procs[1].kill();
     // Writes meet the dead server and take it out of service.
     write(&c, 0, 3 * SLAB, 2);
-    wait_for("the dead server noticed", &c, |c| {
+    wait_for("the dead server noticed", &c, PATIENCE, |c| {
         c.stats().dead_servers == 1
     });
     // The client has spare servers 2 and 3 but puts nothing there: the pool has not chosen.
@@ -90,7 +81,9 @@ fn a_lost_replica_waits_for_the_pools_choice_and_is_filled_there() {
     // The pool's repair picks server 3 (as its follower does: the slab's new home).
     c.set_slab_home(0, &[addrs[0].into(), addrs[3].into()])
         .expect("pool slab 0 exists");
-    wait_for("the slabs refilled", &c, |c| c.stats().degraded_slabs == 0);
+    wait_for("the slabs refilled", &c, PATIENCE, |c| {
+        c.stats().degraded_slabs == 0
+    });
     assert_eq!(c.slabs_on(NS, addrs[3]), vec![0, 1, 2]);
     assert!(
         c.slabs_on(NS, addrs[2]).is_empty(),
@@ -111,10 +104,12 @@ fn a_home_server_that_restarted_empty_is_refilled_where_the_pool_records_it() {
     procs[1].kill();
     procs[1] = ServerProc::spawn_at(&addrs[1].to_string(), "64M");
     write(&c, 0, 2 * SLAB, 2);
-    wait_for("the restarted server back in service", &c, |c| {
+    wait_for("the restarted server back in service", &c, PATIENCE, |c| {
         c.stats().rejoined_servers >= 1
     });
-    wait_for("the slabs refilled", &c, |c| c.stats().degraded_slabs == 0);
+    wait_for("the slabs refilled", &c, PATIENCE, |c| {
+        c.stats().degraded_slabs == 0
+    });
     assert_eq!(c.slabs_on(NS, addrs[1]), vec![0, 1]);
     assert!(
         c.slabs_on(NS, addrs[2]).is_empty(),
@@ -184,26 +179,31 @@ fn a_frozen_home_server_that_comes_back_is_refilled_where_the_pool_kept_it_and_s
     write(&c, 0, 4 * SLAB, 1);
     procs[1].signal(libc::SIGSTOP);
     write(&c, 0, 4 * SLAB, 2);
-    wait_for("the frozen server noticed", &c, |c| {
+    wait_for("the frozen server noticed", &c, PATIENCE, |c| {
         c.stats().dead_servers == 1
     });
     // The pool repairs pool slab 1 onto server 2; pool slab 0 keeps server 1 in its home.
     c.set_slab_home(1, &[addrs[0].into(), addrs[2].into()])
         .unwrap();
-    wait_for("pool slab 1 refilled", &c, |c| {
+    wait_for("pool slab 1 refilled", &c, PATIENCE, |c| {
         c.slabs_on(NS, addrs[2]) == [1, 3]
     });
     procs[1].signal(libc::SIGCONT);
-    wait_for("everything at R = 2", &c, |c| {
+    wait_for("everything at R = 2", &c, PATIENCE, |c| {
         c.stats().rejoined_servers >= 1 && c.stats().degraded_slabs == 0
     });
     assert_eq!(c.slabs_on(NS, addrs[1]), vec![0, 2]);
-    wait_for("server 1's copies of slabs 1 and 3 discarded", &c, |c| {
-        c.stat(NS)[1]
-            .as_ref()
-            .and_then(|r| r.as_ref().ok())
-            .is_some_and(|st| st.namespace_pages == 2 * SLAB)
-    });
+    wait_for(
+        "server 1's copies of slabs 1 and 3 discarded",
+        &c,
+        PATIENCE,
+        |c| {
+            c.stat(NS)[1]
+                .as_ref()
+                .and_then(|r| r.as_ref().ok())
+                .is_some_and(|st| st.namespace_pages == 2 * SLAB)
+        },
+    );
     // Server 0 goes: slabs 0 and 2 are read from server 1, 1 and 3 from server 2.
     procs[0].kill();
     verify(&c, 0, 4 * SLAB, 2);

@@ -193,15 +193,16 @@ impl Store {
                 };
             }
         }
-        if self.is_reclaimed(id) {
-            return Err(Status::Reclaimed);
-        }
         if !create {
-            return Ok(None);
+            return if self.is_reclaimed(id) {
+                Err(Status::Reclaimed)
+            } else {
+                Ok(None)
+            };
         }
         let mut map = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
-        // Reclaimed between the check above and this lock: `reclaim_namespace` fences before
-        // it removes, so seen here at the latest.
+        // Checked under the map's lock: `reclaim_namespace` fences before it removes, so a
+        // namespace reclaimed meanwhile is seen here, never created again.
         if self.is_reclaimed(id) {
             return Err(Status::Reclaimed);
         }

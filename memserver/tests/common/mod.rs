@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use farvm_memclient::{Client, ClientConfig};
 use farvm_memproto::PAGE_SIZE;
@@ -44,6 +44,20 @@ pub fn config(servers: &[SocketAddr]) -> ClientConfig {
     c.slab_pages = 1024;
     c.timeout = Duration::from_secs(3);
     c
+}
+
+/// Waits up to `patience` for `done(c)`, failing the test with the client's stats if it
+/// never holds (a bound, not a timing assertion).
+pub fn wait_for(what: &str, c: &Client, patience: Duration, done: impl Fn(&Client) -> bool) {
+    let deadline = Instant::now() + patience;
+    while !done(c) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never happened: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn client(servers: &[SocketAddr]) -> Client {

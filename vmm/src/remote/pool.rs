@@ -132,26 +132,44 @@ fn admission_err(e: PoolError, wait: Duration) -> RemoteError {
     }
 }
 
+/// Tells the operator why a start waits: in the log and on stderr, once, then every 30 s.
+struct WaitNote {
+    next: Instant,
+}
+
+impl WaitNote {
+    fn new() -> Self {
+        Self {
+            next: Instant::now(),
+        }
+    }
+
+    /// Says `why` (waiting up to `limit`) if it is time to say it again.
+    fn say(&mut self, why: &str, limit: Duration) {
+        if Instant::now() >= self.next {
+            tracing::warn!("memory pool: {why}");
+            eprintln!(
+                "farvm: memory pool: {why} (waiting up to {} s)",
+                limit.as_secs()
+            );
+            self.next = Instant::now() + Duration::from_secs(30);
+        }
+    }
+}
+
 /// Runs `f` until it does not fail with "etcd unreachable", for up to `wait`, saying why it
-/// waits (once, then every 30 s).
+/// waits.
 fn patiently<T>(
     what: &str,
     wait: Duration,
     mut f: impl FnMut() -> Result<T, PoolError>,
 ) -> Result<T, PoolError> {
     let deadline = Instant::now() + wait;
-    let mut next_note = Instant::now();
+    let mut note = WaitNote::new();
     loop {
         match f() {
             Err(e) if e.is_unreachable() && Instant::now() < deadline => {
-                if Instant::now() >= next_note {
-                    tracing::warn!("memory pool: {what}: {e}");
-                    eprintln!(
-                        "farvm: memory pool: {what}: {e} (waiting up to {} s)",
-                        wait.as_secs()
-                    );
-                    next_note = Instant::now() + Duration::from_secs(30);
-                }
+                note.say(&format!("{what}: {e}"), wait);
                 std::thread::sleep(Duration::from_millis(500));
             }
             other => return other,
@@ -175,7 +193,7 @@ fn admit_when_servers_register(
     req: &AdmissionRequest,
 ) -> Result<VmRegistration, RemoteError> {
     let started = Instant::now();
-    let mut next_note = started;
+    let mut note = WaitNote::new();
     loop {
         let e = match patiently("admitting the VM", spec.wait, || {
             dir.admit_vm(req, spec.lease_ttl)
@@ -210,14 +228,7 @@ fn admit_when_servers_register(
                 started.elapsed().as_secs()
             )));
         }
-        if Instant::now() >= next_note {
-            tracing::warn!("memory pool: cannot place the VM yet: {e}; {why}");
-            eprintln!(
-                "farvm: memory pool: cannot place the VM yet: {e}; {why} (waiting up to {} s)",
-                limit.as_secs()
-            );
-            next_note = Instant::now() + Duration::from_secs(30);
-        }
+        note.say(&format!("cannot place the VM yet: {e}; {why}"), limit);
         std::thread::sleep(Duration::from_millis(500));
     }
 }
