@@ -63,6 +63,19 @@ EXIT STATUS
   64  bad command-line arguments
   69  etcd did not answer (status --wait SECONDS keeps retrying that long)";
 
+/// What `farvm pool status` reports, column by column (its --help).
+const STATUS_COLUMNS: &str = "\
+COLUMNS (per server; a rack's and the fleet's are sums over their servers)
+  CAPACITY  bytes the server's arena holds (farvm-memserver --capacity)
+  USED      bytes of pages it stores now, by its own count (JSON used_bytes)
+  RESERVED  bytes of slab replicas the pool placed there: each replica reserves its whole slab,
+            sized to its VM's remote share (JSON reserved_bytes)
+  FREE      CAPACITY - max(USED, RESERVED): what placement may still give out; 0 while the
+            server drains, since it takes no new slab (JSON free_bytes)
+  VMS       VMs with a replica there, live or awaiting collection
+  HEALTH    up, draining (farvm pool drain) or degraded
+The JSON form (--json) carries the same fields with _bytes names; docs/pool.md lists them all.";
+
 /// `farvm pool`'s exit status when etcd did not answer (EX_UNAVAILABLE).
 pub const EXIT_ETCD_UNREACHABLE: i32 = 69;
 
@@ -92,6 +105,7 @@ pub enum PoolCommand {
     /// Print racks → servers (capacity, used, reserved, free, VMs, health), hosts → VMs, the
     /// fleet's oversubscription ratio (guest RAM / host-local RAM) and namespaces awaiting
     /// collection.
+    #[command(after_long_help = STATUS_COLUMNS)]
     Status {
         /// Print JSON instead of tables.
         #[arg(long)]
