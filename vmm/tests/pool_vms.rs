@@ -8,7 +8,9 @@
 //! does not declare is refused and exits, and never joins; a VMM paused past its lease stops
 //! saying its memory was reclaimed, and recreates nothing on the servers; a VM started before
 //! any server registers waits for them, saying so; a memory server killed for good while it
-//! holds the only copy of a VM's slabs ends that VM with exit 74, not a hang.
+//! holds the only copy of a VM's slabs ends that VM with exit 74, not a hang; a drain whose
+//! server is killed midway leaves no slab listing it and a consistent drain mark; a VM that
+//! exits while etcd is paused leaves nothing on the servers.
 
 mod common;
 
@@ -796,4 +798,35 @@ fn a_drain_whose_server_is_killed_midway_ends_with_no_degraded_slab_and_a_consis
     });
     let _ = vm.kill();
     let _ = vm.wait();
+}
+
+/// The issue-30 example: a VM that exited while etcd was paused left its namespace on the
+/// servers for good (its release could not reach etcd, and the servers, not told, kept it).
+/// Now its lease expires once etcd runs again and every server drops the namespace by itself.
+#[test]
+fn a_vm_that_exits_while_etcd_is_paused_leaves_nothing_on_the_servers() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let workload = "seq:ws=96M,passes=40,write=1,verify=1";
+    let child = farvm()
+        .args(run_args(&pool, workload))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    pool.wait("the VM's pages on the servers", |v| {
+        v.vms.len() == 1 && Pool::used(v) > 32 << 20
+    });
+    let etcd = pool.etcd.pid().expect("etcd runs") as i32;
+    // SAFETY: signalling the etcd process the test's LocalEtcd started and still owns.
+    unsafe { libc::kill(etcd, libc::SIGSTOP) };
+    let o = child.wait_with_output().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(etcd, libc::SIGCONT) };
+    assert_checksum(&o, workload);
+    pool.wait("the exited VM's pages gone from every server", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
 }
