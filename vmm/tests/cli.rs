@@ -128,6 +128,79 @@ fn malformed_kernels_exit_65() {
     assert!(stderr(&o).contains("entry point"), "{}", stderr(&o));
 }
 
+/// A bzImage of `setup_sects` setup sectors whose header says `syssize` 16-byte units of
+/// protected-mode kernel follow (zeros: enough for the loader's checks, never run).
+fn bzimage(setup_sects: u8, syssize: u32, len: usize) -> Vec<u8> {
+    let mut k = vec![0u8; len];
+    k[0x1f1] = setup_sects;
+    k[0x1f4..0x1f8].copy_from_slice(&syssize.to_le_bytes());
+    k[0x1fe..0x200].copy_from_slice(&0xaa55u16.to_le_bytes());
+    k[0x202..0x206].copy_from_slice(b"HdrS");
+    k[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+    k[0x211] = 0x01; // loadflags: LOADED_HIGH
+    k[0x214..0x218].copy_from_slice(&0x0010_0000u32.to_le_bytes()); // code32_start
+    k[0x236..0x238].copy_from_slice(&0x0001u16.to_le_bytes()); // xloadflags: XLF_KERNEL_64
+    k
+}
+
+#[test]
+fn a_truncated_bzimage_and_an_initrd_no_kernel_could_use_exit_65() {
+    if !kvm_available() {
+        return;
+    }
+    let (sects, paragraphs) = (4u8, 0x1000u32);
+    let full = 5 * 512 + paragraphs as usize * 16;
+    let cut = write_file("cut.bzImage", &bzimage(sects, paragraphs, full - 4096));
+    let o = run(&["run", "--kernel", cut.to_str().unwrap(), "--stop-at-entry"]);
+    assert_eq!(
+        o.status.code(),
+        Some(exit_code::BAD_KERNEL),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains(&format!(
+            "bzImage is truncated: its setup header says {full} bytes, the file has {}",
+            full - 4096
+        )),
+        "{}",
+        stderr(&o)
+    );
+
+    let kernel = write_file("whole.bzImage", &bzimage(sects, paragraphs, full));
+    let junk = write_file("junk.initrd", b"this is not an initramfs\n");
+    let o = run(&[
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--initrd",
+        junk.to_str().unwrap(),
+        "--stop-at-entry",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(exit_code::BAD_KERNEL),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("initrd is unusable: it is neither an initramfs"),
+        "{}",
+        stderr(&o)
+    );
+    // The same kernel with a (gzip) initramfs gets to its entry point.
+    let gz = write_file("ok.initrd", b"\x1f\x8b\x08\x00\x00\x00\x00\x00");
+    let o = run(&[
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--initrd",
+        gz.to_str().unwrap(),
+        "--stop-at-entry",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn guest_status_and_crash_statuses() {
     if !kvm_available() {
