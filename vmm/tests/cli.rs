@@ -143,61 +143,49 @@ fn bzimage(setup_sects: u8, syssize: u32, len: usize) -> Vec<u8> {
     k
 }
 
+/// `farvm run --kernel KERNEL [--initrd INITRD] --stop-at-entry`.
+fn boot_to_entry(kernel: &std::path::Path, initrd: Option<&std::path::Path>) -> Output {
+    let mut args = vec![
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--stop-at-entry",
+    ];
+    if let Some(rd) = initrd {
+        args.extend(["--initrd", rd.to_str().unwrap()]);
+    }
+    run(&args)
+}
+
 #[test]
 fn a_truncated_bzimage_and_an_initrd_no_kernel_could_use_exit_65() {
     if !kvm_available() {
         return;
     }
+    let refused = |o: &Output, why: &str| {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(exit_code::BAD_KERNEL), "{err}");
+        assert!(err.contains(why), "{err}");
+    };
     let (sects, paragraphs) = (4u8, 0x1000u32);
     let full = 5 * 512 + paragraphs as usize * 16;
     let cut = write_file("cut.bzImage", &bzimage(sects, paragraphs, full - 4096));
-    let o = run(&["run", "--kernel", cut.to_str().unwrap(), "--stop-at-entry"]);
-    assert_eq!(
-        o.status.code(),
-        Some(exit_code::BAD_KERNEL),
-        "{}",
-        stderr(&o)
-    );
-    assert!(
-        stderr(&o).contains(&format!(
+    refused(
+        &boot_to_entry(&cut, None),
+        &format!(
             "bzImage is truncated: its setup header says {full} bytes, the file has {}",
             full - 4096
-        )),
-        "{}",
-        stderr(&o)
+        ),
     );
-
     let kernel = write_file("whole.bzImage", &bzimage(sects, paragraphs, full));
     let junk = write_file("junk.initrd", b"this is not an initramfs\n");
-    let o = run(&[
-        "run",
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--initrd",
-        junk.to_str().unwrap(),
-        "--stop-at-entry",
-    ]);
-    assert_eq!(
-        o.status.code(),
-        Some(exit_code::BAD_KERNEL),
-        "{}",
-        stderr(&o)
-    );
-    assert!(
-        stderr(&o).contains("initrd is unusable: it is neither an initramfs"),
-        "{}",
-        stderr(&o)
+    refused(
+        &boot_to_entry(&kernel, Some(&junk)),
+        "initrd is unusable: it is neither an initramfs",
     );
     // The same kernel with a (gzip) initramfs gets to its entry point.
     let gz = write_file("ok.initrd", b"\x1f\x8b\x08\x00\x00\x00\x00\x00");
-    let o = run(&[
-        "run",
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--initrd",
-        gz.to_str().unwrap(),
-        "--stop-at-entry",
-    ]);
+    let o = boot_to_entry(&kernel, Some(&gz));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
