@@ -38,7 +38,9 @@
 # tree, farvm itself, kernels named in domain XML) must then be readable by that user. If the cache
 # is not reachable by it (a cache under /root usually is not), `start` copies the installed tree
 # into its runtime directory and points libvirt's module and library lookups at the copy. The
-# daemon (and so every VMM it starts) gets /dev/kvm's group as its one supplementary group. farvm
+# daemon (and so every VMM it starts) gets /dev/kvm's group as its one supplementary group, and
+# CAP_NET_ADMIN alone of root's capabilities (libvirt creates the taps of a domain's ethernet
+# interfaces and passes them to farvm with vm.add-net). farvm
 # pages guest memory with userfaultfd, which an unprivileged process may use through
 # /dev/userfaultfd: when the daemon's user cannot open it, `start` (as root) gives the device to
 # /dev/kvm's group with mode 0660, as a udev rule on a farvm host would; that stays until reboot.
@@ -342,7 +344,10 @@ EOF
         if [[ $uid -eq $(id -u) ]]; then
             exec setsid "$run_prefix/sbin/virtchd"
         else
-            exec setpriv --reuid="$uid" --regid="$(id -g "$uid")" $kvm_groups -- \
+            # CAP_NET_ADMIN (ambient, so the VMMs it starts keep it too): libvirt creates the
+            # tap of an <interface type='ethernet'> itself and hands farvm its descriptor.
+            exec setpriv --reuid="$uid" --regid="$(id -g "$uid")" $kvm_groups \
+                --inh-caps=+net_admin --ambient-caps=+net_admin -- \
                 setsid "$run_prefix/sbin/virtchd"
         fi
     ) </dev/null >"$dir/virtchd.log" 2>&1 &

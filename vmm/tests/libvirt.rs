@@ -7,7 +7,8 @@
 //! resume → the guest writes the line back, prints the native checksum and powers off, and
 //! libvirt (following farvm's `--event-monitor` events) marks the domain shut off and ends its
 //! VMM; a second domain running at the same time is shut down with `virsh shutdown` (shut off),
-//! started again and destroyed mid-run, leaving no process or socket behind.
+//! started again and destroyed mid-run, leaving no process or socket behind. A domain with an
+//! `<interface type='ethernet'>` starts with the tap libvirt created and handed farvm.
 //!
 //! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, about
 //! 10 minutes; `.ci/run` does it when the cache is missing): without it this test fails saying
