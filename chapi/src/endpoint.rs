@@ -46,10 +46,15 @@ pub enum Endpoint {
     VmReboot,
     /// `PUT vm.delete`: stop the VM and forget its configuration.
     VmDelete,
+    /// `PUT vm.snapshot` with `{"destination_url": "file:///DIR"}`: save the VM there (it
+    /// stops once saved).
+    VmSnapshot,
+    /// `PUT vm.restore` with `{"source_url": "file:///DIR"}`: build the VM saved there, paused.
+    VmRestore,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 11] = [
+    pub const ALL: [Endpoint; 13] = [
         Endpoint::VmmPing,
         Endpoint::VmmShutdown,
         Endpoint::VmCreate,
@@ -61,6 +66,8 @@ impl Endpoint {
         Endpoint::VmShutdown,
         Endpoint::VmReboot,
         Endpoint::VmDelete,
+        Endpoint::VmSnapshot,
+        Endpoint::VmRestore,
     ];
 
     /// The name after `/api/v1/`.
@@ -77,6 +84,8 @@ impl Endpoint {
             Endpoint::VmShutdown => "vm.shutdown",
             Endpoint::VmReboot => "vm.reboot",
             Endpoint::VmDelete => "vm.delete",
+            Endpoint::VmSnapshot => "vm.snapshot",
+            Endpoint::VmRestore => "vm.restore",
         }
     }
 
@@ -151,7 +160,7 @@ mod tests {
         for p in [
             "/",
             "/api/v1/",
-            "/api/v1/vm.snapshot",
+            "/api/v1/vm.send-migration",
             "/api/v2/vm.info",
             "/api/v1/vm.info/",
             "api/v1/vm.info",

@@ -7,6 +7,7 @@
 //!   refuses (with a 400 naming the field and why), and its conversion into a libvirt-style
 //!   [`farvm_vmconfig::Domain`] so host-config settings merge as for a domain XML file.
 //! - [`info`]: the `vm.info`, `vmm.ping` and `vm.counters` bodies, [`VmState`].
+//! - [`snapshot`]: the `vm.snapshot` and `vm.restore` bodies (the snapshot's directory).
 //! - [`event`]: the `--event-monitor` records.
 //! - [`error`]: [`ApiError`]: the status code and Cloud Hypervisor's JSON error body (an array
 //!   of messages, outermost first).
@@ -22,6 +23,7 @@ pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod info;
+pub mod snapshot;
 
 pub use create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, NetSpec, SerialTarget};
 pub use endpoint::{route, Endpoint, Method};

@@ -3,8 +3,9 @@
 //! statistics), `{"cmd":"vcpus"}` (each vCPU's MP state, registers, pending events and local
 //! APIC, for a guest that seems stuck), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
-//! fault on; `history` alone says which); a bare word works too) and
-//! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
+//! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
+//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]); a bare word
+//! works too) and answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
 //! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
 
@@ -177,6 +178,19 @@ fn parse_request(line: &str) -> Result<String, String> {
 }
 
 fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
+    if let Some(dir) = cmd.strip_prefix("snapshot ") {
+        let dir = Path::new(dir.trim());
+        if !dir.is_absolute() {
+            return Err(format!(
+                "snapshot: `{}` is not an absolute path (the VMM's working directory is not \
+                 the client's)",
+                dir.display()
+            ));
+        }
+        return crate::snapshot::save(vm, dir)
+            .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
+            .map_err(|e| e.to_string());
+    }
     match cmd {
         "status" => Ok(status(vm)),
         "stats" => Ok(stats(vm)),
@@ -215,7 +229,7 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             history, history global, history per-process)"
+             history, history global, history per-process, snapshot DIR)"
         )),
     }
 }
@@ -292,13 +306,18 @@ pub fn stats(vm: &VmShared) -> Value {
 
 /// Sends one request to a control socket and returns the `result` (or the server's error).
 pub fn request(path: &Path, cmd: &str) -> Result<Value, ControlError> {
+    request_within(path, cmd, Duration::from_secs(10))
+}
+
+/// [`request`], waiting up to `timeout` for the reply (a snapshot takes as long as copying
+/// guest RAM).
+pub fn request_within(path: &Path, cmd: &str, timeout: Duration) -> Result<Value, ControlError> {
     let ioerr = |source| ControlError::Io {
         path: path.to_path_buf(),
         source,
     };
     let mut s = UnixStream::connect(path).map_err(ioerr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(ioerr)?;
+    s.set_read_timeout(Some(timeout)).map_err(ioerr)?;
     writeln!(s, "{}", json!({"cmd": cmd})).map_err(ioerr)?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).map_err(ioerr)?;

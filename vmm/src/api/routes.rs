@@ -93,5 +93,7 @@ fn dispatch(state: &ApiState, e: Endpoint, body: &[u8]) -> Result<Option<Value>,
             state.delete();
             Ok(None)
         }
+        Endpoint::VmSnapshot => none(state.snapshot(body)),
+        Endpoint::VmRestore => none(state.restore(body)),
     }
 }

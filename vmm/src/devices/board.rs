@@ -37,7 +37,7 @@ use super::pvctl::PvCtl;
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
 /// A disk to attach (`farvm run --disk PATH[,ro]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskConfig {
     /// A raw image file or a host block device.
     pub path: PathBuf,
@@ -70,7 +70,7 @@ impl std::str::FromStr for DiskConfig {
 }
 
 /// A network interface to attach (`farvm run --net tap=NAME[,mac=MAC]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetConfig {
     /// The host's tap device, opened by name (created if it does not exist).
     pub tap: String,
@@ -404,6 +404,11 @@ impl Board {
         // The thread ends with its input (stdin's at process exit).
         drop(self.console.attach_input(reader)?);
         Ok(())
+    }
+
+    /// The COM1 console (its UART state is a snapshot's).
+    pub fn console(&self) -> &SerialConsole {
+        &self.console
     }
 
     /// The agent device, if the VM has one.
