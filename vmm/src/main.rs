@@ -37,8 +37,7 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
-    /// Save a running VM into a snapshot directory and stop it (`farvm run --restore DIR`
-    /// resumes it).
+    /// Save a running VM into a snapshot directory and stop it (`run --restore` resumes it).
     #[command(long_about = cli::snapshot::SNAPSHOT_ABOUT)]
     Snapshot(cli::snapshot::SnapshotArgs),
     /// The memory pool: status, gc, drain, rebalance (etcd at --etcd URL or $FARVM_POOL).

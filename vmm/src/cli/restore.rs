@@ -22,7 +22,7 @@ pub fn open(dir: &Path) -> Result<Snapshot, Failure> {
 }
 
 /// The VM to build: the snapshot's, with this run's console, name, metrics and log echo.
-pub fn spec(snap: &Snapshot, a: &RunArgs) -> Result<VmSpec, Failure> {
+pub fn spec(snap: &Snapshot, a: &RunArgs) -> VmSpec {
     let mut spec = snap.spec();
     spec.serial = a.vm.serial.clone();
     spec.serial_in = a.serial_in.clone();
@@ -33,7 +33,7 @@ pub fn spec(snap: &Snapshot, a: &RunArgs) -> Result<VmSpec, Failure> {
     if a.vm.metrics.is_some() {
         spec.metrics = a.vm.metrics;
     }
-    Ok(spec)
+    spec
 }
 
 /// Loads the snapshot into `vm` (built from [`spec`], not started).

@@ -118,13 +118,14 @@ SNAPSHOTS
 --restore DIR builds the VM again from DIR/manifest.json (its description: memory, vCPUs,
 remote-memory options, workloads) and resumes the guest where it was saved: its vCPUs,
 interrupt controllers, clock, serial console, PV device and all of guest RAM are loaded before
-it runs. Without a memory pool a snapshot holds every page of guest RAM (the remote ones read
-back from the memory server, as every VMM writes all of RAM); the restored VM pages them out
-again to a new memory server under the same --local-memory. With --restore, the options that
-describe the VM (--memory, --vcpus, --workload, --kernel, the remote-memory options, ...) are
-the snapshot's and may not be given; --name, --serial, --serial-in, --guest-log, --metrics
-and the run's own options (--timeout, --json, --control-socket, ...) apply. A missing snapshot
-exits 66, a corrupt one or one of another format version 65.
+it runs. A snapshot holds every page of guest RAM (the remote ones read back from the memory
+servers, as every VMM writes all of RAM; with --pool too, for now: the saved VM's pages leave
+the pool when it stops); the restored VM pages them out again under the same --local-memory,
+to its memory servers (a new embedded one by default) or its pool. With --restore, the
+options that describe the VM (--memory, --vcpus, --workload, --kernel, the remote-memory
+options, ...) are the snapshot's and may not be given; --name, --serial, --serial-in,
+--guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
+apply. A missing snapshot exits 66, a corrupt one or one of another format version 65.
 
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
@@ -646,7 +647,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
     let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
     let cfg = match (&snapshot, &a.domain) {
         (Some(snap), _) => {
-            spec = super::restore::spec(snap, &a)?;
+            spec = super::restore::spec(snap, &a);
             spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?
         }
         (None, Some(path)) => {

@@ -22,8 +22,9 @@ The VM is paused; every vCPU's state (registers, FPU/XSAVE, MSRs, local APIC, pe
 events), KVM's interrupt controllers and clock, the serial console's and the PV control
 device's state and the VM's description go into DIR/manifest.json (a versioned format), and
 guest RAM into DIR/memory.pages: every page, including the remote ones, which are read back
-from the memory server, as every VMM writes all of RAM (pages of zeros are holes in a sparse
-file). The manifest is written last: a directory with a manifest holds a whole snapshot. Once
+from the memory servers, as every VMM writes all of RAM (pages of zeros are holes in a sparse
+file). A VM on a memory pool is saved the same way for now: its pages leave the pool when it
+stops, and the restored VM joins the pool again. The manifest is written last: a directory with a manifest holds a whole snapshot. Once
 saved, the VM stops and its `farvm run` exits 0. A save that fails (a full disk, a device that
 cannot be saved yet) removes what it wrote and leaves the VM running, with the reason.
 
