@@ -159,3 +159,33 @@ pub fn check_saveable(spec: &VmSpec, linux: bool) -> Result<(), SnapshotError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::board::{DiskConfig, NetConfig};
+
+    #[test]
+    fn devices_that_cannot_be_saved_are_named() {
+        let mut spec = VmSpec::default();
+        check_saveable(&spec, false).unwrap();
+        let refused = |spec: &VmSpec, linux| match check_saveable(spec, linux) {
+            Err(SnapshotError::Unsupported(what)) => what,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert!(refused(&spec, true).contains("Linux guest"));
+        spec.nets.push(NetConfig {
+            tap: "vnet7".into(),
+            mac: None,
+        });
+        assert!(refused(&spec, true).contains("tap vnet7"));
+        spec.disks.push(DiskConfig {
+            path: "/images/root.img".into(),
+            read_only: false,
+        });
+        let what = refused(&spec, true);
+        assert!(what.contains("virtio-blk disk /images/root.img"), "{what}");
+        let e = SnapshotError::Unsupported(what).to_string();
+        assert!(e.starts_with("cannot save the virtio-blk disk") && e.ends_with("left running"));
+    }
+}
