@@ -5,7 +5,8 @@
 //!
 //! Pages are read and written through [`GuestRam`], so on remote memory every page — resident
 //! or on a memory server — is copied by the paging engine (a remote page is read back from its
-//! server; a page never written reads as zeros without being fetched).
+//! server, a chunk's remote pages in one batch; a page never written reads as zeros without
+//! being fetched).
 
 use std::fs::File;
 use std::io::Read;
@@ -56,8 +57,10 @@ pub fn save(ram: &GuestRam, path: &Path, file_name: &str) -> Result<MemoryRecord
         let mut done = 0u64;
         while done < r.len() {
             let n = CHUNK.min((r.len() - done) as usize);
+            let mem = |e: MemError| SnapshotError::Memory(e.to_string());
+            ram.fetch_ahead(r.gpa() + done, n as u64).map_err(mem)?;
             ram.read_slice(&mut buf[..n], GuestAddress(r.gpa() + done))
-                .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+                .map_err(mem)?;
             for (i, page) in buf[..n].chunks(PAGE).enumerate() {
                 if is_zero(page) {
                     continue;
