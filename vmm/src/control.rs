@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared};
 use crate::workload_spec::workload_name;
 
@@ -70,8 +71,14 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (creating its directory) and serves `vm` from a thread named `control`.
-    pub fn start(path: &Path, vm: Arc<VmShared>) -> Result<Self, ControlError> {
+    /// Binds `path` (creating its directory) and serves `vm` from a thread named `control`;
+    /// `spec`, the description `vm` was made from, is what a snapshot saves (without it the
+    /// `snapshot` command is refused).
+    pub fn start(
+        path: &Path,
+        vm: Arc<VmShared>,
+        spec: Option<VmSpec>,
+    ) -> Result<Self, ControlError> {
         let ioerr = |source| ControlError::Io {
             path: path.to_path_buf(),
             source,
@@ -92,7 +99,7 @@ impl ControlServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || serve(listener, vm, stop2))
+            .spawn(move || serve(listener, vm, spec, stop2))
             .map_err(ioerr)?;
         Ok(ControlServer {
             path: path.to_path_buf(),
@@ -117,13 +124,13 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(listener: UnixListener, vm: Arc<VmShared>, stop: Arc<AtomicBool>) {
+fn serve(listener: UnixListener, vm: Arc<VmShared>, spec: Option<VmSpec>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One client at a time is plenty for status/stats; a slow client cannot wedge
                 // the server for long thanks to the timeouts.
-                if let Err(e) = handle_client(stream, &vm) {
+                if let Err(e) = handle_client(stream, &vm, spec.as_ref()) {
                     tracing::debug!("control client: {e}");
                 }
             }
@@ -138,7 +145,7 @@ fn serve(listener: UnixListener, vm: Arc<VmShared>, stop: Arc<AtomicBool>) {
     }
 }
 
-fn handle_client(stream: UnixStream, vm: &VmShared) -> io::Result<()> {
+fn handle_client(stream: UnixStream, vm: &VmShared, spec: Option<&VmSpec>) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -154,7 +161,7 @@ fn handle_client(stream: UnixStream, vm: &VmShared) -> io::Result<()> {
             continue;
         }
         let reply = match parse_request(&line) {
-            Ok(cmd) => match answer(&cmd, vm) {
+            Ok(cmd) => match answer(&cmd, vm, spec) {
                 Ok(v) => json!({"ok": true, "result": v}),
                 Err(e) => json!({"ok": false, "error": e}),
             },
@@ -177,7 +184,7 @@ fn parse_request(line: &str) -> Result<String, String> {
     }
 }
 
-fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
+fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, String> {
     if let Some(dir) = cmd.strip_prefix("snapshot ") {
         let dir = Path::new(dir.trim());
         if !dir.is_absolute() {
@@ -187,7 +194,8 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
                 dir.display()
             ));
         }
-        return crate::snapshot::save(vm, dir)
+        let spec = spec.ok_or_else(|| crate::snapshot::SnapshotError::NoDescription.to_string())?;
+        return crate::snapshot::save(vm, spec, dir)
             .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
             .map_err(|e| e.to_string());
     }

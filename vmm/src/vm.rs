@@ -24,7 +24,6 @@ use crate::devices::pvctl::{ProcessRecord, PvAction, PvCounterValues, PvCtl};
 use crate::process_stats::{self, PerProcessStats};
 use crate::remote::{RemoteMemory, RemoteStats, StatsSource};
 use crate::signals;
-use crate::spec::VmSpec;
 use crate::stats::{ExitCounts, ExitStats};
 use crate::vstate::kvm_stats::VcpuStats;
 use crate::vstate::memory::GuestRam;
@@ -139,9 +138,6 @@ pub struct VmShared {
     /// How the guest's page tables look, for the paging engine's page space (remote memory
     /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
     guest_paging: OnceLock<Arc<GuestPaging>>,
-    /// The description the VM was made from (set by its front door), what a snapshot saves so
-    /// that a restore builds the same VM.
-    spec: OnceLock<VmSpec>,
     /// The KVM VM (its irqchip and clock are VM-wide state a snapshot saves); weak, so the VM
     /// fd still closes when the VM drops it.
     kvm_vm: OnceLock<Weak<VmFd>>,
@@ -177,20 +173,8 @@ impl VmShared {
             kvm_stats,
             paging: OnceLock::new(),
             guest_paging: OnceLock::new(),
-            spec: OnceLock::new(),
             kvm_vm: OnceLock::new(),
         }
-    }
-
-    /// Records the description the VM was made from (its front door does, once); a VM without
-    /// one cannot be snapshotted.
-    pub fn set_spec(&self, spec: VmSpec) {
-        let _ = self.spec.set(spec);
-    }
-
-    /// The description the VM was made from, if its front door recorded it.
-    pub fn spec(&self) -> Option<&VmSpec> {
-        self.spec.get()
     }
 
     /// The KVM VM, while the VM holds it.

@@ -271,7 +271,6 @@ impl ApiState {
             self.emit(Source::Vm, "booting");
         }
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
-        vm.shared().set_spec(created.prepared.spec.clone());
         if let Some(snap) = snapshot {
             snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?;
         }
@@ -308,8 +307,14 @@ impl ApiState {
         let dir = farvm_chapi::snapshot::destination(body)?;
         let slot = lock(&self.slot);
         let vm = Self::running(&slot, "snapshot")?;
+        let spec = &slot
+            .created
+            .as_ref()
+            .ok_or(ApiError::NotCreated { action: "snapshot" })?
+            .prepared
+            .spec;
         self.emit(Source::Vm, "snapshotting");
-        crate::snapshot::save(vm.shared(), &dir).map_err(|e| ApiError::Failed {
+        crate::snapshot::save(vm.shared(), spec, &dir).map_err(|e| ApiError::Failed {
             action: "snapshot",
             reason: e.to_string(),
         })?;

@@ -624,15 +624,17 @@ fn write_fault_log(path: &Path, r: &VmReport) -> std::io::Result<()> {
 /// Runs a created VM to its end (control socket, signals, timeout) and returns the report.
 pub fn run_vm(
     vm: Vm,
+    spec: VmSpec,
     control: Option<PathBuf>,
     timeout: Option<Duration>,
 ) -> Result<VmReport, Failure> {
     let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
     signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
     let server = match control {
-        Some(p) => {
-            Some(ControlServer::start(&p, vm.shared().clone()).map_err(|e| host(e.to_string()))?)
-        }
+        Some(p) => Some(
+            ControlServer::start(&p, vm.shared().clone(), Some(spec))
+                .map_err(|e| host(e.to_string()))?,
+        ),
         None => None,
     };
     let running = vm.start().map_err(|e| host(e.to_string()))?;
@@ -660,7 +662,6 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if let Some(snap) = &snapshot {
         super::restore::load(snap, &vm)?;
     }
-    vm.shared().set_spec(spec.clone());
     let metrics = spec
         .metrics
         .map(|addr| start_metrics(addr, &vm))
@@ -697,7 +698,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if raw.is_some() {
         eprintln!("farvm: {}", console::ESCAPE_HELP);
     }
-    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs));
+    let report = run_vm(vm, spec, control, a.timeout.map(Duration::from_secs));
     drop(raw);
     let report = report?;
     drop(metrics);

@@ -83,10 +83,8 @@ pub enum SnapshotError {
     /// A device whose state farvm cannot save yet.
     #[error("cannot save {0} yet: the VM is left running")]
     Unsupported(String),
-    /// The VM was made without a recorded description (a library caller's VM).
-    #[error(
-        "the VM has no recorded description to save (it was not started by farvm run or the API)"
-    )]
+    /// The VM's control socket was started without its description (a library caller's).
+    #[error("the VM has no description to save (it was not started by farvm run or the API)")]
     NoDescription,
     /// The VM is not in a state to be saved, or its vCPUs would not stop.
     #[error("cannot save the VM: {0}")]

@@ -30,10 +30,9 @@ pub struct Saved {
     pub paused_secs: f64,
 }
 
-/// Saves `vm` into `dir` (created if missing; a directory holding a snapshot is refused) and
-/// stops it (module doc).
-pub fn save(vm: &VmShared, dir: &Path) -> Result<Saved, SnapshotError> {
-    let spec = vm.spec().ok_or(SnapshotError::NoDescription)?;
+/// Saves `vm`, made from the description `spec`, into `dir` (created if missing; a directory
+/// holding a snapshot is refused) and stops it (module doc).
+pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotError> {
     check_saveable(spec, vm.board.agent().is_some())?;
     let was_paused = match vm.state() {
         VmState::Running => false,
