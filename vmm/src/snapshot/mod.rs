@@ -6,8 +6,9 @@
 //! VM's description, every vCPU's state, KVM's irqchip and clock, the devices' state) and
 //! `memory.pages` ([`pages`]: guest RAM, every page, zero pages left as holes). Every page is
 //! written, the remote ones read back from the memory servers, as every VMM does (a VM on a
-//! memory pool too: its namespace is released when it stops); the save stops the VM, as `virsh save` expects, and a save that fails
-//! resumes it (unless it was paused before) and says why.
+//! memory pool too: its namespace is released when it stops). The save stops the VM, as
+//! `virsh save` expects; a save that fails resumes it (unless it was paused before) and says
+//! why.
 //!
 //! [`save`] runs on whatever thread asks (the control socket's, the API's) against the VM's
 //! shared state; [`Snapshot`] ([`restore`]) reads a snapshot and loads it into a VM built from
