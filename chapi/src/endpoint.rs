@@ -49,10 +49,15 @@ pub enum Endpoint {
     /// `PUT vm.add-net` with a network device and its tap's descriptor (SCM_RIGHTS): add it to
     /// the created VM before it boots.
     VmAddNet,
+    /// `PUT vm.snapshot` with `{"destination_url": "file:///DIR"}`: save the VM there (it
+    /// stops once saved).
+    VmSnapshot,
+    /// `PUT vm.restore` with `{"source_url": "file:///DIR"}`: build the VM saved there, paused.
+    VmRestore,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 12] = [
+    pub const ALL: [Endpoint; 14] = [
         Endpoint::VmmPing,
         Endpoint::VmmShutdown,
         Endpoint::VmCreate,
@@ -65,6 +70,8 @@ impl Endpoint {
         Endpoint::VmReboot,
         Endpoint::VmDelete,
         Endpoint::VmAddNet,
+        Endpoint::VmSnapshot,
+        Endpoint::VmRestore,
     ];
 
     /// The name after `/api/v1/`.
@@ -82,6 +89,8 @@ impl Endpoint {
             Endpoint::VmReboot => "vm.reboot",
             Endpoint::VmDelete => "vm.delete",
             Endpoint::VmAddNet => "vm.add-net",
+            Endpoint::VmSnapshot => "vm.snapshot",
+            Endpoint::VmRestore => "vm.restore",
         }
     }
 
@@ -156,7 +165,7 @@ mod tests {
         for p in [
             "/",
             "/api/v1/",
-            "/api/v1/vm.snapshot",
+            "/api/v1/vm.send-migration",
             "/api/v2/vm.info",
             "/api/v1/vm.info/",
             "api/v1/vm.info",

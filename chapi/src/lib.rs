@@ -9,6 +9,7 @@
 //! - [`add_net`]: the `vm.add-net` body ([`AddNetSpec::parse`]), whose tap comes as a
 //!   descriptor with the request.
 //! - [`info`]: the `vm.info`, `vmm.ping` and `vm.counters` bodies, [`VmState`].
+//! - [`snapshot`]: the `vm.snapshot` and `vm.restore` bodies (the snapshot's directory).
 //! - [`event`]: the `--event-monitor` records.
 //! - [`error`]: [`ApiError`]: the status code and Cloud Hypervisor's JSON error body (an array
 //!   of messages, outermost first).
@@ -25,6 +26,7 @@ pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod info;
+pub mod snapshot;
 
 pub use add_net::AddNetSpec;
 pub use create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, NetSpec, SerialTarget};

@@ -15,14 +15,16 @@ use std::time::Duration;
 
 use vm_device::bus::{PioAddress, PioAddressOffset};
 use vm_device::DevicePio;
+pub use vm_superio::serial::SerialState;
 use vm_superio::serial::{Error as UartError, SerialEvents};
 use vm_superio::Serial;
 
 use crate::interrupt::IrqLine;
 use crate::layout::COM1_PORTS;
 
-/// Where console output goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where console output goes (stored in a snapshot's VM description).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SerialOut {
     /// The VMM's standard output (`stdout` or `-`).
     Stdout,
@@ -44,8 +46,9 @@ impl std::str::FromStr for SerialOut {
     }
 }
 
-/// Where console input comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where console input comes from (stored in a snapshot's VM description).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SerialIn {
     /// The VMM's standard input (`stdin` or `-`).
     Stdin,
@@ -98,6 +101,9 @@ pub enum SerialError {
     #[error("cannot start the serial input thread: {0}")]
     /// The input thread could not be spawned.
     Thread(#[source] io::Error),
+    /// A saved UART state cannot be loaded (a snapshot's).
+    #[error("cannot restore the serial console's state: {0}")]
+    State(String),
 }
 
 /// Writes to stdout unbuffered, so the console streams live.
@@ -240,6 +246,32 @@ impl SerialConsole {
                 };
             }
         }
+    }
+
+    /// The UART's registers and receive FIFO, for a snapshot.
+    pub fn state(&self) -> SerialState {
+        self.uart().state()
+    }
+
+    /// Loads `state` (a snapshot's) into the UART, keeping its output and interrupt line; an
+    /// interrupt the state has pending is raised again.
+    pub fn restore(&self, state: &SerialState) -> Result<(), SerialError> {
+        // vm-superio's limit: `from_state` refuses a longer FIFO, and would drop the output
+        // with it.
+        if state.in_buffer.len() > 64 {
+            return Err(SerialError::State(format!(
+                "{} bytes in a 64-byte receive FIFO",
+                state.in_buffer.len()
+            )));
+        }
+        let mut uart = self.uart();
+        let irq = uart.interrupt_evt().clone();
+        let events = || RxSpace(self.shared.rx_space.clone());
+        let sink: Box<dyn Write + Send> = Box::new(io::sink());
+        let old = std::mem::replace(&mut *uart, Serial::with_events(irq.clone(), events(), sink));
+        *uart = Serial::from_state(state, irq, events(), old.into_writer())
+            .map_err(|e| SerialError::State(format!("{e:?}")))?;
+        Ok(())
     }
 
     /// A guest read of register `offset` (0..8).

@@ -150,6 +150,41 @@ impl Access {
         Ok(())
     }
 
+    /// Starts, in one batch, the reads of the remote pages of `[gpa, gpa+len)`, as far as
+    /// frames below the prefetch mark allow: a VMM copy of a long range (a snapshot) then waits
+    /// about one round trip per batch rather than one per page. Each read is the demand read
+    /// [`Self::make_local`] would start (the page is installed on arrival); a page this does
+    /// not start is brought in by the copy itself, one at a time.
+    pub fn fetch_ahead(&self, gpa: u64, len: u64) -> Result<(), EngineError> {
+        let (first, end) = self.check_range(gpa, len)?;
+        let mut reqs = Vec::new();
+        for p in first..end {
+            let w = self.table.load(p);
+            if state_of(w) != st::REMOTE {
+                continue;
+            }
+            if !self.frames.try_reserve(false) {
+                break;
+            }
+            let demand = st::pins_only(w) | st::INFLIGHT | st::F_DEMAND;
+            if self.table.cas(p, w, demand).is_err() {
+                self.frames.release();
+                continue;
+            }
+            self.meta.set_io_at(p, self.clock.now());
+            self.meta.set_fault_at(p, 0);
+            reqs.push(ReadReq {
+                page: p,
+                priority: Priority::Demand,
+                dst: self.installer.page_buf(p),
+            });
+        }
+        if !reqs.is_empty() {
+            self.port.read(&reqs);
+        }
+        Ok(())
+    }
+
     /// Calls `f(page, offset_in_page, range_in_buffer)` for each page piece of the access.
     fn for_pieces(
         &self,

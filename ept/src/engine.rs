@@ -196,6 +196,13 @@ impl Engine {
         self.access.write_bytes(gpa, data)
     }
 
+    /// Starts the reads of the remote pages of `[gpa, gpa+len)` in one batch, as far as free
+    /// frames allow, without waiting: a long copy (a snapshot's) that follows waits on them
+    /// together.
+    pub fn fetch_ahead(&self, gpa: u64, len: u64) -> Result<(), EngineError> {
+        self.access.fetch_ahead(gpa, len)
+    }
+
     /// Makes `[gpa, gpa+len)` resident (returns once every page is installed).
     pub fn ensure_resident(&self, gpa: u64, len: u64) -> Result<(), EngineError> {
         self.access.ensure_resident(gpa, len)

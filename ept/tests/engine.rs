@@ -744,6 +744,38 @@ fn vmm_accesses_resolve_through_the_engine() {
 }
 
 #[test]
+fn fetch_ahead_brings_remote_pages_in_before_the_copy() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let (e, g) = (&vm.engine, vm.guest());
+    for p in 0..g.pages {
+        g.fill(p, 5);
+    }
+    vm.settle();
+    let page = PAGE_SIZE as u64;
+    for p in 0..16 {
+        assert_eq!(e.page_state(p * page), Some(PageState::Remote), "page {p}");
+    }
+    let before = vm.store.counts().reads_demand;
+    e.fetch_ahead(0, 16 * page).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(0..16).all(|p| matches!(e.page_state(p * page), Some(PageState::Local { .. }))) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pages never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(vm.store.counts().reads_demand - before, 16);
+    for p in 0..16 {
+        assert_eq!(g.check(p, 5), None, "page {p}");
+    }
+    assert!(matches!(
+        e.fetch_ahead(8 << 20, page),
+        Err(EngineError::OutOfRange { .. })
+    ));
+}
+
+#[test]
 fn faults_are_attributed_to_the_process_in_the_agent_slot() {
     let rec = Recorder::new(0, 0);
     let seen = rec.seen.clone();

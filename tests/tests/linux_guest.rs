@@ -183,6 +183,58 @@ fn linux_boots_on_remote_memory_runs_programs_on_the_console_and_powers_off() {
     assert_eq!(n("faults_seen_virtual"), 0, "the global history only: {c}");
 }
 
+/// A Linux guest that reboots (busybox `reboot -f`: the kernel writes the ACPI reset register)
+/// and one whose kernel panics with `panic=-1` (it reboots at once) each end the VM with exit
+/// status 75 ("the guest rebooted"), within a minute of the command — never spinning until
+/// `--timeout` (600 s here).
+#[test]
+fn linux_guest_reboot_and_panic_end_the_vm_with_the_documented_status() {
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    let img = guest_image();
+    if !farvm_vmm::vstate::vm::two_dimensional_paging() {
+        let msg = "this host's KVM emulates guest ring 0 (PVM): a stock Linux kernel cannot \
+                   boot here in useful time; the reboot and panic run in the KVM lab";
+        assert!(
+            std::env::var("FARVM_REQUIRE_LINUX_BOOT").as_deref() != Ok("1"),
+            "FARVM_REQUIRE_LINUX_BOOT=1: {msg}"
+        );
+        eprintln!("{msg}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("farvm-linux-reboot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::copy(&img.disk, &disk).expect("copy the data disk");
+    for (what, command) in [
+        ("reboot", "reboot -f"),
+        ("panic", "echo c > /proc/sysrq-trigger"),
+    ] {
+        let timeout = farvm_tests::vm_timeout(Duration::from_secs(600));
+        let boot_deadline = Instant::now() + timeout;
+        let mut vm = Farvm::spawn(&run_args(&img, &disk, timeout));
+        vm.wait_for("the guest's shell", boot_deadline, |l| {
+            l.contains("farvm-guest: ready (").then_some(())
+        });
+        let t0 = Instant::now();
+        vm.type_line(command);
+        let (status, rest) = vm.finish(t0 + Duration::from_secs(60));
+        eprintln!(
+            "{what}: the VM ended {:.1} s after `{command}`",
+            t0.elapsed().as_secs_f64()
+        );
+        assert_eq!(
+            status,
+            Some(farvm_vmm::exit_code::GUEST_REBOOT),
+            "{what}: farvm's exit status after `{command}` (killed after 60 s if None); its \
+             last lines:\n{}",
+            rest.join("\n")
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The Linux guest agent's files (guest-agent/linux/build.sh): `FARVM_GUEST_AGENT=DIR` (a
 /// directory the script built; `scripts/kvm-lab test` sets it) or, if unset, the script's
 /// output (which it caches).

@@ -80,7 +80,7 @@ impl LocalShare {
 
 /// Which page numbers the prefetcher learns from (`--page-space`): the one type for it, from the
 /// domain's metadata down to the VMM's remote-memory setup and the lab's reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PageSpace {
     /// Each process's own virtual page numbers, by walking its page tables from the CR3 the

@@ -3,8 +3,9 @@
 //! statistics), `{"cmd":"vcpus"}` (each vCPU's MP state, registers, pending events and local
 //! APIC, for a guest that seems stuck), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
-//! fault on; `history` alone says which); a bare word works too) and
-//! answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
+//! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
+//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]); a bare word
+//! works too) and answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
 //! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared};
 use crate::workload_spec::workload_name;
 
@@ -69,8 +71,14 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (creating its directory) and serves `vm` from a thread named `control`.
-    pub fn start(path: &Path, vm: Arc<VmShared>) -> Result<Self, ControlError> {
+    /// Binds `path` (creating its directory) and serves `vm` from a thread named `control`;
+    /// `spec`, the description `vm` was made from, is what a snapshot saves (without it the
+    /// `snapshot` command is refused).
+    pub fn start(
+        path: &Path,
+        vm: Arc<VmShared>,
+        spec: Option<VmSpec>,
+    ) -> Result<Self, ControlError> {
         let ioerr = |source| ControlError::Io {
             path: path.to_path_buf(),
             source,
@@ -91,7 +99,7 @@ impl ControlServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || serve(listener, vm, stop2))
+            .spawn(move || serve(listener, vm, spec, stop2))
             .map_err(ioerr)?;
         Ok(ControlServer {
             path: path.to_path_buf(),
@@ -116,13 +124,13 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve(listener: UnixListener, vm: Arc<VmShared>, stop: Arc<AtomicBool>) {
+fn serve(listener: UnixListener, vm: Arc<VmShared>, spec: Option<VmSpec>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One client at a time is plenty for status/stats; a slow client cannot wedge
                 // the server for long thanks to the timeouts.
-                if let Err(e) = handle_client(stream, &vm) {
+                if let Err(e) = handle_client(stream, &vm, spec.as_ref()) {
                     tracing::debug!("control client: {e}");
                 }
             }
@@ -137,7 +145,7 @@ fn serve(listener: UnixListener, vm: Arc<VmShared>, stop: Arc<AtomicBool>) {
     }
 }
 
-fn handle_client(stream: UnixStream, vm: &VmShared) -> io::Result<()> {
+fn handle_client(stream: UnixStream, vm: &VmShared, spec: Option<&VmSpec>) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -153,7 +161,7 @@ fn handle_client(stream: UnixStream, vm: &VmShared) -> io::Result<()> {
             continue;
         }
         let reply = match parse_request(&line) {
-            Ok(cmd) => match answer(&cmd, vm) {
+            Ok(cmd) => match answer(&cmd, vm, spec) {
                 Ok(v) => json!({"ok": true, "result": v}),
                 Err(e) => json!({"ok": false, "error": e}),
             },
@@ -176,7 +184,21 @@ fn parse_request(line: &str) -> Result<String, String> {
     }
 }
 
-fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
+fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, String> {
+    if let Some(dir) = cmd.strip_prefix("snapshot ") {
+        let dir = Path::new(dir.trim());
+        if !dir.is_absolute() {
+            return Err(format!(
+                "snapshot: `{}` is not an absolute path (the VMM's working directory is not \
+                 the client's)",
+                dir.display()
+            ));
+        }
+        let spec = spec.ok_or_else(|| crate::snapshot::SnapshotError::NoDescription.to_string())?;
+        return crate::snapshot::save(vm, spec, dir)
+            .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
+            .map_err(|e| e.to_string());
+    }
     match cmd {
         "status" => Ok(status(vm)),
         "stats" => Ok(stats(vm)),
@@ -215,7 +237,7 @@ fn answer(cmd: &str, vm: &VmShared) -> Result<Value, String> {
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             history, history global, history per-process)"
+             history, history global, history per-process, snapshot DIR)"
         )),
     }
 }
@@ -292,13 +314,18 @@ pub fn stats(vm: &VmShared) -> Value {
 
 /// Sends one request to a control socket and returns the `result` (or the server's error).
 pub fn request(path: &Path, cmd: &str) -> Result<Value, ControlError> {
+    request_within(path, cmd, Duration::from_secs(10))
+}
+
+/// [`request`], waiting up to `timeout` for the reply (a snapshot takes as long as copying
+/// guest RAM).
+pub fn request_within(path: &Path, cmd: &str, timeout: Duration) -> Result<Value, ControlError> {
     let ioerr = |source| ControlError::Io {
         path: path.to_path_buf(),
         source,
     };
     let mut s = UnixStream::connect(path).map_err(ioerr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(ioerr)?;
+    s.set_read_timeout(Some(timeout)).map_err(ioerr)?;
     writeln!(s, "{}", json!({"cmd": cmd})).map_err(ioerr)?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).map_err(ioerr)?;

@@ -1,15 +1,17 @@
 //! `farvm run` exit statuses (documented in `farvm run --help`, EXIT STATUS), and the error
 //! line a failed command prints.
 
-/// The guest shut down with status 0 (or the VM was shut down through its control socket).
+/// The guest shut down with status 0 (or the VM was shut down through its control socket, or
+/// saved to a snapshot).
 pub const OK: i32 = 0;
 /// Guest statuses 1..=63 are passed through; larger ones are reported as this.
 pub const GUEST_STATUS_MAX: i32 = 63;
 /// Bad command-line arguments (EX_USAGE).
 pub const USAGE: i32 = 64;
-/// The kernel image (or initrd) is malformed or does not fit (EX_DATAERR).
+/// The kernel image (or initrd) is malformed or does not fit, or a snapshot is corrupt or from
+/// another format version (EX_DATAERR).
 pub const BAD_KERNEL: i32 = 65;
-/// The kernel, initrd or a disk image cannot be read (EX_NOINPUT).
+/// The kernel, initrd, a disk image or a snapshot cannot be read (EX_NOINPUT).
 pub const NO_INPUT: i32 = 66;
 /// The guest crashed: KVM internal error, triple fault, failed entry, bad MMIO, guest kernel
 /// panic (EX_SOFTWARE).
@@ -61,7 +63,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
         GuestShutdown { status } => (*status).min(GUEST_STATUS_MAX as u32) as i32,
         GuestReboot => GUEST_REBOOT,
         ConsoleEscape => SIGINT,
-        ControlShutdown => OK,
+        ControlShutdown | Snapshotted { .. } => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
         MemoryLost { .. } | MemoryReclaimed => MEMORY_LOST,
@@ -88,6 +90,17 @@ pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
         BuildError::Boot(_) => BAD_KERNEL,
         BuildError::Devices(DeviceError::Disk(_)) => NO_INPUT,
         BuildError::Devices(_) => HOST_ERROR,
+    }
+}
+
+/// The exit status for a snapshot that cannot be restored (`farvm run --restore`).
+pub fn for_snapshot_error(e: &crate::snapshot::SnapshotError) -> i32 {
+    use crate::snapshot::SnapshotError::*;
+    match e {
+        NotFound { .. } | Read { .. } => NO_INPUT,
+        Corrupt { .. } | Version { .. } => BAD_KERNEL,
+        Unsupported(_) | NoDescription | Exists { .. } => USAGE,
+        Write { .. } | State(_) | Kvm(_) | Memory(_) | Device(_) => HOST_ERROR,
     }
 }
 

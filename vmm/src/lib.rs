@@ -12,6 +12,7 @@
 //! - [`boot`] (test-guest ELF and Linux boot), [`devices`] (serial console, PV control
 //!   device), [`layout`] (where RAM goes).
 //! - [`remote`]: remote memory — the paging engine, its memory-server store, stage-2 injection.
+//! - [`snapshot`]: saving a running VM into a snapshot directory and restoring it.
 //! - [`control`] (the per-VM JSON control socket), [`metrics`] (Prometheus, via farvm-httpd),
 //!   [`api`] (the Cloud-Hypervisor-compatible API server libvirt drives),
 //!   [`process_stats`] (per-process paging statistics with guest process names).
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod process_stats;
 pub mod remote;
 pub mod signals;
+pub mod snapshot;
 pub mod spec;
 pub mod stats;
 pub mod vm;

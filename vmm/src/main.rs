@@ -1,4 +1,4 @@
-//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `pool`, `api`,
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `snapshot`, `pool`, `api`,
 //! and, started as `cloud-hypervisor`, libvirt's VMM). Each subcommand lives in
 //! `cli/<name>.rs`; this file only parses arguments, sets up logging and maps errors to exit
 //! codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
@@ -37,6 +37,9 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
+    /// Save a running VM into a snapshot directory and stop it (`run --restore` resumes it).
+    #[command(long_about = cli::snapshot::SNAPSHOT_ABOUT)]
+    Snapshot(cli::snapshot::SnapshotArgs),
     /// The memory pool: status, gc, drain, rebalance (etcd at --etcd URL or $FARVM_POOL).
     #[command(long_about = farvm_pool::cli::POOL_ABOUT)]
     Pool(farvm_pool::cli::PoolArgs),
@@ -64,6 +67,7 @@ fn main() {
         Command::Stats(args) => cli::control::stats(args).map(|()| 0),
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
+        Command::Snapshot(args) => cli::snapshot::run(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
         Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0).map_err(|e| {
             let code = farvm_pool::cli::exit_status(&e);

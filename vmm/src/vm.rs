@@ -10,11 +10,11 @@
 //! its vCPU threads are joined and its KVM VM is closed.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use farvm_ept::translate::GuestPaging;
-use kvm_ioctls::VcpuFd;
+use kvm_ioctls::{VcpuFd, VmFd};
 use serde::Serialize;
 
 use crate::boot::linux::LinuxBootInfo;
@@ -29,7 +29,9 @@ use crate::vstate::kvm_stats::VcpuStats;
 use crate::vstate::memory::GuestRam;
 use crate::vstate::outcome::OutcomeLatch;
 pub use crate::vstate::outcome::VmOutcome;
-use crate::vstate::vcpu::{self, DeviceAction, SpawnError, VcpuError, VcpuExits, VcpuGroup};
+use crate::vstate::vcpu::{
+    self, DeviceAction, SpawnError, VcpuError, VcpuExits, VcpuGroup, VcpuState,
+};
 use crate::vstate::vm::{KvmError, KvmVm};
 
 /// How long [`RunningVm::pause`] waits for every vCPU to leave the guest.
@@ -136,6 +138,9 @@ pub struct VmShared {
     /// How the guest's page tables look, for the paging engine's page space (remote memory
     /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
     guest_paging: OnceLock<Arc<GuestPaging>>,
+    /// The KVM VM (its irqchip and clock are VM-wide state a snapshot saves); weak, so the VM
+    /// fd still closes when the VM drops it.
+    kvm_vm: OnceLock<Weak<VmFd>>,
 }
 
 /// The agent device's command register (a write there may register the vCPU's slot).
@@ -168,7 +173,21 @@ impl VmShared {
             kvm_stats,
             paging: OnceLock::new(),
             guest_paging: OnceLock::new(),
+            kvm_vm: OnceLock::new(),
         }
+    }
+
+    /// The KVM VM, while the VM holds it.
+    pub(crate) fn kvm_vm(&self) -> Option<Arc<VmFd>> {
+        self.kvm_vm.get().and_then(Weak::upgrade)
+    }
+
+    /// Every vCPU's full state (the VM must be paused).
+    pub(crate) fn save_vcpus(&self, timeout: Duration) -> Result<Vec<VcpuState>, VcpuError> {
+        self.vcpus
+            .get()
+            .ok_or(VcpuError::NotPaused)?
+            .save_states(timeout)
     }
 
     /// Each vCPU's state — what its thread reads from KVM once kicked out of KVM_RUN: MP state,
@@ -302,7 +321,7 @@ impl VmShared {
         }
     }
 
-    fn pause(&self, timeout: Duration) -> Result<(), VmError> {
+    pub(crate) fn pause(&self, timeout: Duration) -> Result<(), VmError> {
         let refuse = |state| VmError::InvalidState {
             action: "pause",
             state,
@@ -316,6 +335,22 @@ impl VmShared {
             VcpuError::PauseTimeout(t) => VmError::PauseTimeout(t),
             _ => refuse(VmState::Stopping),
         })
+    }
+
+    /// Lets paused vCPUs run the guest again.
+    pub(crate) fn resume(&self) -> Result<(), VmError> {
+        match self.state() {
+            VmState::Paused => {
+                if let Some(g) = self.vcpus.get() {
+                    g.resume(PAUSE_TIMEOUT);
+                }
+                Ok(())
+            }
+            state => Err(VmError::InvalidState {
+                action: "resume",
+                state,
+            }),
+        }
     }
 
     fn count_port(&self, port: u16) {
@@ -454,6 +489,7 @@ impl Vm {
         entry: EntryState,
         linux: Option<LinuxBootInfo>,
     ) -> Self {
+        let _ = shared.kvm_vm.set(Arc::downgrade(&kvm.fd));
         Vm {
             shared,
             vcpus,
@@ -483,6 +519,11 @@ impl Vm {
     /// The VM's remote memory, if its RAM is remote.
     pub fn remote(&self) -> Option<&RemoteMemory> {
         self.remote.0.as_ref()
+    }
+
+    /// The vCPUs, in index order (a restore puts their saved state on them before the start).
+    pub(crate) fn vcpus(&self) -> &[VcpuFd] {
+        &self.vcpus
     }
 
     /// Raw fds of the vCPUs, in index order.
@@ -535,6 +576,17 @@ impl Vm {
 
     /// Starts one thread per vCPU; the guest runs once every thread has published its id.
     pub fn start(self) -> Result<RunningVm, VmError> {
+        self.start_as(false)
+    }
+
+    /// Starts the vCPU threads paused: no guest instruction runs before
+    /// [`RunningVm::resume`] (a restored snapshot, as Cloud Hypervisor's `vm.restore` leaves
+    /// it).
+    pub fn start_paused(self) -> Result<RunningVm, VmError> {
+        self.start_as(true)
+    }
+
+    fn start_as(self, paused: bool) -> Result<RunningVm, VmError> {
         signals::install_kick_handler().map_err(VmError::Signals)?;
         let Vm {
             shared,
@@ -549,6 +601,17 @@ impl Vm {
         // The thread ids are known before any guest instruction runs, so the memory engine
         // can map uffd thread ids to vCPUs.
         let group = shared.vcpus.get_or_init(|| group);
+        if paused {
+            // A thread not started yet parks on the pause and waits for the resume after its
+            // start.
+            group.pause(PAUSE_TIMEOUT).map_err(|e| match e {
+                VcpuError::PauseTimeout(t) => VmError::PauseTimeout(t),
+                _ => VmError::InvalidState {
+                    action: "start",
+                    state: VmState::Stopping,
+                },
+            })?;
+        }
         group.start();
         Ok(RunningVm {
             shared,
@@ -626,18 +689,7 @@ impl RunningVm {
 
     /// Lets paused vCPUs run the guest again.
     pub fn resume(&self) -> Result<(), VmError> {
-        match self.state() {
-            VmState::Paused => {
-                if let Some(g) = self.shared.vcpus.get() {
-                    g.resume(PAUSE_TIMEOUT);
-                }
-                Ok(())
-            }
-            state => Err(VmError::InvalidState {
-                action: "resume",
-                state,
-            }),
-        }
+        self.shared.resume()
     }
 
     /// Asks the VM to stop (outcome [`VmOutcome::ControlShutdown`] unless one is decided).

@@ -206,7 +206,8 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     }
     api.put("vm.delete", None, 204);
     // Unknown endpoint, wrong method.
-    assert_eq!(api.call("GET", "vm.snapshot", None).status, 404);
+    assert_eq!(api.call("GET", "vm.send-migration", None).status, 404);
+    assert_eq!(api.call("GET", "vm.snapshot", None).status, 400);
     assert_eq!(api.call("PUT", "vm.info", None).status, 400);
     assert_eq!(api.call("GET", "vm.boot", None).status, 400);
     // What farvm cannot do is refused, naming the field: a disk or a network interface the
@@ -613,4 +614,105 @@ fn vm_add_net_takes_the_tap_descriptor_libvirt_sends_before_boot_and_refuses_the
         log.contains("network device added") && log.contains("fvapi0"),
         "{log}"
     );
+}
+
+/// Waits (bounded) until process 1 of the API's VM runs its measured phase.
+fn wait_for_measured_phase(api: &Api) {
+    let t0 = Instant::now();
+    loop {
+        let (_, c) = api.get("vm.counters");
+        let p = &c["process.1"];
+        if p["state"] == farvm_guest_agent::pv::state::RUNNING
+            && p["phase"] == farvm_guest_agent::pv::phase::MEASURE
+        {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the workload never reached its measured phase: {c}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("snapshot");
+    let kernel = export_guest(&dir);
+    let config = dir.join("farvm.toml");
+    std::fs::write(&config, "[defaults]\nlocal_memory = \"25%\"\n").unwrap();
+    let snap = dir.join("saved");
+    let url = json!({ "destination_url": format!("file://{}", snap.display()) });
+    let workload = "seq:ws=32M,passes=40,write=1,verify=1";
+
+    let log = dir.join("events-1");
+    let api = Api::start(&dir, "web-2", &config, Some(&log));
+    // Nothing to save yet.
+    api.put("vm.snapshot", Some(&url), 404);
+    api.put(
+        "vm.create",
+        Some(&create_body(&kernel, &[workload], 96 << 20)),
+        204,
+    );
+    api.put("vm.snapshot", Some(&url), 405);
+    // Only file:// URLs: a snapshot is a directory on this host.
+    let bad = json!({ "destination_url": "tcp://10.0.0.1:7000" });
+    let m = error_messages(&api.put("vm.snapshot", Some(&bad), 400));
+    assert!(m.iter().any(|m| m.contains("file://")), "{m:?}");
+    api.put("vm.boot", None, 204);
+    wait_for_measured_phase(&api);
+    api.put("vm.snapshot", Some(&url), 204);
+    // Saved, the VM stops; its workload had not finished.
+    api.wait_state("Shutdown", Duration::from_secs(30));
+    let (_, c) = api.get("vm.counters");
+    assert_ne!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "{c}"
+    );
+    api.put("vmm.shutdown", None, 204);
+    drop(api);
+    let ev = events(&std::fs::read_to_string(&log).unwrap());
+    // (The stop after the save is `vm:shutdown` from the VM's watcher, or `vmm:shutdown` if
+    // the VMM exits first.)
+    assert!(
+        ev.windows(2)
+            .any(|w| w == ["vm:snapshotting", "vm:snapshotted"]),
+        "{ev:?}"
+    );
+
+    // Another VMM restores it, paused, under its own name; resumed, the guest finishes.
+    let log = dir.join("events-2");
+    let api = Api::start(&dir, "web-3", &config, Some(&log));
+    let from = json!({ "source_url": format!("file://{}", snap.display()) });
+    let missing = json!({ "source_url": format!("file://{}", dir.join("none").display()) });
+    let m = error_messages(&api.put("vm.restore", Some(&missing), 500));
+    assert!(m.iter().any(|m| m.contains("no snapshot at")), "{m:?}");
+    api.put("vm.restore", Some(&from), 204);
+    assert_eq!(api.state(), "Paused");
+    api.put("vm.restore", Some(&from), 405);
+    api.put("vm.resume", None, 204);
+    api.wait_state("Shutdown", Duration::from_secs(300));
+    let (_, c) = api.get("vm.counters");
+    assert_eq!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "{c}"
+    );
+    assert_eq!(
+        c["process.1"]["checksum"].as_u64(),
+        Some(common::native_checksum(workload)),
+        "{c}"
+    );
+    api.put("vmm.shutdown", None, 204);
+    drop(api);
+    let ev = events(&std::fs::read_to_string(&log).unwrap());
+    assert!(
+        ev.windows(2).any(|w| w == ["vm:restoring", "vm:restored"]),
+        "{ev:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

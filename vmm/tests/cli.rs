@@ -368,7 +368,7 @@ fn help_lists_only_the_operator_commands() {
         .collect();
     assert_eq!(
         commands,
-        ["run", "stats", "status", "shutdown", "pool", "image", "api", "help"],
+        ["run", "stats", "status", "shutdown", "snapshot", "pool", "image", "api", "help"],
         "{s}"
     );
     // The lab's commands are the lab binary's, not the operator's.

@@ -81,6 +81,7 @@ impl VmFactory for HostFactory {
             metrics: spec.metrics.map(Listen::Tcp),
             notes: vec![format!("host config {file}, section {section}: {remote}")],
             config,
+            spec,
         })
     }
 }

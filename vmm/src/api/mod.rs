@@ -28,6 +28,7 @@ pub use events::EventMonitor;
 pub use state::ApiState;
 
 use crate::builder::VmConfig;
+use crate::spec::VmSpec;
 
 /// A VM to build, as a factory prepared it from a `vm.create` body.
 #[derive(Clone, Debug)]
@@ -38,6 +39,8 @@ pub struct Prepared {
     pub metrics: Option<Listen>,
     /// What the factory decided, for the log (e.g. which host-config section applied).
     pub notes: Vec<String>,
+    /// The description `config` was made from (a snapshot saves it).
+    pub spec: VmSpec,
 }
 
 /// Turns `vm.create` bodies into VM configurations.

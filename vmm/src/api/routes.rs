@@ -107,5 +107,7 @@ fn dispatch(
             Ok(None)
         }
         Endpoint::VmAddNet => none(state.add_net(body, fds)),
+        Endpoint::VmSnapshot => none(state.snapshot(body)),
+        Endpoint::VmRestore => none(state.restore(body)),
     }
 }

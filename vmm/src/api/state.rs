@@ -6,6 +6,7 @@
 //!                            +----vm.shutdown-----+                                    |
 //!                            +--------vm.boot (a fresh VM) / vm.shutdown--------------+
 //!   vm.reboot: Running/Paused -> a fresh VM, Running.  vm.delete: any -> (none).
+//!   vm.snapshot: Running/Paused -> saved, then Shutdown.  vm.restore: (none) -> Paused.
 //! ```
 //!
 //! `vm.create` only checks and remembers the configuration (the factory reads the kernel and
@@ -21,7 +22,9 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use farvm_chapi::info::{self, Counters};
-use farvm_chapi::{AddNetSpec, ApiError, CreateSpec, SerialTarget, VmState};
+use farvm_chapi::{
+    AddNetSpec, ApiError, ConsoleConfig, ConsoleMode, CreateSpec, SerialTarget, VmState,
+};
 use farvm_devices::serial::SerialOut;
 use farvm_httpd::HttpServer;
 use serde_json::Value;
@@ -31,6 +34,7 @@ use super::{Prepared, VmFactory};
 use crate::builder;
 use crate::devices::board::NetConfig;
 use crate::devices::pty::Pty;
+use crate::snapshot::Snapshot;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
 use crate::vstate::lock;
 
@@ -268,10 +272,18 @@ impl ApiState {
 
     /// Builds and starts a VM from the created configuration.
     fn start_vm(&self, slot: &mut Slot) -> Result<(), ApiError> {
-        let failed = |reason: String| ApiError::Failed {
-            action: "boot",
-            reason,
+        self.launch(slot, None)
+    }
+
+    /// Builds a VM from the created configuration and starts it, or, given a snapshot, loads
+    /// the snapshot into it and starts it paused.
+    fn launch(&self, slot: &mut Slot, snapshot: Option<&Snapshot>) -> Result<(), ApiError> {
+        let action = if snapshot.is_some() {
+            "restore"
+        } else {
+            "boot"
         };
+        let failed = |reason: String| ApiError::Failed { action, reason };
         let created = slot
             .created
             .as_mut()
@@ -296,8 +308,13 @@ impl ApiState {
                 cfg.console_pty = Some(pty);
             }
         }
-        self.emit(Source::Vm, "booting");
+        if snapshot.is_none() {
+            self.emit(Source::Vm, "booting");
+        }
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
+        if let Some(snap) = snapshot {
+            snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?;
+        }
         let metrics = match &created.prepared.metrics {
             Some(listen) => Some(
                 serve_metrics(listen, vm.shared())
@@ -305,7 +322,11 @@ impl ApiState {
             ),
             None => None,
         };
-        let vm = vm.start().map_err(|e| failed(e.to_string()))?;
+        let vm = match snapshot {
+            Some(_) => vm.start_paused(),
+            None => vm.start(),
+        }
+        .map_err(|e| failed(e.to_string()))?;
         slot.generation += 1;
         let generation = slot.generation;
         self.watch(vm.shared().clone(), generation);
@@ -314,7 +335,84 @@ impl ApiState {
             generation,
             metrics,
         };
-        self.emit(Source::Vm, "booted");
+        if snapshot.is_none() {
+            self.emit(Source::Vm, "booted");
+        }
+        Ok(())
+    }
+
+    /// `vm.snapshot`: saves the running or paused VM into the body's directory
+    /// ([`crate::snapshot::save`]); once saved the VM stops, and its watcher reports it shut
+    /// down. A save that fails leaves the VM as it was.
+    pub fn snapshot(&self, body: &[u8]) -> Result<(), ApiError> {
+        let dir = farvm_chapi::snapshot::destination(body)?;
+        let slot = lock(&self.slot);
+        let vm = Self::running(&slot, "snapshot")?;
+        let spec = &slot
+            .created
+            .as_ref()
+            .ok_or(ApiError::NotCreated { action: "snapshot" })?
+            .prepared
+            .spec;
+        self.emit(Source::Vm, "snapshotting");
+        crate::snapshot::save(vm.shared(), spec, &dir).map_err(|e| ApiError::Failed {
+            action: "snapshot",
+            reason: e.to_string(),
+        })?;
+        self.emit(Source::Vm, "snapshotted");
+        Ok(())
+    }
+
+    /// `vm.restore`: builds the VM saved in the body's directory, named as this server's VM,
+    /// and leaves it paused (`vm.resume` runs it), as Cloud Hypervisor does. Only a server
+    /// with no VM created restores one. Its console is a pty, as libvirt's domains have.
+    pub fn restore(&self, body: &[u8]) -> Result<(), ApiError> {
+        let dir = farvm_chapi::snapshot::source(body)?;
+        let mut slot = lock(&self.slot);
+        if slot.created.is_some() {
+            return Err(ApiError::WrongState {
+                action: "restore",
+                state: farvm_chapi::error::StateName::AlreadyCreated,
+            });
+        }
+        let failed = |reason: String| ApiError::Failed {
+            action: "restore",
+            reason,
+        };
+        let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
+        let mut spec = snap.spec();
+        spec.name = Some(self.name.clone());
+        let config = spec
+            .to_config()
+            .map_err(|e| failed(e.render(&super::factory::ApiNames)))?;
+        let create = CreateSpec {
+            vcpus: spec.vcpus,
+            memory: spec.memory,
+            kernel: spec.kernel.clone().unwrap_or_default(),
+            cmdline: spec.cmdline.clone(),
+            initramfs: spec.initrd.clone(),
+            console: ConsoleConfig::mode(ConsoleMode::Off),
+            serial: ConsoleConfig::mode(ConsoleMode::Pty),
+            disks: Vec::new(),
+            net: Vec::new(),
+        };
+        slot.created = Some(Created {
+            spec: create,
+            prepared: Prepared {
+                metrics: spec.metrics.map(farvm_httpd::Listen::Tcp),
+                notes: Vec::new(),
+                config,
+                spec,
+            },
+            pty: None,
+        });
+        self.emit(Source::Vm, "restoring");
+        if let Err(e) = self.launch(&mut slot, Some(&snap)) {
+            slot.created = None;
+            return Err(e);
+        }
+        drop(slot);
+        self.emit(Source::Vm, "restored");
         Ok(())
     }
 

@@ -25,7 +25,8 @@ pub struct Target {
 }
 
 impl Target {
-    fn path(&self) -> PathBuf {
+    /// The control socket's path.
+    pub fn path(&self) -> PathBuf {
         self.socket
             .clone()
             .unwrap_or_else(|| default_socket_path(self.vm.as_deref().unwrap_or("")))

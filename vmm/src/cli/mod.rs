@@ -6,7 +6,9 @@ pub mod control;
 pub mod domain;
 pub mod image;
 pub mod paging;
+pub mod restore;
 pub mod run;
+pub mod snapshot;
 
 /// A failure with the exit status it maps to (see `farvm_vmm::exit_code`).
 #[derive(Debug)]

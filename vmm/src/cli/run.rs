@@ -113,6 +113,20 @@ remote-memory options (--memserver or --pool, --local-memory, --prefetcher, --re
 them as well is an error. The other options
 (--timeout, --json, --workload, --pool-slab, ...) apply as usual.
 
+SNAPSHOTS
+`farvm snapshot --vm NAME DIR` saves a running VM into the directory DIR and stops it;
+--restore DIR builds the VM again from DIR/manifest.json (its description: memory, vCPUs,
+remote-memory options, workloads) and resumes the guest where it was saved: its vCPUs,
+interrupt controllers, clock, serial console, PV device and all of guest RAM are loaded before
+it runs. A snapshot holds every page of guest RAM (the remote ones read back from the memory
+servers, as every VMM writes all of RAM; with --pool too, for now: the saved VM's pages leave
+the pool when it stops); the restored VM pages them out again under the same --local-memory,
+to its memory servers (a new embedded one by default) or its pool. With --restore, the
+options that describe the VM (--memory, --vcpus, --workload, --kernel, the remote-memory
+options, ...) are the snapshot's and may not be given; --name, --serial, --serial-in,
+--guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
+apply. A missing snapshot exits 66, a corrupt one or one of another format version 65.
+
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
   workload's own parameters. Names: seq, stride, random, matmul, matmul-blocked, kv, pagerank,
@@ -146,12 +160,14 @@ EXAMPLES
 
 EXIT STATUS
   0        the guest shut down with status 0 (every process ended as expected), or the VM was
-           shut down through its control socket
+           shut down through its control socket, or saved by `farvm snapshot`
   1-63     the guest's own non-zero shutdown status (test guest: 1 = a process failed,
            2 = bad boot info, 3 = out of memory, 4 = bad user image)
   64       bad command-line arguments
-  65       the kernel or initrd is malformed or does not fit in guest memory
-  66       the kernel, initrd or a disk image cannot be read (or a disk is in use)
+  65       the kernel or initrd is malformed or does not fit in guest memory; the
+           --restore snapshot is corrupt or of another format version
+  66       the kernel, initrd, a disk image or the --restore snapshot cannot be read (or a
+           disk is in use)
   69       the memory pool cannot take the VM: no room for its replicas on distinct racks
            (the message names the racks and bytes), or etcd, or any memory server, did not
            answer within --pool-wait
@@ -356,6 +372,15 @@ pub struct RunArgs {
     /// without running the guest.
     #[arg(long)]
     pub stop_at_entry: bool,
+
+    /// Restore the VM saved in the snapshot directory DIR (by `farvm snapshot` or the API's
+    /// vm.snapshot) and resume it where it was saved (see SNAPSHOTS).
+    #[arg(long, value_name = "DIR", conflicts_with_all = [
+        "domain", "workloads", "kernel", "initrd", "cmdline", "linux", "stop_at_entry",
+        "memory", "vcpus", "local_only", "memservers", "pool", "replicas", "local_memory",
+        "prefetcher", "disks", "nets",
+    ])]
+    pub restore: Option<PathBuf>,
 }
 
 /// The options that describe the VM itself: a domain (`--domain`) decides every one of them,
@@ -599,15 +624,17 @@ fn write_fault_log(path: &Path, r: &VmReport) -> std::io::Result<()> {
 /// Runs a created VM to its end (control socket, signals, timeout) and returns the report.
 pub fn run_vm(
     vm: Vm,
+    spec: VmSpec,
     control: Option<PathBuf>,
     timeout: Option<Duration>,
 ) -> Result<VmReport, Failure> {
     let host = |e: String| Failure::new(exit_code::HOST_ERROR, e);
     signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
     let server = match control {
-        Some(p) => {
-            Some(ControlServer::start(&p, vm.shared().clone()).map_err(|e| host(e.to_string()))?)
-        }
+        Some(p) => Some(
+            ControlServer::start(&p, vm.shared().clone(), Some(spec))
+                .map_err(|e| host(e.to_string()))?,
+        ),
         None => None,
     };
     let running = vm.start().map_err(|e| host(e.to_string()))?;
@@ -619,14 +646,22 @@ pub fn run_vm(
 
 pub fn run(a: RunArgs) -> Result<i32> {
     let mut spec = a.to_spec();
-    let cfg = match &a.domain {
-        Some(path) => {
+    let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
+    let cfg = match (&snapshot, &a.domain) {
+        (Some(snap), _) => {
+            spec = super::restore::spec(snap, &a);
+            spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?
+        }
+        (None, Some(path)) => {
             let names = super::domain::apply(&mut spec, path)?;
             spec.to_config().map_err(|e| spec_failure(&e, &names))?
         }
-        None => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
+        (None, None) => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
     };
     let vm = build_vm(&cfg)?;
+    if let Some(snap) = &snapshot {
+        super::restore::load(snap, &vm)?;
+    }
     let metrics = spec
         .metrics
         .map(|addr| start_metrics(addr, &vm))
@@ -663,7 +698,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if raw.is_some() {
         eprintln!("farvm: {}", console::ESCAPE_HELP);
     }
-    let report = run_vm(vm, control, a.timeout.map(Duration::from_secs));
+    let report = run_vm(vm, spec, control, a.timeout.map(Duration::from_secs));
     drop(raw);
     let report = report?;
     drop(metrics);

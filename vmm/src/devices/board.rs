@@ -38,7 +38,7 @@ use super::pvctl::PvCtl;
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
 /// A disk to attach (`farvm run --disk PATH[,ro]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskConfig {
     /// A raw image file or a host block device.
     pub path: PathBuf,
@@ -72,7 +72,7 @@ impl std::str::FromStr for DiskConfig {
 
 /// A network interface to attach (`farvm run --net tap=NAME[,mac=MAC]`, a domain's
 /// `<interface type='ethernet'>`, or the API's `vm.add-net` with the tap's descriptor).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetConfig {
     /// The host's tap device: opened by name (created if it does not exist), or, with `fd`,
     /// the name of the tap that descriptor is attached to.
@@ -81,7 +81,9 @@ pub struct NetConfig {
     /// [`NetConfig::mac_or_derived`]].
     pub mac: Option<MacAddr>,
     /// The tap, attached by someone else (libvirt) and handed over: each boot of the VM uses
-    /// a duplicate of it, so a reboot does not need to open the tap again.
+    /// a duplicate of it, so a reboot does not need to open the tap again. A descriptor does
+    /// not outlive the process: a stored description (a snapshot's) has none.
+    #[serde(skip)]
     pub fd: Option<TapFd>,
 }
 
@@ -460,6 +462,11 @@ impl Board {
         // The thread ends with its input (stdin's at process exit).
         drop(self.console.attach_input(reader)?);
         Ok(())
+    }
+
+    /// The COM1 console (its UART state is a snapshot's).
+    pub fn console(&self) -> &SerialConsole {
+        &self.console
     }
 
     /// The agent device, if the VM has one.

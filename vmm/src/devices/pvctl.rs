@@ -16,7 +16,7 @@ use farvm_guest_agent::frames::FrameOrder;
 use farvm_guest_agent::pv::{self, BulkOp, LogRecord, Mailbox, LOG_MAX, MAILBOX_MAGIC};
 use farvm_guest_agent::slot::{AgentSlot, SLOT_MAGIC};
 use farvm_guest_agent::PAGE_SIZE;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use vm_memory::{Bytes, GuestAddress};
 
@@ -66,7 +66,7 @@ pub type PagingCountersFn = Box<dyn Fn() -> Option<CounterValues> + Send + Sync>
 pub type ProcessCountersFn = Box<dyn Fn(u64, u64) -> Option<ProcessCounterValues> + Send + Sync>;
 
 /// What the VMM knows about one guest process, from its mailbox.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessRecord {
     /// Guest process id.
     pub pid: u32,
@@ -102,7 +102,9 @@ pub struct ProcessRecord {
     pub heap_bytes: u64,
     /// GPA of the mailbox page.
     pub mailbox_gpa: u64,
-    /// Every doorbell, in order, with its host timestamp.
+    /// Every doorbell, in order, with its host timestamp (host times and paging counters of
+    /// one VMM run: a snapshot does not keep them).
+    #[serde(default, skip_deserializing)]
     pub events: Vec<PhaseEvent>,
 }
 
@@ -202,7 +204,7 @@ pub struct PvCounters {
 }
 
 /// A snapshot of [`PvCounters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PvCounterValues {
     /// Guest log lines received.
     pub logs: u64,
@@ -253,6 +255,23 @@ pub struct PvCtl {
     process_counters: OnceLock<ProcessCountersFn>,
     /// Told of every agent-slot change (vCPU, new slot GPA or None).
     slot_listener: OnceLock<SlotListener>,
+}
+
+/// What the device holds for the guest across a snapshot: the agent slots, the CPU-done
+/// flags, the process records (without their per-run phase events), the kept log lines and
+/// the traffic counters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PvState {
+    /// Each vCPU's agent-slot GPA (0: none).
+    pub slots: Vec<u64>,
+    /// Each vCPU's CPU-done flag.
+    pub cpu_done: Vec<bool>,
+    /// The process records, by pid.
+    pub processes: Vec<ProcessRecord>,
+    /// The guest log lines kept so far.
+    pub log_lines: Vec<String>,
+    /// PV traffic so far.
+    pub counters: PvCounterValues,
 }
 
 /// Called on every agent-slot change: (vCPU, the slot's GPA, or `None` once unregistered).
@@ -612,6 +631,68 @@ impl PvCtl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The device's state for a snapshot (see [`PvState`]).
+    pub fn save_state(&self) -> PvState {
+        let mut processes = self.processes();
+        for p in &mut processes {
+            p.events.clear();
+        }
+        PvState {
+            slots: self
+                .slots
+                .iter()
+                .map(|s| s.load(Ordering::Acquire))
+                .collect(),
+            cpu_done: self
+                .cpu_done
+                .iter()
+                .map(|d| d.load(Ordering::Acquire))
+                .collect(),
+            processes,
+            log_lines: self.log_lines(),
+            counters: self.counters.snapshot(),
+        }
+    }
+
+    /// Loads a snapshot's state into a device of as many vCPUs that the guest has not used
+    /// yet. Agent slots go through [`Self::set_agent_slot`], so the paging engine follows
+    /// them again; a slot the device refuses (not a RAM page) is an error naming the vCPU.
+    pub fn restore_state(&self, s: &PvState) -> Result<(), String> {
+        let n = self.slots.len();
+        if s.slots.len() != n || s.cpu_done.len() != n {
+            return Err(format!(
+                "the PV device state is for {} vCPUs, the VM has {n}",
+                s.slots.len()
+            ));
+        }
+        for (cpu, &gpa) in (0u32..).zip(&s.slots) {
+            if gpa != 0 && !self.set_agent_slot(cpu, Some(gpa)) {
+                return Err(format!(
+                    "vCPU {cpu}'s agent slot {gpa:#x} is not a RAM page"
+                ));
+            }
+        }
+        for (d, &done) in self.cpu_done.iter().zip(&s.cpu_done) {
+            d.store(done, Ordering::Release);
+        }
+        *self.procs.lock().unwrap_or_else(|p| p.into_inner()) =
+            s.processes.iter().map(|p| (p.pid, p.clone())).collect();
+        *self.log_lines.lock().unwrap_or_else(|p| p.into_inner()) = s.log_lines.clone();
+        let c = &self.counters;
+        let v = &s.counters;
+        for (a, x) in [
+            (&c.logs, v.logs),
+            (&c.doorbells, v.doorbells),
+            (&c.bad_doorbells, v.bad_doorbells),
+            (&c.bulk_ops, v.bulk_ops),
+            (&c.bulk_refused, v.bulk_refused),
+            (&c.bulk_bytes, v.bulk_bytes),
+        ] {
+            a.store(x, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@
 mod config;
 pub mod domain;
 mod field;
+mod stored;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use farvm_devices::serial::{SerialIn, SerialOut};
 pub use farvm_memclient::{Endpoint, Transport};
+use serde::{Deserialize, Serialize};
 
 pub use field::{CliNames, Field, FieldNames, SpecError, SpecErrorKind};
 
@@ -28,8 +30,9 @@ use crate::remote::PageSpace;
 
 /// Everything that describes one VM. [`Default`] is `farvm run` with no options: the built-in
 /// test guest, 512 MiB, one vCPU, console on stdout, remote memory at 50% local on an embedded
-/// memory server.
-#[derive(Clone, Debug, PartialEq)]
+/// memory server. A snapshot's manifest stores it as JSON (`crate::snapshot`); memory
+/// servers are their URL text there (farvm-transport's serde form, which the pool enables).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VmSpec {
     /// The VM's name [`None`: `farvm-PID`].
     pub name: Option<String>,
@@ -101,7 +104,7 @@ impl Default for VmSpec {
 }
 
 /// The built-in test guest's knobs (ignored for Linux).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TestGuestOptions {
     /// LAPIC timer frequency for preemption (0: cooperative only).
     pub timer_hz: u32,
@@ -128,7 +131,8 @@ impl Default for TestGuestOptions {
 }
 
 /// KVM's async page faults (see `farvm run --help`, `--kvm-async-pf`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AsyncPf {
     /// Off for a paged test guest (its faults are attributed to guest processes), KVM's
     /// default for local RAM and Linux guests (which idle with HLT).
@@ -140,7 +144,7 @@ pub enum AsyncPf {
 }
 
 /// Remote memory: where the pages live and how the engine pages them.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RemoteOptions {
     /// Memory servers, each with its transport [empty, and no `pool`: an embedded server on
     /// loopback].
@@ -198,7 +202,7 @@ impl Default for RemoteOptions {
 }
 
 /// How a VM joins a memory pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolOptions {
     /// The VM's lease TTL.
     pub lease_ttl: Duration,
@@ -210,6 +214,7 @@ pub struct PoolOptions {
     pub host: Option<String>,
     /// The transport to reach the pool's servers by, where a server offers it (TCP
     /// otherwise); RDMA's page mode is [`RemoteOptions::rdma_one_sided`].
+    #[serde(with = "stored::transport")]
     pub transport: Transport,
 }
 

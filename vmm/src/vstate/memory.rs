@@ -372,6 +372,18 @@ impl GuestRam {
         }
     }
 
+    /// Starts bringing `[gpa, gpa+len)` in from remote memory in one batch without waiting
+    /// (paged RAM; local RAM has nothing to fetch): a long copy out of guest RAM that follows
+    /// (a snapshot's) then waits on the batch rather than on each page in turn.
+    pub fn fetch_ahead(&self, gpa: u64, len: u64) -> Result<(), MemError> {
+        match self.engine()? {
+            None => Ok(()),
+            Some(e) => e
+                .fetch_ahead(gpa, len)
+                .map_err(engine_err(GuestAddress(gpa), len as usize)),
+        }
+    }
+
     /// The engine of paged RAM (None for local RAM).
     fn engine(&self) -> Result<Option<Arc<Engine>>, MemError> {
         match &self.access {

@@ -43,6 +43,12 @@ pub enum VmOutcome {
     ConsoleEscape,
     /// A shutdown request (control socket, API).
     ControlShutdown,
+    /// The VM was saved to a snapshot (`farvm snapshot`, the API's `vm.snapshot`), which
+    /// stops it, as `virsh save` expects.
+    Snapshotted {
+        /// The snapshot's directory.
+        dir: String,
+    },
     /// The run exceeded its time limit.
     Timeout {
         /// The limit, in seconds.
@@ -81,6 +87,7 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::Signal { signal } => write!(f, "stopped by signal {signal}"),
             VmOutcome::ConsoleEscape => write!(f, "stopped from the console (Ctrl-A x)"),
             VmOutcome::ControlShutdown => write!(f, "shut down through the control socket"),
+            VmOutcome::Snapshotted { dir } => write!(f, "saved to the snapshot {dir}"),
             VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
             VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
             VmOutcome::HostError { message } => write!(f, "host error: {message}"),

@@ -1,6 +1,8 @@
 //! The KVM VM: the `/dev/kvm` handle, the VM fd with its in-kernel irqchip, one memslot per
 //! guest RAM region, and (with remote memory) KVM's async page faults turned off.
 
+use std::sync::Arc;
+
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VmFd};
 
@@ -68,8 +70,9 @@ const TSS_ADDRESS: usize = 0xfffb_d000;
 pub struct KvmVm {
     /// The `/dev/kvm` handle.
     pub kvm: Kvm,
-    /// The VM's fd.
-    pub fd: VmFd,
+    /// The VM's fd, shared weakly with whoever reads VM-wide state while the VM runs (a
+    /// snapshot); closed when the VM drops its one strong handle.
+    pub fd: Arc<VmFd>,
     /// HLT exits are disabled: a guest HLT halts in guest mode (see
     /// `disable_async_page_faults`).
     pub hlt_in_guest: bool,
@@ -102,7 +105,7 @@ impl KvmVm {
         }
         Ok(KvmVm {
             kvm,
-            fd,
+            fd: Arc::new(fd),
             hlt_in_guest,
         })
     }

@@ -1,8 +1,8 @@
 //! A VM's vCPU threads as one: spawned (each reports its thread id, then waits), started
 //! together, paused and resumed together, asked for their state, and joined once the VM's end
 //! is decided. Every request goes through the threads' [`VcpuHandle`]s, one request at a time
-//! (the handles' lock): pause, state reports, and later snapshots and migration are requests
-//! on these handles.
+//! (the handles' lock): pause, state reports and a snapshot's state reads are requests on
+//! these handles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,7 @@ use kvm_ioctls::VcpuFd;
 use super::exits::VcpuExits;
 use super::handle::{VcpuEvent, VcpuHandle, VcpuResponse};
 use super::run::VcpuThread;
+use super::state::VcpuState;
 use crate::vstate::lock;
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
@@ -29,6 +30,20 @@ pub enum VcpuError {
     /// not yet served); the others were resumed.
     #[error("the vCPUs did not leave the guest within {0:?}")]
     PauseTimeout(Duration),
+    /// A snapshot's state read needs every vCPU parked.
+    #[error("the vCPUs are not paused")]
+    NotPaused,
+    /// A vCPU did not answer a state read in time.
+    #[error("vcpu{0} did not report its state in time")]
+    NoAnswer(u32),
+    /// KVM refused to read a vCPU's state.
+    #[error("cannot read the state of vcpu{index}: {message}")]
+    ReadState {
+        /// The vCPU.
+        index: u32,
+        /// KVM's error.
+        message: String,
+    },
 }
 
 /// A vCPU thread could not be spawned.
@@ -196,18 +211,36 @@ impl VcpuGroup {
     /// yet fetched).
     pub fn dump(&self, timeout: Duration) -> Vec<Option<String>> {
         let handles = lock(&self.handles);
-        for h in handles.iter() {
-            h.discard_stale();
-            h.send(VcpuEvent::DumpState);
+        ask_all(&handles, VcpuEvent::DumpState, timeout, |r| match r {
+            VcpuResponse::State(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// Every vCPU's full state, read by its parked thread (the group must be paused: the
+    /// state of a vCPU running the guest would be stale as soon as read).
+    pub fn save_states(&self, timeout: Duration) -> Result<Vec<VcpuState>, VcpuError> {
+        let handles = lock(&self.handles);
+        if self.latch.stopping() {
+            return Err(VcpuError::Stopping);
         }
-        let deadline = Instant::now() + timeout;
-        handles
-            .iter()
-            .map(|h| {
-                h.answer(deadline, |r| match r {
-                    VcpuResponse::State(s) => Some(s),
-                    _ => None,
-                })
+        if !self.is_paused() {
+            return Err(VcpuError::NotPaused);
+        }
+        let answers = ask_all(&handles, VcpuEvent::SaveState, timeout, |r| match r {
+            VcpuResponse::Saved(s) => Some(s),
+            _ => None,
+        });
+        (0u32..)
+            .zip(answers)
+            .map(|(index, saved)| {
+                let saved = saved.ok_or(VcpuError::NoAnswer(index))?;
+                // The answer is the thread's only copy, handed over.
+                match Arc::try_unwrap(saved.0) {
+                    Ok(Ok(state)) => Ok(state),
+                    Ok(Err(message)) => Err(VcpuError::ReadState { index, message }),
+                    Err(_) => Err(VcpuError::NoAnswer(index)),
+                }
             })
             .collect()
     }
@@ -219,4 +252,21 @@ impl VcpuGroup {
             h.join();
         }
     }
+}
+
+/// Sends `event` to every thread and returns each one's answer that `want` accepts (`None`:
+/// none within `timeout`). The caller holds the handles' lock, so the answers are to this
+/// request.
+fn ask_all<T>(
+    handles: &[VcpuHandle],
+    event: VcpuEvent,
+    timeout: Duration,
+    want: impl Fn(VcpuResponse) -> Option<T>,
+) -> Vec<Option<T>> {
+    for h in handles {
+        h.discard_stale();
+        h.send(event);
+    }
+    let deadline = Instant::now() + timeout;
+    handles.iter().map(|h| h.answer(deadline, &want)).collect()
 }

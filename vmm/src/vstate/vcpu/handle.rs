@@ -5,11 +5,13 @@
 //! page not yet fetched — answers when the fault is served.
 
 use std::os::unix::thread::JoinHandleExt;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::state::VcpuState;
 use crate::signals;
 
 /// What a vCPU thread is asked to do.
@@ -23,7 +25,23 @@ pub enum VcpuEvent {
     Resume,
     /// Report the vCPU's state ([`VcpuResponse::State`]).
     DumpState,
+    /// Read the vCPU's full state for a snapshot ([`VcpuResponse::Saved`]); asked of a parked
+    /// thread.
+    SaveState,
 }
+
+/// A vCPU's state as its thread read it for a snapshot, or why KVM refused. Answers compare by
+/// identity (two reads are two answers), which is all the handles' matching needs.
+#[derive(Clone, Debug)]
+pub struct SavedState(pub Arc<Result<VcpuState, String>>);
+
+impl PartialEq for SavedState {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SavedState {}
 
 /// What a vCPU thread answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +57,8 @@ pub enum VcpuResponse {
     Resumed,
     /// The vCPU's state, in words.
     State(String),
+    /// The vCPU's full state ([`VcpuEvent::SaveState`]).
+    Saved(SavedState),
 }
 
 /// The owner's end of one vCPU thread (module doc).

@@ -1,6 +1,6 @@
 //! vCPUs: creation with per-vCPU CPUID and their entry registers (here), the threads that run
 //! them (`run.rs`), each behind a [`VcpuHandle`] ([`handle`]) and all of a VM's together in a
-//! [`VcpuGroup`] ([`group`]), and the seam to the VM's devices ([`VcpuExits`], [`exits`]).
+//! [`VcpuGroup`] ([`group`]), their full state for snapshots ([`state`]), and the seam to the VM's devices ([`VcpuExits`], [`exits`]).
 //! Nothing here knows the VM above it: a vCPU hands device exits to [`VcpuExits`] and ends the
 //! VM through its [`OutcomeLatch`](super::outcome::OutcomeLatch).
 
@@ -9,13 +9,15 @@ pub mod exits;
 pub mod group;
 pub mod handle;
 mod run;
+pub mod state;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
 
 pub use exits::{DeviceAction, VcpuExits};
 pub use group::{SpawnError, VcpuError, VcpuGroup};
-pub use handle::{VcpuEvent, VcpuHandle, VcpuResponse};
+pub use handle::{SavedState, VcpuEvent, VcpuHandle, VcpuResponse};
+pub use state::VcpuState;
 
 use super::cpuid;
 use super::regs::{self, EntryState};

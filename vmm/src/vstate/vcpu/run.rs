@@ -13,7 +13,8 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use super::describe::{describe_internal_error, describe_position, describe_state};
 use super::exits::{DeviceAction, VcpuExits};
-use super::handle::{VcpuEvent, VcpuResponse};
+use super::handle::{SavedState, VcpuEvent, VcpuResponse};
+use super::state::VcpuState;
 use crate::signals;
 use crate::stats::ExitStats;
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
@@ -79,6 +80,11 @@ impl VcpuThread {
         self.answer(VcpuResponse::State(report));
     }
 
+    fn save_state(&self) {
+        let state = VcpuState::read(&self.fd).map_err(|e| e.to_string());
+        self.answer(VcpuResponse::Saved(SavedState(Arc::new(state))));
+    }
+
     /// Blocks until [`VcpuEvent::Start`] (and, if a pause came first, its resume); false if
     /// the VM ended first. A thread not in the guest yet is as good as parked.
     fn wait_for_start(&self) -> bool {
@@ -88,6 +94,7 @@ impl VcpuThread {
                 recv(self.events) -> ev => match ev {
                     Ok(VcpuEvent::Start) => started = true,
                     Ok(VcpuEvent::DumpState) => self.report_state(),
+                    Ok(VcpuEvent::SaveState) => self.save_state(),
                     Ok(VcpuEvent::Pause) => {
                         paused = true;
                         self.answer(VcpuResponse::Paused);
@@ -115,6 +122,7 @@ impl VcpuThread {
                 }
                 VcpuEvent::Resume => self.answer(VcpuResponse::Resumed),
                 VcpuEvent::DumpState => self.report_state(),
+                VcpuEvent::SaveState => self.save_state(),
                 VcpuEvent::Start => {}
             }
         }
@@ -133,6 +141,7 @@ impl VcpuThread {
                     }
                     Ok(VcpuEvent::Pause) => self.answer(VcpuResponse::Paused),
                     Ok(VcpuEvent::DumpState) => self.report_state(),
+                    Ok(VcpuEvent::SaveState) => self.save_state(),
                     Ok(VcpuEvent::Start) => {}
                     Err(_) => return Requests::Stop,
                 },

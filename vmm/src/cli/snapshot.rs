@@ -1,0 +1,75 @@
+//! `farvm snapshot --vm NAME DIR`: asks a running VM, through its control socket, to save
+//! itself into the snapshot directory DIR and stop.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use farvm_units::format_size;
+use farvm_vmm::control::request_within;
+use farvm_vmm::exit_code;
+
+use super::control::Target;
+use super::Failure;
+
+pub const SNAPSHOT_ABOUT: &str = "\
+Save a running VM into a snapshot directory and stop it (what `virsh save` does through the
+API's vm.snapshot). `farvm run --restore DIR` builds the VM again from the snapshot and
+resumes it where it was.
+
+The VM is paused; every vCPU's state (registers, FPU/XSAVE, MSRs, local APIC, pending
+events), KVM's interrupt controllers and clock, the serial console's and the PV control
+device's state and the VM's description go into DIR/manifest.json (a versioned format), and
+guest RAM into DIR/memory.pages: every page, including the remote ones, which are read back
+from the memory servers, as every VMM writes all of RAM (pages of zeros are holes in a sparse
+file). A VM on a memory pool is saved the same way for now: its pages leave the pool when it
+stops, and the restored VM joins the pool again. The manifest is written last: a directory with a manifest holds a whole snapshot. Once
+saved, the VM stops and its `farvm run` exits 0. A save that fails (a full disk, a device that
+cannot be saved yet) removes what it wrote and leaves the VM running, with the reason.
+
+The test guest can be saved; a VM with a virtio disk or network device, or a Linux guest (its
+agent device), is refused before it is paused. DIR is created if missing; a directory that
+already holds a snapshot is refused.
+
+EXAMPLE
+  farvm snapshot --vm test1 /var/lib/farvm/snap/test1
+  farvm run --restore /var/lib/farvm/snap/test1 --serial none
+
+EXIT STATUS
+  0   saved; the VM has stopped
+  71  the control socket cannot be reached, or the VM refused or failed the save (the
+      message says why; the VM is still running)";
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The snapshot directory (created if missing).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Give up waiting for the save after this many seconds (the VM finishes or fails it on
+    /// its own).
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub wait: u64,
+}
+
+pub fn run(a: SnapshotArgs) -> Result<()> {
+    let host = |m: String| Failure::new(exit_code::HOST_ERROR, m);
+    let dir = std::path::absolute(&a.dir).map_err(|e| host(format!("{}: {e}", a.dir.display())))?;
+    let cmd = format!("snapshot {}", dir.display());
+    let v = request_within(&a.target.path(), &cmd, Duration::from_secs(a.wait))
+        .map_err(|e| host(e.to_string()))?;
+    if a.target.json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "saved to {}: {} of guest RAM, {} pages written, paused {:.2} s; the VM has stopped",
+        dir.display(),
+        format_size(v["memory_bytes"].as_u64().unwrap_or(0)),
+        v["pages_written"].as_u64().unwrap_or(0),
+        v["paused_secs"].as_f64().unwrap_or(0.0)
+    );
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! A snapshot's manifest, `manifest.json`: the format's name and version, the farvm that
+//! wrote it, the VM's description, guest RAM's page file record, every vCPU's state, KVM's
+//! VM-wide state and the devices'. It is written last (to a temporary name, then renamed), so
+//! a directory with a manifest holds a complete snapshot.
+//!
+//! Reading checks the format and version before the rest, so a manifest of another version is
+//! [`SnapshotError::Version`], not a parse error.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::machine::{DeviceState, KvmState};
+use super::pages::MemoryRecord;
+use super::SnapshotError;
+use crate::spec::VmSpec;
+use crate::vstate::vcpu::VcpuState;
+
+/// The manifest's file name in a snapshot's directory.
+pub const MANIFEST: &str = "manifest.json";
+/// The page file's name.
+pub const PAGES: &str = "memory.pages";
+/// The `format` field of every farvm snapshot.
+pub const FORMAT: &str = "farvm-snapshot";
+/// The version this farvm writes and reads.
+pub const VERSION: u32 = 1;
+
+/// A snapshot's manifest (module doc).
+#[derive(Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`].
+    pub version: u32,
+    /// The farvm that wrote it.
+    pub farvm_version: String,
+    /// The VM's description.
+    pub vm: VmSpec,
+    /// Guest RAM.
+    pub memory: MemoryRecord,
+    /// Every vCPU's state, in index order.
+    pub vcpus: Vec<VcpuState>,
+    /// KVM's VM-wide state.
+    pub kvm: KvmState,
+    /// The devices' state.
+    pub devices: DeviceState,
+}
+
+impl Manifest {
+    /// Reads and checks the manifest at `path`.
+    pub fn read(path: &Path) -> Result<Self, SnapshotError> {
+        let text = std::fs::read(path).map_err(SnapshotError::read(path))?;
+        let v: Value = serde_json::from_slice(&text)
+            .map_err(|e| SnapshotError::corrupt(path, format!("not JSON: {e}")))?;
+        match v.get("format").and_then(Value::as_str) {
+            Some(FORMAT) => {}
+            other => {
+                return Err(SnapshotError::corrupt(
+                    path,
+                    format!("format {other:?}, expected \"{FORMAT}\""),
+                ))
+            }
+        }
+        match v.get("version").and_then(Value::as_u64) {
+            Some(n) if n == u64::from(VERSION) => {}
+            Some(n) => {
+                return Err(SnapshotError::Version {
+                    path: path.to_path_buf(),
+                    found: n,
+                    supported: VERSION,
+                })
+            }
+            None => return Err(SnapshotError::corrupt(path, "no version number".into())),
+        }
+        serde_json::from_value(v).map_err(|e| SnapshotError::corrupt(path, e.to_string()))
+    }
+
+    /// Writes the manifest into `dir` (to a temporary name, then renamed).
+    pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
+        let tmp = dir.join(format!("{MANIFEST}.tmp"));
+        let text = serde_json::to_vec(self).map_err(|e| SnapshotError::Write {
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(&tmp, text).map_err(SnapshotError::write(&tmp))?;
+        let path = dir.join(MANIFEST);
+        std::fs::rename(&tmp, &path).map_err(SnapshotError::write(&path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> std::path::PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let p = dir.join(MANIFEST);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn bad_manifests_are_named_errors() {
+        let dir = std::env::temp_dir().join(format!("farvm-manifest-{}", std::process::id()));
+        let p = write(&dir, "{not json");
+        assert!(matches!(
+            Manifest::read(&p),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+        let p = write(&dir, r#"{"format":"qemu","version":1}"#);
+        assert!(matches!(
+            Manifest::read(&p),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+        let p = write(&dir, r#"{"format":"farvm-snapshot","version":99}"#);
+        match Manifest::read(&p) {
+            Err(SnapshotError::Version { found: 99, .. }) => {}
+            Err(e) => panic!("not a version error: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+        let p = write(&dir, r#"{"format":"farvm-snapshot","version":1,"vm":{}}"#);
+        assert!(matches!(
+            Manifest::read(&p),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+        let missing = dir.join("none").join(MANIFEST);
+        assert!(matches!(
+            Manifest::read(&missing),
+            Err(SnapshotError::Read { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,110 @@
+//! Saving a running VM into a snapshot directory: refuse what cannot be saved yet before
+//! touching the VM, pause it, read every vCPU's state (each on its own parked thread), KVM's
+//! VM-wide state and the devices', copy guest RAM into the page file, write the manifest last,
+//! then stop the VM ([`VmOutcome::Snapshotted`]). On any failure the files written so far are
+//! removed and the VM runs on (unless it was paused before the save).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::machine::{check_saveable, DeviceState, KvmState};
+use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, VERSION};
+use super::pages::{self, MemoryRecord};
+use super::SnapshotError;
+use crate::spec::VmSpec;
+use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
+
+/// How long the parked vCPU threads have to report their state.
+const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a save wrote.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Saved {
+    /// The snapshot's directory.
+    pub dir: PathBuf,
+    /// Guest RAM, bytes (the page file's length).
+    pub memory_bytes: u64,
+    /// Pages written (not zero).
+    pub pages_written: u64,
+    /// How long the VM was paused for the save, seconds.
+    pub paused_secs: f64,
+}
+
+/// Saves `vm`, made from the description `spec`, into `dir` (created if missing; a directory
+/// holding a snapshot is refused) and stops it (module doc).
+pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotError> {
+    check_saveable(spec, vm.board.agent().is_some())?;
+    let was_paused = match vm.state() {
+        VmState::Running => false,
+        VmState::Paused => true,
+        other => return Err(SnapshotError::State(format!("the VM is {other}"))),
+    };
+    std::fs::create_dir_all(dir).map_err(SnapshotError::write(dir))?;
+    if dir.join(MANIFEST).exists() {
+        return Err(SnapshotError::Exists {
+            dir: dir.to_path_buf(),
+        });
+    }
+    vm.pause(PAUSE_TIMEOUT)
+        .map_err(|e| SnapshotError::State(e.to_string()))?;
+    let started = Instant::now();
+    match write_snapshot(vm, spec, dir) {
+        Ok(memory) => {
+            let saved = Saved {
+                dir: dir.to_path_buf(),
+                memory_bytes: memory.bytes,
+                pages_written: memory.pages_written,
+                paused_secs: started.elapsed().as_secs_f64(),
+            };
+            tracing::info!(
+                dir = %dir.display(),
+                pages = saved.pages_written,
+                secs = saved.paused_secs,
+                "VM saved; stopping it"
+            );
+            vm.request_stop(VmOutcome::Snapshotted {
+                dir: dir.display().to_string(),
+            });
+            Ok(saved)
+        }
+        Err(e) => {
+            for f in [PAGES.to_string(), format!("{MANIFEST}.tmp")] {
+                let _ = std::fs::remove_file(dir.join(f));
+            }
+            if !was_paused {
+                if let Err(r) = vm.resume() {
+                    tracing::error!("the save failed and the VM could not be resumed: {r}");
+                }
+            }
+            tracing::warn!("snapshot to {} failed: {e}", dir.display());
+            Err(e)
+        }
+    }
+}
+
+/// Everything but the pause and the outcome: state, pages, manifest.
+fn write_snapshot(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<MemoryRecord, SnapshotError> {
+    let vcpus = vm
+        .save_vcpus(STATE_TIMEOUT)
+        .map_err(|e| SnapshotError::State(e.to_string()))?;
+    let kvm = {
+        let fd = vm
+            .kvm_vm()
+            .ok_or_else(|| SnapshotError::State("the KVM VM is closed".into()))?;
+        KvmState::read(&fd)?
+    };
+    let devices = DeviceState::read(vm);
+    let memory = pages::save(&vm.ram, &dir.join(PAGES), PAGES)?;
+    Manifest {
+        format: FORMAT.into(),
+        version: VERSION,
+        farvm_version: env!("CARGO_PKG_VERSION").into(),
+        vm: spec.clone(),
+        memory: memory.clone(),
+        vcpus,
+        kvm,
+        devices,
+    }
+    .write(dir)?;
+    Ok(memory)
+}
