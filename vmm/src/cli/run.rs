@@ -307,7 +307,7 @@ pub struct RunArgs {
     /// leaves the entry to the guest's first touch (a stage-2 fault KVM resolves from the
     /// host mapping), for A/B comparisons (`farvm-lab bench stage2`).
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
-          action = clap::ArgAction::Set)]
+          action = clap::ArgAction::Set, num_args = 1)]
     pub stage2_prefault: bool,
 
     /// Prefetch histories: per-process (one per guest process the guest agent names; faults
@@ -438,7 +438,7 @@ pub struct VmArgs {
     /// guest and a page a server altered. Sealing is implemented over TCP only: RDMA memory
     /// servers need off (docs/sealing.md).
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
-          action = clap::ArgAction::Set,
+          action = clap::ArgAction::Set, num_args = 1,
           conflicts_with = "local_only")]
     pub page_encryption: bool,
 
