@@ -28,8 +28,8 @@
 //!   accepted, `direct: true` (O_DIRECT) refused. They become `/dev/vda`, `/dev/vdb`, ... in order.
 //! - `net`: `tap` (the host's tap device, opened by name) and `mac`, virtio-net devices in order
 //!   after the disks; `id` is accepted, and so are the offload switches (farvm offers no offloads
-//!   yet, so the guest does without). Tap descriptors (`fds`, which libvirt's driver passes with
-//!   `vm.add-net` over SCM_RIGHTS) are refused: farvm's API does not take descriptors yet. So
+//!   yet, so the guest does without). Tap descriptors come with `vm.add-net` ([`crate::add_net`]),
+//!   never in this body (`fds` is refused). So
 //!   are `ip`/`mask` (the host side's address), `host_mac`, `mtu`, more than one queue pair, a
 //!   queue size other than 256, vhost-user and rate limits.
 //! - Any device farvm does not have (`devices`, `vsock`, `rng`, `fs`, `pmem`, `balloon`,
@@ -149,10 +149,10 @@ pub struct NetSpec {
 /// Cloud Hypervisor's `NetConfig` (v27 to v40 fields).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawNet {
-    tap: Option<String>,
-    mac: Option<String>,
-    id: Option<String>,
+pub(crate) struct RawNet {
+    pub(crate) tap: Option<String>,
+    pub(crate) mac: Option<String>,
+    pub(crate) id: Option<String>,
     ip: Option<Value>,
     mask: Option<Value>,
     host_mac: Option<Value>,
@@ -163,7 +163,7 @@ struct RawNet {
     vhost_user: Option<bool>,
     vhost_socket: Option<Value>,
     vhost_mode: Option<Value>,
-    fds: Option<Value>,
+    pub(crate) fds: Option<Value>,
     rate_limiter_config: Option<Value>,
     pci_segment: Option<u64>,
     offload_tso: Option<bool>,
@@ -177,9 +177,27 @@ fn net(i: usize, raw: RawNet) -> Result<NetSpec, ApiError> {
     refuse_unless_empty(
         &key("fds"),
         &raw.fds,
-        "farvm's API does not take tap descriptors yet (libvirt passes them with vm.add-net \
-         over SCM_RIGHTS); name the tap in `tap`",
+        "`vm.create` cannot carry descriptors: name the tap in `tap`, or send its descriptor \
+         with `vm.add-net` over the API socket (as libvirt does)",
     )?;
+    check_net_fields(&key, &raw)?;
+    let tap = raw.tap.filter(|t| !t.is_empty()).ok_or_else(|| {
+        bad(format!(
+            "`{}`: farvm opens the tap device by name; give it",
+            key("tap")
+        ))
+    })?;
+    check_tap_name(&tap).map_err(|m| bad(format!("`{}`: {m}", key("tap"))))?;
+    Ok(NetSpec {
+        tap,
+        mac: raw.mac,
+        id: raw.id,
+    })
+}
+
+/// The checks every network device's configuration passes, in `vm.create` and `vm.add-net`
+/// alike (`key` names a field in messages): nothing farvm would not honour, a unicast MAC.
+pub(crate) fn check_net_fields(key: &dyn Fn(&str) -> String, raw: &RawNet) -> Result<(), ApiError> {
     for (f, v, why) in [
         (
             "ip",
@@ -248,21 +266,10 @@ fn net(i: usize, raw: RawNet) -> Result<NetSpec, ApiError> {
     }
     // Offloads only allow the guest to use them; farvm offers none yet.
     let _ = (raw.offload_tso, raw.offload_ufo, raw.offload_csum);
-    let tap = raw.tap.filter(|t| !t.is_empty()).ok_or_else(|| {
-        bad(format!(
-            "`{}`: farvm opens the tap device by name; give it",
-            key("tap")
-        ))
-    })?;
-    check_tap_name(&tap).map_err(|m| bad(format!("`{}`: {m}", key("tap"))))?;
     if let Some(m) = &raw.mac {
         parse_mac(m).map_err(|e| bad(format!("`{}`: {e}", key("mac"))))?;
     }
-    Ok(NetSpec {
-        tap,
-        mac: raw.mac,
-        id: raw.id,
-    })
+    Ok(())
 }
 
 /// One of `disks`: a raw image file (what libvirt's driver sends for `<disk type='file'>`).
@@ -395,7 +402,7 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
-fn bad(m: impl Into<String>) -> ApiError {
+pub(crate) fn bad(m: impl Into<String>) -> ApiError {
     ApiError::BadConfig(m.into())
 }
 
@@ -862,7 +869,7 @@ mod tests {
         for (net, want) in [
             (
                 r#"{"fds":[3]}"#,
-                "`net[0].fds`: farvm's API does not take tap descriptors",
+                "`net[0].fds`: `vm.create` cannot carry descriptors",
             ),
             (r#"{"mac":"52:54:00:00:00:01"}"#, "`net[0].tap`"),
             (r#"{"tap":"t0","ip":"192.168.1.1"}"#, "`net[0].ip`"),

@@ -46,10 +46,13 @@ pub enum Endpoint {
     VmReboot,
     /// `PUT vm.delete`: stop the VM and forget its configuration.
     VmDelete,
+    /// `PUT vm.add-net` with a network device and its tap's descriptor (SCM_RIGHTS): add it to
+    /// the created VM before it boots.
+    VmAddNet,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 11] = [
+    pub const ALL: [Endpoint; 12] = [
         Endpoint::VmmPing,
         Endpoint::VmmShutdown,
         Endpoint::VmCreate,
@@ -61,6 +64,7 @@ impl Endpoint {
         Endpoint::VmShutdown,
         Endpoint::VmReboot,
         Endpoint::VmDelete,
+        Endpoint::VmAddNet,
     ];
 
     /// The name after `/api/v1/`.
@@ -77,6 +81,7 @@ impl Endpoint {
             Endpoint::VmShutdown => "vm.shutdown",
             Endpoint::VmReboot => "vm.reboot",
             Endpoint::VmDelete => "vm.delete",
+            Endpoint::VmAddNet => "vm.add-net",
         }
     }
 

@@ -6,6 +6,8 @@
 //! - [`create`]: the `vm.create` body ([`CreateSpec::parse`]): what farvm accepts, what it
 //!   refuses (with a 400 naming the field and why), and its conversion into a libvirt-style
 //!   [`farvm_vmconfig::Domain`] so host-config settings merge as for a domain XML file.
+//! - [`add_net`]: the `vm.add-net` body ([`AddNetSpec::parse`]), whose tap comes as a
+//!   descriptor with the request.
 //! - [`info`]: the `vm.info`, `vmm.ping` and `vm.counters` bodies, [`VmState`].
 //! - [`event`]: the `--event-monitor` records.
 //! - [`error`]: [`ApiError`]: the status code and Cloud Hypervisor's JSON error body (an array
@@ -17,12 +19,14 @@
 //! (booting a running VM, pausing one that is not running, creating a second VM ...); 500 when
 //! the host fails (KVM, memory servers).
 
+pub mod add_net;
 pub mod create;
 pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod info;
 
+pub use add_net::AddNetSpec;
 pub use create::{ConsoleConfig, ConsoleMode, CreateSpec, DiskSpec, NetSpec, SerialTarget};
 pub use endpoint::{route, Endpoint, Method};
 pub use error::ApiError;

@@ -9,12 +9,16 @@
 //!   renders on scrape, [`metrics::Families`] to write snapshot values from a collector, and the
 //!   `GET /metrics` route.
 //! - [`client`]: a minimal blocking `GET` over TCP or a Unix socket (tests and CLI clients).
+//! - [`fdpass`]: descriptors a request brings over a Unix socket (SCM_RIGHTS), as libvirt's
+//!   driver hands a VMM its tap devices; a handler takes them from its connection's
+//!   [`fdpass::FdInbox`].
 //!
 //! Users: the VMM's metrics endpoint (`farvm run --metrics`), the memory server's, and the
 //! VMM's API server. `axum` and `prometheus_client` are re-exported so they build their routes
 //! and collectors against the same versions.
 
 pub mod client;
+pub mod fdpass;
 pub mod listen;
 pub mod metrics;
 pub mod server;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use axum::Router;
 use tokio::sync::watch;
 
+use crate::fdpass::{FdInbox, FdUnixListener};
 use crate::listen::{Bound, BoundAddr, Listen};
 use crate::HttpError;
 
@@ -122,16 +123,18 @@ async fn serve(listener: Listener, router: Router, stopped: watch::Receiver<bool
         let _ = forced.wait_for(|s| *s).await;
         tokio::time::sleep(GRACE).await;
     };
+    // Every request carries its connection's descriptor inbox (`fdpass`): empty over TCP.
+    let service = router.into_make_service_with_connect_info::<FdInbox>();
     let result = match listener {
         Listener::Tcp(l) => {
-            let served = axum::serve(l, router).with_graceful_shutdown(signal);
+            let served = axum::serve(l, service).with_graceful_shutdown(signal);
             tokio::select! {
                 r = served.into_future() => r,
                 () = deadline => Ok(()),
             }
         }
         Listener::Unix(l) => {
-            let served = axum::serve(l, router).with_graceful_shutdown(signal);
+            let served = axum::serve(FdUnixListener(l), service).with_graceful_shutdown(signal);
             tokio::select! {
                 r = served.into_future() => r,
                 () = deadline => Ok(()),

@@ -327,6 +327,21 @@ impl Client {
         }
     }
 
+    /// The server at `addr` left the memory pool for good while this client had it out of
+    /// service (its lease expired and it did not come back: the pool's follower decides when).
+    /// The slabs it was the last replica of are lost from now on — their reads fail with
+    /// [`ClientError::Lost`], so the guest needing one of their pages stops with a clear error
+    /// — instead of waiting forever for it to answer. Returns the slabs lost, or `None` when
+    /// the server is in service (it still answers this client; nothing is dropped).
+    pub fn retire_server(&self, addr: SocketAddr) -> Result<Option<u64>, RelocateError> {
+        let s = self
+            .core
+            .servers
+            .index_of(addr)
+            .ok_or(RelocateError::UnknownServer(addr))?;
+        Ok(self.core.retire_server(s))
+    }
+
     /// Marks the server at `addr` as draining (it takes no new slab) or takes the mark off.
     pub fn set_draining(&self, addr: SocketAddr, draining: bool) -> Result<(), RelocateError> {
         let s = self

@@ -41,7 +41,9 @@
 //! answers with the same instance id is put back in service and degraded slabs are
 //! re-replicated onto it; one that restarted (another id) lost its pages, so it is removed from
 //! every placement first. A slab left with no replica is lost: its reads fail with
-//! [`ClientError::Lost`] until a write places it afresh.
+//! [`ClientError::Lost`] until a write places it afresh. A server that never comes back is
+//! dropped the same way once its owner says it is gone for good ([`Client::retire_server`]:
+//! a memory pool's follower, when the server has been out of the pool long enough).
 
 pub mod api;
 pub mod bench;

@@ -63,6 +63,19 @@ EXIT STATUS
   64  bad command-line arguments
   69  etcd did not answer (status --wait SECONDS keeps retrying that long)";
 
+/// What `farvm pool status` reports, column by column (its --help).
+const STATUS_COLUMNS: &str = "\
+COLUMNS (per server; a rack's and the fleet's are sums over their servers)
+  CAPACITY  bytes the server's arena holds (farvm-memserver --capacity)
+  USED      bytes of pages it stores now, by its own count (JSON used_bytes)
+  RESERVED  bytes of slab replicas the pool placed there: each replica reserves its whole slab,
+            sized to its VM's remote share (JSON reserved_bytes)
+  FREE      CAPACITY - max(USED, RESERVED): what placement may still give out; 0 while the
+            server drains, since it takes no new slab (JSON free_bytes)
+  VMS       VMs with a replica there, live or awaiting collection
+  HEALTH    up, draining (farvm pool drain) or degraded
+The JSON form (--json) carries the same fields with _bytes names; docs/pool.md lists them all.";
+
 /// `farvm pool`'s exit status when etcd did not answer (EX_UNAVAILABLE).
 pub const EXIT_ETCD_UNREACHABLE: i32 = 69;
 
@@ -92,6 +105,7 @@ pub enum PoolCommand {
     /// Print racks → servers (capacity, used, reserved, free, VMs, health), hosts → VMs, the
     /// fleet's oversubscription ratio (guest RAM / host-local RAM) and namespaces awaiting
     /// collection.
+    #[command(after_long_help = STATUS_COLUMNS)]
     Status {
         /// Print JSON instead of tables.
         #[arg(long)]
@@ -114,6 +128,10 @@ pub enum PoolCommand {
     /// Drain a server: mark it draining (it takes no new slabs), ask the VMs holding slabs
     /// there to move them to other servers (rack-aware, while they run), and wait until it
     /// holds no slab of a live VM. With --undo, take the mark off (it takes new slabs again).
+    /// A server that leaves the pool before its slabs are moved (stopped, killed) fails the
+    /// drain (exit 1) once its VMs have repaired its slabs elsewhere (up to --timeout). The
+    /// mark stays until --undo, across restarts: a server registering again under the id
+    /// takes no new slabs, and its room is not counted as free.
     Drain {
         /// The server id.
         server: ServerId,
@@ -647,6 +665,34 @@ fn live_slabs_on(view: &PoolView, server: &ServerId) -> usize {
         .count()
 }
 
+/// The server being drained left the pool (its lease expired: stopped, killed or cut off)
+/// before its slabs were moved: its VMs repair them instead, from their other replicas. Waits
+/// until no live slab lists it (or `deadline`), and fails either way: the drain did not move
+/// them, and they ran with a replica fewer meanwhile. The drain mark stays (the operator's
+/// intent): a server registering again under this id takes no slab until `--undo`.
+fn drain_lost(dir: &Directory, server: &ServerId, deadline: Instant) -> Result<()> {
+    eprintln!(
+        "{server} left the pool during the drain (its lease expired: stopped, killed or cut \
+         off); its VMs re-replicate its slabs from their other replicas"
+    );
+    loop {
+        let view = dir.view()?;
+        let left = live_slabs_on(&view, server);
+        if left == 0 {
+            bail!(
+                "{server}: not drained, but every slab it held was repaired elsewhere; it stays \
+                 marked draining (`farvm pool drain {server} --undo` takes the mark off)"
+            );
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{server}: not drained; {left} slab(s) still list it, awaiting repair by their VMs"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// Requests `moves` and waits until none is open (or `timeout`). Returns the moves still open
 /// and those that closed without being made: a VM declines or fails a move it cannot make
 /// (its log says why) by dropping the request, so a closed request alone does not mean the
@@ -701,6 +747,9 @@ fn drain(
     let deadline = Instant::now() + timeout;
     loop {
         let view = dir.view()?;
+        if !view.servers.contains_key(server) {
+            return drain_lost(dir, server, deadline);
+        }
         let left = live_slabs_on(&view, server);
         if left == 0 {
             println!("{server}: holds no slab of a running VM; it can be stopped");

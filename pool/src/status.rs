@@ -27,7 +27,7 @@ pub struct ServerStatus {
     pub used_bytes: u64,
     /// Bytes reserved by slab replicas placed there.
     pub reserved_bytes: u64,
-    /// capacity − max(used, reserved).
+    /// capacity − max(used, reserved); 0 while draining (it takes no new slabs).
     pub free_bytes: u64,
     /// VMs with a replica there (live or awaiting collection).
     pub vms: Vec<VmId>,
@@ -168,7 +168,12 @@ impl PoolStatus {
             view.racks.iter().map(|r| (r.clone(), empty(r))).collect();
         for s in view.servers.values() {
             let reserved = committed.get(&s.id).copied().unwrap_or(0);
-            let free = s.capacity_bytes.saturating_sub(s.used_bytes.max(reserved));
+            // A draining server takes no new slab: its room is not the pool's to give.
+            let free = if s.health == ServerHealth::Draining {
+                0
+            } else {
+                s.capacity_bytes.saturating_sub(s.used_bytes.max(reserved))
+            };
             let rack = racks
                 .entry(s.rack.clone())
                 .or_insert_with(|| empty(&s.rack));

@@ -469,3 +469,148 @@ fn the_vmm_ends_when_its_event_monitor_reader_closes_it() {
     assert!(!api.sock.exists(), "socket left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tap attached in a network namespace of its own, the way libvirt attaches one for a
+/// `<interface type='ethernet'>` with a virtio model: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR.
+struct TapInNetns {
+    ns: String,
+}
+
+impl Drop for TapInNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// Attaches tap `tap` in a new namespace; the namespace (deleted on drop) and the descriptor.
+fn tap_in_netns(tap: &str) -> (TapInNetns, std::os::fd::OwnedFd) {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "this test attaches a tap in a network namespace: run it as root (CI does)"
+    );
+    let ns = format!("farvm-api-net-{}", std::process::id());
+    let o = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "ip netns add: {o:?}");
+    let guard = TapInNetns { ns: ns.clone() };
+    let fd = std::thread::scope(|s| {
+        s.spawn(|| {
+            let nsf = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+            // SAFETY: setns on a namespace file held open; only this thread moves.
+            let rc = unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            let tun = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .unwrap();
+            // struct ifreq: the name, then the flags (a short) at offset 16.
+            let mut req = [0u8; 40];
+            req[..tap.len()].copy_from_slice(tap.as_bytes());
+            let flags: u16 = 0x0002 | 0x1000 | 0x4000; // IFF_TAP | IFF_NO_PI | IFF_VNET_HDR
+            req[16..18].copy_from_slice(&flags.to_ne_bytes());
+            const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+            // SAFETY: TUNSETIFF reads and writes the ifreq `req` points at, 40 bytes.
+            let rc = unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF as _, req.as_mut_ptr()) };
+            assert_eq!(rc, 0, "TUNSETIFF: {}", std::io::Error::last_os_error());
+            OwnedFd::from(tun)
+        })
+        .join()
+        .unwrap()
+    });
+    (guard, fd)
+}
+
+/// `PUT vm.add-net` as libvirt's driver sends it: the whole request in one `sendmsg` with the
+/// descriptors, on a connection of its own; the response's status line.
+fn add_net(api: &Api, body: &str, fds: &[std::os::fd::RawFd]) -> String {
+    use std::io::Read;
+    let c = std::os::unix::net::UnixStream::connect(&api.sock).unwrap();
+    let req = format!(
+        "PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    farvm_httpd::fdpass::send_with_fds(&c, req.as_bytes(), fds).unwrap();
+    let mut buf = [0u8; 1024];
+    let n = (&c).read(&mut buf).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn vm_add_net_takes_the_tap_descriptor_libvirt_sends_before_boot_and_refuses_the_rest() {
+    use std::os::fd::AsRawFd;
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("addnet");
+    let config = dir.join("farvm.toml");
+    std::fs::write(&config, "").unwrap();
+    // A Linux-kind kernel (network devices need one); it is never run here.
+    let kernel = dir.join("bzImage");
+    std::fs::write(&kernel, common::bzimage(4, 0x1000, 5 * 512 + 0x10000)).unwrap();
+    let api = Api::start(&dir, "addnet", &config, None);
+    let body = r#"{"id":"net_0","mac":"52:54:00:12:34:56","num_queues":2}"#;
+    let (ns, tap) = tap_in_netns("fvapi0");
+
+    // Before vm.create there is no VM to add it to.
+    let r = add_net(&api, body, &[tap.as_raw_fd()]);
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    api.put(
+        "vm.create",
+        Some(&json!({"kernel": {"path": kernel}, "memory": {"size": 64u64 << 20}})),
+        204,
+    );
+    // Refused, naming why: no descriptor, two, one that is not a tap, more queues.
+    let null = std::fs::File::open("/dev/null").unwrap();
+    for (fds, b, why) in [
+        (vec![], body, "without a tap descriptor"),
+        (
+            vec![tap.as_raw_fd(), tap.as_raw_fd()],
+            body,
+            "came with 2 descriptors",
+        ),
+        (vec![null.as_raw_fd()], body, "not an attached tap"),
+        (
+            vec![tap.as_raw_fd()],
+            r#"{"num_queues":4}"#,
+            "one queue pair",
+        ),
+    ] {
+        let r = add_net(&api, b, &fds);
+        assert!(
+            r.starts_with("HTTP/1.1 400") && r.contains(why),
+            "{why}: {r}"
+        );
+    }
+    let r = add_net(&api, body, &[tap.as_raw_fd()]);
+    assert!(r.starts_with("HTTP/1.1 204"), "{r}");
+    // The VMM holds the tap now: this side's descriptor goes, and the tap (not persistent:
+    // it would vanish with its last descriptor) stays, with its carrier up once set up.
+    drop(tap);
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip")
+            .args(["-n", &ns.ns])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "ip {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    ip(&["link", "set", "fvapi0", "up"]);
+    let link = ip(&["link", "show", "fvapi0"]);
+    assert!(
+        link.contains(",UP") && !link.contains("NO-CARRIER"),
+        "{link}"
+    );
+    let log = std::fs::read_to_string(dir.join("addnet.log")).unwrap();
+    assert!(
+        log.contains("network device added") && log.contains("fvapi0"),
+        "{log}"
+    );
+}

@@ -128,6 +128,52 @@ fn malformed_kernels_exit_65() {
     assert!(stderr(&o).contains("entry point"), "{}", stderr(&o));
 }
 
+/// `farvm run --kernel KERNEL [--initrd INITRD] --stop-at-entry`.
+fn boot_to_entry(kernel: &std::path::Path, initrd: Option<&std::path::Path>) -> Output {
+    let mut args = vec![
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--stop-at-entry",
+    ];
+    if let Some(rd) = initrd {
+        args.extend(["--initrd", rd.to_str().unwrap()]);
+    }
+    run(&args)
+}
+
+#[test]
+fn a_truncated_bzimage_and_an_initrd_no_kernel_could_use_exit_65() {
+    if !kvm_available() {
+        return;
+    }
+    let refused = |o: &Output, why: &str| {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(exit_code::BAD_KERNEL), "{err}");
+        assert!(err.contains(why), "{err}");
+    };
+    let (sects, paragraphs) = (4u8, 0x1000u32);
+    let full = 5 * 512 + paragraphs as usize * 16;
+    let cut = write_file("cut.bzImage", &bzimage(sects, paragraphs, full - 4096));
+    refused(
+        &boot_to_entry(&cut, None),
+        &format!(
+            "bzImage is truncated: its setup header says {full} bytes, the file has {}",
+            full - 4096
+        ),
+    );
+    let kernel = write_file("whole.bzImage", &bzimage(sects, paragraphs, full));
+    let junk = write_file("junk.initrd", b"this is not an initramfs\n");
+    refused(
+        &boot_to_entry(&kernel, Some(&junk)),
+        "initrd is unusable: it is neither an initramfs",
+    );
+    // The same kernel with a (gzip) initramfs gets to its entry point.
+    let gz = write_file("ok.initrd", b"\x1f\x8b\x08\x00\x00\x00\x00\x00");
+    let o = boot_to_entry(&kernel, Some(&gz));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn guest_status_and_crash_statuses() {
     if !kvm_available() {

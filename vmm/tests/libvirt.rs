@@ -458,3 +458,62 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     drop(lv);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// libvirt's driver creates the tap of an `<interface type='ethernet'>` itself and hands farvm
+/// its descriptor with `PUT vm.add-net` (SCM_RIGHTS) between `vm.create` and `vm.boot`: farvm
+/// takes it, and the guest's network device is that tap. The kernel here is a Linux-kind image
+/// that is never meant to run far (network devices need a Linux guest; this checks the hand-over,
+/// the KVM lab runs real Linux guests).
+#[test]
+fn virsh_starts_a_domain_whose_interface_is_the_tap_libvirt_created() {
+    if !kvm_available() {
+        return;
+    }
+    let built = require_libvirt_built();
+    let dir = std::env::temp_dir().join(format!("farvm-libvirt-net-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kernel = dir.join("bzImage");
+    std::fs::write(&kernel, common::bzimage(4, 0x1000, 5 * 512 + 0x10000)).unwrap();
+    let config = dir.join("farvm.toml");
+    std::fs::write(&config, "[defaults]\nlocal_memory = \"50%\"\n").unwrap();
+    let lv = Libvirt::start(&dir, &config, built);
+    let xml = dir.join("lv-net.xml");
+    std::fs::write(
+        &xml,
+        format!(
+            "<domain type='kvm'>
+  <name>lv-net</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64'>hvm</type>
+    <kernel>{}</kernel>
+    <cmdline>console=ttyS0</cmdline>
+  </os>
+  <devices>
+    <interface type='ethernet'>
+      <target dev='fvlv0'/>
+      <mac address='52:54:00:aa:bb:cc'/>
+      <model type='virtio'/>
+    </interface>
+  </devices>
+</domain>
+",
+            kernel.display()
+        ),
+    )
+    .unwrap();
+    lv.virsh(&["define", xml.to_str().unwrap()]);
+    lv.virsh(&["start", "lv-net"]);
+    let log = lv.domain_log("lv-net");
+    assert!(
+        log.contains("network device added (tap descriptor from the API)") && log.contains("fvlv0"),
+        "farvm never took libvirt's tap:\n{log}\nvirtchd log:\n{}",
+        lv.daemon_log()
+    );
+    let _ = lv.script(&["virsh", "destroy", "lv-net"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -153,23 +153,7 @@ impl Core {
     /// Server `s` restarted: nothing it held is ours any more. Removes it from every
     /// placement; slabs left with no replica are lost.
     fn forget_server(&self, s: u16) {
-        let (mut dropped, mut lost) = (0u64, 0u64);
-        // A filling replica goes too: its copier finds it gone at the flip and stops.
-        let mut fills = self.placements.lock_fills();
-        // It holds nothing: no copy of ours is left behind there.
-        fills.take_left_behind(s);
-        for mut m in self.placements.write_all() {
-            for p in m.values_mut() {
-                if let Some(pos) = p.servers().iter().position(|&x| x == s) {
-                    p.remove_at(pos);
-                    dropped += 1;
-                    if p.n == 0 {
-                        p.lost = true;
-                        lost += 1;
-                    }
-                }
-            }
-        }
+        let (dropped, lost) = self.drop_from_placements(s, false);
         let addr = self.addr(s);
         if lost > 0 {
             tracing::error!(
@@ -180,6 +164,56 @@ impl Core {
         } else {
             tracing::warn!(server = %addr, slabs = dropped, "memserver restarted empty");
         }
+    }
+
+    /// Server `s`, out of service, left the memory pool for good (the pool says so: see
+    /// [`crate::Client::retire_server`]): it is removed from every placement, so the slabs it
+    /// was the last replica of stop waiting for it — they are lost, and the guest touching one
+    /// of their pages learns it — instead of being suspended until a server that will not
+    /// come back answers again. Its copies are recorded as left behind: if it answers after
+    /// all, they are discarded. `None` if `s` is in service (it still answers: nothing to do).
+    pub(crate) fn retire_server(&self, s: u16) -> Option<u64> {
+        if !self.servers.is_dead(s) {
+            return None;
+        }
+        let (dropped, lost) = self.drop_from_placements(s, true);
+        let addr = self.addr(s);
+        if lost > 0 {
+            tracing::error!(
+                server = %addr,
+                slabs = lost,
+                "memserver left the memory pool holding the only live copy of these slabs: their pages are lost"
+            );
+        } else if dropped > 0 {
+            tracing::warn!(server = %addr, slabs = dropped, "memserver left the memory pool; its replicas are dropped");
+        }
+        Some(lost)
+    }
+
+    /// Removes server `s` from every placement (a filling replica too: its copier finds it
+    /// gone at the flip and stops); a slab left with no replica is lost. `may_hold`: the
+    /// server may still hold its copies (recorded as left behind), rather than having
+    /// restarted empty. Returns (replicas dropped, slabs lost).
+    fn drop_from_placements(&self, s: u16, may_hold: bool) -> (u64, u64) {
+        let (mut dropped, mut lost) = (0u64, 0u64);
+        let mut fills = self.placements.lock_fills();
+        fills.take_left_behind(s);
+        for mut m in self.placements.write_all() {
+            for (key, p) in m.iter_mut() {
+                if let Some(pos) = p.servers().iter().position(|&x| x == s) {
+                    p.remove_at(pos);
+                    dropped += 1;
+                    if may_hold {
+                        fills.leave_behind(s, *key);
+                    }
+                    if p.n == 0 {
+                        p.lost = true;
+                        lost += 1;
+                    }
+                }
+            }
+        }
+        (dropped, lost)
     }
 }
 

@@ -2,16 +2,19 @@
 //! `farvm_chapi::route`, runs it on [`ApiState`] and answers as Cloud Hypervisor does — 200
 //! with a JSON body, 204 without, or the error's status with a JSON array of messages. The
 //! handler runs the operation on the server's own thread: requests are handled one at a time,
-//! as by Cloud Hypervisor's API thread.
+//! as by Cloud Hypervisor's API thread. Descriptors sent with a request over the Unix socket
+//! (SCM_RIGHTS, as libvirt sends a tap with `vm.add-net`) reach the handler with it.
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use farvm_chapi::{route, ApiError, Endpoint};
 use farvm_httpd::axum::body::Bytes;
-use farvm_httpd::axum::extract::State;
+use farvm_httpd::axum::extract::{ConnectInfo, State};
 use farvm_httpd::axum::http::{header, Method, StatusCode, Uri};
 use farvm_httpd::axum::response::{IntoResponse, Response};
 use farvm_httpd::axum::Router;
+use farvm_httpd::fdpass::FdInbox;
 use serde_json::Value;
 
 use super::state::ApiState;
@@ -30,13 +33,17 @@ pub fn router(state: Arc<ApiState>) -> Router {
 
 async fn handle(
     State(state): State<Arc<ApiState>>,
+    ConnectInfo(inbox): ConnectInfo<FdInbox>,
     method: Method,
     uri: Uri,
     body: Bytes,
 ) -> Response {
+    // Descriptors sent with this request (SCM_RIGHTS): `vm.add-net` takes them; with any
+    // other request they are closed here.
+    let fds = inbox.take();
     let result = route(method.as_str(), uri.path()).and_then(|e| {
-        tracing::debug!(endpoint = e.name(), "API request");
-        dispatch(&state, e, &body)
+        tracing::debug!(endpoint = e.name(), fds = fds.len(), "API request");
+        dispatch(&state, e, &body, fds)
     });
     match result {
         Ok(Some(v)) => json(StatusCode::OK, v.to_string()),
@@ -70,8 +77,14 @@ fn json(status: StatusCode, body: String) -> Response {
         .into_response()
 }
 
-/// Runs `e` (already routed): a JSON body to answer with, or none (204).
-fn dispatch(state: &ApiState, e: Endpoint, body: &[u8]) -> Result<Option<Value>, ApiError> {
+/// Runs `e` (already routed), given the descriptors that came with it: a JSON body to answer
+/// with, or none (204).
+fn dispatch(
+    state: &ApiState,
+    e: Endpoint,
+    body: &[u8],
+    fds: Vec<OwnedFd>,
+) -> Result<Option<Value>, ApiError> {
     let none = |r: Result<(), ApiError>| r.map(|()| None);
     match e {
         Endpoint::VmmPing => Ok(Some(state.ping())),
@@ -93,5 +106,6 @@ fn dispatch(state: &ApiState, e: Endpoint, body: &[u8]) -> Result<Option<Value>,
             state.delete();
             Ok(None)
         }
+        Endpoint::VmAddNet => none(state.add_net(body, fds)),
     }
 }

@@ -16,11 +16,12 @@
 //! the VM (its threads, KVM VM and remote memory are released) and keeps its report for
 //! `vm.counters`. Requests are handled one at a time.
 
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use farvm_chapi::info::{self, Counters};
-use farvm_chapi::{ApiError, CreateSpec, SerialTarget, VmState};
+use farvm_chapi::{AddNetSpec, ApiError, CreateSpec, SerialTarget, VmState};
 use farvm_devices::serial::SerialOut;
 use farvm_httpd::HttpServer;
 use serde_json::Value;
@@ -28,6 +29,7 @@ use serde_json::Value;
 use super::events::{EventMonitor, Source};
 use super::{Prepared, VmFactory};
 use crate::builder;
+use crate::devices::board::NetConfig;
 use crate::devices::pty::Pty;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
 use crate::vstate::lock;
@@ -214,6 +216,43 @@ impl ApiState {
             pty: None,
         });
         slot.run = Run::Idle;
+        Ok(())
+    }
+
+    /// `vm.add-net`: a virtio-net device on the tap whose descriptor came with the request,
+    /// added to the created VM before it boots (farvm has no device hotplug).
+    pub fn add_net(&self, body: &[u8], fds: Vec<OwnedFd>) -> Result<(), ApiError> {
+        let spec = AddNetSpec::parse(body, fds.len())?;
+        let mut slot = lock(&self.slot);
+        if slot.created.is_none() {
+            return Err(ApiError::NotCreated { action: "add-net" });
+        }
+        if !matches!(slot.run, Run::Idle) {
+            return Err(ApiError::BadConfig(
+                "vm.add-net: farvm adds devices only before the VM boots (no hotplug)".into(),
+            ));
+        }
+        let mac = spec
+            .mac
+            .as_deref()
+            .map(farvm_vmconfig::domain::parse_mac)
+            .transpose()
+            .map_err(|e| ApiError::BadConfig(format!("`mac`: {e}")))?;
+        let fd = fds.into_iter().next().ok_or(ApiError::BadConfig(
+            "vm.add-net came without a tap descriptor".into(),
+        ))?;
+        let net = NetConfig::from_tap_fd(fd, spec.tap.as_deref(), mac)
+            .map_err(|e| ApiError::BadConfig(format!("vm.add-net: {e}")))?;
+        let created = slot
+            .created
+            .as_mut()
+            .ok_or(ApiError::NotCreated { action: "add-net" })?;
+        let mut cfg = created.prepared.config.clone();
+        cfg.nets.push(net);
+        cfg.validate()
+            .map_err(|e| ApiError::BadConfig(format!("vm.add-net: {e}")))?;
+        tracing::info!(vm = self.name, tap = %cfg.nets[cfg.nets.len() - 1].tap, "network device added (tap descriptor from the API)");
+        created.prepared.config = cfg;
         Ok(())
     }
 

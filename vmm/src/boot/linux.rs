@@ -180,6 +180,7 @@ pub fn setup(
     let mut initrd_gpa = None;
     let mut initrd_len = 0;
     if let Some(rd) = initrd {
+        super::initrd::check(rd)?;
         let max_addr = match params.hdr.initrd_addr_max {
             0 => 0x37ff_ffff,
             m => u64::from(m),
@@ -369,11 +370,22 @@ fn bz_header(image: &[u8]) -> Result<linux_loader::loader::bootparam::setup_head
     } else {
         hdr.setup_sects
     } as usize;
-    if image.len() <= (setup_sects + 1) * 512 {
+    let setup_bytes = (setup_sects + 1) * 512;
+    if image.len() <= setup_bytes {
         return Err(BootError::Malformed(format!(
             "bzImage of {} bytes has no protected-mode kernel after {} setup sectors",
             image.len(),
             setup_sects
+        )));
+    }
+    // syssize: the protected-mode kernel's size in 16-byte units. A file shorter than the
+    // header says was cut off (an interrupted copy or download); the kernel would fault or
+    // hang partway through decompressing itself.
+    let expected = setup_bytes as u64 + u64::from(hdr.syssize) * 16;
+    if (image.len() as u64) < expected {
+        return Err(BootError::Malformed(format!(
+            "bzImage is truncated: its setup header says {expected} bytes, the file has {}",
+            image.len()
         )));
     }
     Ok(hdr)

@@ -5,6 +5,7 @@
 
 pub mod acpi;
 pub mod elf;
+pub mod initrd;
 pub mod linux;
 pub mod pvh;
 pub mod testguest;
@@ -19,6 +20,9 @@ pub enum BootError {
     /// The kernel or initrd is not what it claims to be.
     #[error("kernel image is malformed: {0}")]
     Malformed(String),
+    /// The initrd is nothing a kernel could unpack or mount.
+    #[error("initrd is unusable: {0}")]
+    BadInitrd(String),
     /// The kernel or initrd does not fit guest RAM.
     #[error("kernel image does not fit guest RAM: {0}")]
     DoesNotFit(String),

@@ -14,6 +14,7 @@
 //! through [`Board::bus`]; the PV control device stays outside it (its writes return actions
 //! to the vCPU loop).
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -69,17 +70,59 @@ impl std::str::FromStr for DiskConfig {
     }
 }
 
-/// A network interface to attach (`farvm run --net tap=NAME[,mac=MAC]`).
+/// A network interface to attach (`farvm run --net tap=NAME[,mac=MAC]`, a domain's
+/// `<interface type='ethernet'>`, or the API's `vm.add-net` with the tap's descriptor).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetConfig {
-    /// The host's tap device, opened by name (created if it does not exist).
+    /// The host's tap device: opened by name (created if it does not exist), or, with `fd`,
+    /// the name of the tap that descriptor is attached to.
     pub tap: String,
     /// The guest's MAC address [`None`: derived from the tap's name, see
     /// [`NetConfig::mac_or_derived`]].
     pub mac: Option<MacAddr>,
+    /// The tap, attached by someone else (libvirt) and handed over: each boot of the VM uses
+    /// a duplicate of it, so a reboot does not need to open the tap again.
+    pub fd: Option<TapFd>,
 }
 
+/// A tap descriptor the VMM was given, shared by the boots of its VM.
+#[derive(Clone, Debug)]
+pub struct TapFd(Arc<OwnedFd>);
+
+impl PartialEq for TapFd {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TapFd {}
+
 impl NetConfig {
+    /// The interface on `fd`, a tap someone else attached (with IFF_NO_PI and IFF_VNET_HDR,
+    /// as libvirt does for a virtio model): its name is read from the descriptor; `name`, if
+    /// given, must be it.
+    pub fn from_tap_fd(
+        fd: OwnedFd,
+        name: Option<&str>,
+        mac: Option<MacAddr>,
+    ) -> Result<Self, String> {
+        let dup = fd
+            .try_clone()
+            .map_err(|e| format!("duplicating the tap descriptor: {e}"))?;
+        let tap = Tap::from_fd(dup).map_err(|e| e.to_string())?;
+        if let Some(n) = name.filter(|n| *n != tap.name()) {
+            return Err(format!(
+                "the descriptor is tap {}, not the `{n}` the request names",
+                tap.name()
+            ));
+        }
+        Ok(NetConfig {
+            tap: tap.name().to_string(),
+            mac,
+            fd: Some(TapFd(Arc::new(fd))),
+        })
+    }
+
     /// The MAC the guest gets: the one given, else `52:54:00` followed by three bytes of a
     /// hash of the tap's name (locally administered, unicast, the same at every boot).
     pub fn mac_or_derived(&self) -> MacAddr {
@@ -115,7 +158,7 @@ impl std::str::FromStr for NetConfig {
             }
         }
         let tap = tap.ok_or_else(|| format!("`{s}`: no tap=NAME"))?;
-        Ok(NetConfig { tap, mac })
+        Ok(NetConfig { tap, mac, fd: None })
     }
 }
 
@@ -202,7 +245,20 @@ impl NetPort {
             tap: cfg.tap.clone(),
             source,
         };
-        let tap = Tap::open(&cfg.tap).map_err(net_err)?;
+        let tap = match &cfg.fd {
+            Some(TapFd(fd)) => {
+                let dup = fd.try_clone().map_err(|source| {
+                    net_err(NetError::Configure {
+                        name: cfg.tap.clone(),
+                        what: "dup of the tap descriptor",
+                        source,
+                    })
+                })?;
+                Tap::from_fd(dup)
+            }
+            None => Tap::open(&cfg.tap),
+        }
+        .map_err(net_err)?;
         let net = Net::new(tap, cfg.mac_or_derived()).map_err(net_err)?;
         let dev = Arc::new(VirtioMmio::new(net, mem, irq)?);
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(thread_err)?);
@@ -637,6 +693,7 @@ mod tests {
         c.nets = vec![NetConfig {
             tap: tap.clone(),
             mac: Some([0x52, 0x54, 0, 9, 8, 7]),
+            fd: None,
         }];
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let b = Board::new(&c, Some(mem), latch(), pv()).unwrap();
@@ -670,7 +727,14 @@ mod tests {
         drop(b);
         // Too many devices: counted together.
         let mut c = cfg(Vec::new());
-        c.nets = vec![NetConfig { tap, mac: None }; MAX_VIRTIO_DEVICES + 1];
+        c.nets = vec![
+            NetConfig {
+                tap,
+                mac: None,
+                fd: None
+            };
+            MAX_VIRTIO_DEVICES + 1
+        ];
         let e = Board::new(&c, None, latch(), pv()).err().unwrap();
         assert!(
             e.to_string().contains("0 disks and 20 network devices"),

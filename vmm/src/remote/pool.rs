@@ -17,7 +17,7 @@
 //! degraded slab. A server that restarted empty under the same pool id keeps its place in
 //! the home, and the client refills it there: the pool's record of it comes true again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -181,6 +181,14 @@ fn patiently<T>(
 /// not registered (they register again within their lease TTL once etcd is back; a server
 /// gone for good would otherwise hold every refusal for `--pool-wait`).
 const REREGISTRATION_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a memory server this VM uses may be gone from the pool (its lease expired and it
+/// did not register again) before the VM gives up on what only it held: the client retires it
+/// (`Client::retire_server`), and a slab whose last live replica it was is lost — the guest
+/// needing one of its pages stops with exit 74 — rather than waiting for a server that will
+/// not come back. A server paused or partitioned away for less, or re-registering after an
+/// etcd outage (within its lease TTL once etcd answers), is waited for.
+pub const SERVER_GONE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Admits `req`, waiting for etcd while it does not answer (`spec.wait`), and, while the pool
 /// cannot place the VM, for memory servers that may still register: none is registered yet
@@ -365,6 +373,8 @@ impl PoolVm {
             repairs: BTreeMap::new(),
             homes: BTreeMap::new(),
             reclaimed: self.reclaimed.clone(),
+            absent_since: BTreeMap::new(),
+            retired: BTreeSet::new(),
         };
         match std::thread::Builder::new()
             .name("farvm-pool".into())
@@ -447,6 +457,10 @@ struct Follower {
     homes: BTreeMap<u32, Vec<ServerId>>,
     /// The VMM's [`PoolVm::on_reclaimed`] hook.
     reclaimed: Arc<OnceLock<ReclaimedHook>>,
+    /// Since when each server this VM uses has been missing from the pool's view.
+    absent_since: BTreeMap<ServerId, Instant>,
+    /// Servers retired in the client while gone from the pool (until they register again).
+    retired: BTreeSet<ServerId>,
 }
 
 impl Follower {
@@ -483,6 +497,7 @@ impl Follower {
                     f();
                 }
             }
+            self.retire_gone(&view, &client);
             self.repair(&view, &client);
             self.sync_homes(&view, &client);
             let vm = self.vm;
@@ -516,6 +531,42 @@ impl Follower {
                         tracing::warn!(%m, "memory pool: move failed: {e}");
                         let _ = self.dir.drop_move_request(m);
                     }
+                }
+            }
+        }
+    }
+
+    /// Retires, in the client, each server gone from the pool for [`SERVER_GONE_PATIENCE`]
+    /// that the client has out of service (see there), once; a server that registers again
+    /// is watched afresh.
+    fn retire_gone(&mut self, view: &PoolView, client: &Client) {
+        let now = Instant::now();
+        for (id, e) in &self.servers {
+            if view.servers.contains_key(id) {
+                self.absent_since.remove(id);
+                self.retired.remove(id);
+                continue;
+            }
+            if self.retired.contains(id) {
+                continue;
+            }
+            let since = *self.absent_since.entry(id.clone()).or_insert(now);
+            if now.duration_since(since) < SERVER_GONE_PATIENCE {
+                continue;
+            }
+            match client.retire_server(e.addr) {
+                Ok(Some(lost)) => {
+                    self.retired.insert(id.clone());
+                    tracing::warn!(
+                        server = %id,
+                        lost_slabs = lost,
+                        "memory pool: a memory server gone from the pool for {}s is given up",
+                        SERVER_GONE_PATIENCE.as_secs()
+                    );
+                }
+                Ok(None) => {} // it still answers this VM: keep using it
+                Err(e) => {
+                    tracing::warn!(server = %id, "memory pool: retiring a server gone from the pool: {e}")
                 }
             }
         }

@@ -123,6 +123,7 @@ fn nets(list: &[Interface]) -> Vec<NetConfig> {
         .map(|i| NetConfig {
             tap: i.tap.clone(),
             mac: i.mac,
+            fd: None,
         })
         .collect()
 }
@@ -344,11 +345,13 @@ mod tests {
             [
                 NetConfig {
                     tap: "vnet3".into(),
-                    mac: Some([0x52, 0x54, 0, 0x0a, 0x0b, 0x0c])
+                    mac: Some([0x52, 0x54, 0, 0x0a, 0x0b, 0x0c]),
+                    fd: None,
                 },
                 NetConfig {
                     tap: "vnet1".into(),
-                    mac: None
+                    mac: None,
+                    fd: None,
                 },
             ]
         );
@@ -374,7 +377,8 @@ mod tests {
             spec.nets,
             [NetConfig {
                 tap: "vnet7".into(),
-                mac: Some([0x52, 0x54, 0, 0, 0, 7])
+                mac: Some([0x52, 0x54, 0, 0, 0, 7]),
+                fd: None,
             }]
         );
         // A bridge (or any type but a tap) is refused where the domain is read.

@@ -181,3 +181,18 @@ pub fn assert_native_report(report: &serde_json::Value, workload: &str) {
         "{why}"
     );
 }
+
+/// A bzImage of `setup_sects` setup sectors whose header says `syssize` 16-byte units of
+/// protected-mode kernel follow (zeros: enough for the loader's checks, never run).
+pub fn bzimage(setup_sects: u8, syssize: u32, len: usize) -> Vec<u8> {
+    let mut k = vec![0u8; len];
+    k[0x1f1] = setup_sects;
+    k[0x1f4..0x1f8].copy_from_slice(&syssize.to_le_bytes());
+    k[0x1fe..0x200].copy_from_slice(&0xaa55u16.to_le_bytes());
+    k[0x202..0x206].copy_from_slice(b"HdrS");
+    k[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+    k[0x211] = 0x01; // loadflags: LOADED_HIGH
+    k[0x214..0x218].copy_from_slice(&0x0010_0000u32.to_le_bytes()); // code32_start
+    k[0x236..0x238].copy_from_slice(&0x0001u16.to_le_bytes()); // xloadflags: XLF_KERNEL_64
+    k
+}
