@@ -141,7 +141,11 @@ fn run_steps(pages: u64) -> Vec<Stamps> {
             // SAFETY: `buf` outlives the synchronous (zero-latency) write.
             let b = unsafe { PageBuf::new(buf.as_mut_ptr()) }.unwrap();
             store
-                .write(&[farvm_ept::store::WriteReq { page: p, src: b }])
+                .write(&[farvm_ept::store::WriteReq {
+                    page: p,
+                    src: b,
+                    version: farvm_ept::store::Version::UNKNOWN,
+                }])
                 .unwrap();
         }
     }
@@ -178,6 +182,7 @@ fn run_steps(pages: u64) -> Vec<Stamps> {
                             page: p,
                             priority: Priority::Demand,
                             dst,
+                            version: farvm_ept::store::Version::UNKNOWN,
                         }])
                         .unwrap();
                     let t_reply = sink.reply_ns.load(Ordering::SeqCst);

@@ -127,6 +127,7 @@ impl Access {
             page: p,
             priority: Priority::Demand,
             dst: self.installer.page_buf(p),
+            version: self.meta.version(p),
         }]);
     }
 

@@ -53,7 +53,7 @@ use crate::error::EngineError;
 use crate::frames::Frames;
 use crate::installer::Installer;
 use crate::lost::LostPages;
-use crate::pagemeta::PageMeta;
+use crate::pagemeta::{version_of, PageMeta};
 use crate::parts::Parts;
 use crate::port::StorePort;
 use crate::procstats::{ProcessCounter, ProcessTable};
@@ -441,7 +441,11 @@ impl Evictor {
             if v.verdict == Verdict::Dirty {
                 // The memfd page is owned by the evictor (EVICTING) until its completion.
                 let src = self.installer.page_buf(v.page);
-                r.writes.push(WriteReq { page: v.page, src });
+                r.writes.push(WriteReq {
+                    page: v.page,
+                    src,
+                    version: version_of(v.fp),
+                });
             }
         }
         self.clean_rounds = if r.writes.is_empty() {
@@ -561,6 +565,7 @@ impl Evictor {
                     page: v.page,
                     priority: Priority::Demand,
                     dst: self.installer.page_buf(v.page),
+                    version: self.meta.version(v.page),
                 }]);
             }
         }

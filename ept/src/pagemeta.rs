@@ -18,6 +18,13 @@ use crate::procstats::ProcRef;
 /// or written back by it). An XXH3-128 of real data equal to it is a 2^-128 event.
 pub(crate) const UNKNOWN_FP: Fingerprint = 0;
 
+/// The write version of content with fingerprint `fp`: its low 64 bits. Identical content
+/// shares a version, harmlessly: it is the same page.
+#[inline]
+pub(crate) fn version_of(fp: Fingerprint) -> crate::store::Version {
+    crate::store::Version(fp as u64)
+}
+
 pub(crate) struct PageMeta {
     /// Two words per page.
     clean: Box<[AtomicU64]>,
@@ -59,6 +66,13 @@ impl PageMeta {
         let lo = self.clean[2 * p as usize].load(Ordering::Relaxed) as u128;
         let hi = self.clean[2 * p as usize + 1].load(Ordering::Relaxed) as u128;
         lo | (hi << 64)
+    }
+
+    /// The version a read of `p` expects (`farvm_pageio::Version`): the low 64 bits of its
+    /// clean fingerprint, the content last written back or read (docs/sealing.md).
+    #[inline]
+    pub fn version(&self, p: u64) -> crate::store::Version {
+        version_of(self.clean_fp(p))
     }
 
     /// Set by the page's owner (INFLIGHT / EVICTING) before it publishes a new state.

@@ -104,7 +104,7 @@ impl StorePort {
     #[inline]
     pub fn read_now(&self, r: &ReadReq) -> bool {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
-        let served = match self.store.read_now(r.page, r.dst) {
+        let served = match self.store.read_now(r) {
             Some((status, replica)) => {
                 self.counters.inc(Counter::RemoteReadsDemand);
                 self.counters.inc(Counter::SyncDemandReads);

@@ -228,11 +228,8 @@ impl RemoteStore for Chaos {
         }
         Ok(())
     }
-    fn read_now(
-        &self,
-        page: GuestPage,
-        dst: farvm_ept::store::PageBuf,
-    ) -> Option<(Status, Replica)> {
+    fn read_now(&self, req: &ReadReq) -> Option<(Status, Replica)> {
+        let (page, dst) = (req.page, req.dst);
         // While it waits, the fault thread receives other responses too (as the memory
         // server client's inline receive does): their completions run on this thread.
         let k = self.rng.lock().unwrap().below(self.servers.len() as u64) as usize;
@@ -253,6 +250,7 @@ impl RemoteStore for Chaos {
             page,
             priority: farvm_ept::store::Priority::Demand,
             dst,
+            version: req.version,
         }));
         Some((c.status, c.replica))
     }

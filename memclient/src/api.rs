@@ -141,6 +141,19 @@ impl Client {
         self.core.stats()
     }
 
+    /// Read responses whose sealed pages failed authentication (`ClientError::Unauthentic`):
+    /// each dropped the replica that sent it from its slab where another was left.
+    pub fn unauthentic_reads(&self) -> u64 {
+        self.core
+            .unauthentic
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether this client seals pages (`ClientConfig::page_key`).
+    pub fn seals_pages(&self) -> bool {
+        self.core.cfg.page_key.is_some()
+    }
+
     /// Submits a read or write of the pages selected in `req.io` (all within one slab); the
     /// result goes to `to`. Nothing is allocated per request. On `Err` the buffer is handed
     /// back and nothing was sent.

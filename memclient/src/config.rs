@@ -62,6 +62,13 @@ pub struct ClientConfig {
     pub demand_poll: Duration,
     /// A fault to inject, for tests of the layers above (default none).
     pub fault: Option<Fault>,
+    /// The VM's page key (default none: pages travel and rest in the clear). With a key, every
+    /// page a request with versions writes ([`IoBuf::set_versions`](crate::IoBuf), what the
+    /// page store sends) is sealed with AES-256-GCM in the send buffer, and every page such a
+    /// read receives is authenticated and opened in place in its destination; a page that
+    /// fails is never delivered ([`ClientError::Unauthentic`], docs/sealing.md). TCP links
+    /// only: an RDMA server with a key is refused at connect ([`ClientError::NoLink`]).
+    pub page_key: Option<farvm_seal::PageKey>,
 }
 
 /// Faults the client injects on purpose (`ClientConfig::fault`), so that tests can show what
@@ -96,6 +103,7 @@ impl ClientConfig {
             pool_placement: false,
             demand_poll: Duration::ZERO,
             fault: None,
+            page_key: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! acknowledgement by every live replica) and hands it to where the request's reply goes.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard, Weak};
 
 use crossbeam_channel::Receiver;
@@ -49,6 +49,8 @@ pub(crate) struct Core {
     pub tickets: Arc<Tickets>,
     pub placements: Placements,
     pub health: Health,
+    /// Read responses whose sealed pages failed authentication (`ClientError::Unauthentic`).
+    pub unauthentic: AtomicU64,
 }
 
 /// The sink of one connection: the client, and the connection set it belongs to.
@@ -92,6 +94,7 @@ impl Core {
         }
         Ok(Self {
             r,
+            unauthentic: AtomicU64::new(0),
             servers: Servers::new(&cfg.servers, cfg.write_lane, cfg.demand_lane),
             tickets: Arc::new(Tickets::new(cfg.max_requests)),
             placements: Placements::new(
@@ -137,6 +140,7 @@ impl Core {
             connect_timeout: self.cfg.connect_timeout,
             transport: self.endpoint(s).transport,
             demand_poll: self.cfg.demand_poll,
+            page_key: self.cfg.page_key.as_ref(),
         };
         let n = self.cfg.conns_total();
         let mut conns = Vec::with_capacity(n);
@@ -262,9 +266,6 @@ impl Core {
                 return Ok(None);
             }
         };
-        if op == TicketOp::Write {
-            io.compute_crcs();
-        }
         let mut t = self.tickets.lock(tn);
         t.prio = prio;
         t.user_data = user_data;
@@ -411,15 +412,39 @@ impl Core {
                         t.lost_slab && t.io.as_ref().is_some_and(|io| (n as usize) < io.len());
                     self.finish(tn, t, if gone { Err(ClientError::Lost) } else { Ok(n) });
                 }
-                Some(Err(e)) if e.is_server_failure() || e == ClientError::ChecksumMismatch => {
+                Some(Err(e))
+                    if e.is_server_failure()
+                        || matches!(
+                            e,
+                            ClientError::ChecksumMismatch | ClientError::Unauthentic
+                        ) =>
+                {
+                    if e == ClientError::Unauthentic {
+                        // Not transient, unlike a checksum: the copy is forged, misplaced or
+                        // stale. It leaves the slab (re-replicated from a good one), as a copy
+                        // the engine finds stale does (docs/sealing.md).
+                        self.unauthentic.fetch_add(1, Ordering::Relaxed);
+                        let key = (t.ns, t.slab);
+                        tracing::error!(
+                            server = %self.endpoint(server).addr,
+                            ns = key.0,
+                            first_page = t.io.as_ref().map_or(0, |io| io.page_index(0)),
+                            "a sealed page failed authentication (altered, misplaced or stale on \
+                             the memory server): not delivered; its replica leaves the slab"
+                        );
+                        drop(t);
+                        self.reject_replica(key, server);
+                        t = self.tickets.lock(tn);
+                    }
                     let prio = t.prio;
                     loop {
                         t.attempt += 1;
                         if t.attempt >= t.nrep {
-                            let err = if e == ClientError::ChecksumMismatch {
-                                e
-                            } else {
-                                ClientError::NoLiveReplica
+                            let err = match e {
+                                ClientError::ChecksumMismatch => e,
+                                // No authentic copy: the page is gone for good.
+                                ClientError::Unauthentic => ClientError::Lost,
+                                _ => ClientError::NoLiveReplica,
                             };
                             self.finish(tn, t, Err(err));
                             return;
@@ -553,10 +578,6 @@ impl Core {
         let Some(tn) = self.tickets.alloc() else {
             return (io, Err(ClientError::QueueFull));
         };
-        let mut io = io;
-        if op == TicketOp::Write {
-            io.compute_crcs();
-        }
         {
             let mut t = self.tickets.lock(tn);
             t.reset();

@@ -89,14 +89,25 @@ pub enum ClientError {
         reason: &'static str,
     },
     /// The server's transport is one this client has no link for (a configuration error:
-    /// not retried).
-    #[error("cannot reach memserver {addr}: this client has no link for transport {transport}")]
+    /// not retried): not built in, or not one that seals pages when the client has a page
+    /// key (sealing is TCP only, docs/sealing.md).
+    #[error(
+        "cannot reach memserver {addr}: this client has no link for transport {transport}{why}"
+    )]
     NoLink {
         /// Server address.
         addr: SocketAddr,
         /// Its transport.
         transport: Transport,
+        /// Empty, or why not (starts with "; ").
+        why: &'static str,
     },
+    /// A sealed page failed authentication: altered, another page's, another VM's, or an older
+    /// version than the one expected (docs/sealing.md). Never delivered: the replica that sent
+    /// it is dropped from the slab and the read fails over to another; with none left the
+    /// page is [`ClientError::Lost`].
+    #[error("page failed authentication (altered, misplaced or stale copy on the memserver)")]
+    Unauthentic,
     /// The server violated the protocol.
     #[error("protocol error: {0}")]
     Protocol(&'static str),

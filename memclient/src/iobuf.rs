@@ -6,9 +6,15 @@
 //! ([`IoBuf::new`]) or in the caller's memory ([`IoBuf::external`]): the page store points an
 //! external buffer at the paging engine's pages, and a read response is received straight into
 //! them (no copy through a client buffer).
+//!
+//! Each page also has a seal (docs/sealing.md). A buffer whose pages carry versions
+//! ([`IoBuf::set_versions`], what the page store sends) is *sealed* when the client has a page
+//! key: its writes are sealed in the send buffer and its reads opened in place. Any other
+//! buffer moves pages *raw*: a write sends the seals it holds (zero unless a read set them), a
+//! read keeps the seals it received, so re-replication copies sealed pages unopened.
 
-use farvm_memproto::{page_crc, PageSel, MAX_PAGES_PER_FRAME, PAGE_SIZE};
-use farvm_pageio::PageBuf;
+use farvm_memproto::{PageSel, MAX_PAGES_PER_FRAME, PAGE_SIZE, SEAL_LEN};
+use farvm_pageio::{PageBuf, Version};
 
 use crate::ClientError;
 
@@ -33,7 +39,11 @@ pub struct IoBuf {
     pages: Pages,
     cap: usize,
     indices: Vec<u64>,
-    crcs: Vec<u32>,
+    /// Per page: the seal sent or received (raw buffers).
+    seals: Box<[[u8; SEAL_LEN]]>,
+    /// Per page: its version, when `versioned`.
+    versions: Box<[Version]>,
+    versioned: bool,
     scatter_wire: Vec<u8>,
     present: [u64; MAX_PAGES_PER_FRAME / 64],
     len: usize,
@@ -72,7 +82,9 @@ impl IoBuf {
             pages,
             cap,
             indices: Vec::with_capacity(cap),
-            crcs: Vec::with_capacity(cap),
+            seals: vec![[0; SEAL_LEN]; cap].into_boxed_slice(),
+            versions: vec![Version::UNKNOWN; cap].into_boxed_slice(),
+            versioned: false,
             scatter_wire: Vec::with_capacity(cap * 8),
             present: [0; MAX_PAGES_PER_FRAME / 64],
             len: 0,
@@ -154,6 +166,7 @@ impl IoBuf {
         if start.checked_add(count as u64 - 1).is_none() {
             return Err(ClientError::InvalidRequest("page run overflows u64"));
         }
+        self.versioned = false;
         self.indices.clear();
         self.indices.extend((0..count as u64).map(|i| start + i));
         self.len = count;
@@ -168,6 +181,7 @@ impl IoBuf {
                 "page count outside 1..=capacity",
             ));
         }
+        self.versioned = false;
         self.indices.clear();
         self.indices.extend_from_slice(pages);
         self.scatter_wire.clear();
@@ -271,16 +285,37 @@ impl IoBuf {
         }
     }
 
-    pub(crate) fn compute_crcs(&mut self) {
-        self.crcs.clear();
-        for i in 0..self.len {
-            let c = page_crc(self.page(i));
-            self.crcs.push(c);
+    /// Gives the selected pages their versions (`versions[i]` for entry `i`): with a page key
+    /// the buffer is sealed from now until the next selection (module doc).
+    pub fn set_versions(&mut self, versions: &[Version]) -> Result<(), ClientError> {
+        if versions.len() != self.len {
+            return Err(ClientError::InvalidRequest(
+                "one version per page is needed",
+            ));
         }
+        self.versions[..self.len].copy_from_slice(versions);
+        self.versioned = true;
+        Ok(())
     }
 
-    pub(crate) fn crc(&self, i: usize) -> u32 {
-        self.crcs[i]
+    /// Entry `i`'s version, if the buffer's pages carry versions.
+    pub(crate) fn version(&self, i: usize) -> Option<Version> {
+        self.versioned.then(|| self.versions[i])
+    }
+
+    /// Entry `i`'s seal, as received by a raw read or to be sent by a raw write.
+    pub fn seal(&self, i: usize) -> &[u8; SEAL_LEN] {
+        &self.seals[i]
+    }
+
+    /// Sets entry `i`'s seal for a raw write (a copy of a page read raw).
+    pub fn set_seal(&mut self, i: usize, seal: &[u8; SEAL_LEN]) {
+        self.seals[i] = *seal;
+    }
+
+    /// Where entry `i`'s seal lands (the receive path, like [`IoBuf::page_ptr`]).
+    pub(crate) fn seal_ptr(&mut self, i: usize) -> *mut u8 {
+        self.seals[i].as_mut_ptr()
     }
 
     pub(crate) fn clear_present(&mut self) {

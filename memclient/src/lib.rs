@@ -63,6 +63,7 @@ pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
 pub use config::{ClientConfig, Fault};
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
+pub use farvm_seal::{KeyError, KeyId, PageKey};
 pub use farvm_transport::{Endpoint, Transport};
 pub use health::{ClientStats, RelocateError};
 pub use iobuf::IoBuf;

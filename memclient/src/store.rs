@@ -6,7 +6,9 @@
 //! anything else as a scatter list). Each group takes a preallocated *external* [`IoBuf`] from
 //! a lock-free pool, pointed at the engine's own pages: a read response is received straight
 //! into them and checked there, a write is sent from them. Nothing is allocated per request,
-//! no page is copied through a client buffer, and no global lock is taken.
+//! no page is copied through a client buffer, and no global lock is taken. Every request
+//! carries its pages' versions, so a client with a page key seals and opens them
+//! (docs/sealing.md).
 //!
 //! Finished requests come back through [`FinishedSink`] on the thread that received the
 //! response (a connection's receiver), which turns them into per-page completions for the
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use farvm_pageio::{
     Completion, CompletionSink, GuestPage, Op, PageBuf, Priority, ReadReq, RemoteStore, Replica,
-    Status, StoreError, WriteReq,
+    Status, StoreError, Version, WriteReq,
 };
 
 use crate::{Client, ClientError, Finished, FinishedSink, IoBuf, ReplyTo, Request};
@@ -187,13 +189,14 @@ impl PageStore {
         None
     }
 
-    /// Submits one group (`pages[i]` living at `bufs[i]`).
+    /// Submits one group (`pages[i]` living at `bufs[i]`, at `versions[i]`).
     fn submit_group(
         &self,
         op: Op,
         prio: Priority,
         pages: &[GuestPage],
         bufs: &[PageBuf],
+        versions: &[Version],
     ) -> Result<(), StoreError> {
         let counters = &self.deliver.counters;
         let Some(mut io) = self.take_buf() else {
@@ -203,7 +206,9 @@ impl PageStore {
         // SAFETY: the engine keeps every request's page valid and leaves it to us until the
         // request's completion is delivered (the `RemoteStore` contract); the buffer selects
         // them only until then (it is re-pointed before its next use).
-        if let Err(e) = unsafe { io.set_external(pages, bufs) } {
+        let selected =
+            unsafe { io.set_external(pages, bufs) }.and_then(|()| io.set_versions(versions));
+        if let Err(e) = selected {
             let _ = self.deliver.free.push(io);
             return Err(map_err(e));
         }
@@ -231,7 +236,7 @@ impl PageStore {
         &self,
         op: Op,
         n: usize,
-        item: impl Fn(usize) -> (GuestPage, PageBuf, Priority),
+        item: impl Fn(usize) -> (GuestPage, PageBuf, Priority, Version),
     ) -> Result<(), StoreError> {
         if n == 0 {
             return Ok(());
@@ -240,16 +245,18 @@ impl PageStore {
         let first_buf = item(0).1;
         let mut pages = [0u64; PAGES_PER_REQUEST];
         let mut bufs = [first_buf; PAGES_PER_REQUEST];
+        let mut versions = [Version::UNKNOWN; PAGES_PER_REQUEST];
         let mut accepted = false;
         let mut flush = |k: usize,
                          pages: &[u64; PAGES_PER_REQUEST],
                          bufs: &[PageBuf; PAGES_PER_REQUEST],
+                         versions: &[Version; PAGES_PER_REQUEST],
                          prio: Priority|
          -> Result<(), StoreError> {
             if k == 0 {
                 return Ok(());
             }
-            match self.submit_group(op, prio, &pages[..k], &bufs[..k]) {
+            match self.submit_group(op, prio, &pages[..k], &bufs[..k], &versions[..k]) {
                 Ok(()) => accepted = true,
                 Err(e) if !accepted => return Err(e),
                 Err(e) => self.fail_inline(op, &pages[..k], e),
@@ -261,21 +268,22 @@ impl PageStore {
             let mut k = 0usize;
             let mut group_slab = u64::MAX;
             for i in 0..n {
-                let (p, b, prio) = item(i);
+                let (p, b, prio, v) = item(i);
                 if prio != want {
                     continue;
                 }
                 let s = p / slab;
                 if k == PAGES_PER_REQUEST || (k > 0 && s != group_slab) {
-                    flush(k, &pages, &bufs, want)?;
+                    flush(k, &pages, &bufs, &versions, want)?;
                     k = 0;
                 }
                 group_slab = s;
                 pages[k] = p;
                 bufs[k] = b;
+                versions[k] = v;
                 k += 1;
             }
-            flush(k, &pages, &bufs, want)?;
+            flush(k, &pages, &bufs, &versions, want)?;
         }
         Ok(())
     }
@@ -381,6 +389,7 @@ pub fn map_err(e: ClientError) -> StoreError {
         ClientError::Protocol(_)
         | ClientError::Version { .. }
         | ClientError::ChecksumMismatch
+        | ClientError::Unauthentic
         | ClientError::Server(_) => StoreError::Protocol,
         ClientError::CapacityExhausted => StoreError::Io(libc::ENOSPC),
         ClientError::Denied | ClientError::Auth { .. } => StoreError::Io(libc::EACCES),
@@ -398,7 +407,8 @@ impl RemoteStore for PageStore {
             return Err(StoreError::Closed);
         }
         self.submit_all(Op::Read, reqs.len(), |i| {
-            (reqs[i].page, reqs[i].dst, reqs[i].priority)
+            let r = &reqs[i];
+            (r.page, r.dst, r.priority, r.version)
         })
     }
 
@@ -408,14 +418,16 @@ impl RemoteStore for PageStore {
         }
         // Write-backs go at demand priority: the evictor frees frames a vCPU may wait for.
         self.submit_all(Op::Write, reqs.len(), |i| {
-            (reqs[i].page, reqs[i].src, Priority::Demand)
+            let w = &reqs[i];
+            (w.page, w.src, Priority::Demand, w.version)
         })
     }
 
     /// The demand read a vCPU is blocked on, sent on the client's demand lane and received
     /// straight into `dst` on the calling thread (`Client::submit_wait`): no queueing behind
     /// prefetch responses, no hand-off to another thread, no copy.
-    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<(Status, Replica)> {
+    fn read_now(&self, req: &ReadReq) -> Option<(Status, Replica)> {
+        let (page, dst) = (req.page, req.dst);
         if self.stopped.load(Ordering::Acquire) {
             return Some((Status::Failed(StoreError::Closed), Replica::NONE));
         }
@@ -423,7 +435,9 @@ impl RemoteStore for PageStore {
         let mut io = self.demand_bufs.pop().unwrap_or_else(|| IoBuf::external(1));
         // SAFETY: the engine hands us `dst` for this read only and does not touch it until we
         // return, after the request finished.
-        if let Err(e) = unsafe { io.set_external(&[page], &[dst]) } {
+        let selected = unsafe { io.set_external(&[page], &[dst]) }
+            .and_then(|()| io.set_versions(&[req.version]));
+        if let Err(e) = selected {
             let _ = self.demand_bufs.push(io);
             return Some((Status::Failed(map_err(e)), Replica::NONE));
         }

@@ -10,12 +10,22 @@ use std::time::{Duration, Instant};
 
 use farvm_memclient::{Client, ClientConfig, ClientError, IoBuf, PageStore, StoreConfig};
 use farvm_memproto::frame::{decode, encode, Body, Frame, StatInfo, WIRE_PAGE};
-use farvm_memproto::{page_crc, PAGE_SIZE, PROTOCOL_VERSION};
+use farvm_memproto::{wire_crc, PAGE_SIZE, PROTOCOL_VERSION, SEAL_LEN};
 use farvm_memserver::server::{Server, ServerConfig};
 use farvm_pageio::{
     Completion, CompletionSink, Op, PageBuf, Priority, ReadReq, RemoteStore, Status, StoreError,
-    WriteReq,
+    Version, WriteReq,
 };
+
+/// A demand read of `page` into `dst` (unsealed: the client has no page key).
+fn demand(page: u64, dst: PageBuf) -> ReadReq {
+    ReadReq {
+        page,
+        priority: Priority::Demand,
+        dst,
+        version: Version::UNKNOWN,
+    }
+}
 
 struct Collect(StdMutex<Vec<Completion>>);
 impl CompletionSink for Collect {
@@ -67,6 +77,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
             page: p,
             // SAFETY: `src` outlives the requests (we wait for every completion).
             src: unsafe { PageBuf::new(src.0[i].as_mut_ptr()) }.unwrap(),
+            version: Version::UNKNOWN,
         })
         .collect();
     store.write(&writes).unwrap();
@@ -88,6 +99,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
             },
             // SAFETY: `dst` outlives the requests.
             dst: unsafe { PageBuf::new(dst.0[i].as_mut_ptr()) }.unwrap(),
+            version: Version::UNKNOWN,
         })
         .collect();
     reads.push(ReadReq {
@@ -95,6 +107,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
         priority: Priority::Demand,
         // SAFETY: as above.
         dst: unsafe { PageBuf::new(dst.0[79].as_mut_ptr()) }.unwrap(),
+        version: Version::UNKNOWN,
     });
     store.read(&reads).unwrap();
     let done = wait_for(&sink, reads.len());
@@ -113,7 +126,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
     let st = store.client().stats();
     assert_eq!(
         st.read_bytes_in_place + st.read_bytes_copied,
-        pages.len() as u64 * (PAGE_SIZE as u64 + 4),
+        (pages.len() * WIRE_PAGE) as u64,
         "{st:?}"
     );
     // Synchronous demand reads (the fault handler's path) see the same data, and their
@@ -124,7 +137,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
         // SAFETY: `one` outlives the call, which returns only once the data has landed.
         let b = unsafe { PageBuf::new(one.0[0].as_mut_ptr()) }.unwrap();
         assert_eq!(
-            store.read_now(p, b).map(|(s, _)| s),
+            store.read_now(&demand(p, b)).map(|(s, _)| s),
             Some(Status::Ok),
             "page {p}"
         );
@@ -133,7 +146,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
     // SAFETY: as above.
     let b = unsafe { PageBuf::new(one.0[1].as_mut_ptr()) }.unwrap();
     assert_eq!(
-        store.read_now(5000, b).map(|(s, _)| s),
+        store.read_now(&demand(5000, b)).map(|(s, _)| s),
         Some(Status::Absent)
     );
     assert!(sink.0.lock().unwrap().is_empty());
@@ -142,7 +155,7 @@ fn writes_then_reads_scatter_and_runs_with_absent_pages() {
     // SAFETY: as above.
     let b = unsafe { PageBuf::new(one.0[2].as_mut_ptr()) }.unwrap();
     assert_eq!(
-        store.read_now(120, b).map(|(s, _)| s),
+        store.read_now(&demand(120, b)).map(|(s, _)| s),
         Some(Status::Failed(StoreError::Closed)),
         "a stopped store refuses"
     );
@@ -169,6 +182,7 @@ fn a_dead_server_fails_requests_cleanly() {
         page: 3,
         // SAFETY: `page` outlives the request.
         src: unsafe { PageBuf::new(page.0[0].as_mut_ptr()) }.unwrap(),
+        version: Version::UNKNOWN,
     }];
     match store.write(&w) {
         Err(_) => {}
@@ -272,11 +286,12 @@ fn serve_fake(mut s: TcpStream, answer: ReadAnswer) {
                         let mut pages = Vec::with_capacity(n * WIRE_PAGE);
                         for i in 0..n {
                             let data = fake_content(sel.index(i));
-                            let mut crc = page_crc(&data);
+                            let mut crc = wire_crc(&[0; SEAL_LEN], &data);
                             if matches!(answer, ReadAnswer::BadCrc) && i == 3 {
                                 crc ^= 1;
                             }
                             pages.extend_from_slice(&crc.to_le_bytes());
+                            pages.extend_from_slice(&[0; SEAL_LEN]);
                             pages.extend_from_slice(&data);
                         }
                         let bitmap = vec![0xffu8; n.div_ceil(8)];
@@ -355,6 +370,7 @@ fn read_reqs(dst: &mut Pages, first: u64) -> Vec<ReadReq> {
                 priority: Priority::Prefetch,
                 // SAFETY: `dst` outlives the requests (the tests wait for every completion).
                 dst: unsafe { PageBuf::new(dst.0[i].as_mut_ptr()) }.unwrap(),
+                version: Version::UNKNOWN,
             }
         })
         .collect()
@@ -370,6 +386,7 @@ fn place(store: &PageStore, sink: &Collect, first: u64) {
                 page: first + i as u64,
                 // SAFETY: `src` outlives the requests (we wait for their completions).
                 src: unsafe { PageBuf::new(src.0[i].as_mut_ptr()) }.unwrap(),
+                version: Version::UNKNOWN,
             }
         })
         .collect();
@@ -494,7 +511,7 @@ fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() 
         // SAFETY: `dst` outlives the call, which returns once the data has landed.
         let b = unsafe { PageBuf::new(dst.0[i].as_mut_ptr()) }.unwrap();
         assert_eq!(
-            store.read_now(p, b).map(|(s, _)| s),
+            store.read_now(&demand(p, b)).map(|(s, _)| s),
             Some(Status::Ok),
             "page {p}"
         );
@@ -510,7 +527,7 @@ fn a_demand_read_lands_whether_its_response_comes_during_the_poll_or_after_it() 
         // SAFETY: as above.
         let b = unsafe { PageBuf::new(dst.0[10].as_mut_ptr()) }.unwrap();
         assert_eq!(
-            store.read_now(p, b).map(|(s, _)| s),
+            store.read_now(&demand(p, b)).map(|(s, _)| s),
             Some(Status::Ok),
             "page {p}"
         );

@@ -4,14 +4,19 @@
 //! consistency) and returns views that borrow the input, so the server and the client decode
 //! without allocating. Encoding appends to a caller-owned `Vec<u8>` that is reused across frames.
 
-use super::{Status, MAX_PAGES_PER_FRAME, PAGE_SIZE, PROTOCOL_VERSION};
+use super::{Status, MAX_PAGES_PER_FRAME, PAGE_SIZE, PROTOCOL_VERSION, SEAL_LEN};
 
 /// Magic number at the start of every frame: the bytes `F`, `V`, `M`, `S`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FVMS");
 /// Length of the fixed header.
 pub const HEADER_LEN: usize = 32;
-/// A page on the wire: its crc32c (4 bytes, little endian) then its 4096 bytes.
-pub const WIRE_PAGE: usize = 4 + PAGE_SIZE;
+/// A page on the wire: its crc32c (4 bytes, little endian, over seal and data), its seal
+/// ([`SEAL_LEN`] bytes, opaque to the server) and its 4096 bytes.
+pub const WIRE_PAGE: usize = 4 + SEAL_LEN + PAGE_SIZE;
+/// Where a wire page's seal starts.
+pub const WIRE_SEAL_AT: usize = 4;
+/// Where a wire page's data starts.
+pub const WIRE_DATA_AT: usize = 4 + SEAL_LEN;
 /// Bytes of a nonce or a MAC in the handshake.
 pub const NONCE_LEN: usize = 32;
 /// Longest error message a server sends (bytes of UTF-8).
@@ -250,7 +255,7 @@ pub enum Body<'a> {
     },
     /// Read the selected pages.
     Read(PageSel<'a>),
-    /// Write pages; `pages` is `count` × (crc32c, 4096 bytes).
+    /// Write pages; `pages` is `count` wire pages (crc32c, seal, 4096 bytes).
     Write {
         /// Which pages.
         sel: PageSel<'a>,

@@ -1,6 +1,6 @@
 //! farvm-memproto: what the memserver client and server share.
 //!
-//! - The wire protocol (version 3): constants, status codes ([`Status`]), the frame codec
+//! - The wire protocol (version 4): constants, status codes ([`Status`]), the frame codec
 //!   ([`frame`]) and the challenge–response handshake ([`auth`]). The normative description is
 //!   `PROTOCOL.md` next to this crate.
 //! - [`rdma`]: the transport-neutral half of one-sided RDMA access (region grants, work-request
@@ -16,7 +16,11 @@ pub use frame::{Body, Frame, FrameError, Header, Opcode, PageSel, StatInfo};
 /// Page size served by the memory server.
 pub const PAGE_SIZE: usize = 4096;
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
+/// Bytes of a page's seal on the wire and in the server's store: opaque to the server, which
+/// stores it beside the page and returns it verbatim. The VMM's `farvm-seal` writes its 40-byte
+/// `Seal` there (key id, salt, counter, tag); an unsealed page carries zeros.
+pub const SEAL_LEN: usize = 40;
 /// Most pages one READ, WRITE or DISCARD frame may name (1 MiB of data).
 pub const MAX_PAGES_PER_FRAME: usize = 256;
 
@@ -74,6 +78,29 @@ pub fn page_crc(page: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, page) as u32
 }
 
+/// crc32c of a wire page's seal and data, as if contiguous: what a WRITE's and a READ
+/// response's wire page carries (the writer computes it, the server stores it, the reader
+/// checks it). Equal to [`page_crc`] over `seal ‖ data`.
+pub fn wire_crc(seal: &[u8; SEAL_LEN], data: &[u8]) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    d.update(seal);
+    d.update(data);
+    d.finalize() as u32
+}
+
+/// The wire crc32c of a page carrying an all-zero seal, from the crc32c of its 4096 data bytes
+/// alone (what a one-sided RDMA page table holds): a server that keeps only the data's crc
+/// answers with a wire crc that still covers what it stored end to end.
+pub fn unsealed_wire_crc(data_crc: u32) -> u32 {
+    let zero = page_crc(&[0u8; SEAL_LEN]) as u64;
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        zero,
+        data_crc as u64,
+        PAGE_SIZE as u64,
+    ) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +138,20 @@ mod tests {
         assert_eq!(
             page_crc(&[0u8; PAGE_SIZE]),
             crc32c_reference(&[0u8; PAGE_SIZE])
+        );
+        // The wire crc covers seal and data as one stream, and the unsealed form is derived
+        // from the data's crc alone.
+        let seal: [u8; SEAL_LEN] = std::array::from_fn(|i| i as u8 ^ 0x5a);
+        let mut joined = seal.to_vec();
+        joined.extend_from_slice(&buf[..PAGE_SIZE]);
+        assert_eq!(wire_crc(&seal, &buf[..PAGE_SIZE]), page_crc(&joined));
+        assert_eq!(
+            wire_crc(&seal, &buf[..PAGE_SIZE]),
+            crc32c_reference(&joined)
+        );
+        assert_eq!(
+            unsealed_wire_crc(page_crc(&buf[..PAGE_SIZE])),
+            wire_crc(&[0; SEAL_LEN], &buf[..PAGE_SIZE])
         );
         // A flipped bit is caught.
         let good = page_crc(&buf[..PAGE_SIZE]);

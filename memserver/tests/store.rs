@@ -548,6 +548,46 @@ fn a_server_of_another_protocol_version_is_refused_by_name() {
     );
 }
 
+/// A client of the previous wire version (3: no seal in a wire page) is answered with
+/// `VersionUnsupported` naming both versions, and its connection closed; nothing is stored.
+#[test]
+fn a_client_of_an_older_protocol_version_is_refused_by_name() {
+    let srv = Server::start(ServerConfig::loopback(1 << 24)).unwrap();
+    let mut old = TcpStream::connect(srv.addr()).unwrap();
+    old.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut chal = [0u8; 32 + 33];
+    old.read_exact(&mut chal).unwrap();
+    let hello = Frame {
+        req_id: 0,
+        namespace: 0,
+        body: Body::Hello {
+            key_id: [0; 8],
+            client_nonce: [3; 32],
+            mac: [0; 32],
+        },
+    };
+    let mut out = Vec::new();
+    encode(&mut out, &hello, false);
+    out[4] = PROTOCOL_VERSION - 1;
+    old.write_all(&out).unwrap();
+    let mut answer = Vec::new();
+    old.read_to_end(&mut answer).unwrap();
+    let (f, used) = decode(&answer).expect("an error frame of this server's version");
+    assert_eq!(used, answer.len(), "then the connection closes");
+    let Body::Error { status, message } = f.body else {
+        panic!("expected an error answer, got {:?}", f.body);
+    };
+    assert_eq!(status, farvm_memproto::Status::VersionUnsupported);
+    let (ours, theirs) = (PROTOCOL_VERSION, PROTOCOL_VERSION - 1);
+    assert!(
+        message.contains(&format!(
+            "speaks wire protocol version {ours}, the client {theirs}"
+        )),
+        "{message}"
+    );
+    assert_eq!(srv.pages_stored(), 0);
+}
+
 #[test]
 fn requests_time_out_with_a_typed_error() {
     let addr = silent_server();

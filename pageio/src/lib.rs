@@ -23,6 +23,19 @@ pub const PAGE_SIZE: usize = 4096;
 /// Guest page number (guest-physical address >> 12).
 pub type GuestPage = u64;
 
+/// A page's write version: what identifies the content the engine last wrote back (or read) for
+/// a page, known before a read returns. A store that authenticates pages binds each written
+/// copy to its version and accepts a read only at the version the engine expects, so an older
+/// copy, or another page's, is never delivered (docs/sealing.md). The engine uses the low 64
+/// bits of its fingerprint of that content; [`Version::UNKNOWN`] when it has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Version(pub u64);
+
+impl Version {
+    /// The engine knows no content for the page (never written back or read this run).
+    pub const UNKNOWN: Self = Self(0);
+}
+
 /// Request priority: demand reads block a vCPU and must overtake prefetches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Priority {
@@ -85,6 +98,8 @@ pub struct ReadReq {
     pub priority: Priority,
     /// Where the page's bytes land (engine memory, untouched by the engine until completion).
     pub dst: PageBuf,
+    /// The version the engine expects the page at.
+    pub version: Version,
 }
 
 /// Write one page back from engine memory to the store.
@@ -94,6 +109,8 @@ pub struct WriteReq {
     pub page: GuestPage,
     /// Its bytes (engine memory, kept unchanged until completion).
     pub src: PageBuf,
+    /// The version of these bytes (what a later read of the page will expect).
+    pub version: Version,
 }
 
 /// What a completed request was.
@@ -183,8 +200,8 @@ pub trait RemoteStore: Send + Sync {
     /// on this host every wake-up of another thread costs 5-50 µs). `None`: not supported,
     /// the engine submits an asynchronous demand read instead. Must not be called with the
     /// same `dst` as an outstanding request. Returns the status and the copy that answered.
-    fn read_now(&self, page: GuestPage, dst: PageBuf) -> Option<(Status, Replica)> {
-        let _ = (page, dst);
+    fn read_now(&self, req: &ReadReq) -> Option<(Status, Replica)> {
+        let _ = req;
         None
     }
     /// A read of `page` that `replica` answered delivered content the engine knows is not

@@ -286,6 +286,11 @@ fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
             r.replicas_rejected,
         ),
         (
+            "remote_unauthentic",
+            "Read responses whose sealed pages failed authentication (never installed).",
+            r.remote_unauthentic,
+        ),
+        (
             "memserver_requests",
             "Requests sent to the memory servers.",
             r.wire_requests,
@@ -341,6 +346,8 @@ mod tests {
                 replicas_moved: 3,
                 replicas_dropped: 0,
                 replicas_rejected: 0,
+                page_encryption: true,
+                remote_unauthentic: 0,
                 replication: 1,
                 dead_servers: 2,
                 rejoined_servers: 1,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::installer::Installer;
 use crate::pagemeta::PageMeta;
 use crate::port::StorePort;
-use crate::store::{Priority, ReadReq};
+use crate::store::{Priority, ReadReq, Version};
 
 /// Reads per store call.
 const BATCH: usize = 64;
@@ -33,6 +33,7 @@ impl Reads {
                 page: 0,
                 priority,
                 dst: installer.page_buf(0),
+                version: Version::UNKNOWN,
             }; BATCH],
             n: 0,
         };
@@ -57,6 +58,7 @@ impl Reads {
             page: p,
             priority,
             dst: self.installer.page_buf(p),
+            version: self.meta.version(p),
         };
         batch.n += 1;
         if batch.n == BATCH {

@@ -101,6 +101,8 @@ pub(crate) struct LinkSpec<'a> {
     pub transport: Transport,
     /// `ClientConfig::demand_poll`.
     pub demand_poll: Duration,
+    /// `ClientConfig::page_key`: the link seals what it sends and opens what it receives.
+    pub page_key: Option<&'a farvm_seal::PageKey>,
 }
 
 thread_local! {
@@ -138,6 +140,13 @@ pub(crate) fn connect(
     sink: Arc<dyn Sink>,
 ) -> Result<Arc<dyn Link>, ClientError> {
     match spec.transport {
+        // Only the TCP link seals: an RDMA link would send and accept pages in the clear.
+        transport @ Transport::Rdma { .. } if spec.page_key.is_some() => Err(ClientError::NoLink {
+            addr: spec.addr,
+            transport,
+            why: "; page sealing is implemented for TCP only (run with --page-encryption \
+                      off to use RDMA)",
+        }),
         Transport::Tcp => {
             let c: Arc<dyn Link> = tcp::TcpLink::connect(spec, tickets, sink)?;
             Ok(c)
@@ -156,6 +165,7 @@ pub(crate) fn connect(
         transport => Err(ClientError::NoLink {
             addr: spec.addr,
             transport,
+            why: "",
         }),
     }
 }

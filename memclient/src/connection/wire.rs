@@ -1,21 +1,33 @@
 //! What every link encodes and decodes the same way, whatever carries the bytes: a ticket's
-//! request frame, and the outcome of a response that carries no pages.
+//! request frame (a write's pages sealed in place in the send buffer when the link seals), and
+//! the outcome of a response that carries no pages.
 
-use farvm_memproto::frame::{header_bytes, Body, Frame, Opcode, FLAG_SCATTER, WIRE_PAGE};
-use farvm_memproto::{PageSel, Status};
+use farvm_memproto::frame::{
+    header_bytes, Body, Frame, Opcode, FLAG_SCATTER, WIRE_DATA_AT, WIRE_PAGE, WIRE_SEAL_AT,
+};
+use farvm_memproto::{page_crc, PageSel, Status, PAGE_SIZE, SEAL_LEN};
+use farvm_seal::{PageAddr, PageSealer};
 
 use crate::tickets::{Ticket, TicketOp};
 use crate::ClientError;
 
 /// Appends request `req_id` for ticket `t` (header, page selection, and a write's wire pages)
-/// to `buf`, which must have room for the largest frame if it is not to grow.
-pub(crate) fn encode_request(buf: &mut Vec<u8>, req_id: u64, t: &Ticket) {
+/// to `buf`, which must have room for the largest frame if it is not to grow. With `sealer`,
+/// a write whose pages carry versions is sealed: each page is copied into `buf` and encrypted
+/// there, its seal beside it, and the crc32c covers what is sent. Fails only if the sealer
+/// ran out of nonces (2^64 pages): `buf` then holds a partial frame not to be sent.
+pub(crate) fn encode_request(
+    buf: &mut Vec<u8>,
+    req_id: u64,
+    t: &Ticket,
+    mut sealer: Option<&mut PageSealer>,
+) -> Result<(), farvm_seal::SealError> {
     let ns = t.ns;
     let Some(io) = t.io.as_ref() else {
         // Stat carries no buffer.
         let h = header_bytes(Opcode::Stat, 0, Status::Ok, req_id, ns, 0, 0);
         buf.extend_from_slice(&h);
-        return;
+        return Ok(());
     };
     let sel = io.sel();
     let n = sel.len();
@@ -30,7 +42,7 @@ pub(crate) fn encode_request(buf: &mut Vec<u8>, req_id: u64, t: &Ticket) {
         TicketOp::Stat => {
             let h = header_bytes(Opcode::Stat, 0, Status::Ok, req_id, ns, 0, 0);
             buf.extend_from_slice(&h);
-            return;
+            return Ok(());
         }
     };
     buf.extend_from_slice(&header_bytes(
@@ -48,10 +60,31 @@ pub(crate) fn encode_request(buf: &mut Vec<u8>, req_id: u64, t: &Ticket) {
     }
     if t.op == TicketOp::Write {
         for i in 0..n {
-            buf.extend_from_slice(&io.crc(i).to_le_bytes());
+            // A raw buffer sends the seal it holds; a versioned one is sealed here, or sent
+            // with a zero seal by a link that does not seal.
+            let at = buf.len();
+            buf.extend_from_slice(&[0; 4]);
+            match io.version(i) {
+                None => buf.extend_from_slice(io.seal(i)),
+                Some(_) => buf.extend_from_slice(&[0; SEAL_LEN]),
+            }
             buf.extend_from_slice(io.page(i));
+            let wp = &mut buf[at..at + WIRE_PAGE];
+            if let (Some(s), Some(version)) = (sealer.as_deref_mut(), io.version(i)) {
+                let (head, data) = wp.split_at_mut(WIRE_DATA_AT);
+                let data: &mut [u8; PAGE_SIZE] = data.try_into().expect("a wire page's data");
+                let addr = PageAddr {
+                    namespace: ns,
+                    page: io.page_index(i),
+                    version: version.0,
+                };
+                head[WIRE_SEAL_AT..].copy_from_slice(&s.seal(addr, data)?.0);
+            }
+            let crc = page_crc(&wp[WIRE_SEAL_AT..]);
+            wp[..4].copy_from_slice(&crc.to_le_bytes());
         }
     }
+    Ok(())
 }
 
 /// Applies a response without pages to the ticket (stat) and returns its outcome.

@@ -232,6 +232,8 @@ impl Core {
         let mut present: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
         let mut absent: Vec<u64> = Vec::with_capacity(MAX_PAGES_PER_FRAME);
         let mut data: Vec<u8> = Vec::with_capacity(MAX_PAGES_PER_FRAME * 4096);
+        // Sealed pages are copied as they are stored, seal and all (`IoBuf`'s raw reads).
+        let mut seals = Vec::with_capacity(MAX_PAGES_PER_FRAME);
         for chunk in pages.chunks(MAX_PAGES_PER_FRAME) {
             let r = loop {
                 if self.servers.is_dead(target) {
@@ -252,10 +254,12 @@ impl Core {
             present.clear();
             absent.clear();
             data.clear();
+            seals.clear();
             for (i, &p) in chunk.iter().enumerate() {
                 if io.is_present(i) {
                     present.push(p);
                     data.extend_from_slice(io.page(i));
+                    seals.push(*io.seal(i));
                 } else {
                     absent.push(p);
                 }
@@ -263,6 +267,9 @@ impl Core {
             if !present.is_empty() {
                 io.set_scatter(&present).map_err(|_| "bad chunk")?;
                 io.data_mut().copy_from_slice(&data);
+                for (i, seal) in seals.iter().enumerate() {
+                    io.set_seal(i, seal);
+                }
                 let (back, r) = self.direct_io_patient(target, TicketOp::Write, ns, io);
                 io = back;
                 r.map_err(|_| "target write failed")?;

@@ -37,6 +37,14 @@ pub enum ConnEnd {
     /// The RDMA side of a session failed (set-up, or a failed completion).
     #[error("RDMA: {0}")]
     Rdma(String),
+    /// The peer speaks another wire protocol version (answered with `VersionUnsupported`).
+    #[error("the client speaks wire protocol version {client}, this server {server}")]
+    Version {
+        /// The version byte of the peer's frame.
+        client: u8,
+        /// [`PROTOCOL_VERSION`].
+        server: u8,
+    },
 }
 
 /// One client session's state: its tenant once authenticated, the namespace it used last,
@@ -87,7 +95,20 @@ pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
             }
             return Err(e.into());
         }
-        let h = decode_header(&hb).inspect_err(|_| sh.metrics.malformed())?;
+        let h = match decode_header(&hb) {
+            Ok(h) => h,
+            Err(frame::FrameError::BadVersion(client)) => {
+                refuse_version(&mut writer, client)?;
+                return Err(ConnEnd::Version {
+                    client,
+                    server: PROTOCOL_VERSION,
+                });
+            }
+            Err(e) => {
+                sh.metrics.malformed();
+                return Err(e.into());
+            }
+        };
         let b = &mut body[..h.body_len as usize];
         reader.read_exact(b)?;
         let f = decode_body(&h, b).inspect_err(|_| sh.metrics.malformed())?;
@@ -98,6 +119,26 @@ pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
         }
         res?;
     }
+}
+
+/// Answers a frame of another protocol version with `VersionUnsupported`, naming both
+/// versions, so that the peer's operator reads why (its own decoder may still refuse our
+/// version byte: it then names ours).
+fn refuse_version(writer: &mut TcpStream, client: u8) -> std::io::Result<()> {
+    let msg = format!(
+        "this memory server speaks wire protocol version {PROTOCOL_VERSION}, the client \
+         {client}: run farvm and farvm-memserver from the same release"
+    );
+    let mut out = Vec::with_capacity(HEADER_LEN + msg.len());
+    encode_error(
+        &mut out,
+        Opcode::Hello,
+        Status::VersionUnsupported,
+        0,
+        0,
+        &msg,
+    );
+    writer.write_all(&out)
 }
 
 /// The message of an error answer for a request on a namespace refused with `st`.

@@ -238,6 +238,9 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>, serve: ServeFn) {
                     Err(conn::ConnEnd::Malformed(e)) => {
                         tracing::warn!(?peer, "closing connection: malformed frame: {e}")
                     }
+                    Err(e @ conn::ConnEnd::Version { .. }) => {
+                        tracing::warn!(?peer, "refused: {e}")
+                    }
                     Err(e) => tracing::info!(?peer, "closing connection: {e}"),
                 }
                 sh2.metrics.conn_close();
@@ -306,6 +309,12 @@ impl ServerHandle {
     /// [`store::Store::reclaim_namespace`]); returns the pages freed.
     pub fn reclaim_namespace(&self, id: u64) -> u64 {
         self.shared.store.reclaim_namespace(id)
+    }
+
+    /// The store itself: its pages as held ([`store::StoredPage`]), for tests that play a
+    /// compromised server.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
     }
 
     /// The ids of every namespace this server holds.

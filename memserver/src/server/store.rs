@@ -1,16 +1,19 @@
 //! Namespaces (one per VM) and their page index over the arena; tenancy checks.
 //!
-//! Each namespace has its own `RwLock<page index → (slot, crc)>`: reads of one VM never
+//! Each namespace has its own `RwLock<page index → (slot, crc, seal)>`: reads of one VM never
 //! contend with another VM, and a slot's bytes are only touched under its namespace's lock,
 //! so a reader never sees a half-written or recycled slot. The index is a hash map (FxHash);
 //! inserting a *new* page may grow it (amortised allocation), reading and overwriting do not.
 //! The crc32c sent by the writer is stored and returned verbatim, so corruption anywhere
 //! between the writer and the reader (including in this server's memory) is detected end to end.
+//! So is the page's seal (40 bytes, opaque here: the VMM's authentication of the page), which
+//! this server cannot read or forge, only keep beside the page.
 //!
 //! A slab granted for one-sided RDMA (`grant`) lives in an [`Extent`] instead: its pages
 //! contiguous in the arena, followed by a page table of [`MetaWord`]s (presence and crc32c)
 //! that the client reads and writes directly. Every path (TCP, two-sided RDMA, one-sided
-//! RDMA) then stores and finds that slab's pages there.
+//! RDMA) then stores and finds that slab's pages there. An extent has no room for seals: its
+//! pages are unsealed (zero seal), and a sealed page is refused there (PROTOCOL.md).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,10 +21,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+mod inspect;
+
+pub use inspect::StoredPage;
+
 use super::arena::{Arena, Slot};
-use farvm_memproto::frame::WIRE_PAGE;
+use farvm_memproto::frame::{WIRE_DATA_AT, WIRE_PAGE, WIRE_SEAL_AT};
 use farvm_memproto::rdma::grant::{MetaWord, GRANT_EXTENT_PAGES, GRANT_SLAB_PAGES};
-use farvm_memproto::{page_crc, PageSel, StatInfo, Status, PAGE_SIZE};
+use farvm_memproto::{page_crc, unsealed_wire_crc, PageSel, StatInfo, Status, PAGE_SIZE, SEAL_LEN};
 
 /// Identity of a tenant: the key id of its secret (all zero when the server runs without
 /// tokens).
@@ -31,6 +38,20 @@ pub type TenantId = [u8; 8];
 struct Entry {
     slot: Slot,
     crc: u32,
+    seal: [u8; SEAL_LEN],
+}
+
+/// A wire page's parts: its crc32c, its seal and its data.
+fn split_wire(wp: &[u8]) -> (u32, &[u8; SEAL_LEN], &[u8]) {
+    let crc = u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]);
+    let seal = wp[WIRE_SEAL_AT..WIRE_DATA_AT]
+        .try_into()
+        .unwrap_or(&[0; SEAL_LEN]);
+    (crc, seal, &wp[WIRE_DATA_AT..])
+}
+
+fn is_sealed(seal: &[u8; SEAL_LEN]) -> bool {
+    seal.iter().any(|&b| b != 0)
 }
 
 /// A granted slab's memory: [`GRANT_SLAB_PAGES`] contiguous arena slots and a page-table
@@ -235,7 +256,8 @@ impl Store {
                 let m = MetaWord(x.meta(off).load(Ordering::Acquire));
                 if m.is_present() {
                     out[bm_at + i / 8] |= 1 << (i % 8);
-                    out.extend_from_slice(&m.crc().to_le_bytes());
+                    out.extend_from_slice(&unsealed_wire_crc(m.crc()).to_le_bytes());
+                    out.extend_from_slice(&[0; SEAL_LEN]);
                     // SAFETY: the extent's page, 4 KiB inside it, held alive by the index we
                     // have read-locked. A concurrent one-sided write may change the bytes; the
                     // crc32c, checked by the reader, tells.
@@ -246,6 +268,7 @@ impl Store {
             } else if let Some(e) = index.pages.get(&idx) {
                 out[bm_at + i / 8] |= 1 << (i % 8);
                 out.extend_from_slice(&e.crc.to_le_bytes());
+                out.extend_from_slice(&e.seal);
                 // SAFETY: the slot belongs to this namespace's index and we hold its read lock,
                 // so no writer modifies or frees it while we copy (see module doc).
                 let page =
@@ -266,17 +289,24 @@ impl Store {
         if_absent: bool,
     ) -> Result<u32, Status> {
         let n = sel.len();
-        // Verify every checksum before touching anything, so a corrupt batch stores nothing.
+        // Verify every checksum (over seal and data) before touching anything, so a corrupt
+        // batch stores nothing.
         for i in 0..n {
             let wp = &pages[i * WIRE_PAGE..(i + 1) * WIRE_PAGE];
-            let crc = u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]);
-            if page_crc(&wp[4..]) != crc {
+            if page_crc(&wp[WIRE_SEAL_AT..]) != split_wire(wp).0 {
                 return Err(Status::ChecksumMismatch);
             }
         }
         let mut index = ns.index.write().unwrap_or_else(|e| e.into_inner());
         if ns.is_reclaimed() {
             return Err(Status::Reclaimed);
+        }
+        // A granted slab keeps no seals: a sealed page there would come back unauthentic.
+        for i in 0..n {
+            let wp = &pages[i * WIRE_PAGE..(i + 1) * WIRE_PAGE];
+            if index.granted(sel.index(i)).is_some() && is_sealed(split_wire(wp).1) {
+                return Err(Status::BadRequest);
+            }
         }
         // Count pages needing a new slot (a scatter list may repeat an index: count it once).
         let scatter = matches!(sel, PageSel::Scatter(_));
@@ -294,7 +324,7 @@ impl Store {
         let mut written = 0;
         for i in 0..n {
             let wp = &pages[i * WIRE_PAGE..(i + 1) * WIRE_PAGE];
-            let crc = u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]);
+            let (crc, seal, data) = split_wire(wp);
             let idx = sel.index(i);
             if let Some((x, off)) = index.granted(idx) {
                 let meta = x.meta(off);
@@ -303,8 +333,10 @@ impl Store {
                 }
                 // SAFETY: the extent's page, held alive by the write-locked index; the source
                 // is a distinct buffer of exactly PAGE_SIZE bytes.
-                unsafe { std::ptr::copy_nonoverlapping(wp[4..].as_ptr(), x.page(off), PAGE_SIZE) };
-                meta.store(MetaWord::present(crc).0, Ordering::Release);
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), x.page(off), PAGE_SIZE) };
+                // The page table holds the data's crc (one-sided readers check the data
+                // alone); the wire crc over the zero seal and the data was verified above.
+                meta.store(MetaWord::present(page_crc(data)).0, Ordering::Release);
                 written += 1;
                 continue;
             }
@@ -312,22 +344,20 @@ impl Store {
                 Some(_) if if_absent => continue,
                 Some(e) => {
                     e.crc = crc;
+                    e.seal = *seal;
                     e.slot
                 }
                 None => {
                     let slot = self.arena.take();
-                    index.pages.insert(idx, Entry { slot, crc });
+                    let seal = *seal;
+                    index.pages.insert(idx, Entry { slot, crc, seal });
                     slot
                 }
             };
             // SAFETY: the slot is owned by this namespace's index and we hold its write lock;
             // the source is a distinct buffer of exactly PAGE_SIZE bytes.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    wp[4..].as_ptr(),
-                    self.arena.slot_ptr(slot),
-                    PAGE_SIZE,
-                )
+                std::ptr::copy_nonoverlapping(data.as_ptr(), self.arena.slot_ptr(slot), PAGE_SIZE)
             };
             written += 1;
         }
@@ -425,6 +455,13 @@ impl Store {
         if let Some(x) = index.slabs.get(&slab) {
             return Ok(x.clone());
         }
+        // An extent keeps no seals: a slab holding sealed pages stays in single slots.
+        let first_page = slab * GRANT_SLAB_PAGES;
+        if (first_page..first_page + GRANT_SLAB_PAGES)
+            .any(|p| index.pages.get(&p).is_some_and(|e| is_sealed(&e.seal)))
+        {
+            return Err(Status::BadRequest);
+        }
         let n = GRANT_EXTENT_PAGES as u32;
         if !self.arena.reserve(n as u64) {
             return Err(Status::CapacityExhausted);
@@ -449,8 +486,14 @@ impl Store {
                             PAGE_SIZE,
                         )
                     };
+                    // SAFETY: as above; the page is now the extent's.
+                    let data = unsafe { std::slice::from_raw_parts(x.page(off), PAGE_SIZE) };
                     self.arena.free(e.slot);
-                    MetaWord::present(e.crc)
+                    // The page table holds the data's crc. One that no longer matches the
+                    // crc the writer sent (this server's memory damaged the page) is stored
+                    // inverted, so that a reader still sees the mismatch.
+                    let d = page_crc(data);
+                    MetaWord::present(if unsealed_wire_crc(d) == e.crc { d } else { !d })
                 }
                 None => MetaWord::ABSENT,
             };
@@ -465,14 +508,19 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn wire(pages: &[u64], tag: u8) -> Vec<u8> {
+    fn wire_sealed(pages: &[u64], tag: u8, seal: [u8; SEAL_LEN]) -> Vec<u8> {
         let mut out = Vec::new();
         for &p in pages {
             let page = vec![tag ^ p as u8; PAGE_SIZE];
-            out.extend_from_slice(&page_crc(&page).to_le_bytes());
+            out.extend_from_slice(&farvm_memproto::wire_crc(&seal, &page).to_le_bytes());
+            out.extend_from_slice(&seal);
             out.extend_from_slice(&page);
         }
         out
+    }
+
+    fn wire(pages: &[u64], tag: u8) -> Vec<u8> {
+        wire_sealed(pages, tag, [0; SEAL_LEN])
     }
 
     /// A reclaimed namespace is dropped and refused from then on, to reads and to writes that
@@ -552,12 +600,23 @@ mod tests {
         for (k, p) in (250..260u64).enumerate() {
             let wp = &body[k * WIRE_PAGE..(k + 1) * WIRE_PAGE];
             let tag = if p == 254 || p == 255 { 2 } else { 1 };
-            assert_eq!(wp[4], tag ^ p as u8, "page {p}");
-            assert_eq!(
-                u32::from_le_bytes([wp[0], wp[1], wp[2], wp[3]]),
-                page_crc(&wp[4..])
-            );
+            assert_eq!(wp[WIRE_DATA_AT], tag ^ p as u8, "page {p}");
+            assert_eq!(split_wire(wp).0, page_crc(&wp[WIRE_SEAL_AT..]));
+            assert_eq!(split_wire(wp).1, &[0; SEAL_LEN]);
         }
+        // A sealed page has no place in a granted slab: refused, nothing of the batch stored.
+        assert_eq!(
+            store.write(
+                &ns,
+                &run(253, 2),
+                &wire_sealed(&[253, 254], 4, [7; SEAL_LEN]),
+                false
+            ),
+            Err(Status::BadRequest)
+        );
+        let mut again = Vec::new();
+        store.read(Some(&ns), &run(249, 11), &mut again);
+        assert_eq!(again, out);
         assert_eq!(store.discard(&ns, &run(255, 2)), 2);
         assert_eq!(store.namespace_pages(Some(&ns)), 8);
         drop(x);
@@ -567,8 +626,17 @@ mod tests {
         // does fragmentation: the ten single slots freed above are not one extent.
         let ns = store.namespace(2, [0; 8], true).unwrap().unwrap();
         assert_eq!(store.grant(&ns, u64::MAX).err(), Some(Status::BadRequest));
+
         let held: Vec<_> = (0..4).map(|s| store.grant(&ns, s).unwrap()).collect();
         assert_eq!(store.grant(&ns, 9).err(), Some(Status::CapacityExhausted));
         drop(held);
+        // A slab holding a sealed page is not granted; the page keeps its seal.
+        let sealed = wire_sealed(&[1400], 5, [9; SEAL_LEN]);
+        store.write(&ns, &run(1400, 1), &sealed, false).unwrap();
+        assert_eq!(store.grant(&ns, 5).err(), Some(Status::BadRequest));
+        let mut out = Vec::new();
+        assert_eq!(store.read(Some(&ns), &run(1400, 1), &mut out), 1);
+        assert_eq!(&out[1..], &sealed[..]);
+        assert_eq!(store.discard(&ns, &run(1400, 1)), 1);
     }
 }

@@ -116,6 +116,22 @@ pub fn assert_native_checksums(setup: &GuestSetup, report: &VmReport, stats: &Re
     );
 }
 
+/// Asserts the VM was stopped with `MemoryLost` (exit status 74) on a page of its RAM, with
+/// the engine's lost-page counters to show for it; returns the page's address.
+pub fn assert_memory_lost(setup: &GuestSetup, report: &VmReport, stats: &RemoteStats) -> u64 {
+    let VmOutcome::MemoryLost { gpa } = report.outcome else {
+        panic!(
+            "expected the VM to stop with lost memory: {:#?}\npaging: {stats:#?}",
+            report.outcome
+        );
+    };
+    assert!(gpa < setup.mem_bytes, "{gpa:#x}");
+    assert_eq!(farvm_vmm::exit_code::for_outcome(&report.outcome), 74);
+    let c = &stats.engine.counters;
+    assert!(c.remote_absent >= 1 && c.lost_accesses >= 1, "{c:?}");
+    gpa
+}
+
 /// The `farvm-memserver` binary next to this test's build (target/<profile>/), or a clear
 /// failure telling how to build it.
 pub fn memserver_binary() -> PathBuf {

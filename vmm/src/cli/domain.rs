@@ -66,6 +66,7 @@ mod tests {
                         "vcpus" | "replicas" | "probe_every" => "1",
                         "memservers" | "metrics" => "127.0.0.1:1",
                         "page_space" => "virtual",
+                        "page_encryption" => "on",
                         "local_memory" => "25%",
                         "pool" => "http://127.0.0.1:2379",
                         "nets" => "tap=t0",

@@ -115,7 +115,7 @@ pub fn render(p: &Value) -> String {
             writeln!(
             s,
             "  memservers: {}{} | replication {} | taken out of service {} (rejoined {}) | read \
-             fail-overs {} | degraded slabs {} (suspended {})",
+             fail-overs {} | degraded slabs {} (suspended {}) | pages sealed: {} (unauthentic {})",
             r["servers"]
                 .as_array()
                 .map(|a| a
@@ -130,7 +130,9 @@ pub fn render(p: &Value) -> String {
             r["rejoined_servers"],
             r["read_failovers"],
             r["degraded_slabs"],
-            r["suspended_slabs"]
+            r["suspended_slabs"],
+            if r["page_encryption"].as_bool() == Some(true) { "yes" } else { "no" },
+            r["remote_unauthentic"]
         );
     }
     s

@@ -15,7 +15,8 @@ use farvm_ept::{
     Budget, Engine, EngineConfig, EngineError, EngineParts, LostPage, Stats, DEFAULT_PROBE_EVERY,
 };
 use farvm_memclient::{
-    namespace_for_name, Client, ClientConfig, ClientStats, Endpoint, PageStore, StoreConfig,
+    namespace_for_name, Client, ClientConfig, ClientStats, Endpoint, PageKey, PageStore,
+    StoreConfig, Transport,
 };
 use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
@@ -39,6 +40,14 @@ pub enum RemoteError {
     /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
+    /// The page key file cannot be read or holds no valid key (`--memory-key-file`).
+    #[error("cannot read --memory-key-file {path}: {msg}")]
+    Key {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// The token file cannot be read or holds no valid secret.
     #[error("cannot read --memserver-token-file {path}: {msg}")]
     Token {
@@ -110,6 +119,14 @@ pub struct RemoteSpec {
     /// Guest RAM's backing (`farvm run --guest-memory memfd|anon`); `None`: the engine's
     /// default (`FARVM_GUEST_MEMORY`, else memfd).
     pub guest_memory: Option<farvm_ept::GuestMemory>,
+    /// Seal every page sent to a memory server (`farvm run --page-encryption on|off`,
+    /// default on; docs/sealing.md): AES-256-GCM under the VM's page key, bound to the
+    /// namespace, page number and write version, so that the servers can neither read guest
+    /// memory nor serve a forged, misplaced or stale page. TCP servers only.
+    pub page_encryption: bool,
+    /// The page key (`--memory-key-file`: 32 raw bytes or 64 hex digits); `None`: a key drawn
+    /// from the OS RNG for this run only.
+    pub memory_key_file: Option<PathBuf>,
 }
 
 impl RemoteSpec {
@@ -133,6 +150,8 @@ impl RemoteSpec {
             global_history: false,
             fault_log_records: 0,
             guest_memory: None,
+            page_encryption: true,
+            memory_key_file: None,
         }
     }
 }
@@ -190,6 +209,11 @@ pub struct RemoteHealth {
     /// Replicas dropped because a read from them returned an older copy of a page than its
     /// last write (the paging engine's fingerprint check); the page was read elsewhere.
     pub replicas_rejected: u64,
+    /// Pages are sealed before they leave the VMM (`--page-encryption on`).
+    pub page_encryption: bool,
+    /// Read responses whose sealed pages failed authentication (forged, misplaced or stale on
+    /// the server): never installed; their replica left the slab, or the page was lost.
+    pub remote_unauthentic: u64,
     /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
@@ -295,6 +319,8 @@ fn collect(
             replicas_moved,
             replicas_dropped,
             replicas_rejected,
+            page_encryption: client.seals_pages(),
+            remote_unauthentic: client.unauthentic_reads(),
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -308,6 +334,41 @@ fn collect(
             failed_requests: c.failed_requests.load(Ordering::Relaxed),
         },
     }
+}
+
+/// The VM's page key if pages are sealed (`RemoteSpec::page_encryption`): loaded from
+/// `--memory-key-file`, else drawn for this run. Sealing is implemented on TCP links only, so
+/// an RDMA server is refused with the way out named.
+fn page_key(spec: &RemoteSpec, servers: &[Endpoint]) -> Result<Option<PageKey>, RemoteError> {
+    if !spec.page_encryption {
+        if spec.memory_key_file.is_some() {
+            return Err(RemoteError::Config(
+                "--memory-key-file needs --page-encryption on".into(),
+            ));
+        }
+        tracing::warn!(
+            "--page-encryption off: guest pages travel to and rest on the memory servers in \
+             the clear, and a forged, misplaced or stale page is caught only if it fails the \
+             engine's fingerprint check"
+        );
+        return Ok(None);
+    }
+    if let Some(rdma) = servers.iter().find(|e| e.transport != Transport::Tcp) {
+        return Err(RemoteError::Config(format!(
+            "memory server {rdma}: --page-encryption on (the default) seals pages on TCP links \
+             only; run with --page-encryption off to use RDMA (pages then travel and rest in \
+             the clear)"
+        )));
+    }
+    let key = match &spec.memory_key_file {
+        Some(path) => PageKey::from_file(path).map_err(|e| RemoteError::Key {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?,
+        None => PageKey::generate().map_err(|e| RemoteError::Config(e.to_string()))?,
+    };
+    tracing::info!(key = %key.id(), "guest pages are sealed (AES-256-GCM) before they leave the VMM");
+    Ok(Some(key))
 }
 
 /// A VM's remote memory: the engine owning guest RAM plus its store.
@@ -419,6 +480,15 @@ impl RemoteMemory {
         if local.is_some() && spec.fault_path_cpu.is_some() {
             ccfg.demand_poll = DEMAND_POLL;
         }
+        ccfg.page_key = match page_key(spec, &servers) {
+            Ok(k) => k,
+            Err(e) => {
+                if let Some((member, _)) = pool {
+                    member.release(Duration::from_secs(5));
+                }
+                return Err(e);
+            }
+        };
         if let Some(path) = &spec.token_file {
             let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
                 path: path.clone(),
@@ -755,5 +825,54 @@ impl RemoteMemory {
         if let Some(member) = pool {
             member.release(Duration::from_secs(10));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sealing is on by default with a key per run; a key file is loaded (and must be a key);
+    /// an RDMA server is refused with the way out named; off takes no key.
+    #[test]
+    fn the_page_key_follows_the_options_and_rdma_is_refused_while_sealing() {
+        let tcp = [Endpoint::tcp(([127, 0, 0, 1], 7070).into())];
+        let mut spec = RemoteSpec::new("t");
+        assert!(spec.page_encryption);
+        let drawn = page_key(&spec, &tcp).unwrap().expect("a key per run");
+        let again = page_key(&spec, &tcp).unwrap().expect("a key per run");
+        assert_ne!(drawn.id(), again.id(), "each run draws its own key");
+
+        let dir = std::env::temp_dir().join(format!("farvm-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, "42".repeat(32)).unwrap();
+        spec.memory_key_file = Some(file.clone());
+        let loaded = page_key(&spec, &tcp).unwrap().expect("the file's key");
+        assert_eq!(loaded.id(), PageKey::from_bytes([0x42; 32]).id());
+        std::fs::write(&file, "not a key").unwrap();
+        let e = page_key(&spec, &tcp).unwrap_err();
+        assert!(
+            matches!(&e, RemoteError::Key { path, .. } if *path == file),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        spec.memory_key_file = None;
+        let rdma = [Endpoint {
+            addr: ([10, 0, 0, 5], 7071).into(),
+            transport: Transport::Rdma { one_sided: true },
+        }];
+        let e = page_key(&spec, &rdma).unwrap_err().to_string();
+        assert!(e.contains("--page-encryption off"), "{e}");
+
+        spec.page_encryption = false;
+        assert!(page_key(&spec, &rdma).unwrap().is_none());
+        spec.memory_key_file = Some(file);
+        let e = page_key(&spec, &tcp).unwrap_err().to_string();
+        assert!(
+            e.contains("--memory-key-file needs --page-encryption on"),
+            "{e}"
+        );
     }
 }

@@ -300,6 +300,8 @@ impl VmSpec {
         }
         spec.replicas = r.replicas;
         spec.token_file = r.token_file.clone();
+        spec.page_encryption = r.page_encryption;
+        spec.memory_key_file = r.memory_key_file.clone();
         spec.budget = r.local_memory;
         spec.prefetcher = r.prefetcher.clone();
         spec.probe_every = r.probe_every;

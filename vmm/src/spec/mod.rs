@@ -177,6 +177,10 @@ pub struct RemoteOptions {
     pub fault_path_cpu: Option<usize>,
     /// Record resolved faults (for `--fault-log`).
     pub fault_log: bool,
+    /// Seal pages before they leave the VMM (docs/sealing.md).
+    pub page_encryption: bool,
+    /// The page key's file [`None`: a key drawn for this run].
+    pub memory_key_file: Option<PathBuf>,
 }
 
 impl Default for RemoteOptions {
@@ -197,6 +201,8 @@ impl Default for RemoteOptions {
             global_history: false,
             fault_path_cpu: None,
             fault_log: false,
+            page_encryption: true,
+            memory_key_file: None,
         }
     }
 }

@@ -107,26 +107,32 @@ pub fn markdown(r: &Report) -> String {
          between the workload's MEASURE and MEASURED doorbells, divided by the pages read from \
          the memserver meanwhile; memserver = the whole server process). Time / floor: the \
          measured phase's time against moving those pages at the run's raw TCP streaming \
-         rate:\n"
+         rate. Pages are sealed (--page-encryption on); sealing off: the total of the cell's \
+         unsealed runs (--sealing-pairs), and sealing: what it cost per page (total - off):\n"
     );
     let _ = writeln!(
         s,
-        "| workload | local | prefetcher | pages read | time / floor | total | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
+        "| workload | local | prefetcher | pages read | time / floor | total | sealing off | sealing | vCPU | fault | evict | store rx+install | store tx | memserver | other |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for c in r.cells.iter().filter(|c| c.cpu.measured_pages_read > 0) {
         let pages = c.cpu.measured_pages_read as f64;
         let m = c.cpu.measured.unwrap_or_default();
         let us = |ms: f64| f(ms * 1e3 / pages, 1);
         let _ = writeln!(
             s,
-            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.workload,
             c.local_pct,
             c.prefetcher,
             c.cpu.measured_pages_read,
             f(c.time_per_floor, 2),
             f(c.cpu_us_per_page, 1),
+            f(c.cpu_us_per_page_unsealed, 1),
+            f(c.cpu_us_per_page - c.cpu_us_per_page_unsealed, 2),
             us(m.vcpu),
             us(m.fault),
             us(m.evict),
@@ -134,6 +140,27 @@ pub fn markdown(r: &Report) -> String {
             us(m.store_tx),
             us(m.memserver),
             us(m.other),
+        );
+    }
+    let paired: Vec<String> = r
+        .cells
+        .iter()
+        .filter(|c| c.measured_ms_unsealed.is_finite() && c.measured_ms.is_finite())
+        .map(|c| {
+            format!(
+                "{} {}% {} {}x",
+                c.workload,
+                c.local_pct,
+                c.prefetcher,
+                f(c.measured_ms / c.measured_ms_unsealed, 2)
+            )
+        })
+        .collect();
+    if !paired.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nMeasured time sealed / unsealed (median runs of the pairs): {}.",
+            paired.join("; ")
         );
     }
     let sampled: Vec<_> = r.cells.iter().filter(|c| c.cpu.sampler_ms > 0.0).collect();

@@ -44,6 +44,9 @@ the raw TCP 4 KiB request/response floor of this loopback (farvm-memserver's ben
 next to which demand-fault latency is shown, and the raw TCP streaming rate of 4 KiB pages (the
 most pages per second any remote-memory design can move over this loopback).
 
+Every cell seals its pages (farvm run's default, --page-encryption on); --sealing-pairs runs each
+cell unsealed too and reports what sealing costs.
+
 Columns: measured-phase time normalised to all-local; demand faults; prefetch accuracy and
 coverage (the engine's estimates: staged markers and probes, 1 in 64 prefetches and 1 in 256
 after the first 256, reveal hits of injected prefetches); demand-fault service latency p50/p99 (fault read -> page installed and vCPU woken);
@@ -119,6 +122,13 @@ pub struct RemoteArgs {
     /// Page numbers every cell's prefetcher learns from, as `farvm run --page-space`.
     #[arg(long, value_name = "virtual|physical", default_value = "virtual")]
     pub page_space: PageSpace,
+    /// Also run every cell with `--page-encryption off`: each sealed run (the default, as
+    /// `farvm run`) paired with an unsealed one just before it (alternating, so a drift in
+    /// the host's load biases neither): the CPU table then shows both runs' CPU per remote page and
+    /// what sealing costs per page, and a line compares their measured times. Doubles the
+    /// cells' runs.
+    #[arg(long)]
+    pub sealing_pairs: bool,
 }
 
 pub fn run(a: RemoteArgs) -> Result<()> {

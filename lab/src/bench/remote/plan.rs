@@ -48,6 +48,8 @@ pub(super) struct Matrix {
     pub setup: CellSetup,
     /// `--cell-timeout` as given, seconds.
     pub cell_timeout_secs: u64,
+    /// `--sealing-pairs`: every cell's runs also with sealing off.
+    pub sealing_pairs: bool,
 }
 
 impl Matrix {
@@ -113,6 +115,7 @@ impl Matrix {
             repeat,
             setup,
             cell_timeout_secs: a.cell_timeout,
+            sealing_pairs: a.sealing_pairs,
         })
     }
 
@@ -127,11 +130,11 @@ impl Matrix {
     }
 
     /// VMs the matrix boots. Per workload: all-local, the footprint run (reused as the
-    /// (100%, none) cell if the matrix has one), and the matrix.
+    /// (100%, none) cell if the matrix has one), and the matrix (twice with sealing pairs).
     pub fn vm_runs(&self) -> usize {
         let reused = usize::from(self.reuses_footprint_run());
-        self.placed.len()
-            * (self.repeat + 1 + (self.locals.len() * self.prefetchers.len()) * self.repeat
-                - reused)
+        let cells = self.locals.len() * self.prefetchers.len() * self.repeat;
+        let pairs = if self.sealing_pairs { cells } else { 0 };
+        self.placed.len() * (self.repeat + 1 + cells - reused + pairs)
     }
 }

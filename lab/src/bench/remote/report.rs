@@ -52,6 +52,11 @@ pub struct Cell {
     /// The measured phase's CPU time summed over all threads, per page read from the
     /// memserver in that phase (µs; NaN if none were read).
     pub cpu_us_per_page: f64,
+    /// `--sealing-pairs`: the same with pages not sealed (`--page-encryption off`), from the
+    /// median of the cell's unsealed runs (NaN without them).
+    pub cpu_us_per_page_unsealed: f64,
+    /// `--sealing-pairs`: the median unsealed run's measured ms (NaN without them).
+    pub measured_ms_unsealed: f64,
     /// The measured phase's pages read from the memserver moved at the run's raw TCP
     /// streaming rate, ms (NaN if the phase read none): the transport floor of this cell.
     pub floor_ms: f64,

@@ -106,6 +106,8 @@ pub(crate) struct CellSetup {
     pub frame_run_shift: u32,
     /// `--stage2-prefault on|off`.
     pub stage2_prefault: bool,
+    /// `--page-encryption on|off`: pages sealed before they leave the VMM.
+    pub page_encryption: bool,
     /// The workload's boot blob (a replayed trace, `replay:trace=`); empty otherwise. Static:
     /// a bench reads each trace once for the whole run.
     pub blob: &'static [u8],
@@ -119,6 +121,7 @@ impl Default for CellSetup {
             page_space: PageSpace::Virtual,
             frame_run_shift: 9,
             stage2_prefault: true,
+            page_encryption: true,
             blob: &[],
         }
     }
@@ -162,6 +165,7 @@ pub(crate) fn run_remote_vm(
     spec.fault_path_cpu = setup.fault_path_cpu;
     spec.page_space = setup.page_space;
     spec.stage2_prefault = setup.stage2_prefault;
+    spec.page_encryption = setup.page_encryption;
     cfg.remote = Some(spec);
     let vm = build(&cfg).context("building the VM on remote memory")?;
     let running = vm.start()?;

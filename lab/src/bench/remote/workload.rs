@@ -72,13 +72,29 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
             .iter()
             .map(|_| Vec::with_capacity(repeat))
             .collect();
+        // `--sealing-pairs`: each sealed run followed by the same cell unsealed.
+        let mut unsealed_runs: Vec<Vec<Run>> = m.prefetchers.iter().map(|_| Vec::new()).collect();
+        let unsealed = CellSetup {
+            page_encryption: false,
+            ..setup
+        };
         if local >= 100.0 {
             if let Some(i) = m.prefetchers.iter().position(|p| p == "none") {
                 all_runs[i].extend(probe.take());
             }
         }
         for _round in 0..repeat {
-            for (pf, runs) in m.prefetchers.iter().zip(all_runs.iter_mut()) {
+            let cells = m.prefetchers.iter().zip(all_runs.iter_mut());
+            for ((pf, runs), off) in cells.zip(unsealed_runs.iter_mut()) {
+                if m.sealing_pairs && off.len() < repeat && !off.iter().any(|(r, _, _)| r.is_none())
+                {
+                    if farvm_vmm::signals::termination_requested().is_some() {
+                        bail!("interrupted");
+                    }
+                    bar.set_message(format!("{} {local}% {pf} unsealed", w.name()));
+                    off.push(run_remote(w, budget, pf, cell_timeout, unsealed)?);
+                    bar.inc(1);
+                }
                 if runs.len() >= repeat || runs.iter().any(|(r, _, _)| r.is_none()) {
                     continue;
                 }
@@ -95,8 +111,15 @@ pub(super) fn measure(m: &Matrix, wi: usize, bar: &ProgressBar) -> Result<(Basel
                 runs.push(r);
             }
         }
-        for (pf, runs) in m.prefetchers.iter().zip(all_runs) {
-            let c = row(&baseline, &base, local, pf, runs);
+        for ((pf, runs), off) in m.prefetchers.iter().zip(all_runs).zip(unsealed_runs) {
+            let mut c = row(&baseline, &base, local, pf, runs);
+            (c.cpu_us_per_page_unsealed, c.measured_ms_unsealed) =
+                match median_run(off, |(r, _, _)| {
+                    r.as_ref().map_or(f64::INFINITY, |r| times(r).0)
+                }) {
+                    Some((Some(r), _, cpu)) => (cpu.us_per_page(), times(&r).0),
+                    _ => (f64::NAN, f64::NAN),
+                };
             if !interactive {
                 eprintln!(
                     "[{}/{}] {} {}% {}: {}",
@@ -190,6 +213,9 @@ fn row(b: &Baseline, base: &ProcessRecord, local: f64, pf: &str, runs: Vec<Run>)
         measured_phase: phase_counts,
         cpu,
         cpu_us_per_page: cpu.us_per_page(),
+        // Set by the caller from the cell's unsealed runs, if any.
+        cpu_us_per_page_unsealed: f64::NAN,
+        measured_ms_unsealed: f64::NAN,
         // Set with the run's streaming floor when the report is written.
         floor_ms: f64::NAN,
         time_per_floor: f64::NAN,

@@ -41,7 +41,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use farvm_memproto::frame::{decode_body, decode_header, Body, Opcode, HEADER_LEN};
+use farvm_memproto::frame::{
+    decode_body, decode_header, Body, Opcode, HEADER_LEN, WIRE_DATA_AT, WIRE_PAGE, WIRE_SEAL_AT,
+};
 use farvm_memproto::rdma::bootstrap::{ClientHello, SLOT_BYTES};
 use farvm_memproto::rdma::endpoint::{QpEndpoint, ENDPOINT_WIRE_LEN};
 use farvm_memproto::rdma::grant::{
@@ -431,11 +433,11 @@ impl RdmaLink {
             Kind::TwoSided => {
                 let buf = &mut st.bytes;
                 buf.clear();
-                {
-                    let t = self.tickets.lock(ticket);
-                    encode_request(buf, req_id, &t);
-                }
-                let fits = buf.len() <= SLOT_BYTES && buf.capacity() == SLOT_BYTES;
+                // No sealer: an RDMA link is refused when the client has a page key
+                // (`connection::connect`), so encoding cannot fail.
+                let encoded = encode_request(buf, req_id, &self.tickets.lock(ticket), None);
+                let fits =
+                    encoded.is_ok() && buf.len() <= SLOT_BYTES && buf.capacity() == SLOT_BYTES;
                 if fits {
                     Counters::add(&self.counters.sends, 1);
                     // SAFETY: the buffer is registered (`b.mr`) over its whole capacity, has
@@ -553,10 +555,13 @@ impl RdmaLink {
                     Some(io) if op == TicketOp::Read && io.len() == count as usize => {
                         let present = (0..io.len()).filter(|k| bitmap[k / 8] & (1 << (k % 8)) != 0);
                         let mut intact = true;
-                        for (wire, k) in pages.chunks_exact(4 + PAGE_SIZE).zip(present) {
+                        for (wire, k) in pages.chunks_exact(WIRE_PAGE).zip(present) {
                             let crc = u32::from_le_bytes([wire[0], wire[1], wire[2], wire[3]]);
-                            let data = &wire[4..];
-                            intact &= page_crc(data) == crc;
+                            intact &= page_crc(&wire[WIRE_SEAL_AT..]) == crc;
+                            let data = &wire[WIRE_DATA_AT..];
+                            if let Ok(seal) = wire[WIRE_SEAL_AT..WIRE_DATA_AT].try_into() {
+                                io.set_seal(k, seal);
+                            }
                             // SAFETY: the request's buffer, which nobody else touches while its
                             // slot is receiving; 4 KiB of source and destination.
                             unsafe {
@@ -571,7 +576,7 @@ impl RdmaLink {
                             .fetch_add(pages.len() as u64, Ordering::Relaxed);
                         if intact {
                             io.set_present_from(bitmap);
-                            Ok(pages.len() as u32 / (4 + PAGE_SIZE) as u32)
+                            Ok((pages.len() / WIRE_PAGE) as u32)
                         } else {
                             io.clear_present();
                             Err(ClientError::ChecksumMismatch)

@@ -36,7 +36,7 @@ impl RdmaLink {
         }
         if write {
             for k in 0..io.len() {
-                let m = MetaWord::present(io.crc(k)).0.to_le_bytes();
+                let m = MetaWord::present(page_crc(io.page(k))).0.to_le_bytes();
                 // SAFETY: page k and entry k lie inside the buffer's capacity (k < 256; the
                 // layout is checked above), which nothing else touches while we hold it.
                 unsafe {
@@ -150,6 +150,8 @@ impl RdmaLink {
             // SAFETY: the request's buffer, which nobody else touches while its slot is
             // receiving; 4 KiB of source and destination.
             unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), io.page_ptr(k), PAGE_SIZE) };
+            // A granted slab holds unsealed pages only (PROTOCOL.md).
+            io.set_seal(k, &[0; farvm_memproto::SEAL_LEN]);
             bitmap[k / 8] |= 1 << (k % 8);
             present += 1;
         }

@@ -13,7 +13,12 @@
 //! request's buffer, so only the receiving thread may finish it (a failure or timeout
 //! elsewhere breaks the socket, and the receiver then reports the slot as failed). A read's
 //! pages are marked present only once every page of the frame has landed and passed its
-//! crc32c check: a request cut short or with a bad page reports no page present.
+//! crc32c check (and, on a sealing link, opened): a request cut short or with a bad page
+//! reports no page present.
+//!
+//! Sealing (`ClientConfig::page_key`): the writer seals a write's pages in place in its send
+//! buffer, the receive side opens a read's pages in place where they landed, each with its
+//! own [`PageSealer`], under the lock it already holds (no allocation, no other lock).
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -26,6 +31,7 @@ mod receive;
 
 use farvm_memproto::frame::{HEADER_LEN, MAX_BODY};
 use farvm_memproto::MAX_PAGES_PER_FRAME;
+use farvm_seal::PageSealer;
 
 use super::handshake::{handshake, io_err};
 use super::recv::RecvBuf;
@@ -35,10 +41,12 @@ use super::{ConnLimits, Link, LinkSpec, SendMode, Sink};
 use crate::tickets::Tickets;
 use crate::{ClientError, Priority};
 
-/// The receive side: the socket's receive buffer and the crc32c values of a landing.
+/// The receive side: the socket's receive buffer, the crc32c values of a landing, and the
+/// opener of sealed pages.
 struct Rx {
     buf: RecvBuf,
     crcs: Box<[[u8; 4]; MAX_PAGES_PER_FRAME]>,
+    opener: Option<PageSealer>,
 }
 
 /// How long one blocking receive on the socket may wait (`SO_RCVTIMEO`) before the inline
@@ -48,6 +56,7 @@ pub(crate) const RX_SLICE: Duration = Duration::from_millis(1);
 struct Writer {
     stream: TcpStream,
     buf: Vec<u8>,
+    sealer: Option<PageSealer>,
 }
 
 /// A TCP connection (see module docs).
@@ -102,6 +111,12 @@ impl TcpLink {
         };
         stream.set_read_timeout(Some(RX_SLICE)).map_err(&err)?;
         let fd = stream.as_raw_fd();
+        let sealer = || {
+            spec.page_key
+                .map(PageSealer::new)
+                .transpose()
+                .map_err(|_| ClientError::InvalidRequest("the OS RNG failed to salt a page sealer"))
+        };
         let conn = Arc::new(Self {
             server,
             limits,
@@ -110,14 +125,17 @@ impl TcpLink {
             writer: Mutex::new(Writer {
                 stream: stream.try_clone().map_err(&err)?,
                 buf: Vec::with_capacity(HEADER_LEN + MAX_BODY),
+                sealer: sealer()?,
             }),
             tickets,
             sink,
             broken: AtomicBool::new(false),
             inflight_hint: AtomicUsize::new(0),
             rx: Mutex::new(Rx {
-                buf: RecvBuf::new(fd, 2 * MAX_PAGES_PER_FRAME),
+                // Per page: its crc32c, its seal, its data.
+                buf: RecvBuf::new(fd, 3 * MAX_PAGES_PER_FRAME),
                 crcs: Box::new([[0; 4]; MAX_PAGES_PER_FRAME]),
+                opener: sealer()?,
             }),
             inline_active: AtomicUsize::new(0),
             rx_park: Mutex::new(()),
@@ -151,9 +169,14 @@ impl TcpLink {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let w = &mut *w;
         w.buf.clear();
-        {
+        let encoded = {
             let t = self.tickets.lock(ticket);
-            encode_request(&mut w.buf, req_id, &t);
+            encode_request(&mut w.buf, req_id, &t, w.sealer.as_mut())
+        };
+        if let Err(e) = encoded {
+            tracing::error!(server = self.server, "cannot seal a write: {e}");
+            self.fail_all();
+            return;
         }
         if let Err(e) = w.stream.write_all(&w.buf) {
             tracing::warn!(server = self.server, "send failed: {e}");

@@ -10,7 +10,8 @@ use farvm_memproto::frame::{
     decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Header, Opcode,
     HEADER_LEN, WIRE_PAGE,
 };
-use farvm_memproto::{page_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE};
+use farvm_memproto::{wire_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE, SEAL_LEN};
+use farvm_seal::{PageAddr, Seal};
 
 use super::super::recv::{whole_frame_in, Wait};
 use super::super::wire::apply_response;
@@ -151,8 +152,8 @@ impl TcpLink {
         self.fail_all();
     }
 
-    /// A READ response's body: presence bitmap, then each present page's crc32c and bytes,
-    /// landed in the ticket's buffer and checked there.
+    /// A READ response's body: presence bitmap, then each present page's crc32c, seal and
+    /// bytes, landed in the ticket's buffer and checked there (crc32c, then the seal).
     fn receive_pages(
         &self,
         rx: &mut Rx,
@@ -195,6 +196,7 @@ impl TcpLink {
                         // receiving: the request cannot finish before we report it.
                         unsafe {
                             rx.buf.push_segment(crc.as_mut_ptr(), 4);
+                            rx.buf.push_segment(io.seal_ptr(i), SEAL_LEN);
                             rx.buf.push_segment(io.page_ptr(i), PAGE_SIZE);
                         }
                     }
@@ -231,6 +233,7 @@ impl TcpLink {
             }
         }
         let mut t = self.tickets.lock(ticket);
+        let ns = t.ns;
         let Some(io) = t.io.as_mut() else {
             return (
                 Err(ClientError::Protocol("read without buffer")),
@@ -240,10 +243,32 @@ impl TcpLink {
         let intact = (0..count)
             .filter(|i| bitmap[i / 8] & (1 << (i % 8)) != 0)
             .zip(rx.crcs.iter())
-            .all(|(i, crc)| page_crc(io.page(i)) == u32::from_le_bytes(*crc));
+            .all(|(i, crc)| wire_crc(io.seal(i), io.page(i)) == u32::from_le_bytes(*crc));
         if !intact {
             io.clear_present();
             return (Err(ClientError::ChecksumMismatch), FrameEnd::Next);
+        }
+        if let Some(opener) = rx.opener.as_mut() {
+            let present_pages = (0..count).filter(|i| bitmap[i / 8] & (1 << (i % 8)) != 0);
+            for i in present_pages {
+                let Some(version) = io.version(i) else {
+                    continue;
+                };
+                let addr = PageAddr {
+                    namespace: ns,
+                    page: io.page_index(i),
+                    version: version.0,
+                };
+                let seal = Seal(*io.seal(i));
+                let opened = match <&mut [u8; PAGE_SIZE]>::try_from(io.page_mut(i)) {
+                    Ok(page) => opener.open(addr, page, &seal).is_ok(),
+                    Err(_) => false,
+                };
+                if !opened {
+                    io.clear_present();
+                    return (Err(ClientError::Unauthentic), FrameEnd::Next);
+                }
+            }
         }
         io.set_present_from(&bitmap[..bl]);
         (Ok(present as u32), FrameEnd::Next)
