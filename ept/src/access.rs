@@ -178,6 +178,7 @@ impl Access {
                 page: p,
                 priority: Priority::Demand,
                 dst: self.installer.page_buf(p),
+                version: self.meta.version(p),
             });
         }
         if !reqs.is_empty() {
