@@ -213,12 +213,34 @@ fn linux_guest_reboot_and_panic_end_the_vm_with_the_documented_status() {
     ] {
         let timeout = farvm_tests::vm_timeout(Duration::from_secs(600));
         let boot_deadline = Instant::now() + timeout;
-        let mut vm = Farvm::spawn(&run_args(&img, &disk, timeout));
+        // A control socket, to say what the vCPUs do if the VM does not end; the power
+        // device's events in the log.
+        let socket = dir.join(format!("{what}.sock"));
+        let mut args: Vec<String> = run_args(&img, &disk, timeout)
+            .into_iter()
+            .filter(|a| a != "--no-control-socket")
+            .collect();
+        args.extend([
+            "--control-socket".into(),
+            socket.display().to_string(),
+            "--log".into(),
+            "info".into(),
+        ]);
+        let mut vm = Farvm::spawn(&args);
         vm.wait_for("the guest's shell", boot_deadline, |l| {
             l.contains("farvm-guest: ready (").then_some(())
         });
         let t0 = Instant::now();
         vm.type_line(command);
+        // Still running 30 s after the command: what its vCPUs do, before the bound kills it.
+        let mut states = String::new();
+        while vm.child.try_wait().ok().flatten().is_none() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                states = vm.vcpu_states();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let (status, rest) = vm.finish(t0 + Duration::from_secs(60));
         eprintln!(
             "{what}: the VM ended {:.1} s after `{command}`",
@@ -228,7 +250,7 @@ fn linux_guest_reboot_and_panic_end_the_vm_with_the_documented_status() {
             status,
             Some(farvm_vmm::exit_code::GUEST_REBOOT),
             "{what}: farvm's exit status after `{command}` (killed after 60 s if None); its \
-             last lines:\n{}",
+             last lines:\n{}\n{states}",
             rest.join("\n")
         );
     }
