@@ -174,6 +174,38 @@ fn a_truncated_bzimage_and_an_initrd_no_kernel_could_use_exit_65() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
+/// A guest that pulses the reset line through the keyboard controller (what Linux tries after
+/// the ACPI reset register) ends the VM as a reboot: exit 75, not a spin in real mode.
+#[test]
+fn the_i8042_reset_command_is_a_reboot() {
+    if !kvm_available() {
+        return;
+    }
+    let mut a = Asm::default();
+    // outb, as Linux writes the controller's command port.
+    a.mov_dx(0x64)
+        .mov_al(0xad)
+        .out8()
+        .mov_al(0xfe)
+        .out8()
+        .spin();
+    let k = write_file("i8042.elf", &kernel_with(&a.code, &[]));
+    let o = run(&[
+        "run",
+        "--kernel",
+        k.to_str().unwrap(),
+        "--no-control-socket",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(exit_code::GUEST_REBOOT),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn guest_status_and_crash_statuses() {
     if !kvm_available() {

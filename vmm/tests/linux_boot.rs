@@ -17,6 +17,13 @@ use vm_memory::{Bytes, GuestAddress};
 
 const PREF: u64 = 0x100_0000;
 
+/// An initramfs as far as farvm checks one: a cpio (newc) magic, then `len - 6` bytes of `fill`.
+fn initramfs(len: usize, fill: impl Fn(usize) -> u8) -> Vec<u8> {
+    let mut rd: Vec<u8> = (0..len).map(fill).collect();
+    rd[..6].copy_from_slice(b"070701");
+    rd
+}
+
 /// A minimal bzImage: 4 setup sectors with a 2.15 setup header, then `payload`.
 fn bzimage(version: u16, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; 5 * 512];
@@ -71,7 +78,7 @@ fn bzimage_entry_state_and_boot_params() {
         return;
     }
     let payload: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
-    let initrd: Vec<u8> = (0..300_000u32).map(|i| (i % 13) as u8).collect();
+    let initrd = initramfs(300_000, |i| (i % 13) as u8);
     let cmdline = "console=ttyS0 root=/dev/ram0 farvm.test=1";
     let mem = 512u64 << 20;
     let vm = build(&config(
@@ -194,10 +201,10 @@ fn bad_linux_inputs_are_refused() {
     let e = err(config(
         256 << 20,
         bzimage(0x020f, &[0; 4096]),
-        Some(vec![1; 300 << 20]),
+        Some(initramfs(300 << 20, |_| 1)),
         "",
     ));
-    assert!(e.contains("initrd"), "{e}");
+    assert!(e.contains("initrd of") && e.contains("does not fit"), "{e}");
     let long = "x".repeat(5000);
     let e = err(config(256 << 20, bzimage(0x020f, &[0; 4096]), None, &long));
     assert!(e.contains("command line"), "{e}");
@@ -215,7 +222,7 @@ fn cli_stop_at_entry_reports_linux_setup() {
     let k = dir.join("bzImage");
     let rd = dir.join("initrd");
     std::fs::write(&k, bzimage(0x020f, &[0x90; 8192])).unwrap();
-    std::fs::write(&rd, vec![7u8; 10000]).unwrap();
+    std::fs::write(&rd, initramfs(10000, |_| 7)).unwrap();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_farvm"))
         .args([
             "run",
@@ -277,7 +284,7 @@ fn smp_linux_on_remote_memory_starts_the_bsp_only_and_describes_every_vcpu_in_ac
     let mut cfg = config(
         256 << 20,
         bzimage(0x020f, &payload),
-        Some(vec![5u8; 100_000]),
+        Some(initramfs(100_000, |_| 5)),
         "console=ttyS0",
     );
     cfg.vcpus = 4;

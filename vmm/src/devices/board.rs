@@ -1,6 +1,7 @@
 //! The emulated board of a VM, from farvm-devices, on one I/O bus: the COM1 console (16550,
 //! IRQ 4, output and input), the ACPI power registers (power-off ends the VM as a guest
-//! shutdown with status 0, reset as [`VmOutcome::GuestReboot`]), one virtio-blk disk per
+//! shutdown with status 0, reset as [`VmOutcome::GuestReboot`]), the i8042's reset command
+//! (port 0x64, also a reboot), one virtio-blk disk per
 //! `--disk` and then one virtio-net device per `--net` on virtio-mmio (slot i: window
 //! `0xd000_0000 + i * 4 KiB`, GSI 5 + i). Each network device has a thread of its own that
 //! polls its tap and fills the guest's receive buffers (`farvm_devices::virtio::net::run_rx`);
@@ -21,6 +22,7 @@ use std::thread::JoinHandle;
 
 use farvm_devices::agent::{AgentDevice, AgentHost, SlotArray};
 use farvm_devices::bus::{BusError, IoBus};
+use farvm_devices::i8042::{I8042Reset, I8042_COMMAND_PORT};
 use farvm_devices::interrupt::{EventFdInterrupts, IrqLine};
 use farvm_devices::layout::{MmioDeviceInfo, COM1_GSI, COM1_PORT, COM1_PORTS};
 use farvm_devices::layout::{AGENT_MMIO_BASE, AGENT_MMIO_SIZE, POWER_PORT, POWER_PORTS};
@@ -394,6 +396,10 @@ impl Board {
             })
         });
         bus.register_pio(POWER_PORT, POWER_PORTS, Arc::new(power))?;
+        // A guest's fallback reboot (Linux tries it when the ACPI reset did not stop it).
+        let target = stop.clone();
+        let reset_line = I8042Reset::new(move |_| target.decide(VmOutcome::GuestReboot));
+        bus.register_pio(I8042_COMMAND_PORT, 1, Arc::new(reset_line))?;
 
         let agent = match cfg.agent_vcpus {
             Some(ncpus) => {
