@@ -7,8 +7,10 @@
 //!    with the bytes that server itself says it stores;
 //! 4. nothing hung: every VM and every drain or rebalance ended within its bound.
 //!
-//! 2 and 3 are polled until they hold or the settle bound passes (the servers drop a dead
-//! VM's namespace on their own schedule); only what still fails then is a violation.
+//! 2 and 3 are polled from the moment the last VM ended until they hold or the quiet period and
+//! the settle bound have passed (the servers drop a dead VM's namespace on their own schedule);
+//! only what still fails then is a violation. With no VM or command left nothing can store a
+//! page, so once they hold they keep holding.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -80,10 +82,10 @@ pub fn endings(endings: &[Ending], hung_commands: &[String]) -> Vec<Violation> {
     out
 }
 
-/// Invariants 2 and 3, polled until they hold or `settle` passes. `running` lists each
+/// Invariants 2 and 3, polled until they hold or `bound` passes. `running` lists each
 /// running server's label (`rK-msI`) and pool id.
-pub fn storage(c: &Cluster, running: &[(String, String)], settle: Duration) -> Vec<Violation> {
-    let deadline = Instant::now() + settle;
+pub fn storage(c: &Cluster, running: &[(String, String)], bound: Duration) -> Vec<Violation> {
+    let deadline = Instant::now() + bound;
     loop {
         let found = storage_once(c, running);
         if found.is_empty() || Instant::now() >= deadline {

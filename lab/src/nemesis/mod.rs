@@ -54,8 +54,8 @@ report and log and every cluster process's log, to LOGS/seed-S/ (schedule.txt, e
 vmN.json, vmN.log, etcd.log, rK-msI.log, ...).
 
 After the faults everything heals (links up, processes continued, etcd running, drain marks
-off), the VMs run to their end (at most --vm-timeout seconds more), and after a quiet period
-of the VMs' lease TTL plus the memory servers' grace (5 s) these invariants are checked:
+off), the VMs run to their end (at most --vm-timeout seconds more), and these invariants must
+hold once a quiet period of the VMs' lease TTL plus the memory servers' grace (5 s) is over:
 
   1 every VM ended with its workload's native checksum (exit 0), or exit 74 (guest memory
     lost or reclaimed, documented by farvm run), or 137 when the nemesis SIGKILLed it
@@ -65,8 +65,10 @@ of the VMs' lease TTL plus the memory servers' grace (5 s) these invariants are 
     each up and with the bytes the server says it stores
   4 nothing hung: every VM ended within --vm-timeout, every drain and rebalance within 60 s
 
-2 and 3 are polled for up to --settle seconds (servers drop namespaces on their own
-schedule); what still fails then is a violation. A schedule that fails prints its seed, the
+2 and 3 are polled from the moment the last VM ended until they hold, for at most the quiet
+period plus --settle seconds (servers drop namespaces on their own schedule); what still fails
+then is a violation. With every VM and command ended nothing can store a page any more, so
+once they hold they keep holding. A schedule that fails prints its seed, the
 invariant and the command that replays it: the same flags with --seed S --schedules 1.
 
 At the end a table gives, per fault kind, how many were drawn, and per schedule how its VMs
@@ -133,7 +135,7 @@ pub struct NemesisArgs {
     /// Seconds each VM may run after the faults ended before it counts as hung.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub vm_timeout: u64,
-    /// Seconds invariants 2 and 3 may take to hold after the quiet period.
+    /// Seconds invariants 2 and 3 may take to hold after the quiet period is over.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub settle: u64,
     /// Where each schedule's folder (seed-S/) and summary.md go.
@@ -304,6 +306,7 @@ pub fn run(a: NemesisArgs) -> Result<()> {
             error: None,
             secs: 0.0,
             replay: a.replay(seed),
+            phases: String::new(),
         };
         if let Err(e) = one(&a, &cfg, &vm, &dir, &mut o) {
             o.error = Some(format!("{e:#}"));
@@ -315,8 +318,9 @@ pub fn run(a: NemesisArgs) -> Result<()> {
             (None, n) => format!("FAIL: {n} violation(s)"),
         };
         eprintln!(
-            "farvm-lab nemesis: seed {seed}: {verdict} ({:.0} s; VMs: {})",
+            "farvm-lab nemesis: seed {seed}: {verdict} ({:.0} s: {}; VMs: {})",
             o.secs,
+            o.phases,
             o.endings
                 .iter()
                 .map(|e| e.label())
@@ -372,7 +376,9 @@ fn one(
     o: &mut Outcome,
 ) -> Result<()> {
     let name = format!("nm{}", std::process::id() % 10_000);
+    let t0 = Instant::now();
     let c = Cluster::up(cfg.clone(), &name, &dir.join("cluster-run"), dir)?;
+    let up = t0.elapsed();
     let mut started = Vec::new();
     for i in 0..a.vms as usize {
         started.push(vms::start(&c, vm, i, dir)?);
@@ -389,21 +395,35 @@ fn one(
             dir.display()
         )
     })?;
+    let admitted = t0.elapsed();
     let mut nemesis = faults::Nemesis::new(&c, flags, dir);
     nemesis.run(&o.schedule);
     let after = nemesis.heal();
+    let healed = t0.elapsed();
     std::fs::write(dir.join("events.log"), after.events.join("\n") + "\n")?;
     let deadline = Instant::now() + Duration::from_secs(a.vm_timeout);
     o.endings = vms::finish(started, deadline, vm.native);
+    let ended = t0.elapsed();
     o.violations = invariants::endings(&o.endings, &after.hung);
-    // The quiet period: a dead VM's lease runs out, then the servers' grace.
-    std::thread::sleep(Duration::from_secs(a.lease_ttl) + GC_GRACE);
+    // The quiet period (a dead VM's lease runs out, then the servers' grace), and the settle.
+    let quiet = Duration::from_secs(a.lease_ttl) + GC_GRACE;
     o.violations.extend(invariants::storage(
         &c,
         &after.servers,
-        Duration::from_secs(a.settle),
+        quiet + Duration::from_secs(a.settle),
     ));
+    let checked = t0.elapsed();
     drop(c);
     let _ = std::fs::remove_dir_all(dir.join("cluster-run"));
+    let s = |d: Duration| d.as_secs_f64();
+    o.phases = format!(
+        "up {:.1} s, admitted {:.1}, faults healed {:.1}, VMs ended {:.1}, checked {:.1}, down {:.1}",
+        s(up),
+        s(admitted),
+        s(healed),
+        s(ended),
+        s(checked),
+        s(t0.elapsed())
+    );
     Ok(())
 }

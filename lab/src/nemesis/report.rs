@@ -18,6 +18,8 @@ pub struct Outcome {
     pub error: Option<String>,
     pub secs: f64,
     pub replay: String,
+    /// When each phase ended, from the cluster's start.
+    pub phases: String,
 }
 
 impl Outcome {
