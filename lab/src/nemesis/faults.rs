@@ -37,7 +37,8 @@ struct State {
     paused: BTreeSet<i32>,
     /// Namespaces whose link is down.
     down: BTreeSet<String>,
-    /// Drain and rebalance commands: what, the process, and its log.
+    /// Drain and rebalance commands (what, the process); their output goes to the schedule's
+    /// folder.
     commands: Vec<(String, Child)>,
     events: Vec<String>,
 }
@@ -58,6 +59,20 @@ pub struct Aftermath {
     /// Commands that did not end within their bound (killed).
     pub hung: Vec<String>,
     pub events: Vec<String>,
+}
+
+/// Spawning with stdout and stderr into one log file.
+trait SpawnLogged {
+    fn spawn_logged(&mut self, log: &std::fs::File) -> Result<Child>;
+}
+
+impl SpawnLogged for std::process::Command {
+    fn spawn_logged(&mut self, log: &std::fs::File) -> Result<Child> {
+        Ok(self
+            .stdout(log.try_clone()?)
+            .stderr(log.try_clone()?)
+            .spawn()?)
+    }
 }
 
 fn signal(pid: i32, sig: i32) -> bool {
@@ -164,12 +179,7 @@ impl<'c> Nemesis<'c> {
             (Target::Pool, Kind::Rebalance) => {
                 let child = c
                     .pool(&["rebalance", "--timeout", &COMMAND_TIMEOUT_S.to_string()])
-                    .stdout(std::fs::File::create(self.logs.join(format!(
-                        "rebalance-{}.log",
-                        self.t0.elapsed().as_millis()
-                    )))?)
-                    .stderr(std::process::Stdio::null())
-                    .spawn()?;
+                    .spawn_logged(&self.log_file("rebalance")?)?;
                 self.event(
                     f,
                     format_args!("farvm-pool rebalance started (pid {})", child.id()),
@@ -179,6 +189,14 @@ impl<'c> Nemesis<'c> {
             }
             (t, k) => anyhow::bail!("no action for {} on {t}", k.name()),
         }
+    }
+
+    /// A new file NAME-MS.log in the schedule's folder (MS: milliseconds since the start).
+    fn log_file(&self, name: &str) -> Result<std::fs::File> {
+        let p = self
+            .logs
+            .join(format!("{name}-{}.log", self.t0.elapsed().as_millis()));
+        Ok(std::fs::File::create(p)?)
     }
 
     fn pause(&self, f: &Fault, pid: i32) -> Result<()> {
@@ -234,11 +252,7 @@ impl<'c> Nemesis<'c> {
                 let id = self.state().ids[&label].clone();
                 let child = c
                     .pool(&["drain", &id, "--timeout", &COMMAND_TIMEOUT_S.to_string()])
-                    .stdout(std::fs::File::create(
-                        self.logs.join(format!("drain-{id}.log")),
-                    )?)
-                    .stderr(std::process::Stdio::null())
-                    .spawn()?;
+                    .spawn_logged(&self.log_file(&format!("drain-{id}"))?)?;
                 self.event(
                     f,
                     format_args!("farvm-pool drain {id} started (pid {})", child.id()),
