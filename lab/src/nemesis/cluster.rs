@@ -209,6 +209,14 @@ impl Cluster {
             })
     }
 
+    /// Pages stored by every memory server that answers.
+    pub fn pages_stored_total(&self) -> u64 {
+        (1..=self.cfg.racks)
+            .flat_map(|k| (1..=self.cfg.servers_per_rack).map(move |i| (k, i)))
+            .filter_map(|(k, i)| self.pages_stored(k, i).ok())
+            .sum()
+    }
+
     fn keep_logs(&self) {
         let from = self.run.join(&self.name);
         let Ok(entries) = std::fs::read_dir(&from) else {

@@ -395,6 +395,10 @@ fn one(
             dir.display()
         )
     })?;
+    // The leak check reads the servers' own counts: they must be seen to count the VMs' pages
+    // before the faults, or a check that reads nothing would pass.
+    c.wait(ADMISSION_BOUND, || c.pages_stored_total() > 0)
+        .context("the memory servers' metrics never showed the VMs' pages")?;
     let admitted = t0.elapsed();
     let mut nemesis = faults::Nemesis::new(&c, flags, dir);
     nemesis.run(&o.schedule);
