@@ -87,3 +87,81 @@ pub fn markdown(command: &str, outcomes: &[Outcome]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::nemesis::invariants::Invariant;
+    use crate::nemesis::schedule::{draw, Shape};
+
+    fn outcome(seed: u64, endings: Vec<Ending>, violations: Vec<Violation>) -> Outcome {
+        let shape = Shape {
+            racks: 3,
+            servers_per_rack: 2,
+            vms: 3,
+            lease_ttl: Duration::from_secs(2),
+            gc_grace: Duration::from_secs(5),
+        };
+        Outcome {
+            schedule: draw(seed, 4, Duration::from_secs(10), &Kind::ALL, shape),
+            endings,
+            violations,
+            error: None,
+            secs: 20.0,
+            replay: format!("farvm-lab nemesis --seed {seed} --schedules 1"),
+            phases: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_every_kind_drawn_and_names_each_failed_seed_with_its_replay() {
+        let ok = outcome(
+            1,
+            vec![Ending::Native, Ending::MemoryLost, Ending::Killed],
+            vec![],
+        );
+        let bad = outcome(
+            2,
+            vec![Ending::Native, Ending::Hung, Ending::Native],
+            vec![Violation {
+                invariant: Invariant::Hang,
+                what: "vm1 was still running".into(),
+            }],
+        );
+        let both = [ok, bad];
+        let drawn = |k: Kind| {
+            both.iter()
+                .flat_map(|o| &o.schedule.faults)
+                .filter(|f| f.kind == k)
+                .count()
+        };
+        let md = markdown("farvm-lab nemesis", &both);
+        for k in Kind::ALL {
+            assert!(
+                md.contains(&format!("| {} | {} |", k.name(), drawn(k))),
+                "{md}"
+            );
+        }
+        assert!(md.contains("| all | 8 |"), "{md}");
+        assert!(
+            md.contains("| 1 | 4 | 1 / 1 / 1 / 0 | 0 | 20 | pass |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2 | 4 | 2 / 0 / 0 / 1 | 1 | 20 | FAIL |"),
+            "{md}"
+        );
+        assert!(md.contains("2 schedule(s), 1 passed, 1 failed."), "{md}");
+        assert!(
+            md.contains("- invariant 4 (nothing hung): vm1 was still running"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- replay: `farvm-lab nemesis --seed 2 --schedules 1`"),
+            "{md}"
+        );
+        assert!(!md.contains("seed 1:"), "a passed seed is not listed: {md}");
+    }
+}
