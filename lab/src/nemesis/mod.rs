@@ -68,7 +68,8 @@ hold once a quiet period of the VMs' lease TTL plus the memory servers' grace (5
 2 and 3 are polled from the moment the last VM ended until they hold, for at most the quiet
 period plus --settle seconds (servers drop namespaces on their own schedule); what still fails
 then is a violation. With every VM and command ended nothing can store a page any more, so
-once they hold they keep holding. A schedule that fails prints its seed, the
+once they hold they keep holding. (Before the faults the servers' metrics must show the VMs'
+pages: a check reading nothing would pass.) A schedule that fails prints its seed, the
 invariant and the command that replays it: the same flags with --seed S --schedules 1.
 
 At the end a table gives, per fault kind, how many were drawn, and per schedule how its VMs
