@@ -32,9 +32,10 @@ pub const NEMESIS_ABOUT: &str = "\
 A randomized fault tester of the memory pool. For each of --schedules seeds (--seed, --seed+1,
 ...) it brings up a cluster with scripts/cluster.sh (network namespaces: etcd, --racks racks of
 --servers-per-rack memory servers, each with Prometheus metrics, and --hosts VM hosts), starts
---vms VMs (`farvm run --pool`, --memory of guest RAM, --local of it resident) running --workload,
-a workload that checks its own data and ends with a checksum, and once the pool has admitted
-them all, runs --faults faults drawn from the seed at times spread over --span seconds:
+--vms VMs (`farvm run --pool`, --memory of guest RAM, --local of it resident; VM i on host
+i mod --hosts + 1) running --workload, a workload that checks its own data and ends with a
+checksum, and once the pool has admitted them all, runs --faults faults drawn from the seed
+at times spread over --span seconds:
 
   etcd-pause              SIGSTOP etcd, SIGCONT after 0.5-8 s
   etcd-restart            cluster.sh etcd-stop, etcd-start after 0.5-8 s (same data)
