@@ -171,10 +171,16 @@ server_start() { # the server again, empty, under its own pool id or --pool-id
 }
 
 declare_racks() { # the pool's racks r1..rRACKS
-    local k racks=()
+    local k i out racks=()
     for ((k = 1; k <= RACKS; k++)); do racks+=("r$k"); done
-    ip netns exec "$NAME-etcd" "$BIN/farvm-pool" --etcd "$ETCD_URL" racks add "${racks[@]}" >/dev/null ||
-        die "declaring racks ${racks[*]} in the pool failed"
+    # etcd accepts connections before it answers them when the machine is loaded: retry for
+    # up to 15 s.
+    for ((i = 0; i < 30; i++)); do
+        out=$(ip netns exec "$NAME-etcd" "$BIN/farvm-pool" --etcd "$ETCD_URL" racks add "${racks[@]}" 2>&1) &&
+            return 0
+        sleep 0.5
+    done
+    die "declaring racks ${racks[*]} in the pool failed: $out"
 }
 
 start_etcd() { # etcd in its namespace, on the cluster's data dir (a restart keeps the data)
