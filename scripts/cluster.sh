@@ -165,7 +165,8 @@ server_start() { # the server again, empty, under its own pool id or --pool-id
     [[ -z $pid ]] || sed -i "/^pid $pid $EXEC_NS\$/d" "$RUN/state"
     rack=${EXEC_NS%%-*}
     addr="10.77.${rack#r}.1${EXEC_NS##*-ms}"
-    pid=$(start_memserver "$NAME-$EXEC_NS" "$rack" "$EXEC_NS" "$addr" "${POOL_ID:-$EXEC_NS}")
+    start_memserver "$NAME-$EXEC_NS" "$rack" "$EXEC_NS" "$addr" "${POOL_ID:-$EXEC_NS}"
+    pid=$(label_pid "$EXEC_NS")
     wait_tcp "$NAME-$EXEC_NS" "$addr" 7070 30 || die "memory server $EXEC_NS did not start; see $RUN/$EXEC_NS.log"
     echo "cluster '$NAME': memory server $EXEC_NS started as ${POOL_ID:-$EXEC_NS} (pid $pid)"
 }
