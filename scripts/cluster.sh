@@ -4,17 +4,21 @@
 # namespace.
 #
 #   scripts/cluster.sh up [--racks 3] [--servers-per-rack 2] [--hosts 4] [--delay-us 250]
-#                         [--capacity 2G] [--token-file FILE] [--name fvc]
+#                         [--capacity 2G] [--token-file FILE] [--metrics-port PORT] [--name fvc]
 #   scripts/cluster.sh status [--name fvc]
 #   scripts/cluster.sh exec host1 -- target/release/farvm run --memserver ADDR ...
 #   scripts/cluster.sh etcd-stop|etcd-start [--name fvc]   (an etcd outage, same data dir)
+#   scripts/cluster.sh server-stop rK-msI [--name fvc]     (SIGKILL: its pages are gone)
+#   scripts/cluster.sh server-start rK-msI [--pool-id ID] [--name fvc]
+#                                   (an empty server again; --pool-id: under another id)
 #   scripts/cluster.sh down [--name fvc]
 #
 # Layout (NAME = --name, default fvc; addresses exist only inside the namespaces):
 #   bridge NAME-br (root namespace, no address); each namespace has eth0 on it, 10.77.0.0/16
 #   NAME-etcd          10.77.0.2     etcd, client URL http://10.77.0.2:2379
 #   NAME-rK-msI        10.77.K.1I    memory server I of rack K: farvm-memserver on :7070 (in-rack
-#                                    address), its cross-rack address :17070 through the delay proxy
+#                                    address), its cross-rack address :17070 through the delay proxy;
+#                                    with --metrics-port, Prometheus metrics on :PORT (in-rack address)
 #   NAME-hostN         10.77.K.10N   VM host N, in rack K = ((N-1) mod racks) + 1
 #
 # Latency between racks: this machine's kernel has no netem, so each memory server's cross-rack
@@ -36,15 +40,15 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN=${FARVM_BIN:-$ROOT/target/release}
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
 cmd=${1:-}; [[ -n $cmd ]] || usage 64
 shift
-NAME=fvc RACKS=3 SPR=2 HOSTS=4 DELAY_US=250 CAPACITY=2G TOKEN_FILE=""
+NAME=fvc RACKS=3 SPR=2 HOSTS=4 DELAY_US=250 CAPACITY=2G TOKEN_FILE="" METRICS_PORT="" POOL_ID=""
 EXEC_NS="" EXEC_ARGS=()
-if [[ $cmd == exec ]]; then
-    [[ $# -ge 1 ]] || die "exec needs a namespace (e.g. host1) and a command"
+if [[ $cmd == exec || $cmd == server-stop || $cmd == server-start ]]; then
+    [[ $# -ge 1 ]] || die "$cmd needs a namespace (e.g. host1, r1-ms2)"
     EXEC_NS=$1; shift
 fi
 while [[ $# -gt 0 ]]; do
@@ -56,13 +60,15 @@ while [[ $# -gt 0 ]]; do
         --delay-us) DELAY_US=$2; shift 2 ;;
         --capacity) CAPACITY=$2; shift 2 ;;
         --token-file) TOKEN_FILE=$2; shift 2 ;;
+        --metrics-port) METRICS_PORT=$2; shift 2 ;;
+        --pool-id) POOL_ID=$2; shift 2 ;;
         --) shift; EXEC_ARGS=("$@"); break ;;
         -h|--help) usage 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
 [[ $NAME =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "--name must be 1-6 lower-case letters/digits (it prefixes interface names)"
-for n in "$RACKS" "$SPR" "$HOSTS" "$DELAY_US"; do [[ $n =~ ^[0-9]+$ ]] || die "'$n' is not a number"; done
+for n in "$RACKS" "$SPR" "$HOSTS" "$DELAY_US" ${METRICS_PORT:+"$METRICS_PORT"}; do [[ $n =~ ^[0-9]+$ ]] || die "'$n' is not a number"; done
 ((RACKS >= 1 && RACKS <= 9 && SPR >= 1 && SPR <= 9 && HOSTS >= 1 && HOSTS <= 99)) ||
     die "supported: 1-9 racks, 1-9 servers per rack, 1-99 hosts"
 
@@ -98,7 +104,8 @@ add_ns() { # add_ns NS ADDR: a namespace with eth0 (ADDR/16) on the bridge
 spawn() { # spawn NS LABEL CMD...: runs CMD in NS in the background, records its PID
     local ns=$1 label=$2; shift 2
     # `ip netns exec` execs the command: the PID is the command's.
-    ip netns exec "$ns" "$@" >"$RUN/$label.log" 2>&1 &
+    # Appended: a restarted server's log follows its earlier life's.
+    ip netns exec "$ns" "$@" >>"$RUN/$label.log" 2>&1 &
     local pid=$!
     record pid "$pid" "$label"
     echo "$pid"
@@ -113,21 +120,68 @@ wait_tcp() { # wait_tcp NS HOST PORT SECONDS
     return 1
 }
 
-start_memserver() { # start_memserver NS RACK ID ADDR
-    local ns=$1 rack=$2 id=$3 addr=$4 auth=()
-    [[ -z $TOKEN_FILE ]] || auth=(--token-file "$TOKEN_FILE")
-    spawn "$ns" "$id" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
-        "${auth[@]}" --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" \
+start_memserver() { # start_memserver NS RACK LABEL ADDR [POOL-ID]: the server, labelled LABEL
+    local ns=$1 rack=$2 label=$3 addr=$4 id=${5:-$3} opts=()
+    [[ -z $TOKEN_FILE ]] || opts+=(--token-file "$TOKEN_FILE")
+    [[ -z $METRICS_PORT ]] || opts+=(--metrics "$addr:$METRICS_PORT")
+    spawn "$ns" "$label" "$BIN/farvm-memserver" --listen "$addr:7070" --capacity "$CAPACITY" \
+        "${opts[@]}" --pool "$ETCD_URL" --rack "$rack" --pool-id "$id" \
         --advertise "$addr:17070" >/dev/null
-    spawn "$ns" "$id-delay" "$BIN/farvm-delay-proxy" --listen "$addr:17070" \
-        --connect "$addr:7070" --delay-us "$DELAY_US" >/dev/null
+}
+
+start_delay_proxy() { # start_delay_proxy NS LABEL ADDR: the server's cross-rack address
+    spawn "$1" "$2-delay" "$BIN/farvm-delay-proxy" --listen "$3:17070" \
+        --connect "$3:7070" --delay-us "$DELAY_US" >/dev/null
+}
+
+label_pid() { awk -v l="$1" '$1 == "pid" && $3 == l { p = $2 } END { print p }' "$RUN/state"; }
+
+server_ns() { # server_ns rK-msI: checks the name against the running cluster's shape
+    [[ $1 =~ ^r([0-9])-ms([0-9])$ ]] || die "'$1' is not a memory server (rK-msI)"
+    (( BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= RACKS && BASH_REMATCH[2] >= 1 && BASH_REMATCH[2] <= SPR )) ||
+        die "cluster '$NAME' has no memory server $1 ($RACKS rack(s) x $SPR)"
+}
+
+server_stop() { # SIGKILL (a crash: nothing deregisters) and forget its PID
+    need_root
+    load_shape
+    server_ns "$EXEC_NS"
+    local pid
+    pid=$(label_pid "$EXEC_NS")
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || die "memory server $EXEC_NS of cluster '$NAME' is not running"
+    kill -KILL "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    sed -i "/^pid $pid $EXEC_NS\$/d" "$RUN/state"
+    echo "cluster '$NAME': memory server $EXEC_NS killed (pid $pid)"
+}
+
+server_start() { # the server again, empty, under its own pool id or --pool-id
+    need_root
+    load_shape
+    server_ns "$EXEC_NS"
+    local pid rack addr
+    pid=$(label_pid "$EXEC_NS")
+    [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null || die "memory server $EXEC_NS of cluster '$NAME' is running already (pid $pid)"
+    [[ -z $pid ]] || sed -i "/^pid $pid $EXEC_NS\$/d" "$RUN/state"
+    rack=${EXEC_NS%%-*}
+    addr="10.77.${rack#r}.1${EXEC_NS##*-ms}"
+    start_memserver "$NAME-$EXEC_NS" "$rack" "$EXEC_NS" "$addr" "${POOL_ID:-$EXEC_NS}"
+    pid=$(label_pid "$EXEC_NS")
+    wait_tcp "$NAME-$EXEC_NS" "$addr" 7070 30 || die "memory server $EXEC_NS did not start; see $RUN/$EXEC_NS.log"
+    echo "cluster '$NAME': memory server $EXEC_NS started as ${POOL_ID:-$EXEC_NS} (pid $pid)"
 }
 
 declare_racks() { # the pool's racks r1..rRACKS
-    local k racks=()
+    local k i out racks=()
     for ((k = 1; k <= RACKS; k++)); do racks+=("r$k"); done
-    ip netns exec "$NAME-etcd" "$BIN/farvm-pool" --etcd "$ETCD_URL" racks add "${racks[@]}" >/dev/null ||
-        die "declaring racks ${racks[*]} in the pool failed"
+    # etcd accepts connections before it answers them when the machine is loaded: retry for
+    # up to 15 s.
+    for ((i = 0; i < 30; i++)); do
+        out=$(ip netns exec "$NAME-etcd" "$BIN/farvm-pool" --etcd "$ETCD_URL" racks add "${racks[@]}" 2>&1) &&
+            return 0
+        sleep 0.5
+    done
+    die "declaring racks ${racks[*]} in the pool failed: $out"
 }
 
 start_etcd() { # etcd in its namespace, on the cluster's data dir (a restart keeps the data)
@@ -176,6 +230,8 @@ up() {
     done
     mkdir -p "$RUN"
     : >"$RUN/state"
+    # What server-start needs to start a server as up did.
+    record opt "delay_us=$DELAY_US capacity=$CAPACITY metrics_port=$METRICS_PORT token_file=$TOKEN_FILE"
     trap 'rc=$?; if ((rc)); then echo "cluster: up failed; tearing down what was created" >&2; down_quiet; fi' EXIT
 
     ip link add "$NAME-br" type bridge
@@ -192,6 +248,7 @@ up() {
         for ((i = 1; i <= SPR; i++)); do
             add_ns "$NAME-r$k-ms$i" "10.77.$k.1$i"
             start_memserver "$NAME-r$k-ms$i" "r$k" "r$k-ms$i" "10.77.$k.1$i"
+            start_delay_proxy "$NAME-r$k-ms$i" "r$k-ms$i" "10.77.$k.1$i"
         done
     done
     for ((n = 1; n <= HOSTS; n++)); do
@@ -230,6 +287,15 @@ load_shape() { # recover --racks/--servers-per-rack/--hosts from the state of a 
     RACKS=$(grep -o "^netns $NAME-r[0-9]*-ms1\$" "$RUN/state" | wc -l)
     SPR=$(grep -o "^netns $NAME-r1-ms[0-9]*\$" "$RUN/state" | wc -l)
     HOSTS=$(grep -o "^netns $NAME-host[0-9]*\$" "$RUN/state" | wc -l)
+    local opt
+    for opt in $(sed -n 's/^opt //p' "$RUN/state"); do
+        case $opt in
+            delay_us=*) DELAY_US=${opt#*=} ;;
+            capacity=*) CAPACITY=${opt#*=} ;;
+            metrics_port=*) METRICS_PORT=${opt#*=} ;;
+            token_file=*) TOKEN_FILE=${opt#*=} ;;
+        esac
+    done
 }
 
 status() {
@@ -288,6 +354,8 @@ case $cmd in
     status) status ;;
     etcd-stop) etcd_stop ;;
     etcd-start) etcd_start ;;
+    server-stop) server_stop ;;
+    server-start) server_start ;;
     exec)
         need_root
         load_shape
@@ -298,5 +366,5 @@ case $cmd in
         esac
         exec ip netns exec "$ns" "${EXEC_ARGS[@]}" ;;
     -h|--help|help) usage 0 ;;
-    *) die "unknown command '$cmd' (up, down, status, exec, etcd-stop, etcd-start)" ;;
+    *) die "unknown command '$cmd' (up, down, status, exec, etcd-stop, etcd-start, server-stop, server-start)" ;;
 esac

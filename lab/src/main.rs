@@ -1,9 +1,11 @@
 //! `farvm-lab`: the lab's command-line front end — benchmarks of VMs with remote memory
 //! (`bench`, in `bench/`) and prefetcher trace tools (`trace`, in `trace/`), with their markdown
-//! and JSON reports and PNG charts (`plot.rs`). The operator's binary `farvm` runs none of this.
+//! and JSON reports and PNG charts (`plot.rs`), and the memory pool's randomized fault tester
+//! (`nemesis`, in `nemesis/`). The operator's binary `farvm` runs none of this.
 //! This file only parses arguments, sets up logging and maps errors to exit codes.
 
 mod bench;
+mod nemesis;
 mod plot;
 mod trace;
 
@@ -14,7 +16,7 @@ use farvm_vmm::exit_code;
 ///
 /// farvm-lab measures farvm: it boots test-guest VMs with remote memory and reports their times
 /// as ratios against baselines measured in the same run (`bench`), and evaluates prefetchers on
-/// page-access traces (`trace`).
+/// page-access traces (`trace`), and runs the memory pool under randomized faults (`nemesis`).
 #[derive(Parser, Debug)]
 #[command(name = "farvm-lab", version, about, long_about = None, propagate_version = true)]
 struct Cli {
@@ -33,6 +35,9 @@ enum Command {
     /// Evaluate prefetchers on page-access traces (generate traces, replay them).
     #[command(long_about = trace::TRACE_ABOUT)]
     Trace(trace::TraceArgs),
+    /// Randomized fault tester: VMs on a memory pool under drawn faults, then invariants.
+    #[command(long_about = nemesis::NEMESIS_ABOUT)]
+    Nemesis(nemesis::NemesisArgs),
 }
 
 fn main() {
@@ -45,6 +50,7 @@ fn main() {
     let result = match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Nemesis(args) => nemesis::run(args),
     };
     if let Err(err) = result {
         // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).

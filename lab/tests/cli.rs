@@ -29,6 +29,11 @@ fn bad_arguments_exit_64() {
         ),
         (vec!["bench", "nosuch"], "nosuch"),
         (vec!["trace", "eval", "--bogus-flag"], "--bogus-flag"),
+        (
+            vec!["nemesis", "--kinds", "server-kill,nosuch"],
+            "unknown fault kind `nosuch`",
+        ),
+        (vec!["nemesis", "--schedules", "0"], "--schedules"),
     ] {
         let o = run(&args);
         assert_eq!(
@@ -78,6 +83,36 @@ fn help_documents_commands_outputs_and_exit_status() {
         let o = run(&["bench", cmd, "--help"]);
         assert!(o.status.success(), "{cmd}: {}", stderr(&o));
         assert!(stdout(&o).contains("EXIT STATUS"), "{cmd}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn nemesis_help_names_every_fault_kind_invariant_and_how_to_replay() {
+    let o = run(&["nemesis", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for needle in [
+        "etcd-pause",
+        "etcd-restart",
+        "partition",
+        "server-kill",
+        "server-pause",
+        "server-restart-empty",
+        "server-restart-same-id",
+        "vmm-pause",
+        "vmm-kill",
+        "drain",
+        "rebalance",
+        "no leak",
+        "nothing hung",
+        "--seed S --schedules 1",
+        "EXAMPLES",
+        "EXIT STATUS",
+    ] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
     }
 }
 
