@@ -58,6 +58,9 @@ fn main() {
         std::process::exit(code);
     }
     let cli: Cli = exit_code::parse_args_from(args);
+    if matches!(cli.command, Command::Run(_) | Command::Api(_)) {
+        farvm_vmm::signals::ignore_sigpipe();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)

@@ -1,6 +1,7 @@
 //! Process signals: the vCPU kick signal (sets `kvm_run.immediate_exit` on the receiving vCPU
 //! thread so KVM_RUN returns at once), SIGINT/SIGTERM turned into a clean VM shutdown, and
-//! SIGPIPE as command-line tools expect it.
+//! SIGPIPE as command-line tools expect it — except in a VMM, whose sockets must fail a write to
+//! a peer that went away rather than kill the VM.
 
 use std::cell::Cell;
 use std::io;
@@ -77,6 +78,16 @@ pub fn install_termination_handlers() -> io::Result<()> {
 pub fn default_sigpipe() {
     // SAFETY: setting a signal disposition to the default has no preconditions.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// Makes a write to a closed pipe or socket fail with EPIPE instead of killing the process: for
+/// a running VMM (`farvm run`, `farvm api`, farvm as `cloud-hypervisor`), whose connections to
+/// memory servers, etcd and API clients can be closed by the other side at any moment and
+/// whose vectored socket writes (`writev`) cannot ask for MSG_NOSIGNAL. A console whose reader
+/// went away (`farvm run | head`) then gets write errors, and the VM runs on.
+pub fn ignore_sigpipe() {
+    // SAFETY: setting a signal disposition to "ignore" has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
 /// The termination signal received so far, if any.

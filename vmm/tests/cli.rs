@@ -206,6 +206,51 @@ fn the_i8042_reset_command_is_a_reboot() {
     );
 }
 
+/// A running VMM ignores SIGPIPE: a memory server, etcd or API client that closes its end makes
+/// a write fail, where the default action killed the VMM (exit 141, seen under
+/// `farvm-lab nemesis` seed 73). Other commands keep the default (`farvm stats | head`).
+#[test]
+fn a_running_vmm_ignores_sigpipe() {
+    if !kvm_available() {
+        return;
+    }
+    let mut a = Asm::default();
+    a.spin();
+    let k = write_file("sigpipe.elf", &kernel_with(&a.code, &[]));
+    let mut child = farvm()
+        .args([
+            "run",
+            "--kernel",
+            k.to_str().unwrap(),
+            "--no-control-socket",
+        ])
+        .args(["--timeout", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let t0 = Instant::now();
+    let ignored = loop {
+        // The disposition is set right after the arguments are parsed; the process may still
+        // be exec'ing when first looked at.
+        let text = std::fs::read_to_string(&status).unwrap_or_default();
+        let mask = text
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or(0);
+        let ignored = mask & (1 << (libc::SIGPIPE - 1)) != 0;
+        if ignored || t0.elapsed() > Duration::from_secs(10) {
+            break ignored;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ignored, "farvm run does not ignore SIGPIPE");
+}
+
 #[test]
 fn guest_status_and_crash_statuses() {
     if !kvm_available() {

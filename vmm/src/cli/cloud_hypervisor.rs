@@ -39,6 +39,8 @@ pub fn answer(args: &[OsString]) -> Option<i32> {
         println!("{}", version_line());
         return Some(exit_code::OK);
     }
+    // A VMM: its sockets' peers may go away (see `signals::ignore_sigpipe`).
+    farvm_vmm::signals::ignore_sigpipe();
     Some(super::api::run_as_cloud_hypervisor(args))
 }
 
