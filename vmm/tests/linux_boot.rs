@@ -121,7 +121,9 @@ fn bzimage_entry_state_and_boot_params() {
         0x020f
     );
 
-    // Command line: pointer, NUL-terminated text.
+    // Command line: pointer, NUL-terminated text, the ACPI reset named as the reboot method.
+    let cmdline = farvm_vmm::boot::linux::with_reboot_method(cmdline);
+    assert!(cmdline.ends_with(" reboot=acpi"), "{cmdline}");
     assert_eq!(u64::from(u32_at(&ram, zp + 0x228)), CMDLINE_GPA);
     let mut c = vec![0u8; cmdline.len() + 1];
     ram.read_slice(&mut c, GuestAddress(CMDLINE_GPA)).unwrap();
@@ -240,7 +242,7 @@ fn cli_stop_at_entry_reports_linux_setup() {
     assert_eq!(v["rsi"], ZERO_PAGE_GPA);
     assert_eq!(v["linux"]["kind"], "bzImage");
     assert_eq!(v["linux"]["initrd_len"], 10000);
-    assert_eq!(v["linux"]["cmdline_len"], "console=ttyS0".len());
+    assert_eq!(v["linux"]["cmdline_len"], "console=ttyS0 reboot=acpi".len());
 }
 
 /// The ACPI table with signature `sig` reached from the RSDP at `rsdp` through the XSDT (or

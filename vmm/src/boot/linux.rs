@@ -158,6 +158,7 @@ pub fn setup(
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
 
     // Command line.
+    let cmdline = &with_reboot_method(cmdline);
     let max_cmdline = match params.hdr.cmdline_size {
         0 => 255,
         n => (n as usize).min(CMDLINE_MAX - 1),
@@ -342,6 +343,21 @@ pub fn e820_map(regions: &[(u64, u64)], reserved: &[(u64, u64)]) -> Vec<(u64, u6
     map
 }
 
+/// `cmdline` with `reboot=acpi` appended unless it names a reboot method itself. farvm's ACPI
+/// platform is hardware-reduced, and for such a platform Linux picks the EFI reset (its
+/// `reboot_init`), which a guest booted without firmware does not have: it then jumps to the
+/// BIOS in real mode and spins there for good. Told `reboot=acpi`, it writes the FADT's reset
+/// register, which ends the VM as a reboot (exit 75). A `reboot=` the operator gives is kept.
+pub fn with_reboot_method(cmdline: &str) -> String {
+    if cmdline.split_whitespace().any(|w| w.starts_with("reboot=")) {
+        return cmdline.to_string();
+    }
+    match cmdline.trim_end() {
+        "" => "reboot=acpi".to_string(),
+        c => format!("{c} reboot=acpi"),
+    }
+}
+
 /// Reads and checks a bzImage's setup header for the 64-bit boot protocol.
 fn bz_header(image: &[u8]) -> Result<linux_loader::loader::bootparam::setup_header, BootError> {
     use vm_memory::ByteValued;
@@ -394,6 +410,16 @@ fn bz_header(image: &[u8]) -> Result<linux_loader::loader::bootparam::setup_head
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_acpi_reset_is_the_reboot_method_unless_the_operator_names_one() {
+        assert_eq!(with_reboot_method(""), "reboot=acpi");
+        assert_eq!(
+            with_reboot_method("console=ttyS0 panic=-1"),
+            "console=ttyS0 panic=-1 reboot=acpi"
+        );
+        assert_eq!(with_reboot_method("reboot=k quiet"), "reboot=k quiet");
+    }
 
     #[test]
     fn e820_reserves_the_legacy_hole_and_acpi_and_keeps_ram_around_them() {
