@@ -16,6 +16,10 @@
 //! follower then commits the new replica to the pool, so `farvm pool status` shows no
 //! degraded slab. A server that restarted empty under the same pool id keeps its place in
 //! the home, and the client refills it there: the pool's record of it comes true again.
+//! A slab whose only live copy was on the lost server cannot be repaired: the follower waits
+//! [`SERVER_GONE_PATIENCE`] for the server to come back, then retires it in the client, and
+//! the slab is lost (the guest needing one of its pages stops with exit 74) instead of
+//! waiting forever.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
