@@ -197,7 +197,10 @@ impl Core {
     fn drop_from_placements(&self, s: u16, may_hold: bool) -> (u64, u64) {
         let (mut dropped, mut lost) = (0u64, 0u64);
         let mut fills = self.placements.lock_fills();
-        fills.take_left_behind(s);
+        if !may_hold {
+            // Restarted empty: no copy of ours is left behind there.
+            fills.take_left_behind(s);
+        }
         for mut m in self.placements.write_all() {
             for (key, p) in m.iter_mut() {
                 if let Some(pos) = p.servers().iter().position(|&x| x == s) {
