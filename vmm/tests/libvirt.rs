@@ -8,7 +8,8 @@
 //! libvirt (following farvm's `--event-monitor` events) marks the domain shut off and ends its
 //! VMM; a second domain running at the same time is shut down with `virsh shutdown` (shut off),
 //! started again and destroyed mid-run, leaving no process or socket behind. A domain with an
-//! `<interface type='ethernet'>` starts with the tap libvirt created and handed farvm.
+//! `<interface type='ethernet'>` starts with the tap libvirt created and handed farvm. With
+//! farvm at its default log level, a refused start says why where the operator looks.
 //!
 //! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, about
 //! 10 minutes; `.ci/run` does it when the cache is missing): without it this test fails saying
@@ -29,6 +30,9 @@ use farvm_httpd::BoundAddr;
 
 /// How long the guest may take to finish its workload on remote memory.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Back-to-back `virsh start` + `virsh destroy` cycles of a domain that serves metrics.
+const DESTROY_START_CYCLES: u32 = 50;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -65,26 +69,41 @@ struct Libvirt {
     config: PathBuf,
     /// What scripts/libvirt-ch.sh built (version, source, date).
     built: String,
+    /// `FARVM_LOG` for the daemon and so for every VMM it starts (`None`: farvm's default).
+    log: Option<&'static str>,
 }
 
 impl Libvirt {
     fn script(&self, args: &[&str]) -> Output {
-        Command::new("bash")
-            .arg(script())
+        let mut cmd = Command::new("bash");
+        cmd.arg(script())
             .args(args)
             .env("FARVM_LIBVIRT_STATE", &self.state)
             .env("FARVM_BIN", env!("CARGO_BIN_EXE_farvm"))
-            .env("FARVM_CONFIG", &self.config)
-            .env("FARVM_LOG", "info")
-            .output()
-            .expect("run scripts/libvirt-ch.sh")
+            .env("FARVM_CONFIG", &self.config);
+        match self.log {
+            Some(level) => cmd.env("FARVM_LOG", level),
+            None => cmd.env_remove("FARVM_LOG"),
+        };
+        cmd.output().expect("run scripts/libvirt-ch.sh")
     }
 
     fn start(dir: &Path, config: &Path, built: String) -> Libvirt {
+        Self::start_logging(dir, config, built, Some("info"))
+    }
+
+    /// A daemon whose VMMs log at `log` (`None`: farvm's default level).
+    fn start_logging(
+        dir: &Path,
+        config: &Path,
+        built: String,
+        log: Option<&'static str>,
+    ) -> Libvirt {
         let lv = Libvirt {
             state: dir.join("libvirt-session"),
             config: config.to_path_buf(),
             built,
+            log,
         };
         let out = lv.script(&["start"]);
         assert!(
@@ -192,6 +211,26 @@ impl Drop for Libvirt {
     }
 }
 
+/// A fresh directory for one test, readable by the daemon's (unprivileged) user, which reads
+/// everything a domain names; with `test_guest`, farvm's test guest exported into it
+/// (`farvm-testguest.elf`).
+fn shared_dir(tag: &str, test_guest: bool) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("farvm-libvirt{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if test_guest {
+        let out = Command::new(env!("CARGO_BIN_EXE_farvm"))
+            .args(["image", "export"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "farvm image export: {out:?}");
+    }
+    dir
+}
+
 /// A free TCP port on the loopback interface (for the VM's metrics endpoint).
 fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
@@ -258,18 +297,7 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     }
     let built = require_libvirt_built();
     eprintln!("libvirt: {built}");
-    // Everything the daemon's (unprivileged) user reads must be readable by it.
-    let dir = std::env::temp_dir().join(format!("farvm-libvirt-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_farvm"))
-        .args(["image", "export"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "farvm image export: {out:?}");
+    let dir = shared_dir("", true);
     let kernel = dir.join("farvm-testguest.elf");
     let metrics = free_port();
     let config = dir.join("farvm.toml");
@@ -426,7 +454,7 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
     // lv-a, whose host-config section serves metrics, destroyed and started back to back:
     // libvirt reports a destroyed domain before its VMM has exited, and every start must
     // still get the metrics port (it failed every other time while the old VMM held it).
-    for cycle in 1..=10 {
+    for cycle in 1..=DESTROY_START_CYCLES {
         lv.virsh(&["start", "lv-a"]);
         let m = get(&BoundAddr::Tcp(metrics), "/metrics").expect("lv-a's metrics endpoint");
         assert_eq!(m.status, 200, "cycle {cycle}");
@@ -471,11 +499,7 @@ fn virsh_starts_a_domain_whose_interface_is_the_tap_libvirt_created() {
         return;
     }
     let built = require_libvirt_built();
-    let dir = std::env::temp_dir().join(format!("farvm-libvirt-net-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = shared_dir("-net", false);
     let kernel = dir.join("bzImage");
     std::fs::write(&kernel, common::bzimage(4, 0x1000, 5 * 512 + 0x10000)).unwrap();
     let config = dir.join("farvm.toml");
@@ -516,5 +540,120 @@ fn virsh_starts_a_domain_whose_interface_is_the_tap_libvirt_created() {
         lv.daemon_log()
     );
     let _ = lv.script(&["virsh", "destroy", "lv-net"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What an operator sees when farvm (or libvirt) refuses a domain, with farvm at its default log
+/// level: `virsh start` fails, and the reason is in the domain log (farvm's refusals: a host
+/// config with an unknown field, a disk image that is not raw) or in virtchd's log (a domain
+/// without a kernel, which libvirt's driver refuses before it asks farvm anything).
+#[test]
+fn virsh_start_refusals_say_why_at_the_default_log_level() {
+    if !kvm_available() {
+        return;
+    }
+    let built = require_libvirt_built();
+    let dir = shared_dir("-refuse", true);
+    let guest = dir.join("farvm-testguest.elf");
+    let bzimage = dir.join("bzImage");
+    std::fs::write(&bzimage, common::bzimage(4, 0x1000, 5 * 512 + 0x10000)).unwrap();
+    // A qcow2 image as far as its header goes (the magic and version 3): what libvirt's driver
+    // hands farvm for `<driver type='qcow2'/>` is its path alone.
+    let qcow2 = dir.join("root.qcow2");
+    let mut image = vec![0u8; 1 << 16];
+    image[..8].copy_from_slice(b"QFI\xfb\0\0\0\x03");
+    std::fs::write(&qcow2, image).unwrap();
+    // The daemon's user opens it for writing.
+    std::fs::set_permissions(
+        &qcow2,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o666),
+    )
+    .unwrap();
+    let config = dir.join("farvm.toml");
+    let good_config = "[defaults]\nlocal_memory = \"50%\"\n";
+    std::fs::write(&config, good_config).unwrap();
+    let lv = Libvirt::start_logging(&dir, &config, built, None);
+
+    let define = |name: &str, os: &str, devices: &str| {
+        let xml = dir.join(format!("{name}.xml"));
+        std::fs::write(
+            &xml,
+            format!(
+                "<domain type='kvm'>
+  <name>{name}</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64'>hvm</type>
+    {os}
+  </os>
+  <devices>{devices}</devices>
+</domain>
+"
+            ),
+        )
+        .unwrap();
+        lv.virsh(&["define", xml.to_str().unwrap()]);
+    };
+    let start_fails = |name: &str| {
+        let o = lv.script(&["virsh", "start", name]);
+        assert!(!o.status.success(), "virsh start {name} succeeded");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+
+    // The operator's host config has a misspelt field: every domain is refused, naming it.
+    let test_guest = format!(
+        "<kernel>{}</kernel><cmdline>farvm.workload=seq:ws=8M</cmdline>",
+        guest.display()
+    );
+    define("lv-config", &test_guest, "");
+    std::fs::write(&config, "[defaults]\nlocal_memroy = \"50%\"\n").unwrap();
+    start_fails("lv-config");
+    let log = lv.domain_log("lv-config");
+    assert!(
+        log.contains("local_memroy") && log.contains("farvm.toml"),
+        "the domain log names the host config's unknown field:\n{log}"
+    );
+    std::fs::write(&config, good_config).unwrap();
+
+    // A qcow2 root disk: libvirt's driver sends the path without the format; farvm reads the
+    // header and refuses the image instead of showing the guest qcow2's metadata as its disk.
+    define(
+        "lv-qcow2",
+        &format!(
+            "<kernel>{}</kernel><cmdline>console=ttyS0 root=/dev/vda</cmdline>",
+            bzimage.display()
+        ),
+        &format!(
+            "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/>\
+             <source file='{}'/><target dev='vda' bus='virtio'/></disk>",
+            qcow2.display()
+        ),
+    );
+    start_fails("lv-qcow2");
+    let log = lv.domain_log("lv-qcow2");
+    assert!(
+        log.contains("is a qcow2 image, but farvm reads raw images only"),
+        "the domain log says the disk is not raw:\n{log}"
+    );
+
+    // No kernel: libvirt's driver refuses before it sends farvm the VM; its own reason is in
+    // virtchd's log (virsh says only "failed to create guest VM").
+    define("lv-nokernel", "", "");
+    start_fails("lv-nokernel");
+    let daemon = lv.daemon_log();
+    assert!(
+        daemon.contains("Kernel image path in this domain is not defined"),
+        "virtchd's log says the kernel is missing:\n{daemon}"
+    );
+
+    // The same good domain starts once the config is mended.
+    lv.virsh(&["start", "lv-config"]);
+    lv.wait_domstate("lv-config", "shut off (shutdown)");
+
+    for name in lv.virsh(&["list", "--all", "--name"]).split_whitespace() {
+        lv.virsh(&["undefine", name]);
+    }
+    drop(lv);
     let _ = std::fs::remove_dir_all(&dir);
 }

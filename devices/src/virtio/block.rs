@@ -196,6 +196,7 @@ fn lock_image(file: &File, path: &Path, read_only: bool) -> Result<(), BlockErro
 fn image_format(head: &[u8; 8]) -> Option<&'static str> {
     match head {
         [b'Q', b'F', b'I', 0xfb, ..] => Some("qcow2"),
+        [b'Q', b'E', b'D', 0, ..] => Some("qed"),
         [b'K', b'D', b'M', b'V', ..] => Some("vmdk"),
         b"vhdxfile" => Some("vhdx"),
         b"conectix" => Some("vpc"),
