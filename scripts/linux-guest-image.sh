@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # linux-guest-image.sh: the Linux test guest for `farvm run --kernel`: the KVM lab's Debian kernel
-# (scripts/kvm-lab fetch), a busybox initramfs that loads the kernel's virtio-mmio, virtio-blk
-# and ext4 modules, and an ext4 data disk. Built reproducibly (fixed times, owners, UUIDs and
-# file order: the same inputs give the same bytes) and cached outside the clone.
+# (scripts/kvm-lab fetch), a busybox initramfs that loads the kernel's virtio-mmio, virtio-pci
+# (QEMU's transport, for scripts/io-compare-lab.sh), virtio-blk, virtio-net and ext4 modules,
+# and an ext4 data disk. Built reproducibly (fixed times, owners, UUIDs and file order: the
+# same inputs give the same bytes) and cached outside the clone.
 #
 # USAGE
 #   scripts/linux-guest-image.sh [build]    build if missing; print the paths (shell variables)
@@ -39,7 +40,7 @@ set -Eeuo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${FARVM_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/farvm/linux-guest}
 # Modules /init loads, with their dependencies, in this order.
-MODULES=(virtio_mmio virtio_blk ext4)
+MODULES=(virtio_mmio virtio_pci virtio_blk virtio_net ext4)
 DISK_MIB=64
 BLOB_MIB=16
 # Fixed identity of the file system (reproducible images).

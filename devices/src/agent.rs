@@ -57,6 +57,10 @@ pub struct GuestProcess {
     pub uid: u32,
     /// UTF-8 (invalid bytes and control characters replaced).
     pub name: String,
+    /// The names it had before its renames (an `exec` is one, with a new address space), oldest
+    /// first, at most [`MAX_EARLIER_NAMES`]: statistics of an address space it left keep the
+    /// name that address space ran under.
+    pub earlier_names: Vec<String>,
     /// Guest boot time (ns) when it started, and when it exited.
     pub started_ns: u64,
     /// When it exited, if it did.
@@ -68,6 +72,8 @@ pub struct GuestProcess {
 pub const MAX_LIVE_PROCESSES: usize = 65536;
 /// Exited processes kept for naming (oldest forgotten first).
 pub const MAX_EXITED_PROCESSES: usize = 1024;
+/// Earlier names kept per process (oldest forgotten first).
+pub const MAX_EARLIER_NAMES: usize = 8;
 
 /// The guest's processes as the agent's ring told them (bounded, see the constants).
 #[derive(Debug, Default)]
@@ -84,13 +90,19 @@ impl GuestProcesses {
         match e.kind {
             kind::PRESENT | kind::START | kind::RENAME => {
                 if let Some(p) = self.live.get_mut(&e.pid) {
-                    p.name = name;
                     if e.kind != kind::RENAME {
                         // A pid reused without the exit seen (a ring overflow): a new process.
                         p.ppid = e.ppid;
                         p.uid = e.uid;
                         p.started_ns = e.time_ns;
+                        p.earlier_names.clear();
+                    } else if p.name != name {
+                        if p.earlier_names.len() == MAX_EARLIER_NAMES {
+                            p.earlier_names.remove(0);
+                        }
+                        p.earlier_names.push(std::mem::take(&mut p.name));
                     }
+                    p.name = name;
                     return;
                 }
                 if self.live.len() >= MAX_LIVE_PROCESSES {
@@ -104,6 +116,7 @@ impl GuestProcesses {
                         ppid: e.ppid,
                         uid: e.uid,
                         name,
+                        earlier_names: Vec::new(),
                         started_ns: e.time_ns,
                         exited_ns: None,
                     },
@@ -115,6 +128,7 @@ impl GuestProcesses {
                     ppid: e.ppid,
                     uid: e.uid,
                     name,
+                    earlier_names: Vec::new(),
                     started_ns: 0,
                     exited_ns: None,
                 });
@@ -281,6 +295,19 @@ impl<M: Bytes<GuestAddress> + Send + Sync> AgentDevice<M> {
     /// The name of guest process `pid`, if the agent reported it.
     pub fn process_name(&self, pid: u32) -> Option<String> {
         self.with_processes(|p| p.get(pid).map(|p| p.name.clone()))
+    }
+
+    /// The names guest process `pid` ran under, newest first (its name now, then the ones it
+    /// had before each rename); empty if the agent never reported it.
+    pub fn process_names(&self, pid: u32) -> Vec<String> {
+        self.with_processes(|p| {
+            p.get(pid).map_or_else(Vec::new, |p| {
+                std::iter::once(&p.name)
+                    .chain(p.earlier_names.iter().rev())
+                    .cloned()
+                    .collect()
+            })
+        })
     }
 
     /// A guest read of register `offset`.

@@ -259,6 +259,10 @@ fn process_events_name_processes_and_exits_are_remembered() {
         ],
     );
     assert_eq!(r.dev.process_name(40).as_deref(), Some("sqlite3"));
+    // The name it ran under before its exec is kept, newest first.
+    assert_eq!(r.dev.process_names(40), ["sqlite3", "sh"]);
+    assert_eq!(r.dev.process_names(1), ["init"]);
+    assert!(r.dev.process_names(99).is_empty());
     assert_eq!(r.dev.process_name(41).as_deref(), Some("bad\u{fffd}name"));
     assert_eq!(r.rd(reg::RING_TAKEN), 4);
     // More than the ring's capacity over several doorbells (wraps around).

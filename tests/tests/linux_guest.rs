@@ -24,38 +24,9 @@ mod linux_common;
 
 use linux_common::*;
 
-const MEMORY: &str = "192M";
-const LOCAL: &str = "40%";
 /// The tmpfs file: 48 MiB of `yes farvm` (with the 16 MiB blob, within tmpfs's default size,
 /// half of the guest's RAM; with what the guest itself uses, beyond the local budget).
 const FILE_BYTES: u64 = 48 << 20;
-
-fn run_args(img: &GuestImage, disk: &Path, timeout: Duration) -> Vec<String> {
-    [
-        "run",
-        "--kernel",
-        img.kernel.to_str().unwrap(),
-        "--initrd",
-        img.initrd.to_str().unwrap(),
-        "--disk",
-        disk.to_str().unwrap(),
-        "--vcpus",
-        "2",
-        "--memory",
-        MEMORY,
-        "--local-memory",
-        LOCAL,
-        "--cmdline",
-        "console=ttyS0 panic=-1",
-        "--no-control-socket",
-        "--json",
-        "--timeout",
-        &timeout.as_secs().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
 
 /// On a host without two-dimensional paging: the same VM, stopped at the kernel's entry.
 fn check_boot_setup(img: &GuestImage, disk: &Path) {
@@ -193,20 +164,10 @@ fn linux_guest_reboot_and_panic_end_the_vm_with_the_documented_status() {
         return;
     }
     let img = guest_image();
-    if !farvm_vmm::vstate::vm::two_dimensional_paging() {
-        let msg = "this host's KVM emulates guest ring 0 (PVM): a stock Linux kernel cannot \
-                   boot here in useful time; the reboot and panic run in the KVM lab";
-        assert!(
-            std::env::var("FARVM_REQUIRE_LINUX_BOOT").as_deref() != Ok("1"),
-            "FARVM_REQUIRE_LINUX_BOOT=1: {msg}"
-        );
-        eprintln!("{msg}");
+    if !linux_can_boot("the reboot and panic run in the KVM lab") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("farvm-linux-reboot-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let disk = dir.join("disk.img");
-    std::fs::copy(&img.disk, &disk).expect("copy the data disk");
+    let (dir, disk) = scratch_disk("reboot", &img);
     for (what, command) in [
         ("reboot", "reboot -f"),
         ("panic", "echo c > /proc/sysrq-trigger"),

@@ -61,18 +61,19 @@ fn touched(c: &ProcessCounterValues) -> u64 {
     c.demand_faults + c.zero_fills + c.wait_faults + c.prefetch_hits()
 }
 
-/// The per-process statistics of `engine`'s guest, each process named by `name_of(pid)`.
+/// The per-process statistics of `engine`'s guest, each process named from `names_of(pid)`
+/// (the names it ran under, newest first: see [`name_rows`]).
 pub fn per_process(
     engine: &farvm_ept::Engine,
-    name_of: impl Fn(u64) -> Option<String>,
+    names_of: impl Fn(u64) -> Vec<String>,
 ) -> PerProcessStats {
     let snap = engine.process_stats();
-    let processes: Vec<ProcessRow> = snap
+    let mut processes: Vec<ProcessRow> = snap
         .processes
         .into_iter()
         .map(|p| ProcessRow {
             pid: p.pid,
-            name: name_of(p.pid),
+            name: None,
             cr3: p.cr3,
             retired: p.retired,
             first_seen_secs: p.first_seen_ns as f64 / 1e9,
@@ -84,6 +85,7 @@ pub fn per_process(
             coverage: p.coverage,
         })
         .collect();
+    name_rows(&mut processes, names_of);
     let user_faults: u64 = processes
         .iter()
         .filter(|p| p.pid != 0)
@@ -100,5 +102,76 @@ pub fn per_process(
             user_faults as f64 / (user_faults + missed) as f64
         },
         recycled: snap.recycled,
+    }
+}
+
+/// Names each row. A pid with several rows ran in several address spaces (an `exec` gives a
+/// process a new one, and the agent reports the new name): its newest address space (latest
+/// first seen) gets the name it has now, the one before it the name before that, and so on;
+/// an address space older than every name kept gets the oldest. `names_of(pid)` gives the
+/// names newest first.
+pub fn name_rows(rows: &mut [ProcessRow], names_of: impl Fn(u64) -> Vec<String>) {
+    for i in 0..rows.len() {
+        let pid = rows[i].pid;
+        let names = names_of(pid);
+        let newer = rows
+            .iter()
+            .filter(|r| r.pid == pid && r.first_seen_secs > rows[i].first_seen_secs)
+            .count();
+        rows[i].name = names.get(newer).or(names.last()).cloned();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pid: u64, cr3: u64, first_seen_secs: f64) -> ProcessRow {
+        ProcessRow {
+            pid,
+            name: None,
+            cr3,
+            retired: false,
+            first_seen_secs,
+            last_seen_secs: first_seen_secs,
+            counters: ProcessCounterValues::default(),
+            faults: 0,
+            prefetch_hits: 0,
+            accuracy: 0.0,
+            coverage: 0.0,
+        }
+    }
+
+    #[test]
+    fn an_address_space_left_by_exec_keeps_the_name_it_ran_under() {
+        // pid 40 ran `sh`, then exec'd `sqlite3` (a new page-table root); pid 7 never renamed.
+        let mut rows = vec![
+            row(40, 0x2000, 5.0),
+            row(7, 0x3000, 1.0),
+            row(40, 0x1000, 2.0),
+        ];
+        name_rows(&mut rows, |pid| match pid {
+            40 => vec!["sqlite3".into(), "sh".into()],
+            7 => vec!["init".into()],
+            _ => vec![],
+        });
+        let names: Vec<_> = rows.iter().map(|r| r.name.as_deref()).collect();
+        assert_eq!(names, [Some("sqlite3"), Some("init"), Some("sh")]);
+        // Three address spaces, two names kept: the oldest gets the oldest name; no names, none.
+        let mut rows = vec![
+            row(40, 1, 1.0),
+            row(40, 2, 2.0),
+            row(40, 3, 3.0),
+            row(9, 4, 1.0),
+        ];
+        name_rows(&mut rows, |pid| {
+            if pid == 40 {
+                vec!["c".into(), "b".into()]
+            } else {
+                vec![]
+            }
+        });
+        let names: Vec<_> = rows.iter().map(|r| r.name.as_deref()).collect();
+        assert_eq!(names, [Some("b"), Some("b"), Some("c"), None]);
     }
 }

@@ -292,12 +292,27 @@ impl VmShared {
             .map(|p| crate::workload_spec::workload_name(p.workload).to_string())
     }
 
+    /// The names guest process `pid` ran under, newest first: the Linux guest agent's (its
+    /// name now, then those before its renames), else [`Self::process_name`]'s one.
+    pub fn process_names(&self, pid: u64) -> Vec<String> {
+        let from_agent = || {
+            let names = self.board.agent()?.process_names(u32::try_from(pid).ok()?);
+            (!names.is_empty()).then_some(names)
+        };
+        if pid != 0 {
+            if let Some(names) = from_agent() {
+                return names;
+            }
+        }
+        self.process_name(pid).into_iter().collect()
+    }
+
     /// Per-process paging statistics (`None` without remote memory, or once the engine is
     /// gone).
     pub fn per_process(&self) -> Option<PerProcessStats> {
         let engine = self.paging_engine()?;
         Some(process_stats::per_process(&engine, |pid| {
-            self.process_name(pid)
+            self.process_names(pid)
         }))
     }
 

@@ -1,11 +1,11 @@
-//! The harness of the Linux-guest tests (`linux_guest.rs`): the guest image the scripts build,
-//! the `farvm` binary, and a running `farvm run` driven through its console.
+//! The harness of the Linux-guest tests (`linux_guest.rs`, `linux_net.rs`): the guest image the
+//! scripts build, the `farvm` binary, and a running `farvm run` driven through its console.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The guest's files (scripts/linux-guest-image.sh).
 pub struct GuestImage {
@@ -255,4 +255,67 @@ pub fn host_sha256(command: &str) -> String {
 pub fn marked_sum(line: &str, mark: &str) -> Option<String> {
     let rest = line.trim().strip_prefix(mark)?.trim();
     (rest.len() == 64 && rest.bytes().all(|b| b.is_ascii_hexdigit())).then(|| rest.to_string())
+}
+
+/// Whether a stock Linux guest can boot here (two-dimensional paging). Where it cannot (PVM
+/// emulates guest ring 0), says so, naming `where_instead`, and fails if
+/// `FARVM_REQUIRE_LINUX_BOOT=1` (the KVM lab stage of CI sets it).
+pub fn linux_can_boot(where_instead: &str) -> bool {
+    if farvm_vmm::vstate::vm::two_dimensional_paging() {
+        return true;
+    }
+    let msg = format!(
+        "this host's KVM emulates guest ring 0 (PVM): a stock Linux kernel cannot boot here in \
+         useful time; {where_instead}"
+    );
+    assert!(
+        std::env::var("FARVM_REQUIRE_LINUX_BOOT").as_deref() != Ok("1"),
+        "FARVM_REQUIRE_LINUX_BOOT=1: {msg}"
+    );
+    eprintln!("{msg}");
+    false
+}
+
+/// A fresh scratch directory `farvm-linux-TAG-PID` with a copy of the image's data disk (the
+/// guest writes to its disk, never to the cached image): (directory, disk).
+pub fn scratch_disk(tag: &str, img: &GuestImage) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("farvm-linux-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::copy(&img.disk, &disk).expect("copy the data disk");
+    (dir, disk)
+}
+
+/// Guest RAM of the Linux-guest tests, and the share of it kept local (the rest pages to the
+/// memory server).
+pub const MEMORY: &str = "192M";
+pub const LOCAL: &str = "40%";
+
+/// `farvm run` for the test image with `disk`: two vCPUs, [`MEMORY`] at [`LOCAL`], the console
+/// on stdio, the JSON report at the end, bounded by `timeout`.
+pub fn run_args(img: &GuestImage, disk: &Path, timeout: Duration) -> Vec<String> {
+    [
+        "run",
+        "--kernel",
+        img.kernel.to_str().unwrap(),
+        "--initrd",
+        img.initrd.to_str().unwrap(),
+        "--disk",
+        disk.to_str().unwrap(),
+        "--vcpus",
+        "2",
+        "--memory",
+        MEMORY,
+        "--local-memory",
+        LOCAL,
+        "--cmdline",
+        "console=ttyS0 panic=-1",
+        "--no-control-socket",
+        "--json",
+        "--timeout",
+        &timeout.as_secs().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
