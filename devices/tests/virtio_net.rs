@@ -19,6 +19,7 @@ use common::*;
 use farvm_devices::virtio::mmio::*;
 use farvm_devices::virtio::net::{run_rx, NetError, Tap, NET_HDR_LEN, QUEUE_SIZE, RX_QUEUE};
 use farvm_devices::virtio::{VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX};
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_CSUM, VIRTIO_NET_F_HOST_TSO4};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -92,6 +93,54 @@ fn transmit_sends_each_frame_with_a_clean_header() {
     let stats = r.dev.with_device(|n| n.stats());
     assert_eq!(stats.tx_frames, 2);
     assert_eq!(stats.tx_bytes, 2 * frame.len() as u64);
+}
+
+#[test]
+fn offloads_the_driver_took_reach_the_tap_and_others_are_refused() {
+    use farvm_devices::virtio::net::TX_OFFLOADS;
+    let mut r = net_rig(FakeBackend::default());
+    assert_eq!(r.device_features() & TX_OFFLOADS, TX_OFFLOADS);
+    // The driver takes checksum offload and TSO over IPv4, not over IPv6.
+    r.start(FEATURES | 1 << VIRTIO_NET_F_CSUM | 1 << VIRTIO_NET_F_HOST_TSO4);
+    let frame = ether(ETH_TEST, &[7; 3000]);
+    let header = |flags: u8, gso: u8| {
+        let mut f = with_hdr(&frame);
+        f[0] = flags;
+        f[1] = gso;
+        f[4..6].copy_from_slice(&1448u16.to_le_bytes()); // gso_size
+        f[6..8].copy_from_slice(&34u16.to_le_bytes()); // csum_start
+        f[8..10].copy_from_slice(&16u16.to_le_bytes()); // csum_offset
+        f[10..12].copy_from_slice(&9u16.to_le_bytes()); // num_buffers: not for the tap
+        f
+    };
+    let tso4 = header(1, 1); // NEEDS_CSUM, GSO_TCPV4
+    let csum_only = header(1 | 2, 0); // DATA_VALID is not the driver's to send: cleared
+    let tso6 = header(1, 4); // not accepted
+    let tso_without_csum = header(0, 1);
+    let udp = header(1, 3);
+    for (slot, f) in [&tso4, &csum_only, &tso6, &tso_without_csum, &udp]
+        .into_iter()
+        .enumerate()
+    {
+        r.post_tx(slot as u64, f);
+    }
+    r.kick(1);
+    let sent = r.dev.with_device(|n| n.backend().sent.clone());
+    let mut want_tso4 = tso4.clone();
+    want_tso4[10..12].fill(0);
+    let mut want_csum = csum_only.clone();
+    want_csum[0] = 1;
+    want_csum[10..12].fill(0);
+    assert_eq!(
+        sent,
+        vec![want_tso4, want_csum],
+        "the two allowed frames, as the tap needs them"
+    );
+    let stats = r.dev.with_device(|n| n.stats());
+    assert_eq!(
+        (stats.tx_frames, stats.tx_dropped, stats.malformed),
+        (2, 3, 3)
+    );
 }
 
 #[test]
