@@ -4,7 +4,8 @@
 //! landed there that no record lists).
 //!
 //! A namespace is owned while the pool holds any of: the VM's record (its lease is alive),
-//! a slab placement of the VM (the lease expired but the collector has not claimed it: the
+//! a snapshot of the VM (`farvm snapshot` of a pool VM: it owns the namespace until it is
+//! restored or deleted), a slab placement of the VM (the lease expired but the collector has not claimed it: the
 //! VMM may register again), or an unclaimed collector mark. A namespace none of these name,
 //! in every fresh view of the pool for a whole grace period, is an orphan: no VMM can use it
 //! again (a claimed VM cannot register again), so dropping it loses nothing.
@@ -53,6 +54,7 @@ impl OrphanNamespaces {
             )
             .map(|vm| vm.namespace())
             .chain(view.vms.values().map(|r| r.namespace))
+            .chain(view.snapshots.values().map(|s| s.vm.namespace))
             .collect();
         let unowned: HashSet<u64> = held
             .iter()

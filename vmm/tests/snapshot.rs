@@ -171,12 +171,12 @@ fn bad_snapshots_are_named_errors_with_their_exit_status() {
 
     std::fs::write(
         dir.join("manifest.json"),
-        r#"{"format":"farvm-snapshot","version":2}"#,
+        r#"{"format":"farvm-snapshot","version":3}"#,
     )
     .unwrap();
     let (code, err) = restore(&dir);
     assert_eq!(code, Some(65), "{err}");
-    assert!(err.contains("format version 2"), "{err}");
+    assert!(err.contains("format version 3"), "{err}");
 
     // --restore takes the VM's description from the snapshot.
     let o = farvm()

@@ -149,6 +149,31 @@ impl std::fmt::Debug for VmRegistration {
 }
 
 impl VmRegistration {
+    /// A registration from its parts (a restored snapshot's, `snapshot.rs`).
+    pub(super) fn from_parts(
+        dir: Directory,
+        record: VmRecord,
+        placement: VmPlacement,
+        task: LeaseTask,
+    ) -> Self {
+        Self {
+            dir,
+            record,
+            placement,
+            task,
+        }
+    }
+
+    /// The directory it was made by.
+    pub(super) fn dir(&self) -> &Directory {
+        &self.dir
+    }
+
+    /// Its lease task.
+    pub(super) fn task_mut(&mut self) -> &mut LeaseTask {
+        &mut self.task
+    }
+
     /// The VM's record.
     pub fn record(&self) -> &VmRecord {
         &self.record
