@@ -82,15 +82,13 @@ impl SnapshotPages {
                         each(p, SavedPage::Resident(&buf))?;
                         break;
                     }
-                    st::STAGED => {
-                        // Prefetched and not mapped: its data is in the memfd, and the page
-                        // cannot change while staged (only the fault handler moves it on).
-                        if self.table.cas(p, w, w | st::PIN_ONE).is_ok() {
-                            self.installer.copy_out(p, 0, &mut buf);
-                            self.table.unpin(p);
-                            each(p, SavedPage::Resident(&buf))?;
-                            break;
-                        }
+                    // Prefetched and not mapped: its data is in the memfd, and the page cannot
+                    // change while staged (only the fault handler moves it on).
+                    st::STAGED if self.table.cas(p, w, w + st::PIN_ONE).is_ok() => {
+                        self.installer.copy_out(p, 0, &mut buf);
+                        self.table.unpin(p);
+                        each(p, SavedPage::Resident(&buf))?;
+                        break;
                     }
                     _ => {}
                 }

@@ -183,4 +183,42 @@ mod tests {
         let t0 = Instant::now();
         assert!(o.check(&held, &view, t0, Duration::ZERO) == vec![b.namespace()]);
     }
+
+    #[test]
+    fn a_snapshot_owns_its_vms_namespace_without_a_record_or_placement() {
+        let vm = VmId::random();
+        let held = [vm.namespace()];
+        let mut view = view_with(&[]);
+        view.snapshots.insert(
+            vm,
+            farvm_pool::SnapshotRecord {
+                vm: farvm_pool::VmRecord {
+                    uuid: vm,
+                    namespace: vm.namespace(),
+                    name: "saved".into(),
+                    host: "h".into(),
+                    guest_ram_bytes: 1 << 30,
+                    local_budget_bytes: 1 << 28,
+                    replication: 2,
+                    slab_bytes: 1 << 28,
+                    slabs: 3,
+                },
+                dir: "/snap".into(),
+                host: "h".into(),
+                remote_pages: 1,
+                local_pages: 1,
+                created_unix_ms: 0,
+            },
+        );
+        let mut o = OrphanNamespaces::default();
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(3600);
+        assert!(o.check(&held, &view, t0, Duration::ZERO).is_empty());
+        assert!(o.check(&held, &view, later, Duration::ZERO).is_empty());
+        view.snapshots.clear();
+        assert_eq!(
+            o.check(&held, &view, later, Duration::ZERO),
+            vec![vm.namespace()]
+        );
+    }
 }

@@ -1,16 +1,16 @@
 //! The pool's key layout in etcd. Everything lives under one prefix (default
 //! `/farvm/pool/v1`; the `v1` changes only with an incompatible layout):
 //!
-//! | key                                   | value            | lease            |
-//! |---------------------------------------|------------------|------------------|
-//! | `<prefix>/racks/<rack>`               | `{}`             | none             |
-//! | `<prefix>/servers/<server-id>`        | [`ServerRecord`] | the server's     |
-//! | `<prefix>/vms/<vm-uuid>`              | [`VmRecord`]     | the VM's         |
-//! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]   | none             |
-//! | `<prefix>/gc/<vm-uuid>`               | [`GcMark`]       | none             |
-//! | `<prefix>/drain/<server-id>`          | `{}`             | none             |
-//! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]         | none             |
-//! | `<prefix>/snapshots/<vm-uuid>`        | [`SnapshotRecord`] | none           |
+//! | key                                   | value              | lease        |
+//! |---------------------------------------|--------------------|--------------|
+//! | `<prefix>/racks/<rack>`               | `{}`               | none         |
+//! | `<prefix>/servers/<server-id>`        | [`ServerRecord`]   | the server's |
+//! | `<prefix>/vms/<vm-uuid>`              | [`VmRecord`]       | the VM's     |
+//! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]     | none         |
+//! | `<prefix>/gc/<vm-uuid>`               | [`GcMark`]         | none         |
+//! | `<prefix>/drain/<server-id>`          | `{}`               | none         |
+//! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]           | none         |
+//! | `<prefix>/snapshots/<vm-uuid>`        | [`SnapshotRecord`] | none         |
 //!
 //! Values are JSON. `racks/` holds the racks the operator declared: a server registers only
 //! in a declared rack (a misspelt `--rack` must not create a new failure domain), and a rack is

@@ -161,7 +161,6 @@ pub struct PoolStatus {
     /// Live VMs in id order.
     pub vms: Vec<VmStatus>,
     /// Snapshots of pool VMs in id order.
-    #[serde(default)]
     pub snapshots: Vec<SnapshotStatus>,
     /// (server, namespace) pairs of dead VMs awaiting collection.
     pub orphans: Vec<gc::Orphan>,
@@ -410,8 +409,8 @@ impl PoolStatus {
         if !self.snapshots.is_empty() {
             let _ = writeln!(
                 out,
-                "\n{:<36} {:<14} {:<12} {:>10} {:>10} {:>10} {:>6}  {}",
-                "SNAPSHOT", "NAME", "HOST", "GUEST", "REMOTE", "LOCAL", "SLABS", "DIRECTORY"
+                "\n{:<36} {:<14} {:<12} {:>10} {:>10} {:>10} {:>6}  DIRECTORY",
+                "SNAPSHOT", "NAME", "HOST", "GUEST", "REMOTE", "LOCAL", "SLABS"
             );
             for s in &self.snapshots {
                 let _ = writeln!(

@@ -395,7 +395,7 @@ impl PoolVm {
             servers: servers.iter().map(|(_, e)| *e).collect(),
             homes,
             replication: r.min(servers.len().max(1)),
-            slab_bytes: slab_bytes,
+            slab_bytes,
         };
         tracing::info!(%vm, name = %reg.record().name, servers = servers.len(), slabs = reg.placement().slabs.len(), slab_bytes = slab_bytes, "admitted to the memory pool");
         let slabs = reg.record().slabs;
