@@ -13,10 +13,9 @@ mod pool_harness;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{assert_native_report, kvm_available};
-use farvm_guest_agent::pv::{phase, state};
+use common::{assert_native_report, kvm_available, wait_for_measured_phase};
 use farvm_pool::VmId;
 use pool_harness::Pool;
 
@@ -50,24 +49,6 @@ fn start_vm(pool: &Pool, name: &str, sock: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Waits (bounded) until the VM behind `sock` runs its workload's measured phase.
-fn wait_for_measured_phase(sock: &Path, vm: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Some(status) = vm.try_wait().unwrap() {
-            panic!("the VM exited ({status}) before its workload's measured phase");
-        }
-        if let Ok(v) = farvm_vmm::control::request(sock, "stats") {
-            let p = &v["processes"][0];
-            if p["state"] == state::RUNNING && p["phase"] == phase::MEASURE {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "no measured phase");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn snapshot(sock: &Path, dir: &Path) -> std::process::Output {
@@ -227,32 +208,21 @@ fn deleting_a_pool_snapshot_empties_the_servers() {
     wait_for_measured_phase(&sock, &mut vm);
     let id = save(&pool, &sock, &snap, vm);
     assert!(Pool::used(&pool.dir.view().unwrap()) > 0);
+    let delete = || {
+        farvm()
+            .args(["pool", "--etcd", &pool.url(), "snapshot-delete"])
+            .arg(id.to_string())
+            .output()
+            .unwrap()
+    };
 
-    let o = farvm()
-        .args([
-            "pool",
-            "--etcd",
-            &pool.url(),
-            "snapshot-delete",
-            &id.to_string(),
-        ])
-        .output()
-        .unwrap();
+    let o = delete();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "snapshot-delete: {err}");
     pool.wait("the servers emptied", |v| {
         v.snapshots.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
     });
-    let o = farvm()
-        .args([
-            "pool",
-            "--etcd",
-            &pool.url(),
-            "snapshot-delete",
-            &id.to_string(),
-        ])
-        .output()
-        .unwrap();
+    let o = delete();
     assert_eq!(o.status.code(), Some(1));
     let o = restore(&snap);
     assert_eq!(o.status.code(), Some(66));

@@ -148,11 +148,7 @@ impl Directory {
             value,
             Duration::from_secs(ttl_s),
             lease,
-            Holder::Vm {
-                placement_prefix: sh.keys.vm_placement(&vm),
-                gc_mark: sh.keys.gc_mark(&vm),
-                slabs: record.slabs,
-            },
+            Holder::vm(&sh.keys, &vm, record.slabs),
         );
         let snap = snap.clone();
         Ok((

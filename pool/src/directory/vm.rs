@@ -90,11 +90,7 @@ impl Directory {
                         value,
                         Duration::from_secs(ttl_s),
                         lease,
-                        Holder::Vm {
-                            placement_prefix: sh.keys.vm_placement(&req.vm),
-                            gc_mark: sh.keys.gc_mark(&req.vm),
-                            slabs: record.slabs,
-                        },
+                        Holder::vm(&sh.keys, &req.vm, record.slabs),
                     );
                     return Ok(VmRegistration {
                         dir: self.clone(),
