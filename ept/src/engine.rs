@@ -19,6 +19,7 @@ use crate::fault::Handler;
 use crate::lost::LostPage;
 use crate::parts::Parts;
 use crate::procstats::{ProcessCounterValues, ProcessSnapshot};
+use crate::snapshot::{SavedPage, SnapshotPages};
 use crate::stage2::StageTwo;
 use crate::state::PageState;
 use crate::stats::{CounterValues, Stats};
@@ -31,6 +32,7 @@ use crate::PAGE_SIZE;
 pub struct Engine {
     parts: Parts,
     access: Access,
+    snapshot: SnapshotPages,
     prefetcher: &'static str,
     threads: Vec<JoinHandle<()>>,
     /// Kernel thread id of the fault-handler thread.
@@ -86,6 +88,7 @@ impl Engine {
         let handler = Handler::new(&parts, prefetcher, page_space)?;
         let mut engine = Self {
             access: Access::new(&parts),
+            snapshot: SnapshotPages::new(&parts),
             parts,
             prefetcher: prefetcher_name,
             threads: Vec::new(),
@@ -267,6 +270,24 @@ impl Engine {
     /// phase change).
     pub fn counters(&self) -> CounterValues {
         self.parts.counters().snapshot()
+    }
+
+    /// Lists guest RAM for a snapshot that leaves remote pages on the memory servers:
+    /// `each(page, what)` for every page ever written, in page order, with a resident page's
+    /// bytes or a remote page's fingerprint (nothing is read back). The guest must be paused.
+    pub fn save_pages<E: From<EngineError>>(
+        &self,
+        each: impl FnMut(u64, SavedPage<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.snapshot.save(each)
+    }
+
+    /// Takes page `page` back as remote, the memory servers holding content of fingerprint
+    /// `fp` (from [`Engine::save_pages`]): its first touch reads it from them. Only before the
+    /// guest runs ([`EngineError::NotFresh`] otherwise); a page the VM's build wrote is taken
+    /// out of guest RAM first.
+    pub fn adopt_remote(&self, page: u64, fp: crate::hash::Fingerprint) -> Result<(), EngineError> {
+        self.snapshot.adopt_remote(page, fp)
     }
 
     /// The paging state of the page holding `gpa` (None if outside guest RAM).

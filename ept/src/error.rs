@@ -104,6 +104,16 @@ pub enum EngineError {
     #[error("vCPU index {0} is out of range (max {max})", max = crate::vcpu::MAX_VCPUS - 1)]
     /// A vCPU index at or above [`MAX_VCPUS`](crate::vcpu::MAX_VCPUS).
     BadVcpu(u32),
+    #[error(
+        "guest page {gpa:#x} is in use: a snapshot's remote pages are taken back only by a \
+         VM that has not run yet"
+    )]
+    /// [`crate::Engine::adopt_remote`] found a page that is neither never written, remote nor
+    /// resident and unpinned: the VM is not fresh.
+    NotFresh {
+        /// Guest-physical address of the page.
+        gpa: u64,
+    },
     #[error("the paging engine has stopped")]
     /// The engine was shut down.
     Stopped,

@@ -47,6 +47,7 @@ mod access;
 mod complete;
 mod evict;
 mod fault;
+mod snapshot;
 
 mod engine;
 
@@ -58,6 +59,7 @@ pub mod stage2;
 /// The page-store seam (`farvm-pageio`), under the name the engine's modules use.
 pub use farvm_pageio as store;
 pub mod sys;
+pub use snapshot::SavedPage;
 pub mod translate;
 
 pub use backing::GuestMemory;

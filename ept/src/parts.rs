@@ -19,8 +19,8 @@
 //! | global history | (a flag) | one prefetch history for the guest instead of one per process |
 //!
 //! The threads and paths that act on them — fault handler (`fault`), completion path
-//! (`complete`), evictor (`evict`), VMM accesses (`access`) — each keep handles to the parts
-//! they use, taken from here, and never reach one another.
+//! (`complete`), evictor (`evict`), VMM accesses (`access`), snapshots (`snapshot`) — each
+//! keep handles to the parts they use, taken from here, and never reach one another.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

@@ -395,6 +395,15 @@ impl Client {
             .reject_replica((ns, page / self.core.cfg.slab_pages), server)
     }
 
+    /// Takes namespace `ns`'s first `pages` pages as written by an earlier client (a restored
+    /// snapshot's VM): each of their slabs is placed on its pool home
+    /// ([`ClientConfig::slab_homes`]) as it is now, so that a read asks those servers instead
+    /// of answering "never written". Returns the slabs placed (none without homes).
+    pub fn adopt_home_placements(&self, ns: u64, pages: u64) -> u64 {
+        let slabs = pages.div_ceil(self.core.cfg.slab_pages.max(1));
+        self.core.placements.adopt_homes(ns, slabs)
+    }
+
     /// Slabs of namespace `ns` with a replica on the server at `addr`.
     pub fn slabs_on(&self, ns: u64, addr: SocketAddr) -> Vec<u64> {
         match self.core.servers.index_of(addr) {

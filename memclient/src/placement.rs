@@ -286,6 +286,42 @@ impl Placements {
         (out, k)
     }
 
+    /// Places namespace `ns`'s slabs `0..slabs` on their pool homes as they are now, each
+    /// slab without a placement: the slabs a previous client of the namespace wrote (a
+    /// restored snapshot's), so that reads go to the servers rather than find them never
+    /// written. Returns how many were placed. Without homes, none.
+    pub fn adopt_homes(&self, ns: u64, slabs: u64) -> u64 {
+        if self.homes.is_empty() {
+            return 0;
+        }
+        let mut placed = 0;
+        for k in 0..slabs {
+            let home = self.homes[(k % self.homes.len() as u64) as usize]
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if home.is_empty() {
+                continue;
+            }
+            let mut p = Placement {
+                replicas: [0; MAX_REPLICAS],
+                n: 0,
+                filling: 0,
+                lost: false,
+            };
+            for &s in home.iter().take(MAX_REPLICAS) {
+                p.replicas[p.n as usize] = s;
+                p.n += 1;
+            }
+            let mut m = self.write_shard((ns, k));
+            if let std::collections::hash_map::Entry::Vacant(e) = m.entry((ns, k)) {
+                e.insert(p);
+                placed += 1;
+            }
+        }
+        placed
+    }
+
     /// The placement of `key`, placing it on `r` servers if it has none (or lost them all).
     pub fn place(
         &self,

@@ -4,7 +4,8 @@
 //! landed there that no record lists).
 //!
 //! A namespace is owned while the pool holds any of: the VM's record (its lease is alive),
-//! a slab placement of the VM (the lease expired but the collector has not claimed it: the
+//! a snapshot of the VM (`farvm snapshot` of a pool VM: it owns the namespace until it is
+//! restored or deleted), a slab placement of the VM (the lease expired but the collector has not claimed it: the
 //! VMM may register again), or an unclaimed collector mark. A namespace none of these name,
 //! in every fresh view of the pool for a whole grace period, is an orphan: no VMM can use it
 //! again (a claimed VM cannot register again), so dropping it loses nothing.
@@ -53,6 +54,7 @@ impl OrphanNamespaces {
             )
             .map(|vm| vm.namespace())
             .chain(view.vms.values().map(|r| r.namespace))
+            .chain(view.snapshots.values().map(|s| s.vm.namespace))
             .collect();
         let unowned: HashSet<u64> = held
             .iter()
@@ -180,5 +182,43 @@ mod tests {
         let mut o = OrphanNamespaces::default();
         let t0 = Instant::now();
         assert!(o.check(&held, &view, t0, Duration::ZERO) == vec![b.namespace()]);
+    }
+
+    #[test]
+    fn a_snapshot_owns_its_vms_namespace_without_a_record_or_placement() {
+        let vm = VmId::random();
+        let held = [vm.namespace()];
+        let mut view = view_with(&[]);
+        view.snapshots.insert(
+            vm,
+            farvm_pool::SnapshotRecord {
+                vm: farvm_pool::VmRecord {
+                    uuid: vm,
+                    namespace: vm.namespace(),
+                    name: "saved".into(),
+                    host: "h".into(),
+                    guest_ram_bytes: 1 << 30,
+                    local_budget_bytes: 1 << 28,
+                    replication: 2,
+                    slab_bytes: 1 << 28,
+                    slabs: 3,
+                },
+                dir: "/snap".into(),
+                host: "h".into(),
+                remote_pages: 1,
+                local_pages: 1,
+                created_unix_ms: 0,
+            },
+        );
+        let mut o = OrphanNamespaces::default();
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(3600);
+        assert!(o.check(&held, &view, t0, Duration::ZERO).is_empty());
+        assert!(o.check(&held, &view, later, Duration::ZERO).is_empty());
+        view.snapshots.clear();
+        assert_eq!(
+            o.check(&held, &view, later, Duration::ZERO),
+            vec![vm.namespace()]
+        );
     }
 }

@@ -43,8 +43,8 @@ The memory pool: memory servers and VMs registered in etcd, rack-aware placement
 remote memory, and the namespaces dead VMs left behind.
 
 Key layout under the prefix (default /farvm/pool/v1): servers/<id> and vms/<uuid> under their
-holders' leases; racks/<rack>, placement/<uuid>/<slab>, gc/<uuid>, drain/<id> and
-moves/<uuid>/<slab> without. The operator declares the racks first (`racks add`); memory
+holders' leases; racks/<rack>, placement/<uuid>/<slab>, gc/<uuid>, drain/<id>,
+moves/<uuid>/<slab> and snapshots/<uuid> without. The operator declares the racks first (`racks add`); memory
 servers join with `farvm-memserver --pool URLS --rack R`, R one of them (a server of an
 undeclared rack is refused and exits); VMs with `farvm run --pool URLS`.
 
@@ -56,6 +56,7 @@ Examples:
   farvm pool --etcd http://10.77.0.2:2379 drain r1-ms1
   farvm pool --etcd http://10.77.0.2:2379 rebalance
   farvm pool --etcd http://10.77.0.2:2379 gc
+  farvm pool --etcd http://10.77.0.2:2379 snapshot-delete 0b9e4c1e-6d0a-4f43-9a55-3c1f3e0a7d21
 
 EXIT STATUS
   0   done
@@ -74,6 +75,11 @@ COLUMNS (per server; a rack's and the fleet's are sums over their servers)
             server drains, since it takes no new slab (JSON free_bytes)
   VMS       VMs with a replica there, live or awaiting collection
   HEALTH    up, draining (farvm pool drain) or degraded
+SNAPSHOTS (one row per saved pool VM; `farvm pool snapshot-delete ID` frees one)
+  SNAPSHOT  its id: the saved VM's uuid, which the restored VM keeps
+  REMOTE    bytes its namespace holds on the memory servers (one copy; JSON remote_bytes)
+  LOCAL     bytes of resident pages its directory holds (JSON local_bytes)
+  DIRECTORY where it was saved, on HOST
 The JSON form (--json) carries the same fields with _bytes names; docs/pool.md lists them all.";
 
 /// `farvm pool`'s exit status when etcd did not answer (EX_UNAVAILABLE).
@@ -103,8 +109,9 @@ pub enum PoolCommand {
         json: bool,
     },
     /// Print racks → servers (capacity, used, reserved, free, VMs, health), hosts → VMs, the
-    /// fleet's oversubscription ratio (guest RAM / host-local RAM) and namespaces awaiting
-    /// collection.
+    /// fleet's oversubscription ratio (guest RAM / host-local RAM), the snapshots of pool VMs
+    /// (each owns its VM's namespace: what the servers hold for it, what its directory holds)
+    /// and namespaces awaiting collection.
     #[command(after_long_help = STATUS_COLUMNS)]
     Status {
         /// Print JSON instead of tables.
@@ -240,6 +247,23 @@ pub enum PoolCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Delete a pool VM's snapshot and free its pages. A snapshot saved by `farvm snapshot`
+    /// (or the API's vm.snapshot, `virsh save`) of a VM on the pool owns the VM's namespace on
+    /// the memory servers until it is restored (`farvm run --restore DIR`) or deleted here: in
+    /// one etcd transaction its record and placement go and its servers are handed to the
+    /// collectors, which drop the namespace; the command waits until they did (--wait
+    /// seconds). The snapshot's directory is left as it is (remove it yourself): it can no
+    /// longer be restored. ID is the SNAPSHOT column of `farvm pool status` (the saved VM's
+    /// uuid). Exit 1 if the pool holds no such snapshot (deleted or restored already).
+    #[command(name = "snapshot-delete")]
+    SnapshotDelete {
+        /// The snapshot's id (the saved VM's uuid).
+        #[arg(value_name = "ID")]
+        id: VmId,
+        /// Seconds to wait for the memory servers to drop the namespace (0: do not wait).
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        wait: u64,
+    },
     /// List (server, namespace) pairs of VMs whose lease expired but whose placement remains.
     Orphans {
         /// Print JSON.
@@ -321,6 +345,23 @@ pub fn run(args: PoolArgs) -> Result<()> {
             }
         }
         PoolCommand::Racks { cmd, json } => racks(&dir, cmd, json)?,
+        PoolCommand::SnapshotDelete { id, wait } => {
+            let snap = dir.delete_snapshot(id)?;
+            println!(
+                "snapshot {id} ({}, saved in {} on {}) deleted",
+                snap.vm.name, snap.dir, snap.host
+            );
+            if wait > 0 {
+                if dir.wait_reclaimed(id, Duration::from_secs(wait))? {
+                    println!("its namespace is dropped on every server");
+                } else {
+                    anyhow::bail!(
+                        "some memory servers have not dropped the namespace of {id} after {wait} s \
+                         (they will when they collect: `farvm pool status` lists what remains)"
+                    );
+                }
+            }
+        }
         PoolCommand::Plan { what, json } => {
             let view = dir.view()?;
             let plan = match what {

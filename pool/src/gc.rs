@@ -75,11 +75,11 @@ pub struct Orphan {
 }
 
 /// Every (server, namespace) pair to discard, in (VM, server) order: those of VMs that have
-/// placements but no record, and those a claimed VM's mark still lists.
+/// placements but neither a record nor a snapshot, and those a claimed VM's mark still lists.
 pub fn sweep(view: &PoolView) -> Vec<Orphan> {
     let mut out: BTreeMap<(VmId, ServerId), Vec<u32>> = BTreeMap::new();
     for (slab, rec) in &view.slabs {
-        if view.vms.contains_key(&slab.vm) {
+        if view.owned(&slab.vm) {
             continue;
         }
         for server in &rec.replicas {

@@ -1,15 +1,16 @@
 //! The pool's key layout in etcd. Everything lives under one prefix (default
 //! `/farvm/pool/v1`; the `v1` changes only with an incompatible layout):
 //!
-//! | key                                   | value            | lease            |
-//! |---------------------------------------|------------------|------------------|
-//! | `<prefix>/racks/<rack>`               | `{}`             | none             |
-//! | `<prefix>/servers/<server-id>`        | [`ServerRecord`] | the server's     |
-//! | `<prefix>/vms/<vm-uuid>`              | [`VmRecord`]     | the VM's         |
-//! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]   | none             |
-//! | `<prefix>/gc/<vm-uuid>`               | [`GcMark`]       | none             |
-//! | `<prefix>/drain/<server-id>`          | `{}`             | none             |
-//! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]         | none             |
+//! | key                                   | value              | lease        |
+//! |---------------------------------------|--------------------|--------------|
+//! | `<prefix>/racks/<rack>`               | `{}`               | none         |
+//! | `<prefix>/servers/<server-id>`        | [`ServerRecord`]   | the server's |
+//! | `<prefix>/vms/<vm-uuid>`              | [`VmRecord`]       | the VM's     |
+//! | `<prefix>/placement/<vm-uuid>/<slab>` | [`SlabRecord`]     | none         |
+//! | `<prefix>/gc/<vm-uuid>`               | [`GcMark`]         | none         |
+//! | `<prefix>/drain/<server-id>`          | `{}`               | none         |
+//! | `<prefix>/moves/<vm-uuid>/<slab>`     | [`Move`]           | none         |
+//! | `<prefix>/snapshots/<vm-uuid>`        | [`SnapshotRecord`] | none         |
 //!
 //! Values are JSON. `racks/` holds the racks the operator declared: a server registers only
 //! in a declared rack (a misspelt `--rack` must not create a new failure domain), and a rack is
@@ -20,8 +21,14 @@
 //! reads as draining (no new slabs) whatever its own record says, across its restarts. A
 //! `moves/` entry asks the VM's VMM to move one replica of one slab (a drain or a rebalance
 //! planned by the operator's command): the VMM copies the slab while the VM runs, commits the
-//! new placement and deletes the request.
+//! new placement and deletes the request. A `snapshots/` record owns a saved VM's namespace
+//! instead of its (leased) VM record: `farvm snapshot` of a pool VM moves the ownership there
+//! in one transaction, its placement stays, and a restore moves it back to a new leased VM
+//! record under the same uuid (so the snapshot is restored once); deleting the snapshot hands
+//! its servers to the collectors as [`VmRegistration::release`] does.
 //!
+//! [`SnapshotRecord`]: crate::record::SnapshotRecord
+//! [`VmRegistration::release`]: crate::VmRegistration::release
 //! [`ServerRecord`]: crate::record::ServerRecord
 //! [`VmRecord`]: crate::record::VmRecord
 //! [`SlabRecord`]: crate::record::SlabRecord
@@ -56,6 +63,8 @@ pub enum PoolKey {
     Drain(ServerId),
     /// `moves/<uuid>/<slab>`
     MoveRequest(VmId, u32),
+    /// `snapshots/<uuid>`
+    Snapshot(VmId),
 }
 
 impl KeyLayout {
@@ -131,6 +140,16 @@ impl KeyLayout {
         format!("{}/moves/{vm}/{slab}", self.prefix)
     }
 
+    /// `<prefix>/snapshots/` (every snapshot).
+    pub fn snapshots(&self) -> String {
+        format!("{}/snapshots/", self.prefix)
+    }
+
+    /// `<prefix>/snapshots/<uuid>`
+    pub fn snapshot(&self, vm: &VmId) -> String {
+        format!("{}/snapshots/{vm}", self.prefix)
+    }
+
     /// Parses a key under this prefix; `None` for anything else.
     pub fn parse(&self, key: &str) -> Option<PoolKey> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
@@ -140,6 +159,7 @@ impl KeyLayout {
             "servers" => ServerId::new(name).ok().map(PoolKey::Server),
             "vms" => name.parse().ok().map(PoolKey::Vm),
             "gc" => name.parse().ok().map(PoolKey::GcMark),
+            "snapshots" => name.parse().ok().map(PoolKey::Snapshot),
             "drain" => ServerId::new(name).ok().map(PoolKey::Drain),
             "placement" => {
                 let (vm, slab) = name.split_once('/')?;
@@ -174,6 +194,8 @@ mod tests {
         assert_eq!(k.parse(&k.vm(&vm)), Some(PoolKey::Vm(vm)));
         assert_eq!(k.parse(&k.slab(&vm, 17)), Some(PoolKey::Slab(vm, 17)));
         assert_eq!(k.parse(&k.gc_mark(&vm)), Some(PoolKey::GcMark(vm)));
+        assert_eq!(k.parse(&k.snapshot(&vm)), Some(PoolKey::Snapshot(vm)));
+        assert!(k.snapshot(&vm).starts_with(&k.snapshots()));
         let r = RackId::new("r1").unwrap();
         assert_eq!(k.rack(&r), "/farvm/pool/v1/racks/r1");
         assert!(k.rack(&r).starts_with(&k.racks()));

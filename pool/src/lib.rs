@@ -5,7 +5,9 @@
 //!   [`Directory::declare_racks`], [`Directory::remove_rack`], [`Directory::register_server`]
 //!   (only in a declared rack), [`Directory::admit_vm`], [`Directory::view`],
 //!   [`Directory::watch`], [`Directory::collect_garbage`], [`Directory::commit_move`],
-//!   [`Directory::set_draining`], [`Directory::status`]. Key layout: [`keys`].
+//!   [`Directory::set_draining`], [`Directory::status`], and the snapshots of pool VMs
+//!   ([`VmRegistration::hand_to_snapshot`], [`Directory::restore_snapshot`],
+//!   [`Directory::delete_snapshot`]). Key layout: [`keys`].
 //! * [`placement`] — pure, rack-aware and capacity-aware slab placement: admission with a
 //!   named shortfall, replica replacement, repair, drain and rebalance plans.
 //! * [`gc`] — finding the namespaces of VMs whose lease expired; the [`NamespaceReclaimer`]
@@ -31,6 +33,7 @@ pub mod status;
 pub mod units;
 pub mod view;
 
+pub use directory::SnapshotHolding;
 pub use directory::{
     Connectivity, Directory, DirectoryConfig, PoolError, PoolWatch, RegistrationState,
     ServerRegistration, VmRegistration,
@@ -38,6 +41,6 @@ pub use directory::{
 pub use gc::{GcReport, NamespaceReclaimer, Orphan};
 pub use ids::{RackId, ServerId, VmId};
 pub use placement::{AdmissionRequest, Move, PlacementError, Shortfall, VmPlacement};
-pub use record::{ServerHealth, ServerRecord, SlabRecord, VmRecord};
+pub use record::{ServerHealth, ServerRecord, SlabRecord, SnapshotRecord, VmRecord};
 pub use status::PoolStatus;
 pub use view::{PoolView, SlabRef};

@@ -110,6 +110,25 @@ impl VmRecord {
     }
 }
 
+/// A pool VM's snapshot: the owner of the saved VM's namespace and placement while the VM
+/// is not running (no lease: it lives until it is restored or deleted). Its key is the VM's
+/// uuid, which the restored VM keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The saved VM's record, written back under a new lease by the restore.
+    pub vm: VmRecord,
+    /// The snapshot's directory on `host`.
+    pub dir: String,
+    /// The host that saved it.
+    pub host: String,
+    /// Pages the memory servers hold for it (one copy each).
+    pub remote_pages: u64,
+    /// Pages the snapshot's directory holds (the resident ones).
+    pub local_pages: u64,
+    /// When it was saved (Unix milliseconds, the saving host's clock).
+    pub created_unix_ms: u64,
+}
+
 /// Where one slab of a VM lives: one replica per server, on distinct racks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlabRecord {

@@ -1,5 +1,5 @@
 //! The pool's status: racks (declared ones, also those with no server) → servers (capacity, used, reserved, free, VMs, health), hosts →
-//! VMs, namespaces awaiting collection, and the fleet's oversubscription ratio (guest RAM over
+//! VMs, snapshots of pool VMs, namespaces awaiting collection, and the fleet's oversubscription ratio (guest RAM over
 //! the host RAM VMs keep resident). Serialises to JSON and renders as a table.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -97,6 +97,31 @@ pub struct VmStatus {
     pub degraded_slabs: u32,
 }
 
+/// One snapshot of a pool VM (it owns the VM's namespace until restored or deleted).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotStatus {
+    /// The saved VM's id (the snapshot's id: `farvm pool snapshot-delete ID`).
+    pub uuid: VmId,
+    /// The VM's name.
+    pub name: String,
+    /// The host that saved it.
+    pub host: String,
+    /// Its directory there.
+    pub dir: String,
+    /// Its namespace on the memory servers.
+    pub namespace: u64,
+    /// Guest RAM.
+    pub guest_ram_bytes: u64,
+    /// Bytes the memory servers hold for it (one copy).
+    pub remote_bytes: u64,
+    /// Bytes of resident pages its directory holds.
+    pub local_bytes: u64,
+    /// Slabs placed.
+    pub slabs: u32,
+    /// When it was saved (Unix milliseconds).
+    pub created_unix_ms: u64,
+}
+
 /// Fleet totals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FleetStatus {
@@ -135,6 +160,8 @@ pub struct PoolStatus {
     pub hosts: Vec<HostStatus>,
     /// Live VMs in id order.
     pub vms: Vec<VmStatus>,
+    /// Snapshots of pool VMs in id order.
+    pub snapshots: Vec<SnapshotStatus>,
     /// (server, namespace) pairs of dead VMs awaiting collection.
     pub orphans: Vec<gc::Orphan>,
     /// Totals.
@@ -245,11 +272,28 @@ impl PoolStatus {
             local_ram_bytes: local,
             oversubscription: ratio(guest, local),
         };
+        let snapshots = view
+            .snapshots
+            .values()
+            .map(|s| SnapshotStatus {
+                uuid: s.vm.uuid,
+                name: s.vm.name.clone(),
+                host: s.host.clone(),
+                dir: s.dir.clone(),
+                namespace: s.vm.namespace,
+                guest_ram_bytes: s.vm.guest_ram_bytes,
+                remote_bytes: s.remote_pages * 4096,
+                local_bytes: s.local_pages * 4096,
+                slabs: s.vm.slabs,
+                created_unix_ms: s.created_unix_ms,
+            })
+            .collect();
         Self {
             revision: view.revision,
             racks,
             hosts: hosts.into_values().collect(),
             vms,
+            snapshots,
             orphans: gc::sweep(view),
             fleet,
         }
@@ -359,6 +403,27 @@ impl PoolStatus {
                     v.replication,
                     v.slabs,
                     v.degraded_slabs
+                );
+            }
+        }
+        if !self.snapshots.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{:<36} {:<14} {:<12} {:>10} {:>10} {:>10} {:>6}  DIRECTORY",
+                "SNAPSHOT", "NAME", "HOST", "GUEST", "REMOTE", "LOCAL", "SLABS"
+            );
+            for s in &self.snapshots {
+                let _ = writeln!(
+                    out,
+                    "{:<36} {:<14} {:<12} {:>10} {:>10} {:>10} {:>6}  {}",
+                    s.uuid.to_string(),
+                    s.name,
+                    s.host,
+                    fmt_bytes(s.guest_ram_bytes),
+                    fmt_bytes(s.remote_bytes),
+                    fmt_bytes(s.local_bytes),
+                    s.slabs,
+                    s.dir
                 );
             }
         }

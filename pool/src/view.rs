@@ -1,6 +1,6 @@
-//! A snapshot of the pool: every declared rack, every live server, every live VM, every slab placement and every
-//! garbage-collection mark, read at one etcd revision. Placement, garbage collection and the
-//! status model are pure functions of a view.
+//! The pool at one etcd revision: every declared rack, every live server, every live VM, every
+//! VM snapshot, every slab placement and every garbage-collection mark. Placement, garbage
+//! collection and the status model are pure functions of a view.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,7 +39,10 @@ pub struct PoolView {
     pub servers: BTreeMap<ServerId, ServerRecord>,
     /// Registered (live) VMs.
     pub vms: BTreeMap<VmId, VmRecord>,
-    /// Slab placements, of live VMs and of VMs whose lease expired.
+    /// Snapshots of pool VMs (each owns its VM's namespace and placement), by VM.
+    #[serde(default)]
+    pub snapshots: BTreeMap<VmId, crate::record::SnapshotRecord>,
+    /// Slab placements, of live VMs, of snapshots and of VMs whose lease expired.
     pub slabs: BTreeMap<SlabRef, SlabRecord>,
     /// VMs the garbage collector marked as gone.
     pub gc_marks: BTreeMap<VmId, GcMark>,
@@ -51,6 +54,11 @@ pub struct PoolView {
 }
 
 impl PoolView {
+    /// Whether something owns VM `vm`'s namespace: its (leased) record or a snapshot.
+    pub fn owned(&self, vm: &VmId) -> bool {
+        self.vms.contains_key(vm) || self.snapshots.contains_key(vm)
+    }
+
     /// Whether `rack` is declared: servers registered in any other rack take no slab.
     pub fn rack_declared(&self, rack: &RackId) -> bool {
         self.racks.contains(rack)

@@ -751,3 +751,71 @@ fn watch_follows_servers_coming_and_going() {
         .wait_for(PATIENCE, |v| v.servers.is_empty())
         .expect("the watch to see ms-a expire");
 }
+
+#[test]
+fn a_snapshot_owns_its_vms_namespace_until_restored_once_or_deleted() {
+    let etcd = etcd();
+    let d = dir(&etcd);
+    let _servers = three_racks(&d);
+    let req = vm_request(4 * GIB, GIB, 2);
+    let vm = d.admit_vm(&req, TTL).unwrap();
+    let expected = vm.placement().servers();
+    let holding = |dir: &str| farvm_pool::SnapshotHolding {
+        dir: dir.into(),
+        host: "host1".into(),
+        remote_pages: 1000,
+        local_pages: 10,
+    };
+    let snap = vm.hand_to_snapshot(holding("/snap/a")).unwrap();
+    assert_eq!(snap.vm.uuid, req.vm);
+    let view = d.view().unwrap();
+    assert!(!view.vms.contains_key(&req.vm) && view.snapshots.contains_key(&req.vm));
+    assert_eq!(view.vm_slabs(req.vm).count(), 3, "the placement stays");
+
+    // Past the VM's lease and with no grace, the collector leaves an owned namespace alone.
+    std::thread::sleep(TTL + Duration::from_secs(1));
+    let mut rec = Recorder::default();
+    let report = d.collect_garbage(&mut rec, Duration::ZERO).unwrap();
+    assert!(
+        report.reclaimed.is_empty() && report.waiting.is_empty(),
+        "{report:?}"
+    );
+    assert!(sweep(&d.view().unwrap()).is_empty());
+    let status = d.status().unwrap();
+    assert_eq!(status.snapshots.len(), 1);
+    assert_eq!(status.snapshots[0].dir, "/snap/a");
+    assert_eq!(status.snapshots[0].remote_bytes, 1000 * 4096);
+
+    // Restored once: the VM's record is back under a new lease, under the same id.
+    let (back, from) = d.restore_snapshot(req.vm, "host2", TTL).unwrap();
+    assert_eq!(from, snap);
+    assert_eq!(back.record().host, "host2");
+    assert_eq!(back.placement().servers(), expected);
+    let view = d.view().unwrap();
+    assert!(view.vms.contains_key(&req.vm) && view.snapshots.is_empty());
+    match d.restore_snapshot(req.vm, "host2", TTL) {
+        Err(e @ PoolError::NoSnapshot(_)) => {
+            assert!(e.to_string().contains("restored already"), "{e}")
+        }
+        other => panic!("restored twice: {other:?}"),
+    }
+
+    // Saved again, then deleted: the collectors get its servers; a second delete is refused.
+    back.hand_to_snapshot(holding("/snap/b")).unwrap();
+    let deleted = d.delete_snapshot(req.vm).unwrap();
+    assert_eq!(deleted.dir, "/snap/b");
+    let view = d.view().unwrap();
+    assert!(view.snapshots.is_empty() && view.vm_slabs(req.vm).count() == 0);
+    let pending: Vec<ServerId> = view.gc_marks[&req.vm]
+        .pending
+        .iter()
+        .map(|p| p.server.clone())
+        .collect();
+    assert_eq!(pending, expected);
+    assert!(matches!(
+        d.delete_snapshot(req.vm),
+        Err(PoolError::NoSnapshot(_))
+    ));
+    let report = d.collect_garbage(&mut rec, Duration::ZERO).unwrap();
+    assert_eq!(report.vms_reclaimed, vec![req.vm]);
+}

@@ -59,6 +59,7 @@ fn the_documented_status_fields_are_the_json_fields() {
         ("server", fields_of(&status, "ServerStatus")),
         ("host", fields_of(&status, "HostStatus")),
         ("vm", fields_of(&status, "VmStatus")),
+        ("snapshot", fields_of(&status, "SnapshotStatus")),
         ("orphan", fields_of(&gc, "Orphan")),
         ("fleet", fields_of(&status, "FleetStatus")),
     ]

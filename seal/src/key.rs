@@ -19,6 +19,14 @@ pub enum KeyError {
     /// The OS random number generator failed (getrandom).
     #[error("the OS random number generator failed: {0}")]
     Rng(getrandom::Error),
+    /// The key file could not be written (it exists, or the directory is not writable).
+    #[error("cannot write key file {path}")]
+    Write {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The key file could not be read.
     #[error("cannot read key file {path}")]
     Io {
@@ -97,6 +105,26 @@ impl PageKey {
             path: path.display().to_string(),
             reason,
         })
+    }
+
+    /// Writes the key into a new file at `path` (32 raw bytes, mode 0600, never over an
+    /// existing file), which [`PageKey::from_file`] reads: a snapshot of a VM whose pages stay
+    /// sealed on the memory servers keeps its key this way (the file holds the secret).
+    pub fn write_file(&self, path: &Path) -> Result<(), KeyError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let err = |source| KeyError::Write {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(err)?;
+        f.write_all(self.bytes.as_ref()).map_err(err)?;
+        f.sync_all().map_err(err)
     }
 
     /// The key's public id.

@@ -89,3 +89,21 @@ fn the_key_id_is_public_and_stable() {
     assert!(!debug.contains("0011") && !debug.contains("[0,"), "{debug}");
     assert!(debug.contains(&k.id().to_string()), "{debug}");
 }
+
+#[test]
+fn a_written_key_file_is_private_reads_back_as_the_same_key_and_is_never_overwritten() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("page.key");
+    let key = PageKey::generate().unwrap();
+    key.write_file(&path).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(PageKey::from_file(&path).unwrap().id(), key.id());
+    let other = PageKey::generate().unwrap();
+    let err = other
+        .write_file(&path)
+        .expect_err("an existing file is kept");
+    assert!(err.to_string().contains("cannot write key file"), "{err}");
+    assert_eq!(PageKey::from_file(&path).unwrap().id(), key.id());
+}

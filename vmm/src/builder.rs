@@ -256,6 +256,9 @@ pub fn build(cfg: &VmConfig) -> Result<Vm, BuildError> {
                 move || shared.upgrade().map(|s| s.vcpu_tids()).unwrap_or_default(),
             );
             vm.shared().set_guest_paging(remote.guest_paging().clone());
+            if let Some(saving) = remote.saving() {
+                vm.shared().set_remote_saving(saving);
+            }
             if cfg.is_linux() {
                 tracing::info!(
                     "Linux guest on remote memory: until a guest agent registers its slots, \

@@ -82,6 +82,8 @@ pub fn for_build_error(e: &crate::builder::BuildError) -> i32 {
         BuildError::Config(_)
         | BuildError::Remote(RemoteError::Config(_) | RemoteError::Token { .. }) => USAGE,
         BuildError::Remote(RemoteError::PoolUnavailable(_)) => POOL_UNAVAILABLE,
+        // A pool snapshot whose namespace the pool no longer holds for it: as a missing one.
+        BuildError::Remote(RemoteError::SnapshotGone(_)) => NO_INPUT,
         BuildError::Boot(BootError::Mem(_))
         | BuildError::Memory(_)
         | BuildError::Kvm(_)

@@ -138,6 +138,8 @@ pub struct VmShared {
     /// How the guest's page tables look, for the paging engine's page space (remote memory
     /// only); learnt from a vCPU's CR4 when the guest agent registers its slot.
     guest_paging: OnceLock<Arc<GuestPaging>>,
+    /// A pool VM's remote memory, for a snapshot that leaves remote pages on the servers.
+    remote_saving: OnceLock<crate::remote::RemoteSaving>,
     /// The KVM VM (its irqchip and clock are VM-wide state a snapshot saves); weak, so the VM
     /// fd still closes when the VM drops it.
     kvm_vm: OnceLock<Weak<VmFd>>,
@@ -173,6 +175,7 @@ impl VmShared {
             kvm_stats,
             paging: OnceLock::new(),
             guest_paging: OnceLock::new(),
+            remote_saving: OnceLock::new(),
             kvm_vm: OnceLock::new(),
         }
     }
@@ -267,6 +270,17 @@ impl VmShared {
     /// Paging statistics (remote memory only; `None` once the engine is gone).
     pub fn paging_stats(&self) -> Option<RemoteStats> {
         self.paging.get().and_then(StatsSource::stats)
+    }
+
+    /// A pool VM's remote memory as a snapshot needs it (set by the builder; None for any
+    /// other VM).
+    pub fn remote_saving(&self) -> Option<&crate::remote::RemoteSaving> {
+        self.remote_saving.get()
+    }
+
+    /// Sets [`VmShared::remote_saving`] (once).
+    pub(crate) fn set_remote_saving(&self, saving: crate::remote::RemoteSaving) {
+        let _ = self.remote_saving.set(saving);
     }
 
     /// The paging engine, while it runs (remote memory only).

@@ -13,119 +13,16 @@
 //! exits while etcd is paused leaves nothing on the servers.
 
 mod common;
+#[path = "common/pool.rs"]
+mod pool_harness;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{assert_native_report, kvm_available};
-use farvm_pool::local_etcd::LocalEtcd;
-use farvm_pool::{
-    Directory, DirectoryConfig, PoolStatus, PoolView, RackId, ServerHealth, ServerId, VmId,
-};
-
-/// Bound for things that happen after a lease TTL or a copy (never a timing assertion: the
-/// tests wait for a condition and fail only if it never comes).
-const PATIENCE: Duration = Duration::from_secs(120);
-
-struct Member {
-    child: Child,
-    id: ServerId,
-}
-
-impl Member {
-    /// A memory server of the pool at `url`, listening.
-    fn start(url: &str, rack: &str, id: &str, capacity: &str) -> Self {
-        let mut child = memserver(url, rack, id, capacity)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn farvm-memserver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("listening "), "{line:?}");
-        Member {
-            child,
-            id: ServerId::new(id).unwrap(),
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Pool {
-    etcd: LocalEtcd,
-    dir: Directory,
-    members: Vec<Member>,
-}
-
-impl Pool {
-    /// etcd with `racks` declared, plus one memory server per entry of `racks` (`capacity`
-    /// each).
-    fn start(racks: &[&str], capacity: &str) -> Self {
-        let etcd = LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"));
-        let dir = Directory::connect(DirectoryConfig::new(vec![etcd.endpoint()])).unwrap();
-        let declared: Vec<RackId> = racks.iter().map(|r| RackId::new(*r).unwrap()).collect();
-        dir.declare_racks(&declared).unwrap();
-        let members: Vec<Member> = racks
-            .iter()
-            .enumerate()
-            .map(|(i, rack)| {
-                Member::start(&etcd.endpoint(), rack, &format!("ms{i}-{rack}"), capacity)
-            })
-            .collect();
-        let pool = Self { etcd, dir, members };
-        pool.wait("every server registered", |v| {
-            pool.members.iter().all(|m| v.servers.contains_key(&m.id))
-        });
-        pool
-    }
-
-    fn url(&self) -> String {
-        self.etcd.endpoint()
-    }
-
-    fn wait(&self, what: &str, pred: impl Fn(&PoolView) -> bool) -> PoolView {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Ok(v) = self.dir.view() {
-                if pred(&v) {
-                    return v;
-                }
-                assert!(Instant::now() < deadline, "never saw {what}: {v:#?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn used(v: &PoolView) -> u64 {
-        v.servers.values().map(|s| s.used_bytes).sum()
-    }
-}
-
-/// `farvm-memserver --pool URL --rack RACK --pool-id ID` on loopback.
-fn memserver(url: &str, rack: &str, id: &str, capacity: &str) -> Command {
-    let bin = farvm_vmm::remote::local_server::binary().expect("farvm-memserver binary");
-    let mut c = Command::new(bin);
-    c.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--capacity",
-        capacity,
-        "--pool",
-        url,
-    ])
-    .args(["--rack", rack, "--pool-id", id])
-    .args(["--pool-ttl", "2", "--pool-gc-grace", "0"]);
-    c
-}
+use farvm_pool::{PoolStatus, PoolView, ServerHealth, ServerId, VmId};
+use pool_harness::{memserver, Member, Pool, PATIENCE};
 
 fn farvm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_farvm"))

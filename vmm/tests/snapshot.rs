@@ -8,10 +8,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{assert_native_report, kvm_available};
-use farvm_guest_agent::pv::{phase, state};
+use common::{assert_native_report, kvm_available, wait_for_measured_phase};
 
 /// Read-modify-write passes that check every word they read: a page restored wrong fails the
 /// run, naming the word.
@@ -27,27 +25,6 @@ fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// Waits (bounded) until the VM behind `sock` runs its first process's measured phase.
-fn wait_for_measured_phase(sock: &Path, first: &mut std::process::Child) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Some(status) = first.try_wait().unwrap() {
-            panic!("the VM exited ({status}) before its workload's measured phase");
-        }
-        if let Ok(v) = farvm_vmm::control::request(sock, "stats") {
-            let p = &v["processes"][0];
-            if p["state"] == state::RUNNING && p["phase"] == phase::MEASURE {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the workload did not reach its measured phase"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -171,12 +148,12 @@ fn bad_snapshots_are_named_errors_with_their_exit_status() {
 
     std::fs::write(
         dir.join("manifest.json"),
-        r#"{"format":"farvm-snapshot","version":2}"#,
+        r#"{"format":"farvm-snapshot","version":3}"#,
     )
     .unwrap();
     let (code, err) = restore(&dir);
     assert_eq!(code, Some(65), "{err}");
-    assert!(err.contains("format version 2"), "{err}");
+    assert!(err.contains("format version 3"), "{err}");
 
     // --restore takes the VM's description from the snapshot.
     let o = farvm()

@@ -32,6 +32,11 @@ pub(crate) fn build_view<'a>(
                 .filter(|r: &crate::record::VmRecord| r.uuid == id)
                 .map(|r| view.vms.insert(id, r))
                 .is_some(),
+            Some(PoolKey::Snapshot(id)) => serde_json::from_slice(value)
+                .ok()
+                .filter(|r: &crate::record::SnapshotRecord| r.vm.uuid == id)
+                .map(|r| view.snapshots.insert(id, r))
+                .is_some(),
             Some(PoolKey::Slab(vm, index)) => serde_json::from_slice(value)
                 .ok()
                 .map(|r| view.slabs.insert(SlabRef { vm, index }, r))

@@ -54,6 +54,13 @@ pub enum PoolError {
     /// outage and whose rack was removed meanwhile).
     #[error("pool registration lost: {0}")]
     Lost(String),
+    /// The pool holds no snapshot of this VM: never saved on a pool, deleted, or restored
+    /// already (a pool snapshot is restored once).
+    #[error(
+        "the pool holds no snapshot of VM {0}: it was deleted, or restored already (a pool \
+         snapshot is restored once: the restored VM overwrites its remote pages)"
+    )]
+    NoSnapshot(VmId),
     /// A VM with this id is registered already.
     #[error("VM {0} is already registered in the pool")]
     AlreadyRegistered(VmId),

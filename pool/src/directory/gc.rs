@@ -19,7 +19,7 @@ fn now_ms() -> u64 {
 impl Directory {
     /// One garbage-collection sweep.
     ///
-    /// A VM with placements but no record is marked the first time it is seen; once its mark
+    /// A VM with placements but neither a record nor a snapshot is marked the first time it is seen; once its mark
     /// is `grace` old (at once with a zero grace) and the VM has not registered again, the
     /// collector claims it (one transaction, only while the VM record is absent: deletes its
     /// placement and lists the servers in the mark), then discards its namespace on every
@@ -39,7 +39,7 @@ impl Directory {
         let grace_ms = grace.as_millis() as u64;
 
         for (vm, mark) in &view.gc_marks {
-            if mark.pending.is_empty() && view.vms.contains_key(vm) {
+            if mark.pending.is_empty() && view.owned(vm) {
                 sh.call(kv.delete(sh.keys.gc_mark(vm), None))?;
                 report.marks_cleared.push(*vm);
             }
@@ -51,6 +51,13 @@ impl Directory {
         }
         for (vm, orphans) in by_vm {
             let vm_key = sh.keys.vm(&vm);
+            // A VM is unowned while it has neither a record nor a snapshot.
+            let unowned = || {
+                [
+                    Compare::create_revision(vm_key.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(sh.keys.snapshot(&vm), CompareOp::Equal, 0),
+                ]
+            };
             let mark_key = sh.keys.gc_mark(&vm);
             let mark = view.gc_marks.get(&vm);
             let claimed = mark.is_some_and(|m| !m.pending.is_empty());
@@ -62,17 +69,11 @@ impl Directory {
                             first_seen_unix_ms: now_ms(),
                             pending: Vec::new(),
                         };
-                        let put = Txn::new()
-                            .when([Compare::create_revision(
-                                vm_key.clone(),
-                                CompareOp::Equal,
-                                0,
-                            )])
-                            .and_then([TxnOp::put(
-                                mark_key.clone(),
-                                to_json(&m)?,
-                                None::<PutOptions>,
-                            )]);
+                        let put = Txn::new().when(unowned()).and_then([TxnOp::put(
+                            mark_key.clone(),
+                            to_json(&m)?,
+                            None::<PutOptions>,
+                        )]);
                         if !sh.call(kv.txn(put))?.succeeded() {
                             continue; // registered again meanwhile
                         }
@@ -95,23 +96,17 @@ impl Directory {
                         })
                         .collect(),
                 };
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        vm_key.clone(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([
-                        TxnOp::delete(
-                            sh.keys.vm_placement(&vm),
-                            Some(DeleteOptions::new().with_prefix()),
-                        ),
-                        TxnOp::delete(
-                            sh.keys.vm_moves(&vm),
-                            Some(DeleteOptions::new().with_prefix()),
-                        ),
-                        TxnOp::put(mark_key.clone(), to_json(&claim)?, None::<PutOptions>),
-                    ]);
+                let txn = Txn::new().when(unowned()).and_then([
+                    TxnOp::delete(
+                        sh.keys.vm_placement(&vm),
+                        Some(DeleteOptions::new().with_prefix()),
+                    ),
+                    TxnOp::delete(
+                        sh.keys.vm_moves(&vm),
+                        Some(DeleteOptions::new().with_prefix()),
+                    ),
+                    TxnOp::put(mark_key.clone(), to_json(&claim)?, None::<PutOptions>),
+                ]);
                 if !sh.call(kv.txn(txn))?.succeeded() {
                     continue;
                 }
@@ -159,10 +154,7 @@ impl Directory {
         }
         // Marks of VMs whose placement vanished some other way (retired after being marked).
         for (vm, mark) in &view.gc_marks {
-            if mark.pending.is_empty()
-                && !view.vms.contains_key(vm)
-                && view.vm_slabs(*vm).next().is_none()
-            {
+            if mark.pending.is_empty() && !view.owned(vm) && view.vm_slabs(*vm).next().is_none() {
                 sh.call(kv.delete(sh.keys.gc_mark(vm), None::<DeleteOptions>))?;
             }
         }

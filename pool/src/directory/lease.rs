@@ -31,6 +31,15 @@ pub(crate) enum Holder {
 }
 
 impl Holder {
+    /// The holder of VM `vm`'s record, with `slabs` slabs placed, under `keys`.
+    pub(crate) fn vm(keys: &crate::keys::KeyLayout, vm: &crate::ids::VmId, slabs: u32) -> Self {
+        Self::Vm {
+            placement_prefix: keys.vm_placement(vm),
+            gc_mark: keys.gc_mark(vm),
+            slabs,
+        }
+    }
+
     /// Why a registration of this holder could not be renewed.
     fn lost_reason(&self) -> String {
         match self {

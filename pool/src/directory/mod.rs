@@ -20,12 +20,14 @@ mod gc;
 mod lease;
 mod racks;
 mod server;
+mod snapshot;
 mod vm;
 mod watch;
 
 pub use error::PoolError;
 pub use lease::RegistrationState;
 pub use server::ServerRegistration;
+pub use snapshot::SnapshotHolding;
 pub use vm::VmRegistration;
 pub use watch::PoolWatch;
 

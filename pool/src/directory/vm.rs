@@ -90,11 +90,7 @@ impl Directory {
                         value,
                         Duration::from_secs(ttl_s),
                         lease,
-                        Holder::Vm {
-                            placement_prefix: sh.keys.vm_placement(&req.vm),
-                            gc_mark: sh.keys.gc_mark(&req.vm),
-                            slabs: record.slabs,
-                        },
+                        Holder::vm(&sh.keys, &req.vm, record.slabs),
                     );
                     return Ok(VmRegistration {
                         dir: self.clone(),
@@ -149,6 +145,31 @@ impl std::fmt::Debug for VmRegistration {
 }
 
 impl VmRegistration {
+    /// A registration from its parts (a restored snapshot's, `snapshot.rs`).
+    pub(super) fn from_parts(
+        dir: Directory,
+        record: VmRecord,
+        placement: VmPlacement,
+        task: LeaseTask,
+    ) -> Self {
+        Self {
+            dir,
+            record,
+            placement,
+            task,
+        }
+    }
+
+    /// The directory it was made by.
+    pub(super) fn dir(&self) -> &Directory {
+        &self.dir
+    }
+
+    /// Its lease task.
+    pub(super) fn task_mut(&mut self) -> &mut LeaseTask {
+        &mut self.task
+    }
+
     /// The VM's record.
     pub fn record(&self) -> &VmRecord {
         &self.record

@@ -382,9 +382,11 @@ impl ApiState {
         let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
         let mut spec = snap.spec();
         spec.name = Some(self.name.clone());
-        let config = spec
+        let mut config = spec
             .to_config()
             .map_err(|e| failed(e.render(&super::factory::ApiNames)))?;
+        snap.prepare(&mut config)
+            .map_err(|e| failed(e.to_string()))?;
         let create = CreateSpec {
             vcpus: spec.vcpus,
             memory: spec.memory,

@@ -36,6 +36,11 @@ pub fn spec(snap: &Snapshot, a: &RunArgs) -> VmSpec {
     spec
 }
 
+/// Readies `cfg` (from [`spec`]) for the snapshot: a pool VM takes its namespace back.
+pub fn prepare(snap: &Snapshot, cfg: &mut farvm_vmm::builder::VmConfig) -> Result<(), Failure> {
+    snap.prepare(cfg).map_err(failure)
+}
+
 /// Loads the snapshot into `vm` (built from [`spec`], not started).
 pub fn load(snap: &Snapshot, vm: &Vm) -> Result<(), Failure> {
     let started = std::time::Instant::now();

@@ -118,10 +118,14 @@ SNAPSHOTS
 --restore DIR builds the VM again from DIR/manifest.json (its description: memory, vCPUs,
 remote-memory options, workloads) and resumes the guest where it was saved: its vCPUs,
 interrupt controllers, clock, serial console, PV device and all of guest RAM are loaded before
-it runs. A snapshot holds every page of guest RAM (the remote ones read back from the memory
-servers, as every VMM writes all of RAM; with --pool too, for now: the saved VM's pages leave
-the pool when it stops); the restored VM pages them out again under the same --local-memory,
-to its memory servers (a new embedded one by default) or its pool. With --restore, the
+it runs. Without a pool a snapshot holds every page of guest RAM (the remote ones read back
+from the memory servers, as every VMM writes all of RAM), and the restored VM pages them out
+again under the same --local-memory to its memory servers (a new embedded one by default).
+A pool VM's snapshot holds its resident pages only: the restore takes the snapshot's
+namespace back from the pool in one etcd transaction (refused, exit 66, once the pool holds
+no such snapshot: restored already or deleted, since the restored VM overwrites its pages),
+loads the resident pages and faults the others from the pool's servers as the guest touches
+them. With --restore, the
 options that describe the VM (--memory, --vcpus, --workload, --kernel, the remote-memory
 options, ...) are the snapshot's and may not be given; --name, --serial, --serial-in,
 --guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
@@ -675,7 +679,9 @@ pub fn run(a: RunArgs) -> Result<i32> {
     let cfg = match (&snapshot, &a.domain) {
         (Some(snap), _) => {
             spec = super::restore::spec(snap, &a);
-            spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?
+            let mut cfg = spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?;
+            super::restore::prepare(snap, &mut cfg)?;
+            cfg
         }
         (None, Some(path)) => {
             let names = super::domain::apply(&mut spec, path)?;

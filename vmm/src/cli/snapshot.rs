@@ -21,12 +21,19 @@ resumes it where it was.
 The VM is paused; every vCPU's state (registers, FPU/XSAVE, MSRs, local APIC, pending
 events), KVM's interrupt controllers and clock, the serial console's and the PV control
 device's state and the VM's description go into DIR/manifest.json (a versioned format), and
-guest RAM into DIR/memory.pages: every page, including the remote ones, which are read back
-from the memory servers, as every VMM writes all of RAM (pages of zeros are holes in a sparse
-file). A VM on a memory pool is saved the same way for now: its pages leave the pool when it
-stops, and the restored VM joins the pool again. The manifest is written last: a directory with a manifest holds a whole snapshot. Once
-saved, the VM stops and its `farvm run` exits 0. A save that fails (a full disk, a device that
-cannot be saved yet) removes what it wrote and leaves the VM running, with the reason.
+guest RAM into DIR/memory.pages (pages of zeros are holes in a sparse file). Without a
+memory pool every page is written, the remote ones read back from the memory servers, as
+every VMM writes all of RAM, and the save says so. A VM on a memory pool (--pool) writes its
+resident pages only: its remote pages stay on the pool's servers, DIR/remote.pages lists
+them (page number and content fingerprint) and DIR/page.key (mode 0600) holds the key that
+sealed them, so the directory holds a secret; in one etcd transaction the VM's namespace
+passes from its leased record to a snapshot record of the pool (`farvm pool status` lists
+it; `farvm pool snapshot-delete ID` frees its pages), and the VM's exit leaves it there. Such
+a snapshot is restored once: the restored VM takes the namespace back and overwrites its
+pages. The manifest is written last: a directory with a manifest holds a whole snapshot.
+Once saved, the VM stops and its `farvm run` exits 0. A save that fails (a full disk, a
+device that cannot be saved yet, etcd not answering) removes what it wrote, leaves the
+namespace with the VM and the VM running, with the reason.
 
 The test guest can be saved; a VM with a virtio disk or network device, or a Linux guest (its
 agent device), is refused before it is paused. DIR is created if missing; a directory that
@@ -64,8 +71,17 @@ pub fn run(a: SnapshotArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
+    let kept = match v["pool_snapshot"].as_str() {
+        Some(id) => format!(
+            "{} pages left in the memory pool (its snapshot {id} owns them: `farvm pool \
+             snapshot-delete {id}` frees them)",
+            v["remote_pages"].as_u64().unwrap_or(0)
+        ),
+        None => "every page written (no memory pool)".to_owned(),
+    };
     println!(
-        "saved to {}: {} of guest RAM, {} pages written, paused {:.2} s; the VM has stopped",
+        "saved to {}: {} of guest RAM, {} pages written, {kept}, paused {:.2} s; the VM has \
+         stopped",
         dir.display(),
         format_size(v["memory_bytes"].as_u64().unwrap_or(0)),
         v["pages_written"].as_u64().unwrap_or(0),

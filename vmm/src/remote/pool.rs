@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -99,7 +99,14 @@ pub struct PoolAdmission {
 /// the namespaces to the servers' garbage collectors.
 pub struct PoolVm {
     dir: Directory,
-    reg: Option<VmRegistration>,
+    /// Taken by a snapshot that the namespace is handed to ([`PoolVm::snapshot_handle`]):
+    /// then the release at exit leaves the namespace alone.
+    reg: Arc<Mutex<Option<VmRegistration>>>,
+    /// This host's name in the pool.
+    host: String,
+    /// The snapshot this VM was restored from, until the snapshot is loaded
+    /// ([`PoolHandoff::restore_done`]; see [`PoolVm::abandon_start`]).
+    restored_from: Arc<Mutex<Option<farvm_pool::SnapshotHolding>>>,
     vm: VmId,
     servers: Vec<(ServerId, Endpoint)>,
     transport: Transport,
@@ -279,6 +286,71 @@ impl PoolVm {
             min_wire_version: PROTOCOL_VERSION,
         };
         let reg = admit_when_servers_register(&dir, spec, &req)?;
+        Self::joined(dir, spec, reg, r)
+    }
+
+    /// Restores the pool VM `vm` saved in a snapshot: its snapshot record's ownership of the
+    /// namespace passes to a new leased record under the same id (one etcd transaction,
+    /// refused with [`PoolError::NoSnapshot`] if the record is gone: restored already or
+    /// deleted), and the VM's client reaches its slabs where the placement records say.
+    pub fn restore(spec: &PoolSpec, vm: VmId) -> Result<(Self, PoolAdmission), RemoteError> {
+        let mut cfg = DirectoryConfig::new(spec.endpoints.clone());
+        cfg.prefix = spec.prefix.clone();
+        let dir = Directory::connect(cfg).map_err(pool_err)?;
+        let (reg, snap) = patiently("restoring the snapshot's namespace", spec.wait, || {
+            dir.restore_snapshot(vm, &spec.host, spec.lease_ttl)
+        })
+        .map_err(|e| match e {
+            PoolError::NoSnapshot(_) => RemoteError::SnapshotGone(e.to_string()),
+            e => admission_err(e, spec.wait),
+        })?;
+        let r = reg.record().replication.max(1) as usize;
+        let back = farvm_pool::SnapshotHolding {
+            dir: snap.dir,
+            host: snap.host,
+            remote_pages: snap.remote_pages,
+            local_pages: snap.local_pages,
+        };
+        let (member, admission) = Self::joined(dir, spec, reg, r)?;
+        *lock(&member.restored_from) = Some(back);
+        Ok((member, admission))
+    }
+
+    /// The exit of the VM: one restored from a snapshot that was not loaded (the start
+    /// failed) hands its namespace back to its snapshot, which can be restored again; any
+    /// other is released ([`PoolVm::release`]).
+    pub fn exit(self, wait: Duration) {
+        let back = lock(&self.restored_from).take();
+        let Some(back) = back else {
+            self.release(wait);
+            return;
+        };
+        let handoff = self.snapshot_handle();
+        match handoff.hand_to_snapshot(
+            std::path::Path::new(&back.dir),
+            back.remote_pages,
+            back.local_pages,
+        ) {
+            Ok(_) => {
+                tracing::info!(vm = %self.vm, "memory pool: the restore failed; the namespace is its snapshot's again")
+            }
+            Err(e) => {
+                tracing::error!(vm = %self.vm, "memory pool: the restore failed and the namespace could not be handed back to the snapshot: {e}");
+                self.release(wait);
+            }
+        }
+    }
+
+    /// The membership of a registered VM: the servers its client connects to and each pool
+    /// slab's home among them.
+    fn joined(
+        dir: Directory,
+        spec: &PoolSpec,
+        reg: VmRegistration,
+        r: usize,
+    ) -> Result<(Self, PoolAdmission), RemoteError> {
+        let vm = reg.record().uuid;
+        let slab_bytes = reg.record().slab_bytes;
         let view = match patiently("reading the pool", spec.wait, || dir.view()) {
             Ok(v) => v,
             Err(e) => {
@@ -318,20 +390,22 @@ impl PoolVm {
             })
             .collect();
         let admission = PoolAdmission {
-            vm: req.vm,
-            namespace: req.vm.namespace(),
+            vm,
+            namespace: vm.namespace(),
             servers: servers.iter().map(|(_, e)| *e).collect(),
             homes,
             replication: r.min(servers.len().max(1)),
-            slab_bytes: req.slab_bytes,
+            slab_bytes,
         };
-        tracing::info!(vm = %req.vm, name, servers = servers.len(), slabs = reg.placement().slabs.len(), slab_bytes = req.slab_bytes, "admitted to the memory pool");
+        tracing::info!(%vm, name = %reg.record().name, servers = servers.len(), slabs = reg.placement().slabs.len(), slab_bytes = slab_bytes, "admitted to the memory pool");
         let slabs = reg.record().slabs;
         Ok((
             Self {
                 dir,
-                reg: Some(reg),
-                vm: req.vm,
+                reg: Arc::new(Mutex::new(Some(reg))),
+                host: spec.host.clone(),
+                restored_from: Arc::new(Mutex::new(None)),
+                vm,
                 servers,
                 transport: spec.transport,
                 slabs,
@@ -350,9 +424,18 @@ impl PoolVm {
 
     /// Whether the lease is alive (see [`RegistrationState`]).
     pub fn state(&self) -> RegistrationState {
-        self.reg
+        lock(&self.reg)
             .as_ref()
             .map_or(RegistrationState::Stopped, |r| r.state())
+    }
+
+    /// What a snapshot of this VM hands its namespace through.
+    pub fn snapshot_handle(&self) -> PoolHandoff {
+        PoolHandoff {
+            reg: self.reg.clone(),
+            host: self.host.clone(),
+            restored_from: self.restored_from.clone(),
+        }
     }
 
     /// Has the follower call `f` (once) if it finds this VM's placement reclaimed: its lease
@@ -402,7 +485,8 @@ impl PoolVm {
     /// and the servers collect the namespace then.
     pub fn release(mut self, wait: Duration) -> bool {
         self.stop_follower();
-        let Some(reg) = self.reg.take() else {
+        let Some(reg) = lock(&self.reg).take() else {
+            tracing::info!(vm = %self.vm, "memory pool: the VM's namespace belongs to its snapshot; left on the servers");
             return false;
         };
         let vm = self.vm;
@@ -422,6 +506,63 @@ impl PoolVm {
             Err(e) => {
                 tracing::warn!(%vm, "memory pool: {e}");
                 false
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hands a pool VM's namespace to its snapshot (`crate::snapshot`): the registration leaves
+/// the VM, so that its release at exit leaves the namespace on the servers.
+#[derive(Clone)]
+pub struct PoolHandoff {
+    reg: Arc<Mutex<Option<VmRegistration>>>,
+    host: String,
+    restored_from: Arc<Mutex<Option<farvm_pool::SnapshotHolding>>>,
+}
+
+impl PoolHandoff {
+    /// The snapshot this VM was restored from is loaded: from now on the VM owns the
+    /// namespace for good (its guest will overwrite the remote pages), and its exit releases
+    /// it.
+    pub fn restore_done(&self) {
+        lock(&self.restored_from).take();
+    }
+
+    /// The VM's id in the pool, while it owns its namespace.
+    pub fn vm(&self) -> Option<VmId> {
+        lock(&self.reg).as_ref().map(|r| r.record().uuid)
+    }
+
+    /// In one etcd transaction, the VM's leased record gives way to a snapshot record naming
+    /// `dir` and what it holds (see `farvm_pool::VmRegistration::hand_to_snapshot`). On
+    /// failure the VM keeps its registration and its namespace.
+    pub fn hand_to_snapshot(
+        &self,
+        dir: &std::path::Path,
+        remote_pages: u64,
+        local_pages: u64,
+    ) -> Result<farvm_pool::SnapshotRecord, PoolError> {
+        let mut slot = lock(&self.reg);
+        let Some(reg) = slot.take() else {
+            return Err(PoolError::Lost(
+                "the VM's namespace was handed to a snapshot already".into(),
+            ));
+        };
+        let holding = farvm_pool::SnapshotHolding {
+            dir: dir.display().to_string(),
+            host: self.host.clone(),
+            remote_pages,
+            local_pages,
+        };
+        match reg.hand_to_snapshot(holding) {
+            Ok(rec) => Ok(rec),
+            Err((reg, e)) => {
+                *slot = Some(*reg);
+                Err(e)
             }
         }
     }

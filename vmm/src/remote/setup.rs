@@ -59,6 +59,10 @@ pub enum RemoteError {
     /// The memory pool failed (`--pool`).
     #[error("memory pool: {0}")]
     Pool(String),
+    /// The snapshot being restored no longer owns its namespace in the pool (restored already,
+    /// or deleted).
+    #[error("memory pool: {0}")]
+    SnapshotGone(String),
     /// The memory pool cannot take the VM: no room for its replicas, or etcd did not answer
     /// within `--pool-wait`.
     #[error("memory pool: {0}")]
@@ -127,6 +131,8 @@ pub struct RemoteSpec {
     /// The page key (`--memory-key-file`: 32 raw bytes or 64 hex digits); `None`: a key drawn
     /// from the OS RNG for this run only.
     pub memory_key_file: Option<PathBuf>,
+    /// Restoring a pool VM's snapshot: take its namespace back instead of being admitted.
+    pub pool_restore: Option<super::PoolRestore>,
 }
 
 impl RemoteSpec {
@@ -152,6 +158,7 @@ impl RemoteSpec {
             guest_memory: None,
             page_encryption: true,
             memory_key_file: None,
+            pool_restore: None,
         }
     }
 }
@@ -379,6 +386,10 @@ pub struct RemoteMemory {
     servers: Vec<Endpoint>,
     local: Option<LocalServer>,
     pool: Option<PoolVm>,
+    /// The page key, if pages are sealed (a snapshot of a pool VM keeps it).
+    page_key: Option<PageKey>,
+    /// The VM's namespace on the memory servers.
+    namespace: u64,
     fault_path_cpu: Option<usize>,
     guest_paging: Arc<GuestPaging>,
     stage2_prefault: bool,
@@ -427,8 +438,10 @@ impl RemoteMemory {
                 Budget::Bytes(b) => b,
                 Budget::Percent(p) => (mem_bytes as f64 * p / 100.0) as u64 & !4095,
             };
-            let (member, admission) =
-                PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?;
+            let (member, admission) = match &spec.pool_restore {
+                Some(r) => PoolVm::restore(ps, r.vm)?,
+                None => PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?,
+            };
             pool = Some((member, admission.clone()));
             (admission.servers, None)
         } else if spec.servers.is_empty() {
@@ -480,15 +493,28 @@ impl RemoteMemory {
         if local.is_some() && spec.fault_path_cpu.is_some() {
             ccfg.demand_poll = DEMAND_POLL;
         }
+        let key_spec;
+        let spec = match spec.pool_restore.as_ref().filter(|_| spec.pool.is_some()) {
+            // A restored pool VM opens its remote pages with the snapshot's key.
+            Some(r) => {
+                key_spec = RemoteSpec {
+                    memory_key_file: r.key_file.clone(),
+                    ..spec.clone()
+                };
+                &key_spec
+            }
+            None => spec,
+        };
         ccfg.page_key = match page_key(spec, &servers) {
             Ok(k) => k,
             Err(e) => {
                 if let Some((member, _)) = pool {
-                    member.release(Duration::from_secs(5));
+                    member.exit(Duration::from_secs(5));
                 }
                 return Err(e);
             }
         };
+        let client_key = ccfg.page_key.clone();
         if let Some(path) = &spec.token_file {
             let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
                 path: path.clone(),
@@ -522,11 +548,22 @@ impl RemoteMemory {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 if let Some((member, _)) = pool {
-                    member.release(Duration::from_secs(5));
+                    member.exit(Duration::from_secs(5));
                 }
                 return Err(RemoteError::Connect(e.to_string()));
             }
         };
+        let span = crate::layout::ram_ranges(mem_bytes)
+            .last()
+            .map_or(mem_bytes, |&(gpa, len)| gpa + len);
+        if let (Some(_), Some((_, admission))) = (&spec.pool_restore, &pool) {
+            // The saved VM's client wrote these slabs: reads go to their servers.
+            let slabs = client.adopt_home_placements(admission.namespace, span / 4096);
+            tracing::info!(
+                slabs,
+                "restored pool VM: its slabs are where the pool placed them"
+            );
+        }
         let (pool, namespace) = match pool {
             Some((mut member, admission)) => {
                 member.follow(Arc::downgrade(&client));
@@ -541,9 +578,6 @@ impl RemoteMemory {
                 slots: 256,
             },
         );
-        let span = crate::layout::ram_ranges(mem_bytes)
-            .last()
-            .map_or(mem_bytes, |&(gpa, len)| gpa + len);
         let mut cfg = EngineConfig::new(span);
         // A share is of guest RAM, not of the span with the hole in it.
         cfg.budget = match spec.budget {
@@ -571,7 +605,7 @@ impl RemoteMemory {
             Err(e) => {
                 store.stop();
                 if let Some(member) = pool {
-                    member.release(Duration::from_secs(5));
+                    member.exit(Duration::from_secs(5));
                 }
                 return Err(e.into());
             }
@@ -583,6 +617,8 @@ impl RemoteMemory {
             servers,
             local,
             pool,
+            page_key: client_key,
+            namespace,
             fault_path_cpu: spec.fault_path_cpu,
             guest_paging,
             stage2_prefault: spec.stage2_prefault,
@@ -598,6 +634,18 @@ impl RemoteMemory {
             tracing::info!(cpu, "fault path pinned (vCPU 0 follows when it starts)");
         }
         Ok(remote)
+    }
+
+    /// What a snapshot needs to leave this VM's remote pages on its pool's servers (None
+    /// without a pool: a snapshot then writes every page).
+    pub fn saving(&self) -> Option<super::RemoteSaving> {
+        let pool = self.pool.as_ref()?;
+        Some(super::RemoteSaving {
+            engine: self.engine.clone(),
+            namespace: self.namespace,
+            key: self.page_key.clone(),
+            pool: pool.snapshot_handle(),
+        })
     }
 
     /// The engine (guest RAM, stats).
@@ -823,7 +871,7 @@ impl RemoteMemory {
         }
         // The VM is gone and its client closed: the servers may drop its pages now.
         if let Some(member) = pool {
-            member.release(Duration::from_secs(10));
+            member.exit(Duration::from_secs(10));
         }
     }
 }

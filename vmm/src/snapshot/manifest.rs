@@ -3,7 +3,9 @@
 //! VM-wide state and the devices'. It is written last (to a temporary name, then renamed), so
 //! a directory with a manifest holds a complete snapshot.
 //!
-//! Reading checks the format and version before the rest, so a manifest of another version is
+//! Version 1 holds every page in the page file; version 2 is a pool VM's snapshot, whose
+//! remote pages stayed on the memory servers ([`Manifest::pool`]). Reading checks the format
+//! and version before the rest, so a manifest of another version is
 //! [`SnapshotError::Version`], not a parse error.
 
 use std::path::Path;
@@ -13,6 +15,7 @@ use serde_json::Value;
 
 use super::machine::{DeviceState, KvmState};
 use super::pages::MemoryRecord;
+use super::remote::RemoteRecord;
 use super::SnapshotError;
 use crate::spec::VmSpec;
 use crate::vstate::vcpu::VcpuState;
@@ -23,8 +26,12 @@ pub const MANIFEST: &str = "manifest.json";
 pub const PAGES: &str = "memory.pages";
 /// The `format` field of every farvm snapshot.
 pub const FORMAT: &str = "farvm-snapshot";
-/// The version this farvm writes and reads.
+/// The version this farvm writes for a snapshot holding every page (and the oldest it reads).
 pub const VERSION: u32 = 1;
+/// The version of a pool VM's snapshot, whose remote pages stay on the memory servers
+/// ([`Manifest::pool`]): a farvm that reads only [`VERSION`] refuses it rather than restore
+/// the remote pages as zeros.
+pub const POOL_VERSION: u32 = 2;
 
 /// A snapshot's manifest (module doc).
 #[derive(Serialize, Deserialize)]
@@ -45,6 +52,10 @@ pub struct Manifest {
     pub kvm: KvmState,
     /// The devices' state.
     pub devices: DeviceState,
+    /// A pool VM's remote part (format [`POOL_VERSION`]): its remote pages stayed on the
+    /// memory servers. None: the page file holds every page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<RemoteRecord>,
 }
 
 impl Manifest {
@@ -63,12 +74,12 @@ impl Manifest {
             }
         }
         match v.get("version").and_then(Value::as_u64) {
-            Some(n) if n == u64::from(VERSION) => {}
+            Some(n) if (u64::from(VERSION)..=u64::from(POOL_VERSION)).contains(&n) => {}
             Some(n) => {
                 return Err(SnapshotError::Version {
                     path: path.to_path_buf(),
                     found: n,
-                    supported: VERSION,
+                    supported: POOL_VERSION,
                 })
             }
             None => return Err(SnapshotError::corrupt(path, "no version number".into())),

@@ -4,10 +4,13 @@
 //!
 //! A snapshot is a directory holding `manifest.json` ([`manifest`]: a versioned record of the
 //! VM's description, every vCPU's state, KVM's irqchip and clock, the devices' state) and
-//! `memory.pages` ([`pages`]: guest RAM, every page, zero pages left as holes). Every page is
-//! written, the remote ones read back from the memory servers, as every VMM does (a VM on a
-//! memory pool too: its namespace is released when it stops). The save stops the VM, as
-//! `virsh save` expects; a save that fails resumes it (unless it was paused before) and says
+//! `memory.pages` ([`pages`]: guest RAM, zero pages left as holes). Without a pool every page
+//! is written, the remote ones read back from the memory servers, as every VMM does. A VM on
+//! a memory pool leaves its remote pages there ([`remote`]): the page file holds the resident
+//! pages, `remote.pages` the fingerprint of every remote one and `page.key` the key that
+//! sealed them, and the VM's namespace passes to a snapshot record in the pool, which the
+//! restore takes back (once). The save stops the VM, as `virsh save` expects; a save that
+//! fails resumes it (unless it was paused before), leaves the namespace with it, and says
 //! why.
 //!
 //! [`save`] runs on whatever thread asks (the control socket's, the API's) against the VM's
@@ -17,6 +20,7 @@
 pub mod machine;
 pub mod manifest;
 pub mod pages;
+pub mod remote;
 mod restore;
 mod save;
 

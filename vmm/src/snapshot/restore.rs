@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::manifest::{Manifest, MANIFEST};
-use super::{pages, SnapshotError};
+use super::{pages, remote, SnapshotError};
 use crate::spec::VmSpec;
 use crate::vm::Vm;
 use crate::vstate::vcpu::VcpuExits;
@@ -57,6 +57,40 @@ impl Snapshot {
         self.manifest.vm.clone()
     }
 
+    /// The snapshot's id in the memory pool (the saved VM's uuid there), if its remote pages
+    /// stayed in one.
+    pub fn pool_snapshot(&self) -> Option<&str> {
+        self.manifest.pool.as_ref().map(|p| p.pool_vm.as_str())
+    }
+
+    /// Readies the configuration of the VM to build (from [`Snapshot::spec`]) for this
+    /// snapshot: a pool VM's takes the snapshot's namespace back (and its page key) instead
+    /// of being admitted afresh.
+    pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
+        let Some(rec) = &self.manifest.pool else {
+            return Ok(());
+        };
+        let path = self.dir.join(MANIFEST);
+        let vm = rec.pool_vm.parse().map_err(|e| {
+            SnapshotError::corrupt(&path, format!("pool VM id `{}`: {e}", rec.pool_vm))
+        })?;
+        let remote = cfg
+            .remote
+            .as_mut()
+            .filter(|r| r.pool.is_some())
+            .ok_or_else(|| {
+                SnapshotError::corrupt(
+                    &path,
+                    "its remote pages are in a memory pool, but its VM has no pool".into(),
+                )
+            })?;
+        remote.pool_restore = Some(crate::remote::PoolRestore {
+            vm,
+            key_file: rec.key_file.as_ref().map(|k| self.dir.join(k)),
+        });
+        Ok(())
+    }
+
     /// Loads the snapshot into `vm`, built from [`Snapshot::spec`] and not started.
     pub fn restore_into(&self, vm: &Vm) -> Result<(), SnapshotError> {
         let m = &self.manifest;
@@ -71,6 +105,15 @@ impl Snapshot {
             ));
         }
         pages::load(vm.ram(), &self.dir.join(&m.memory.file), &m.memory)?;
+        if let Some(rec) = &m.pool {
+            let saving = vm.shared().remote_saving().ok_or_else(|| {
+                SnapshotError::State(
+                    "the snapshot's remote pages are in a memory pool, and the VM is not on one"
+                        .into(),
+                )
+            })?;
+            remote::adopt(&saving.engine, &self.dir, rec)?;
+        }
         m.kvm.apply(vm.kvm_vm())?;
         for (state, fd) in m.vcpus.iter().zip(vm.vcpus()) {
             state.apply(fd)?;
@@ -82,6 +125,11 @@ impl Snapshot {
             if vm.shared().pv.agent_slot_gpa(cpu).is_some() {
                 vm.shared().guest_cr4(cpu, state.sregs.cr4);
             }
+        }
+        if let Some(saving) = vm.shared().remote_saving() {
+            // Loaded: the VM owns its namespace for good from here (its guest will overwrite
+            // the snapshot's remote pages).
+            saving.pool.restore_done();
         }
         Ok(())
     }

@@ -1,15 +1,18 @@
 //! Saving a running VM into a snapshot directory: refuse what cannot be saved yet before
 //! touching the VM, pause it, read every vCPU's state (each on its own parked thread), KVM's
-//! VM-wide state and the devices', copy guest RAM into the page file, write the manifest last,
-//! then stop the VM ([`VmOutcome::Snapshotted`]). On any failure the files written so far are
-//! removed and the VM runs on (unless it was paused before the save).
+//! VM-wide state and the devices', copy guest RAM into the page file (a pool VM: its resident
+//! pages, and the record of its remote ones, [`super::remote`]), write the manifest last, hand
+//! a pool VM's namespace to the snapshot, then stop the VM ([`VmOutcome::Snapshotted`]). On
+//! any failure the files written so far are removed, the namespace stays the VM's, and the VM
+//! runs on (unless it was paused before the save).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::machine::{check_saveable, DeviceState, KvmState};
-use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, VERSION};
+use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, POOL_VERSION, VERSION};
 use super::pages::{self, MemoryRecord};
+use super::remote::{self, RemoteRecord, KEY, REMOTE_PAGES};
 use super::SnapshotError;
 use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
@@ -26,6 +29,10 @@ pub struct Saved {
     pub memory_bytes: u64,
     /// Pages written (not zero).
     pub pages_written: u64,
+    /// Pages left on the memory pool's servers (0: every page was written).
+    pub remote_pages: u64,
+    /// The snapshot's id in the memory pool (the VM's uuid there), for a pool VM.
+    pub pool_snapshot: Option<String>,
     /// How long the VM was paused for the save, seconds.
     pub paused_secs: f64,
 }
@@ -49,26 +56,44 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
         .map_err(|e| SnapshotError::State(e.to_string()))?;
     let started = Instant::now();
     match write_snapshot(vm, spec, dir) {
-        Ok(memory) => {
+        Ok((memory, pool)) => {
             let saved = Saved {
                 dir: dir.to_path_buf(),
                 memory_bytes: memory.bytes,
                 pages_written: memory.pages_written,
+                remote_pages: pool.as_ref().map_or(0, |p| p.pages),
+                pool_snapshot: pool.map(|p| p.pool_vm),
                 paused_secs: started.elapsed().as_secs_f64(),
             };
-            tracing::info!(
-                dir = %dir.display(),
-                pages = saved.pages_written,
-                secs = saved.paused_secs,
-                "VM saved; stopping it"
-            );
+            match &saved.pool_snapshot {
+                Some(id) => tracing::info!(
+                    dir = %dir.display(),
+                    pages = saved.pages_written,
+                    remote_pages = saved.remote_pages,
+                    pool_snapshot = %id,
+                    secs = saved.paused_secs,
+                    "VM saved (its remote pages stay in the pool, owned by the snapshot); stopping it"
+                ),
+                None => tracing::info!(
+                    dir = %dir.display(),
+                    pages = saved.pages_written,
+                    secs = saved.paused_secs,
+                    "VM saved (every page written); stopping it"
+                ),
+            }
             vm.request_stop(VmOutcome::Snapshotted {
                 dir: dir.display().to_string(),
             });
             Ok(saved)
         }
         Err(e) => {
-            for f in [PAGES.to_string(), format!("{MANIFEST}.tmp")] {
+            for f in [
+                PAGES.to_string(),
+                format!("{MANIFEST}.tmp"),
+                MANIFEST.to_string(),
+                REMOTE_PAGES.to_string(),
+                KEY.to_string(),
+            ] {
                 let _ = std::fs::remove_file(dir.join(f));
             }
             if !was_paused {
@@ -82,8 +107,13 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
     }
 }
 
-/// Everything but the pause and the outcome: state, pages, manifest.
-fn write_snapshot(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<MemoryRecord, SnapshotError> {
+/// Everything but the pause and the outcome: state, pages, manifest, and a pool VM's
+/// namespace handed to the snapshot (last: a failure before leaves it the VM's).
+fn write_snapshot(
+    vm: &VmShared,
+    spec: &VmSpec,
+    dir: &Path,
+) -> Result<(MemoryRecord, Option<RemoteRecord>), SnapshotError> {
     let vcpus = vm
         .save_vcpus(STATE_TIMEOUT)
         .map_err(|e| SnapshotError::State(e.to_string()))?;
@@ -94,17 +124,40 @@ fn write_snapshot(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<MemoryReco
         KvmState::read(&fd)?
     };
     let devices = DeviceState::read(vm);
-    let memory = pages::save(&vm.ram, &dir.join(PAGES), PAGES)?;
+    let saving = vm.remote_saving();
+    let pool_vm = saving.and_then(|s| s.pool.vm());
+    let (memory, pool) = match (saving, pool_vm) {
+        (Some(saving), Some(id)) => {
+            let (memory, rec) = remote::save(saving, &vm.ram, dir, PAGES, &id.to_string())?;
+            (memory, Some(rec))
+        }
+        _ => (pages::save(&vm.ram, &dir.join(PAGES), PAGES)?, None),
+    };
     Manifest {
         format: FORMAT.into(),
-        version: VERSION,
+        version: if pool.is_some() {
+            POOL_VERSION
+        } else {
+            VERSION
+        },
         farvm_version: env!("CARGO_PKG_VERSION").into(),
         vm: spec.clone(),
         memory: memory.clone(),
         vcpus,
         kvm,
         devices,
+        pool: pool.clone(),
     }
     .write(dir)?;
-    Ok(memory)
+    if let (Some(saving), Some(rec)) = (saving, &pool) {
+        saving
+            .pool
+            .hand_to_snapshot(dir, rec.pages, memory.pages_written)
+            .map_err(|e| {
+                SnapshotError::State(format!(
+                    "handing the VM's namespace to the snapshot in the memory pool: {e}"
+                ))
+            })?;
+    }
+    Ok((memory, pool))
 }

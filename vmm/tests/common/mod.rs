@@ -196,3 +196,26 @@ pub fn bzimage(setup_sects: u8, syssize: u32, len: usize) -> Vec<u8> {
     k[0x236..0x238].copy_from_slice(&0x0001u16.to_le_bytes()); // xloadflags: XLF_KERNEL_64
     k
 }
+
+/// Waits (bounded) until the VM behind the control socket `sock` runs its first process's
+/// measured phase; panics if `vm` exits first.
+pub fn wait_for_measured_phase(sock: &std::path::Path, vm: &mut std::process::Child) {
+    use farvm_guest_agent::pv::{phase, state};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        if let Some(status) = vm.try_wait().unwrap() {
+            panic!("the VM exited ({status}) before its workload's measured phase");
+        }
+        if let Ok(v) = farvm_vmm::control::request(sock, "stats") {
+            let p = &v["processes"][0];
+            if p["state"] == state::RUNNING && p["phase"] == phase::MEASURE {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload did not reach its measured phase"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,39 @@
+//! What a snapshot needs of a VM's remote memory besides guest RAM's bytes: the paging
+//! engine (to list resident and remote pages without reading remote ones back), the page
+//! key (a restored VM opens the sealed remote pages with it) and the pool membership (its
+//! namespace passes to the snapshot). [`RemoteSaving`] is built by
+//! [`super::RemoteMemory::saving`] and kept by the VM for `crate::snapshot`; a restore
+//! brings the same pieces back through [`PoolRestore`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use farvm_ept::Engine;
+use farvm_memclient::PageKey;
+use farvm_pool::VmId;
+
+use super::pool::PoolHandoff;
+
+/// A pool VM's remote memory, for a snapshot that leaves its remote pages on the servers.
+#[derive(Clone)]
+pub struct RemoteSaving {
+    /// The paging engine.
+    pub engine: Arc<Engine>,
+    /// The namespace on the memory servers.
+    pub namespace: u64,
+    /// The page key, if pages are sealed.
+    pub key: Option<PageKey>,
+    /// The pool membership.
+    pub pool: PoolHandoff,
+}
+
+/// A restore of a pool VM's snapshot (set by `crate::snapshot::Snapshot::prepare` on the
+/// VM's [`super::RemoteSpec`]): the VM takes the snapshot's namespace back instead of being
+/// admitted afresh.
+#[derive(Clone, Debug)]
+pub struct PoolRestore {
+    /// The saved VM's id in the pool (its namespace derives from it).
+    pub vm: VmId,
+    /// The snapshot's key file, if its pages are sealed.
+    pub key_file: Option<PathBuf>,
+}

@@ -1,0 +1,206 @@
+//! The remote part of a pool VM's snapshot: its remote pages stay on the pool's memory
+//! servers, so the snapshot holds only the resident pages (in the page file, as
+//! [`super::pages`] lays it out) and a record of the rest — the VM's id in the pool (its
+//! namespace derives from it), every remote page's number and the fingerprint of the content
+//! the servers hold (`remote.pages`: 24-byte records, page u64 and fingerprint u128, both
+//! little-endian, in page order; its low 64 bits are the page's write version), and the page
+//! key (`page.key`, mode 0600) that sealed them. A restore takes the remote pages back as
+//! remote, the engine reading each from the servers on the guest's first touch.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use farvm_ept::{Engine, EngineError, SavedPage};
+use serde::{Deserialize, Serialize};
+use twox_hash::XxHash3_128;
+
+use super::pages::MemoryRecord;
+use super::SnapshotError;
+use crate::remote::RemoteSaving;
+use crate::vstate::memory::GuestRam;
+
+/// The remote pages file's name in a snapshot's directory.
+pub const REMOTE_PAGES: &str = "remote.pages";
+/// The page key file's name.
+pub const KEY: &str = "page.key";
+/// Bytes of one record of the remote pages file.
+const RECORD: usize = 24;
+const PAGE: u64 = 4096;
+
+/// The manifest's record of the remote part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteRecord {
+    /// The VM's id in the pool (the snapshot's id there: `farvm pool status`).
+    pub pool_vm: String,
+    /// Its namespace on the memory servers.
+    pub namespace: u64,
+    /// The remote pages file's name.
+    pub file: String,
+    /// Remote pages listed there.
+    pub pages: u64,
+    /// XXH3-128 of the file, in hex.
+    pub digest: String,
+    /// The page key file's name, if the pages are sealed.
+    pub key_file: Option<String>,
+}
+
+/// Where guest-physical page `page` lies in the page file (regions back to back).
+fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
+    let gpa = page * PAGE;
+    let mut off = 0;
+    for &(start, len) in regions {
+        if gpa >= start && gpa < start + len {
+            return Some(off + gpa - start);
+        }
+        off += len;
+    }
+    None
+}
+
+/// An error of the engine's listing, or of writing what it lists.
+enum SaveFailure {
+    Engine(EngineError),
+    Snapshot(SnapshotError),
+}
+
+impl From<EngineError> for SaveFailure {
+    fn from(e: EngineError) -> Self {
+        SaveFailure::Engine(e)
+    }
+}
+
+/// Writes the resident pages of the pool VM `saving` (RAM `ram`) into `dir`'s page file,
+/// its remote pages' record into [`REMOTE_PAGES`] and its key into [`KEY`]; reads nothing
+/// back from the servers. The VM is paused.
+pub fn save(
+    saving: &RemoteSaving,
+    ram: &GuestRam,
+    dir: &Path,
+    pages_file: &str,
+    pool_vm: &str,
+) -> Result<(MemoryRecord, RemoteRecord), SnapshotError> {
+    let path = dir.join(pages_file);
+    let io = SnapshotError::write(&path);
+    let file = File::create(&path).map_err(&io)?;
+    let regions: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
+    let bytes: u64 = regions.iter().map(|r| r.1).sum();
+    let remote_path = dir.join(REMOTE_PAGES);
+    let remote_io = SnapshotError::write(&remote_path);
+    let mut remote = BufWriter::new(File::create(&remote_path).map_err(&remote_io)?);
+    let (mut hasher, mut remote_hasher) = (XxHash3_128::new(), XxHash3_128::new());
+    let (mut written, mut remote_pages) = (0u64, 0u64);
+    let listed = saving
+        .engine
+        .save_pages(|p, what| -> Result<(), SaveFailure> {
+            match what {
+                SavedPage::Resident(data) => {
+                    if data.iter().all(|&b| b == 0) {
+                        return Ok(());
+                    }
+                    let Some(at) = file_offset(&regions, p) else {
+                        return Ok(()); // the MMIO hole: no RAM, never written by the guest
+                    };
+                    hasher.write(&(at / PAGE).to_le_bytes());
+                    hasher.write(data);
+                    file.write_all_at(data, at)
+                        .map_err(|e| SaveFailure::Snapshot(io(e)))?;
+                    written += 1;
+                }
+                SavedPage::Remote(fp) => {
+                    let mut rec = [0u8; RECORD];
+                    rec[..8].copy_from_slice(&p.to_le_bytes());
+                    rec[8..].copy_from_slice(&fp.to_le_bytes());
+                    remote_hasher.write(&rec);
+                    remote
+                        .write_all(&rec)
+                        .map_err(|e| SaveFailure::Snapshot(remote_io(e)))?;
+                    remote_pages += 1;
+                }
+            }
+            Ok(())
+        });
+    match listed {
+        Ok(()) => {}
+        Err(SaveFailure::Engine(e)) => return Err(SnapshotError::Memory(e.to_string())),
+        Err(SaveFailure::Snapshot(e)) => return Err(e),
+    }
+    file.set_len(bytes).map_err(&io)?;
+    file.sync_all().map_err(&io)?;
+    let remote = remote.into_inner().map_err(|e| remote_io(e.into_error()))?;
+    remote.sync_all().map_err(&remote_io)?;
+    let key_file = match &saving.key {
+        Some(key) => {
+            let path = dir.join(KEY);
+            key.write_file(&path).map_err(|e| SnapshotError::Write {
+                path,
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            Some(KEY.to_string())
+        }
+        None => None,
+    };
+    Ok((
+        MemoryRecord {
+            file: pages_file.to_string(),
+            regions,
+            bytes,
+            pages_written: written,
+            digest: format!("{:032x}", hasher.finish_128()),
+        },
+        RemoteRecord {
+            pool_vm: pool_vm.to_string(),
+            namespace: saving.namespace,
+            file: REMOTE_PAGES.to_string(),
+            pages: remote_pages,
+            digest: format!("{:032x}", remote_hasher.finish_128()),
+            key_file,
+        },
+    ))
+}
+
+/// Reads the remote pages file of `rec` in `dir` and takes each page back as remote in
+/// `engine` (a fresh VM's, before it runs). The file must match the record.
+pub fn adopt(engine: &Engine, dir: &Path, rec: &RemoteRecord) -> Result<(), SnapshotError> {
+    let path = dir.join(&rec.file);
+    let mut data = Vec::new();
+    File::open(&path)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(SnapshotError::read(&path))?;
+    let digest = format!("{:032x}", XxHash3_128::oneshot(&data));
+    if data.len() as u64 != rec.pages * RECORD as u64 || digest != rec.digest {
+        return Err(SnapshotError::corrupt(
+            &path,
+            format!(
+                "{} bytes with digest {digest}; the manifest says {} pages with {}",
+                data.len(),
+                rec.pages,
+                rec.digest
+            ),
+        ));
+    }
+    for r in data.chunks_exact(RECORD) {
+        let page = u64::from_le_bytes(r[..8].try_into().unwrap_or_default());
+        let fp = u128::from_le_bytes(r[8..].try_into().unwrap_or_default());
+        engine
+            .adopt_remote(page, fp)
+            .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_map_to_the_page_file_across_the_mmio_hole() {
+        let regions = [(0, 3 << 30), (4 << 30, 1 << 30)];
+        assert_eq!(file_offset(&regions, 0), Some(0));
+        assert_eq!(file_offset(&regions, 5), Some(5 * PAGE));
+        assert_eq!(file_offset(&regions, (3 << 30) / PAGE), None);
+        assert_eq!(file_offset(&regions, (4 << 30) / PAGE), Some(3 << 30));
+        assert_eq!(file_offset(&regions, (5 << 30) / PAGE), None);
+    }
+}

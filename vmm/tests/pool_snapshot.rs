@@ -1,0 +1,230 @@
+//! Snapshots of pool VMs, end to end through the binary against a real etcd and real
+//! `farvm-memserver --pool` processes: a VM at 25% local saved mid-workload writes its
+//! resident pages only and leaves the rest on the servers, owned by a snapshot record that
+//! `farvm pool status` lists and that outlives the saving VMM past its lease and the
+//! collectors' grace; the restored VM finishes with the uninterrupted run's checksum; a
+//! second restore is refused; deleting a snapshot empties the servers; a save that fails
+//! leaves the VM running and owning its namespace.
+
+mod common;
+#[path = "common/pool.rs"]
+mod pool_harness;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{assert_native_report, kvm_available, wait_for_measured_phase};
+use farvm_pool::VmId;
+use pool_harness::Pool;
+
+/// Read-modify-write passes over 96 MiB that check every word they read: a page restored
+/// wrong (or read back stale from a server) fails the run, naming the word.
+const WORKLOAD: &str = "seq:ws=96M,passes=6,write=1,verify=1";
+/// The VM's resident budget: 25% of 128 MiB.
+const LOCAL_BYTES: u64 = 32 << 20;
+
+fn farvm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_farvm"))
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("farvm-poolsnap-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A 128 MiB test guest at 25% local on `pool`, running [`WORKLOAD`], controlled at `sock`.
+fn start_vm(pool: &Pool, name: &str, sock: &Path) -> Child {
+    farvm()
+        .args(["run", "--name", name, "--pool", &pool.url()])
+        .args(["--pool-lease-ttl", "2", "--pool-slab", "32M"])
+        .args(["--memory", "128M", "--local-memory", "25%"])
+        .args(["--workload", WORKLOAD, "--serial", "none", "--json"])
+        .arg("--control-socket")
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn snapshot(sock: &Path, dir: &Path) -> std::process::Output {
+    farvm()
+        .arg("snapshot")
+        .arg("--socket")
+        .arg(sock)
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+/// Saves the VM into `snap` and waits for its VMM to exit as saved; returns the VM's pool id.
+fn save(pool: &Pool, sock: &Path, snap: &Path, vm: Child) -> VmId {
+    let o = snapshot(sock, snap);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "farvm snapshot: {err}");
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("left in the memory pool"), "{said}");
+    let out = vm.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"]["kind"], "snapshotted", "{report}");
+    let v = pool.wait("the snapshot record", |v| v.snapshots.len() == 1);
+    assert!(v.vms.is_empty(), "{:?}", v.vms);
+    *v.snapshots.keys().next().unwrap()
+}
+
+fn restore(snap: &Path) -> std::process::Output {
+    farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(snap)
+        .args(["--serial", "none", "--json", "--no-control-socket"])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_pool_vm_saved_mid_run_keeps_its_remote_pages_in_the_pool_and_resumes_once() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch("resume");
+    let sock = dir.join("vm.sock");
+    let snap = dir.join("snap");
+    let mut vm = start_vm(&pool, &format!("psnap-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut vm);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+
+    // A save that fails (its page file cannot be created) leaves the VM running and the
+    // namespace its own.
+    let blocked = dir.join("blocked");
+    std::fs::create_dir_all(blocked.join("memory.pages")).unwrap();
+    let o = snapshot(&sock, &blocked);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(err.contains("memory.pages"), "{err}");
+    let status = farvm_vmm::control::request(&sock, "status").unwrap();
+    assert_eq!(status["state"], "running", "{status}");
+    let v = pool.dir.view().unwrap();
+    assert!(v.vms.contains_key(&id) && v.snapshots.is_empty(), "{v:#?}");
+    assert!(!blocked.join("manifest.json").exists());
+    assert!(!blocked.join("remote.pages").exists() && !blocked.join("page.key").exists());
+
+    assert_eq!(
+        save(&pool, &sock, &snap, vm),
+        id,
+        "the snapshot is the VM's id"
+    );
+
+    // The snapshot holds the resident pages only, and the key, privately.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join("manifest.json")).unwrap()).unwrap();
+    let written = manifest["memory"]["pages_written"].as_u64().unwrap();
+    let remote = manifest["pool"]["pages"].as_u64().unwrap();
+    assert!(written * 4096 <= LOCAL_BYTES, "{written} pages written");
+    let allocated = std::fs::metadata(snap.join("memory.pages"))
+        .unwrap()
+        .blocks()
+        * 512;
+    assert!(allocated <= LOCAL_BYTES, "{allocated} bytes allocated");
+    assert!(remote * 4096 >= 48 << 20, "{remote} pages left remote");
+    let key = std::fs::metadata(snap.join("page.key")).unwrap();
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+
+    // `farvm pool status` lists it and what it holds.
+    let o = farvm()
+        .args(["pool", "--etcd", &pool.url(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed = &st["snapshots"][0];
+    assert_eq!(listed["uuid"], id.to_string(), "{st}");
+    assert_eq!(listed["remote_bytes"].as_u64(), Some(remote * 4096), "{st}");
+    assert_eq!(listed["dir"], snap.display().to_string(), "{st}");
+    let o = farvm()
+        .args(["pool", "--etcd", &pool.url(), "status"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("SNAPSHOT") && table.contains(&id.to_string()),
+        "{table}"
+    );
+
+    // Past the lease TTL (2 s) and the servers' collection grace (0 s), with several of
+    // their sweeps, the servers still hold the pages: the snapshot owns them.
+    std::thread::sleep(Duration::from_secs(8));
+    let v = pool.dir.view().unwrap();
+    assert!(
+        v.snapshots.contains_key(&id) && v.gc_marks.is_empty(),
+        "{v:#?}"
+    );
+    assert!(v.vm_slabs(id).next().is_some(), "the placement stays");
+    assert!(
+        Pool::used(&v) >= remote * 4096,
+        "servers hold {} bytes",
+        Pool::used(&v)
+    );
+
+    // The restored VM finishes with the uninterrupted run's checksum, faulting its remote
+    // pages from the pool; at its exit the pool drops them.
+    let o = restore(&snap);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "farvm run --restore: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    let c = &report["paging"]["engine"]["counters"];
+    assert!(c["demand_faults"].as_u64().unwrap_or(0) > 0, "{c}");
+    pool.wait("the restored VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.snapshots.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+
+    // A pool snapshot is restored once.
+    let o = restore(&snap);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(66), "{err}");
+    assert!(err.contains("restored already"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn deleting_a_pool_snapshot_empties_the_servers() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2"], "512M");
+    let dir = scratch("delete");
+    let sock = dir.join("vm.sock");
+    let snap = dir.join("snap");
+    let mut vm = start_vm(&pool, &format!("psdel-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut vm);
+    let id = save(&pool, &sock, &snap, vm);
+    assert!(Pool::used(&pool.dir.view().unwrap()) > 0);
+    let delete = || {
+        farvm()
+            .args(["pool", "--etcd", &pool.url(), "snapshot-delete"])
+            .arg(id.to_string())
+            .output()
+            .unwrap()
+    };
+
+    let o = delete();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "snapshot-delete: {err}");
+    pool.wait("the servers emptied", |v| {
+        v.snapshots.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    let o = delete();
+    assert_eq!(o.status.code(), Some(1));
+    let o = restore(&snap);
+    assert_eq!(o.status.code(), Some(66));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
