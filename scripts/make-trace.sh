@@ -7,7 +7,7 @@
 # Usage:
 #   scripts/make-trace.sh WORKLOAD... [--out DIR]
 #     WORKLOAD: the tuning set sqlite redis numpy sort xz mix; the test set cc1 perl pydict
-#     pagerank java node bzip2 flac mix2; or tuning, test, all (traces/README.md)
+#     pagerank java node bzip2 mix2; or tuning, test, all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
@@ -33,7 +33,7 @@ max_for() {
     xz) default=1500000 ;;
     cc1) default=1677581 ;;
     perl | pagerank) default=2000000 ;;
-    pydict | java | node | bzip2 | flac) default=1000000 ;;
+    pydict | java | node | bzip2) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -399,27 +399,6 @@ EOF
     trace_run bzip2 "$(max_for bzip2)" bzip2 -9 -c "$WORK/bz.in"
 }
 
-# Audio encoder: FLAC 1.4 at -8 on 60 s of generated 44.1 kHz stereo 16-bit audio (tones and
-# noise, seed 1).
-trace_flac() {
-    need flac python3
-    $PY - "$WORK/in.wav" <<'EOF'
-import math, random, struct, sys, wave
-r = random.Random(1)
-rate, secs = 44100, 60
-with wave.open(sys.argv[1], "wb") as w:
-    w.setnchannels(2); w.setsampwidth(2); w.setframerate(rate)
-    frames = bytearray()
-    for i in range(rate * secs):
-        t = i / rate
-        a = 0.3 * math.sin(2 * math.pi * 440 * t) + 0.2 * math.sin(2 * math.pi * 660 * t * (1 + 0.1 * math.sin(t)))
-        b = 0.3 * math.sin(2 * math.pi * 330 * t) + 0.05 * (r.random() - 0.5)
-        frames += struct.pack("<hh", int(12000 * a), int(12000 * b))
-    w.writeframes(bytes(frames))
-EOF
-    trace_run flac "$(max_for flac)" flac -8 -s -f -o "$WORK/out.flac" "$WORK/in.wav"
-}
-
 # Two processes of the test set: the Python dict program and the graph computation,
 # interleaved 100 records at a time.
 trace_mix2() {
@@ -444,16 +423,16 @@ while (($#)); do
     case $1 in
     --out) OUT=$2; shift 2 ;;
     tuning) todo+=(sqlite redis numpy sort xz mix); shift ;;
-    test) todo+=(cc1 perl pydict pagerank java node bzip2 flac mix2); shift ;;
-    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 flac mix2); shift ;;
-    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | flac | mix2)
+    test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
+    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
+    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2)
         todo+=("$1")
         shift
         ;;
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (tuning set: sqlite redis numpy sort xz mix; test set: cc1 perl pydict pagerank java node bzip2 flac mix2; or tuning, test, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (tuning set: sqlite redis numpy sort xz mix; test set: cc1 perl pydict pagerank java node bzip2 mix2; or tuning, test, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done

@@ -26,7 +26,6 @@ const TEST: &[&str] = &[
     "java",
     "node",
     "bzip2",
-    "flac",
     "mix-pydict-pagerank",
 ];
 
