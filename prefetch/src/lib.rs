@@ -23,6 +23,7 @@ pub mod region;
 pub mod registry;
 pub mod report;
 pub mod runahead;
+pub mod sandbox;
 pub mod slots;
 pub mod stream;
 pub mod stride;
