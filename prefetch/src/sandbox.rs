@@ -20,8 +20,8 @@
 //! causes, except as faults. A trial is therefore judged by the process's fault rate, a bandit's
 //! measure that counts both: a window is a fixed number of faults, so its length in time is the
 //! inverse of the rate (in a trace replay, time is the record index: accesses per fault). A
-//! trial goes on while its windows are at least [`TRIAL_MARGIN`] longer than the last window of
-//! the arm left behind; otherwise the process goes back, and the trial's arm waits a cool-down
+//! trial goes on while its windows are at least [`TRIAL_MARGIN`] longer than the longer of the
+//! last two windows of the arm left behind; otherwise the process goes back, and the trial's arm waits a cool-down
 //! that doubles with every failed trial ([`MAX_BACKOFF`] windows at most). After [`LEASE`]
 //! windows the process goes back in any case, to measure the arm it left again under the
 //! program's current phase.
@@ -47,7 +47,7 @@ pub const MAX_SHADOW_WASTE: f64 = 0.10;
 /// Consecutive candidate windows before a switch.
 pub const STREAK: u8 = 2;
 /// How much longer in time (fewer faults per unit of time) a trial's windows must be than the
-/// last windows of the arm left behind for the trial to go on: 10%.
+/// longer of the last two windows of the arm left behind for the trial to go on: 10%.
 pub const TRIAL_MARGIN: f64 = 0.10;
 /// Windows a trial lasts at most before the process goes back to measure the arm it left.
 pub const LEASE: u32 = 8;
