@@ -21,10 +21,10 @@
 //! measure that counts both: a window is a fixed number of faults, so its length in time is the
 //! inverse of the rate (in a trace replay, time is the record index: accesses per fault). A
 //! trial goes on while its windows are at least [`TRIAL_MARGIN`] longer than the longer of the
-//! last two windows of the arm left behind; otherwise the process goes back, and the trial's arm waits a cool-down
-//! that doubles with every failed trial ([`MAX_BACKOFF`] windows at most). After [`LEASE`]
-//! windows the process goes back in any case, to measure the arm it left again under the
-//! program's current phase.
+//! last two windows of the arm left behind; otherwise the process goes back, and the trial's
+//! arm waits a cool-down that doubles with every failed trial ([`MAX_BACKOFF`] windows at
+//! most). After [`LEASE`] windows the process goes back in any case, to measure the arm it
+//! left again under the program's current phase.
 //!
 //! Cost per decision: one slot lookup, one filter probe per arm and one filter write per
 //! proposed page; nothing is allocated after construction and no lock is taken.
