@@ -5,7 +5,9 @@
 # reads and writes kept, bounded by --max-records), and the trace is compressed with zstd.
 #
 # Usage:
-#   scripts/make-trace.sh WORKLOAD... [--out DIR]      WORKLOAD: sqlite redis numpy sort xz mix all
+#   scripts/make-trace.sh WORKLOAD... [--out DIR]
+#     WORKLOAD: the tuning set sqlite redis numpy sort xz mix; the test set cc1 perl pydict
+#     pagerank java node bzip2 mix2; or tuning, test, all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
@@ -29,6 +31,9 @@ max_for() {
     numpy) default=4334804 ;;
     sort) default=694443 ;;
     xz) default=1500000 ;;
+    cc1) default=1677581 ;;
+    perl | pagerank) default=2000000 ;;
+    pydict | java | node | bzip2) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -230,6 +235,182 @@ trace_mix() {
     echo "make-trace: $OUT/mix-numpy-redis.trace.zst ($(stat -c %s "$OUT/mix-numpy-redis.trace.zst") bytes)"
 }
 
+# --- The test set (traces/README.md): programs never used to tune the prefetchers. ---
+
+# C compiler: GCC 12's cc1 (called directly: lackey does not follow the driver's exec) at -O2
+# on libpng's pngtest.c (libpng-dev's examples), a real 63 KB source file with its headers.
+trace_cc1() {
+    need gcc
+    [[ -f /usr/share/doc/libpng-dev/examples/pngtest.c ]] || die "cc1 needs libpng-dev"
+    trace_run cc1 "$(max_for cc1)" "$(gcc -print-prog-name=cc1)" -quiet -imultiarch x86_64-linux-gnu \
+        -I/usr/include/libpng16 -O2 /usr/share/doc/libpng-dev/examples/pngtest.c -o "$WORK/pngtest.s"
+}
+
+# Interpreter with a large hash: Perl 5.36 builds a hash of 200,000 string keys, then does
+# 400,000 lookups and updates at random keys (Perl's own PRNG, seed 1).
+trace_perl() {
+    need perl
+    trace_run perl "$(max_for perl)" perl -e '
+srand(1);
+my %h;
+for my $i (0 .. 199_999) { $h{"key:$i"} = [$i, "v" x (8 + $i % 24)]; }
+my $sum = 0;
+for (1 .. 400_000) {
+    my $k = "key:" . int(rand(200_000));
+    $sum += $h{$k}[0];
+    $h{$k}[0]++;
+}
+print "$sum\n";'
+}
+
+# Python with a large dict: 300,000 tuple-valued entries under string keys, then 600,000
+# Zipf(0.9)-distributed lookups and updates (popularity not in insertion order).
+trace_pydict() {
+    need python3
+    trace_run pydict "$(max_for pydict)" $PY -c '
+import random
+r = random.Random(1)
+n = 300_000
+d = {}
+for i in range(n):
+    d["user:%d" % i] = (i, r.random(), "x" * (i % 32))
+order = list(range(n))
+r.shuffle(order)
+w = [1.0 / (k + 1) ** 0.9 for k in range(n)]
+total = 0.0
+for k in r.choices(order, weights=w, k=600_000):
+    key = "user:%d" % k
+    i, x, s = d[key]
+    d[key] = (i, x + 1.0, s)
+    total += x
+print(total)'
+}
+
+# Graph computation: PageRank (20 power iterations, damping 0.85) in pure Python over a
+# compressed-sparse-row graph of 60,000 vertices and about 480,000 edges with a power-law
+# (preferential-attachment) degree distribution, generated first from seed 1 (no real graph
+# ships in Debian; the generator is the traced program's first phase).
+trace_pagerank() {
+    need python3
+    trace_run pagerank "$(max_for pagerank)" $PY -c '
+import random
+from array import array
+r = random.Random(1)
+n, m = 60_000, 8
+targets = list(range(m))
+ends = []
+src, dst = array("l"), array("l")
+for v in range(m, n):
+    for t in set(r.choice(ends) if ends and r.random() < 0.9 else r.randrange(v) for _ in range(m)):
+        src.append(v); dst.append(t); ends.append(t); ends.append(v)
+deg = array("l", [0]) * n
+for s in src:
+    deg[s] += 1
+off = array("l", [0]) * (n + 1)
+for v in range(n):
+    off[v + 1] = off[v] + deg[v]
+col, fill = array("l", [0]) * len(src), array("l", off)
+for s, t in zip(src, dst):
+    col[fill[s]] = t; fill[s] += 1
+rank = array("d", [1.0 / n]) * n
+for it in range(20):
+    nxt = array("d", [0.15 / n]) * n
+    for v in range(n):
+        a, b = off[v], off[v + 1]
+        if b > a:
+            share = 0.85 * rank[v] / (b - a)
+            for e in range(a, b):
+                nxt[col[e]] += share
+    rank = nxt
+print(max(rank))'
+}
+
+# JVM with a generational GC: OpenJDK 17, serial collector, a 64 MB heap; a program keeps a
+# 200,000-entry HashMap of records it replaces at random (old generation) while allocating
+# short-lived strings and arrays (young generation). Compiled natively with javac first.
+trace_java() {
+    need java javac
+    mkdir -p "$WORK/java"
+    cat >"$WORK/java/Churn.java" <<'EOF'
+import java.util.HashMap;
+import java.util.Random;
+
+public class Churn {
+    record Item(long id, String name, double[] values) {}
+
+    public static void main(String[] args) {
+        Random r = new Random(1);
+        HashMap<Long, Item> live = new HashMap<>();
+        long sum = 0;
+        for (long i = 0; i < 5_000_000L; i++) {
+            long k = r.nextInt(200_000);
+            String name = "item-" + k + "-" + i;
+            double[] v = new double[4 + r.nextInt(28)];
+            v[0] = i;
+            if (i % 4 == 0) {
+                live.put(k, new Item(k, name, v));
+            } else {
+                Item it = live.get(k);
+                if (it != null) sum += it.name().length() + (long) it.values()[0];
+            }
+        }
+        System.out.println(sum + " " + live.size());
+    }
+}
+EOF
+    javac -d "$WORK/java" "$WORK/java/Churn.java"
+    trace_run java "$(max_for java)" java -Xint -XX:+UseSerialGC -Xms64m -Xmx64m -Xshare:off \
+        -XX:-UsePerfData -cp "$WORK/java" Churn
+}
+
+# JavaScript with a generational GC: Node.js 20 (V8), a Map of 150,000 objects replaced at
+# random while short-lived strings and arrays are allocated.
+trace_node() {
+    need node
+    trace_run node "$(max_for node)" node --max-old-space-size=128 -e '
+let seed = 1;
+const rand = () => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return seed / 4294967296; };
+const live = new Map();
+let sum = 0;
+for (let i = 0; i < 3000000; i++) {
+  const k = Math.floor(rand() * 150000);
+  const tmp = new Array(4 + Math.floor(rand() * 28)).fill(i);
+  if (i % 4 === 0) live.set(k, { id: k, name: "item-" + k + "-" + i, values: tmp });
+  else { const it = live.get(k); if (it) sum += it.name.length + it.values[0]; }
+}
+console.log(sum, live.size);'
+}
+
+# Block-sorting compressor: bzip2 -9 (900 KB blocks) on 6 MB of generated text.
+trace_bzip2() {
+    need bzip2 python3
+    $PY - "$WORK/bz.in" <<'EOF'
+import random, sys
+r = random.Random(2)
+vocab = ["".join(r.choice("etaoinshrdlucmfwyp") for _ in range(r.randrange(2, 12)))
+         for _ in range(8000)]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 6_000_000:
+        line = " ".join(r.choice(vocab) for _ in range(r.randrange(4, 16))) + "\n"
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run bzip2 "$(max_for bzip2)" bzip2 -9 -c "$WORK/bz.in"
+}
+
+# Two processes of the test set: the Python dict program and the graph computation,
+# interleaved 100 records at a time.
+trace_mix2() {
+    for t in pydict pagerank; do
+        [[ -f $OUT/$t.trace.zst ]] || die "mix2 needs $OUT/$t.trace.zst: make it first"
+    done
+    mkdir -p "$OUT"
+    "$LAB" trace mix --quantum 100 "$OUT/pydict.trace.zst" "$OUT/pagerank.trace.zst" -o "$WORK/mix2.trace"
+    zstd -q -19 -f "$WORK/mix2.trace" -o "$OUT/mix-pydict-pagerank.trace.zst"
+    echo "make-trace: $OUT/mix-pydict-pagerank.trace.zst ($(stat -c %s "$OUT/mix-pydict-pagerank.trace.zst") bytes)"
+}
+
 if [[ ${1:-} == run ]]; then
     [[ $# -ge 5 && $4 == -- ]] || die "usage: $0 run NAME MAX_RECORDS -- COMMAND [ARGS...]"
     name=$2 max=$3
@@ -241,12 +422,17 @@ todo=()
 while (($#)); do
     case $1 in
     --out) OUT=$2; shift 2 ;;
-    all) todo+=(sqlite redis numpy sort xz mix); shift ;;
-    sqlite | redis | numpy | sort | xz | mix) todo+=("$1"); shift ;;
-    *) die "unknown workload \`$1\` (sqlite redis numpy sort xz mix all, or run)" ;;
+    tuning) todo+=(sqlite redis numpy sort xz mix); shift ;;
+    test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
+    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
+    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2)
+        todo+=("$1")
+        shift
+        ;;
+    *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (sqlite redis numpy sort xz mix all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (tuning set: sqlite redis numpy sort xz mix; test set: cc1 perl pydict pagerank java node bzip2 mix2; or tuning, test, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done

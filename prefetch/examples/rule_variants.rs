@@ -6,8 +6,10 @@
 //! cargo run --release -p farvm-prefetch --example rule_variants -- [OPTIONS] TRACE...
 //! ```
 //!
-//! With no option the model is `leap+stream` exactly (`prefetch/src/composite.rs`: same
-//! components, same arbitration, the same misses and waste as `trace compare`).
+//! With no option the model is `leap+stream`'s own decision (`prefetch/src/composite.rs`: same
+//! components, same arbitration), without the sandbox that may make a process follow `next-n`
+//! instead (`prefetch/src/sandbox.rs`): on a trace where no process switches, the same misses and
+//! waste as `trace compare`.
 //! `--no-runahead` leaves out run-ahead (`prefetch/src/runahead.rs`): `leap+stream` as it was
 //! before it. The other options change the region read-around (`prefetch/src/region.rs`) into
 //! the variants measured in `docs/prefetch-real-traces.md`, *Feedback per source, region fill

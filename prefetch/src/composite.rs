@@ -1,7 +1,13 @@
 //! `leap+stream`: farvm's default prefetcher, the stream table in front of Leap, with region
-//! read-around behind both.
+//! read-around behind both; per process, a sandbox ([`crate::sandbox`]) may follow `next-n`
+//! instead, when that process's own faults show it would do better.
 //!
-//! Arbitration, per fault:
+//! Per fault, both arms decide: the one the process follows (the composite's own decision, the
+//! sandbox's home arm, or `next-n` with [`NEXT_N`] pages) fills the answer; the other's
+//! proposals are only scored against the faults that follow, never fetched. A marker hit is
+//! always the composite's (only it issues markers), whichever arm is followed.
+//!
+//! The composite's own decision, per fault:
 //! 1. The stream table sees the fault first. If it belongs to a *confirmed* stream, the
 //!    stream's window is the answer: a stream is specific to one address region, so it wins over
 //!    Leap's process-wide majority, which interleaved streams or a second thread would dilute.
@@ -37,9 +43,11 @@
 //! the width of the gaps between them as its stride.
 
 use crate::leap::{Leap, LeapParams};
+use crate::next_n::NextN;
 use crate::pressure::Pressure;
 use crate::region::{Region, RegionParams};
 use crate::runahead::RunAhead;
+use crate::sandbox::{Sandbox, HOME};
 use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
 
@@ -48,8 +56,11 @@ pub const USED_PER_DEPTH: u64 = 16;
 /// Largest unequal gap that still confirms a stride-1 stream inside `leap+stream`.
 pub const DENSE_GAP: u64 = 4;
 
-/// Stream table first, Leap as fallback, region read-around last.
-pub struct LeapStream {
+/// Pages `next-n` proposes when a process follows it ([`crate::sandbox`]).
+pub const NEXT_N: usize = 8;
+
+/// The components of the composite's own decision.
+struct Own {
     leap: Leap,
     stream: Stream,
     region: Region,
@@ -57,35 +68,9 @@ pub struct LeapStream {
     pressure: Pressure,
 }
 
-impl LeapStream {
-    /// A stream table with `stream`'s settings in front of a Leap detector with `leap`'s.
-    pub fn new(leap: LeapParams, stream: StreamParams) -> Self {
-        Self {
-            leap: Leap::new(LeapParams {
-                markers: true,
-                ..leap
-            }),
-            stream: Stream::new(StreamParams {
-                dense_gap: DENSE_GAP,
-                used_per_depth: USED_PER_DEPTH,
-                ..stream
-            }),
-            region: Region::new(RegionParams {
-                slots: leap.slots,
-                ..RegionParams::default()
-            }),
-            runahead: RunAhead::new(leap.slots),
-            pressure: Pressure::new(leap.slots),
-        }
-    }
-}
-
-impl Prefetcher for LeapStream {
-    fn name(&self) -> &'static str {
-        "leap+stream"
-    }
-
-    fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+impl Own {
+    /// The composite's own decision (the sandbox's [`HOME`] arm).
+    fn decide(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         let pressed = self.pressure.on_fault(key, page);
         self.stream.set_cautious(pressed);
         self.stream.on_fault(key, page, now, out);
@@ -101,32 +86,109 @@ impl Prefetcher for LeapStream {
         }
         self.pressure.fetched(key, out.as_slice());
     }
+}
+
+/// Stream table first, Leap as fallback, region read-around last; per process, the sandbox may
+/// follow `next-n` instead.
+pub struct LeapStream {
+    own: Own,
+    next_n: NextN,
+    sandbox: Sandbox,
+    /// The proposals of the arm not followed (scored, never fetched).
+    shadow: Candidates,
+}
+
+impl LeapStream {
+    /// A stream table with `stream`'s settings in front of a Leap detector with `leap`'s.
+    pub fn new(leap: LeapParams, stream: StreamParams) -> Self {
+        let own = Own {
+            leap: Leap::new(LeapParams {
+                markers: true,
+                ..leap
+            }),
+            stream: Stream::new(StreamParams {
+                dense_gap: DENSE_GAP,
+                used_per_depth: USED_PER_DEPTH,
+                ..stream
+            }),
+            region: Region::new(RegionParams {
+                slots: leap.slots,
+                ..RegionParams::default()
+            }),
+            runahead: RunAhead::new(leap.slots),
+            pressure: Pressure::new(leap.slots),
+        };
+        Self {
+            own,
+            next_n: NextN::new(NEXT_N),
+            sandbox: Sandbox::new(leap.slots),
+            shadow: Candidates::new(),
+        }
+    }
+
+    /// How many times a process changed the prefetcher it follows.
+    pub fn switches(&self) -> u64 {
+        self.sandbox.switches()
+    }
+}
+
+impl Prefetcher for LeapStream {
+    fn name(&self) -> &'static str {
+        "leap+stream"
+    }
+
+    fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        let (slot, arm) = self.sandbox.on_fault(key, page, now);
+        // Both arms decide on every fault, so the one not followed keeps its history and its
+        // proposals can be scored.
+        if arm == HOME {
+            self.own.decide(key, page, now, out);
+            self.next_n.on_fault(key, page, now, &mut self.shadow);
+        } else {
+            self.own.decide(key, page, now, &mut self.shadow);
+            self.next_n.on_fault(key, page, now, out);
+        }
+        self.sandbox.fetched(slot, out.as_slice());
+        self.sandbox.proposed(slot, 1 - arm, self.shadow.as_slice());
+    }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos) {
-        self.stream.on_hit(key, page, now);
-        self.leap.on_hit(key, page, now);
+        self.own.stream.on_hit(key, page, now);
+        self.own.leap.on_hit(key, page, now);
     }
 
     fn on_late_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         // The stream answers a late hit in its window with a window further ahead; Leap's
         // windows are fetched only on its own decisions (a hit is history to it).
-        self.stream.late_hit(key, page, out);
-        self.leap.on_hit(key, page, now);
+        self.own.stream.late_hit(key, page, out);
+        self.own.leap.on_hit(key, page, now);
     }
 
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
-        if self.stream.marker_hit(key, page, out) || self.runahead.marker_hit(key, page, out) {
-            return;
+        if !(self.own.stream.marker_hit(key, page, out)
+            || self.own.runahead.marker_hit(key, page, out))
+        {
+            leap_marker_hit(
+                &mut self.own.leap,
+                &mut self.own.stream,
+                key,
+                page,
+                now,
+                out,
+            );
         }
-        leap_marker_hit(&mut self.leap, &mut self.stream, key, page, now, out);
+        if let Some(slot) = self.sandbox.slot(key) {
+            self.sandbox.fetched(slot, out.as_slice());
+        }
     }
 
     fn forget(&mut self, key: ProcessKey) {
-        self.stream.forget(key);
-        self.leap.forget(key);
-        self.region.forget(key);
-        self.runahead.forget(key);
-        self.pressure.forget(key);
+        self.own.stream.forget(key);
+        self.own.leap.forget(key);
+        self.own.region.forget(key);
+        self.own.runahead.forget(key);
+        self.own.pressure.forget(key);
+        self.sandbox.forget(key);
     }
 }
 
@@ -184,7 +246,7 @@ mod tests {
         for t in 0..40 {
             p.on_fault(1, page, t, &mut out);
             // The stream of the first pass stays confirmed; wait for a second one.
-            if p.stream.confirmed_streams(1) > 1 {
+            if p.own.stream.confirmed_streams(1) > 1 {
                 confirmed_at.get_or_insert(page);
                 break;
             }

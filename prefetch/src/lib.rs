@@ -7,9 +7,10 @@
 //! Layout: the interface (this file); the policies ([`leap`], [`stream`], [`composite`] and the
 //! baselines [`none`], [`next_n`], [`stride`], [`readahead`]) over a fixed per-process table
 //! ([`slots`]), a per-process memory-pressure estimate ([`pressure`]) and the components of
-//! `leap+stream` ([`region`], [`runahead`]); the by-name [`registry`]; page-access traces ([`trace`]) and the replay
-//! evaluator ([`eval`]) with Leap's accounting; the standard results table ([`report`]) and the
-//! rule for traces of real programs ([`compare`]).
+//! `leap+stream` ([`region`], [`runahead`], and the [`sandbox`] that chooses its arm per
+//! process); the by-name [`registry`]; page-access traces ([`trace`]) and the replay evaluator
+//! ([`eval`]) with Leap's accounting; the standard results table ([`report`]) and the rule for
+//! traces of real programs ([`compare`]).
 
 pub mod compare;
 pub mod composite;
@@ -23,6 +24,7 @@ pub mod region;
 pub mod registry;
 pub mod report;
 pub mod runahead;
+pub mod sandbox;
 pub mod slots;
 pub mod stream;
 pub mod stride;

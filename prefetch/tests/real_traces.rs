@@ -2,8 +2,14 @@
 //! (made by `scripts/make-trace.sh`, see `traces/README.md`) is replayed with injected hits
 //! through a local memory of half its footprint, and `leap+stream` must meet the rule of
 //! `farvm_prefetch::compare`: no more demand misses than the best of next-n, read-ahead, stride
-//! and leap, at most 10% waste, and never more demand misses than no prefetching. It holds on
-//! every committed trace (docs/prefetch-real-traces.md has the table).
+//! and leap, at most 10% waste, and never more demand misses than no prefetching.
+//!
+//! The traces are split in two sets (`traces/README.md`): the *tuning set*, on which the
+//! prefetchers' settings were chosen, and the *test set*, programs never used for tuning. Each
+//! set is a test of its own, so a failure says which (docs/prefetch-real-traces.md has both
+//! tables). Every committed trace belongs to exactly one set. On the test set the rule is not
+//! met on every program yet: those programs are listed with their measured gap
+//! (`TEST_SET_MISSES`), which may not grow, and must leave the list once they meet the rule.
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +17,19 @@ use farvm_prefetch::compare::{compare, Verdict};
 use farvm_prefetch::trace::read_trace;
 use farvm_prefetch::Config;
 
-/// The kinds of program the committed set must cover (file names start with these).
-const EXPECTED: &[&str] = &["sqlite", "redis", "numpy", "sort", "xz", "mix-"];
+/// The tuning set (file names without `.trace.zst`).
+const TUNING: &[&str] = &["sqlite", "redis", "numpy", "sort", "xz", "mix-numpy-redis"];
+/// The test set: never used to tune a prefetcher.
+const TEST: &[&str] = &[
+    "cc1",
+    "perl",
+    "pydict",
+    "pagerank",
+    "java",
+    "node",
+    "bzip2",
+    "mix-pydict-pagerank",
+];
 
 fn committed_traces() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
@@ -43,35 +60,118 @@ fn check(path: &Path) -> (String, Verdict) {
     (name, c.verdict())
 }
 
-#[test]
-fn leap_stream_meets_the_rule_on_every_committed_trace() {
+fn stem(path: &Path) -> String {
+    path.file_name()
+        .map(|f| {
+            f.to_string_lossy()
+                .trim_end_matches(".trace.zst")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// The committed traces of `set`; every one of its names must be there.
+fn traces_of(set: &[&str]) -> Vec<PathBuf> {
     let files = committed_traces();
-    for kind in EXPECTED {
+    for name in set {
         assert!(
-            files.iter().any(|f| f
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(kind))),
-            "no committed trace of kind `{kind}` in {files:?}"
+            files.iter().any(|f| stem(f) == *name),
+            "no committed trace `{name}.trace.zst` in {files:?}"
         );
     }
-    // Two threads: the machine running the suite is small, and each replay is single-threaded.
+    files
+        .into_iter()
+        .filter(|f| set.contains(&stem(f).as_str()))
+        .collect()
+}
+
+#[test]
+fn every_committed_trace_is_in_one_set() {
+    for f in committed_traces() {
+        let s = stem(&f);
+        assert!(
+            TUNING.contains(&s.as_str()) != TEST.contains(&s.as_str()),
+            "{s}: in neither or both of the tuning and test sets"
+        );
+    }
+}
+
+#[test]
+fn leap_stream_meets_the_rule_on_the_tuning_set() {
+    meets_the_rule(&traces_of(TUNING));
+}
+
+/// Test-set programs on which `leap+stream` does not meet the rule yet (measured once, after
+/// the tuning; docs/prefetch-real-traces.md): the default's misses and waste there may not grow
+/// past these bounds, and a program that starts meeting the rule must leave this list.
+/// (name, most demand misses as a multiple of the best baseline's, most waste)
+const TEST_SET_MISSES: &[(&str, f64, f64)] = &[
+    ("cc1", 1.05, 0.125),   // 675 vs next-n 664, 11.5% waste
+    ("pydict", 1.00, 0.12), // fewer misses than stride, 11.2% waste
+    ("java", 1.10, 0.105),  // 471 vs next-n 442, 9.8% waste
+    ("node", 1.10, 0.16),   // 682 vs next-n 638, 15.0% waste
+];
+
+#[test]
+fn leap_stream_meets_the_rule_on_the_test_set_but_where_it_is_known_to_miss() {
+    let verdicts = verdicts(&traces_of(TEST));
+    let mut failed = Vec::new();
+    for (n, v) in &verdicts {
+        let line = line(n, v);
+        if v.default_misses > v.none_misses {
+            failed.push(format!("more misses than no prefetching: {line}"));
+        }
+        let known = TEST_SET_MISSES
+            .iter()
+            .find(|(name, _, _)| n.trim_end_matches(".trace.zst") == *name);
+        match (v.pass, known) {
+            (true, None) => {}
+            (true, Some(_)) => failed.push(format!(
+                "meets the rule now: take it off TEST_SET_MISSES (and update the docs): {line}"
+            )),
+            (false, None) => failed.push(format!("rule broken: {line}")),
+            (false, Some((_, misses, waste))) => {
+                let bound = (v.best_baseline_misses as f64 * misses).ceil() as u64;
+                if v.default_misses > bound || v.default_waste > *waste {
+                    failed.push(format!(
+                        "worse than its known miss ({misses}x the best baseline's misses, \
+                         {:.1}% waste): {line}",
+                        100.0 * waste
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+fn line(n: &str, v: &Verdict) -> String {
+    format!(
+        "{n}: leap+stream {} misses at {:.1}% waste; best baseline {} {}; none {}",
+        v.default_misses,
+        100.0 * v.default_waste,
+        v.best_baseline,
+        v.best_baseline_misses,
+        v.none_misses
+    )
+}
+
+/// Every file's verdict, replayed on two threads (the machine running the suite is small, and
+/// each replay is single-threaded).
+fn verdicts(files: &[PathBuf]) -> Vec<(String, Verdict)> {
     let (a, b) = files.split_at(files.len() / 2);
-    let verdicts: Vec<(String, Verdict)> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let h = s.spawn(|| a.iter().map(|p| check(p)).collect::<Vec<_>>());
         let mut v: Vec<_> = b.iter().map(|p| check(p)).collect();
         v.extend(h.join().expect("replay thread"));
         v
-    });
+    })
+}
+
+fn meets_the_rule(files: &[PathBuf]) {
     let mut failed = Vec::new();
-    for (n, v) in &verdicts {
-        let line = format!(
-            "{n}: leap+stream {} misses at {:.1}% waste; best baseline {} {}; none {}",
-            v.default_misses,
-            100.0 * v.default_waste,
-            v.best_baseline,
-            v.best_baseline_misses,
-            v.none_misses
-        );
+    for (n, v) in &verdicts(files) {
+        let line = line(n, v);
         if v.default_misses > v.none_misses {
             failed.push(format!("more misses than no prefetching: {line}"));
         }
