@@ -306,7 +306,28 @@ impl<'c> Nemesis<'c> {
                 Err(e) => lines.push(format!("{e:#}")),
             }
         }
-        // The drain marks of servers still running come off once etcd answers again.
+        let deadline = Instant::now() + COMMAND_BOUND;
+        let mut hung = Vec::new();
+        for (what, mut child) in std::mem::take(&mut st.commands) {
+            let mut ended = None;
+            while ended.is_none() && Instant::now() < deadline {
+                ended = child.try_wait().ok().flatten();
+                if ended.is_none() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            match ended {
+                Some(s) => lines.push(format!("farvm-pool {what} ended: {s}")),
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    hung.push(format!("farvm-pool {what}"));
+                    lines.push(format!("farvm-pool {what} HUNG: killed"));
+                }
+            }
+        }
+        // The drain marks of servers still running come off once etcd answers again, and only
+        // after the commands ended: a drain still starting would set its mark after the undo.
         let live: BTreeSet<String> = st
             .ids
             .iter()
@@ -332,26 +353,6 @@ impl<'c> Nemesis<'c> {
                     "NOT taken off (etcd?)"
                 }
             ));
-        }
-        let deadline = Instant::now() + COMMAND_BOUND;
-        let mut hung = Vec::new();
-        for (what, mut child) in std::mem::take(&mut st.commands) {
-            let mut ended = None;
-            while ended.is_none() && Instant::now() < deadline {
-                ended = child.try_wait().ok().flatten();
-                if ended.is_none() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            match ended {
-                Some(s) => lines.push(format!("farvm-pool {what} ended: {s}")),
-                None => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    hung.push(format!("farvm-pool {what}"));
-                    lines.push(format!("farvm-pool {what} HUNG: killed"));
-                }
-            }
         }
         for l in lines {
             eprintln!("farvm-lab nemesis:   heal: {l}");
