@@ -91,8 +91,10 @@ impl VcpuGroup {
             };
             match std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
-                .spawn(move || thread.run())
-            {
+                .spawn(move || {
+                    farvm_sandbox::enter(farvm_sandbox::ThreadClass::Vcpu);
+                    thread.run()
+                }) {
                 Ok(t) => handles.push(VcpuHandle::new(index, events_tx, responses_rx, t)),
                 Err(source) => {
                     // The threads spawned so far wait for a start: the decided outcome ends
