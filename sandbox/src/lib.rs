@@ -67,6 +67,9 @@ pub enum SandboxError {
     /// The SIGSYS handler could not be installed.
     #[error("installing the SIGSYS handler: {0}")]
     Handler(std::io::Error),
+    /// [`start_from_env`] failed (the mode's variable or [`start`]'s error, as text).
+    #[error("seccomp: {0}")]
+    FromEnv(String),
     /// [`start`] ran twice in one process.
     #[error("the seccomp filters of this process are already started")]
     AlreadyStarted,
@@ -120,6 +123,26 @@ pub fn start(program: &'static str, mode: Mode, class: ThreadClass) -> Result<()
     }
     MODE.store(mode as u8 + 1, Ordering::Relaxed);
     apply(class)
+}
+
+/// The environment variable a test process reads its mode from ([`start_from_env`]).
+pub const MODE_ENV: &str = "FARVM_SECCOMP";
+
+/// [`start`] for a process that runs VMs or servers in-process (the integration tests): the
+/// mode from [`MODE_ENV`] (default on; a bad value is an error naming it), the process filter
+/// on the calling thread only (others already run), every thread class's filter on the
+/// threads that enter one afterwards. A second call does nothing.
+pub fn start_from_env(program: &'static str, class: ThreadClass) -> Result<Mode, SandboxError> {
+    static STARTED: OnceLock<Result<Mode, String>> = OnceLock::new();
+    let r = STARTED.get_or_init(|| {
+        let mode = match std::env::var(MODE_ENV) {
+            Ok(v) => v.parse::<Mode>().map_err(|e| format!("{MODE_ENV}: {e}"))?,
+            Err(_) => Mode::On,
+        };
+        start(program, mode, class).map_err(|e| e.to_string())?;
+        Ok(mode)
+    });
+    r.clone().map_err(SandboxError::FromEnv)
 }
 
 /// Puts the calling thread in `class`: adds the class's filter to the process's (nothing

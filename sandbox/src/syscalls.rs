@@ -68,31 +68,14 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
             // Receivers complete reads: UFFDIO_CONTINUE, KVM_PRE_FAULT_MEMORY; verbs' ioctls.
             any(&mut r, &[libc::SYS_ioctl]);
             // The maintenance thread reconnects a server out of service: a new socket (or
-            // verbs context: /dev/infiniband/*, read-write, and /sys/class/infiniband*) and
-            // the new connection's threads (clone3: glibc's pthread_create; its flags sit in
-            // a struct seccomp cannot read).
+            // verbs device) and the new connection's threads (clone3: glibc's
+            // pthread_create; its flags sit in a struct seccomp cannot read).
             any(
                 &mut r,
-                &[
-                    libc::SYS_socket,
-                    libc::SYS_connect,
-                    libc::SYS_bind,
-                    libc::SYS_clone3,
-                    libc::SYS_openat,
-                    libc::SYS_getdents64,
-                    libc::SYS_readlink,
-                    libc::SYS_newfstatat,
-                    libc::SYS_fstat,
-                    libc::SYS_statx,
-                    libc::SYS_lseek,
-                    libc::SYS_pread64,
-                    libc::SYS_eventfd2,
-                    libc::SYS_epoll_create1,
-                    libc::SYS_pipe2,
-                    libc::SYS_uname,
-                ],
+                &[libc::SYS_socket, libc::SYS_connect, libc::SYS_clone3],
             );
             r.insert(libc::SYS_clone, threads_only()?);
+            any(&mut r, VERBS_OPEN);
         }
         ThreadClass::Device => {
             thread_runtime(&mut r)?;
@@ -104,6 +87,10 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
             thread_runtime(&mut r)?;
             any(&mut r, SOCKET_IO);
             any(&mut r, &[libc::SYS_accept4, libc::SYS_accept]);
+            // tokio's blocking pool (`tokio-rt-worker`): a scrape starts one thread, which
+            // inherits this filter (clone3: glibc's pthread_create, flags in a struct).
+            any(&mut r, &[libc::SYS_clone3]);
+            r.insert(libc::SYS_clone, threads_only()?);
             // FIONBIO on accepted sockets (tokio).
             any(&mut r, &[libc::SYS_ioctl]);
             // The process collectors read /proc/self/{stat,status,io,fd}.
@@ -129,6 +116,10 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
             // --connection-cpu pins the thread.
             any(&mut r, &[libc::SYS_sched_setaffinity]);
             read_only_open(&mut r)?;
+            // An RDMA connection opens the verbs device of its local address (rdma-core
+            // enumerates devices over an AF_NETLINK socket).
+            r.insert(libc::SYS_socket, vec![arg0_is(libc::AF_NETLINK as u64)?]);
+            any(&mut r, VERBS_OPEN);
         }
     }
     Ok(List::Allowed(r))
@@ -220,6 +211,25 @@ const BLOCK_IO: &[c_long] = &[
     libc::SYS_fsync,
     libc::SYS_fdatasync,
     libc::SYS_fallocate,
+];
+
+/// Opening an RDMA device (rdma-core): `/dev/infiniband/uverbs*` and `rdma_cm` read-write,
+/// `/sys/class/infiniband*` listed and read, the netlink socket bound; the device's event
+/// descriptors.
+const VERBS_OPEN: &[c_long] = &[
+    libc::SYS_openat,
+    libc::SYS_bind,
+    libc::SYS_getdents64,
+    libc::SYS_readlink,
+    libc::SYS_newfstatat,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+    libc::SYS_lseek,
+    libc::SYS_pread64,
+    libc::SYS_eventfd2,
+    libc::SYS_epoll_create1,
+    libc::SYS_pipe2,
+    libc::SYS_uname,
 ];
 
 /// Dropping a page's memory: `process_madvise` (batched MADV_DONTNEED on the guest view),

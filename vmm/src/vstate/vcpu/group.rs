@@ -76,6 +76,10 @@ impl VcpuGroup {
         latch: Arc<OutcomeLatch>,
         hlt_in_guest: bool,
     ) -> Result<Self, SpawnError> {
+        // A vCPU saving its state reads KVM's MSR list, which opens /dev/kvm: read it here,
+        // before the threads exist, so that their seccomp filter need not allow opening files.
+        // An error is the save's to report, when it asks again.
+        let _ = super::state::msr_index_list();
         let mut handles = Vec::with_capacity(fds.len());
         for (index, fd) in (0u32..).zip(fds) {
             let (events_tx, events) = crossbeam_channel::unbounded();
