@@ -194,6 +194,7 @@ impl SerialConsole {
         std::thread::Builder::new()
             .name("serial-in".into())
             .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::Device);
                 let mut buf = [0u8; 64];
                 loop {
                     match input.read(&mut buf) {

@@ -101,6 +101,7 @@ impl Engine {
                 .spawn(move || {
                     // SAFETY: gettid has no preconditions.
                     let _ = tid_tx.send(unsafe { libc::gettid() });
+                    farvm_sandbox::enter(farvm_sandbox::ThreadClass::FaultHandler);
                     handler.run()
                 })
                 .map_err(|e| EngineError::os("spawning the fault thread", e))?,
@@ -112,7 +113,10 @@ impl Engine {
             let evictor = Evictor::new(&engine.parts);
             let h = std::thread::Builder::new()
                 .name("ept-evict".into())
-                .spawn(move || evictor.run())
+                .spawn(move || {
+                    farvm_sandbox::enter(farvm_sandbox::ThreadClass::Evictor);
+                    evictor.run()
+                })
                 .map_err(|e| EngineError::os("spawning the evictor thread", e))?;
             frames.set_evictor(h.thread().clone());
             engine.threads.push(h);

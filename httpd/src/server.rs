@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use axum::Router;
+use farvm_sandbox::ThreadClass;
 use tokio::sync::watch;
 
 use crate::fdpass::{FdInbox, FdUnixListener};
@@ -39,8 +40,20 @@ impl std::fmt::Debug for HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `listen` and serves `router` from a thread named `thread_name`.
+    /// Binds `listen` and serves `router` from a thread named `thread_name`, under its
+    /// process's seccomp filter only (the management API: its requests build VMs).
     pub fn start(listen: &Listen, thread_name: &str, router: Router) -> Result<Self, HttpError> {
+        Self::start_in(listen, thread_name, None, router)
+    }
+
+    /// [`HttpServer::start`] with the thread in seccomp thread class `class`
+    /// ([`ThreadClass::Metrics`] for a metrics endpoint); `None`: the process's filter only.
+    pub fn start_in(
+        listen: &Listen,
+        thread_name: &str,
+        class: Option<ThreadClass>,
+        router: Router,
+    ) -> Result<Self, HttpError> {
         let bound = listen.bind()?;
         let bind_err = |source| HttpError::Bind {
             what: listen.to_string(),
@@ -72,7 +85,12 @@ impl HttpServer {
         let name = thread_name.to_string();
         let thread = std::thread::Builder::new()
             .name(thread_name.into())
-            .spawn(move || rt.block_on(serve(listener, router, stopped, name)))
+            .spawn(move || {
+                if let Some(class) = class {
+                    farvm_sandbox::enter(class);
+                }
+                rt.block_on(serve(listener, router, stopped, name))
+            })
             .map_err(HttpError::Runtime)?;
         Ok(HttpServer {
             addr,

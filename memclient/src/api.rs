@@ -118,7 +118,10 @@ impl Client {
         let weak = Arc::downgrade(&core);
         let maint = std::thread::Builder::new()
             .name("memclient-maint".into())
-            .spawn(move || health::maintenance(weak, events))
+            .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::StoreConnection);
+                health::maintenance(weak, events)
+            })
             .map_err(|_| ClientError::InvalidRequest("cannot spawn maintenance thread"))?;
         Ok(Self {
             core,

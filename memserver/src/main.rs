@@ -28,7 +28,8 @@ use farvm_pool::{PoolError, RackId, ServerId};
 ///   farvm-memserver gen-token >> /etc/farvm/tokens
 ///
 /// Exit status: 0 after a subcommand; 78 when the memory pool refuses the server (its --rack
-/// is not declared: `farvm pool racks add RACK`); 1 on any other error.
+/// is not declared: `farvm pool racks add RACK`); 159 when a thread made a system call its
+/// seccomp filter forbids (--seccomp); 1 on any other error.
 #[derive(Parser, Debug)]
 #[command(
     name = "farvm-memserver",
@@ -104,6 +105,19 @@ struct Cli {
     /// Key prefix of the pool in etcd.
     #[arg(long, value_name = "PREFIX", default_value = farvm_pool::keys::DEFAULT_PREFIX)]
     pool_prefix: String,
+    /// Seccomp filters (docs/security.md). `on`: before it serves, the server installs a
+    /// filter of the system calls each of its thread classes needs (connection threads: socket
+    /// I/O and memory only) under a process filter forbidding what it never does (ptrace,
+    /// mount, module loading, …); a call outside them ends the server with one line naming
+    /// the thread, its class and the call, and exit status 159. `log`: such a call is allowed
+    /// and logged by the kernel (audit log or dmesg, type=1326). `off`: no filter.
+    #[arg(
+        long,
+        value_name = "off|log|on",
+        env = "FARVM_SECCOMP",
+        default_value = "on"
+    )]
+    seccomp: farvm_sandbox::Mode,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -171,6 +185,13 @@ fn run() -> Result<()> {
             let (Some(listen), Some(capacity)) = (cli.listen, cli.capacity) else {
                 bail!("--listen ADDR and --capacity SIZE are required to serve (see --help)");
             };
+            // Before the first thread: every thread inherits the process filter.
+            farvm_sandbox::start(
+                "farvm-memserver",
+                cli.seccomp,
+                farvm_sandbox::ThreadClass::MemServer,
+            )
+            .context("--seccomp")?;
             let tokens = match &cli.token_file {
                 Some(p) => load_token_file(p).with_context(|| "loading --token-file")?,
                 None => {

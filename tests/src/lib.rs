@@ -22,10 +22,27 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// Confines the VMs' threads as `farvm run` does (`FARVM_SECCOMP`, default on): every thread
+/// class's seccomp filter on the threads the VMs, engines, clients and in-process servers of
+/// this test process start from now on. The process filter goes on a helper thread that ends
+/// at once: the harness's threads, and what they run (`ip netns exec`, etcd), stay
+/// unfiltered. Idempotent.
+pub fn start_sandbox() {
+    let started = std::thread::spawn(|| {
+        farvm_sandbox::start_from_env("farvm-tests", farvm_sandbox::ThreadClass::Vmm)
+    })
+    .join()
+    .expect("the sandbox's helper thread");
+    if let Err(e) = started {
+        panic!("{e}");
+    }
+}
+
 /// True if KVM tests should run; false only when `FARVM_SKIP_KVM=1`. Panics with a clear
 /// message when /dev/kvm is unusable otherwise.
 pub fn kvm_available() -> bool {
     init_logging();
+    start_sandbox();
     if std::env::var("FARVM_SKIP_KVM").as_deref() == Ok("1") {
         eprintln!("FARVM_SKIP_KVM=1: skipping a test that needs /dev/kvm");
         return false;

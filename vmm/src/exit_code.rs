@@ -29,6 +29,9 @@ pub const MEMORY_LOST: i32 = 74;
 pub const GUEST_REBOOT: i32 = 75;
 /// `--timeout` expired (as timeout(1)).
 pub const TIMEOUT: i32 = 124;
+/// A thread made a system call its seccomp filter forbids (`--seccomp on`); the message names
+/// the thread, its class and the call (written by `farvm-sandbox`'s SIGSYS handler).
+pub const SECCOMP_DENIED: i32 = farvm_sandbox::EXIT_STATUS;
 /// SIGINT (128 + 2) and SIGTERM (128 + 15): the VM was shut down cleanly.
 pub const SIGINT: i32 = 130;
 /// See [`SIGINT`].

@@ -31,7 +31,12 @@ use crate::vm::VmShared;
 pub fn serve(listen: &Listen, vm: &Arc<VmShared>) -> Result<HttpServer, HttpError> {
     let mut exposition = Exposition::new();
     exposition.register_collector(VmCollector(Arc::downgrade(vm)));
-    HttpServer::start(listen, "metrics", router(Arc::new(exposition)))
+    HttpServer::start_in(
+        listen,
+        "metrics",
+        Some(farvm_sandbox::ThreadClass::Metrics),
+        router(Arc::new(exposition)),
+    )
 }
 
 /// The VM's metrics, taken on each scrape; nothing once the VM is gone.

@@ -281,7 +281,12 @@ pub(crate) fn serve(
     store: Arc<Store>,
 ) -> Result<HttpServer, HttpError> {
     let e = Arc::new(exposition(metrics, store));
-    HttpServer::start(&Listen::Tcp(addr), "memserver-metrics", router(e))
+    HttpServer::start_in(
+        &Listen::Tcp(addr),
+        "memserver-metrics",
+        Some(farvm_sandbox::ThreadClass::Metrics),
+        router(e),
+    )
 }
 
 #[cfg(test)]

@@ -232,6 +232,7 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>, serve: ServeFn) {
                         tracing::warn!(cpu, "cannot pin connection thread: {e}");
                     }
                 }
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::MemServerConnection);
                 sh2.metrics.conn_open();
                 match serve(stream, sh2.clone()) {
                     Ok(()) => tracing::debug!(?peer, "connection closed"),

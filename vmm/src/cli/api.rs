@@ -55,7 +55,9 @@ EXIT STATUS
   0        vmm.shutdown
   64       bad arguments
   71       the socket cannot be served
-  130/143  SIGINT/SIGTERM (the VM was stopped first)";
+  130/143  SIGINT/SIGTERM (the VM was stopped first)
+  159      a thread made a system call its seccomp filter forbids (--seccomp on); stderr names
+           the thread, its class and the call";
 
 /// Where events go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +85,16 @@ pub struct ApiArgs {
     /// More log output on stderr (-v info, -vv debug, -vvv trace; FARVM_LOG overrides).
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
+
+    /// Seccomp filters per thread class: on (a forbidden call ends the VMM, status 159), log, off.
+    #[arg(
+        long,
+        value_name = "off|log|on",
+        env = "FARVM_SECCOMP",
+        default_value = "on",
+        long_help = super::SECCOMP_HELP
+    )]
+    pub seccomp: farvm_sandbox::Mode,
 }
 
 /// farvm's command line under the name `cloud-hypervisor`.
@@ -155,6 +167,7 @@ fn init_logging(verbose: u8) {
 pub fn run(a: ApiArgs) -> Result<i32> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
     let host = |m: String| Failure::new(exit_code::HOST_ERROR, m);
+    super::start_sandbox(a.seccomp)?;
     signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
     let name = match &a.name {
         Some(n) => n.clone(),

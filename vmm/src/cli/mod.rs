@@ -33,3 +33,23 @@ impl std::fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+/// The `--seccomp` flag's help, shared by `run` and `api`.
+pub const SECCOMP_HELP: &str = "Seccomp filters (docs/security.md). `on`: before the guest runs, \
+every thread is confined to the system calls its class needs (vCPU, fault handler, evictor, \
+store connections, devices, metrics; the main, API and control threads to everything but what \
+farvm never does: ptrace, mount, module loading, …); a call outside its filter ends the VMM \
+with one line on stderr naming the thread, its class and the call, exit status 159. The local \
+memory server filters itself the same way. `log`: such a call is allowed and logged by the \
+kernel (audit log or dmesg, type=1326), for finding a missing entry. `off`: no filter.";
+
+/// Starts this process's seccomp filters (`--seccomp`): called first thing by a VMM command,
+/// before any thread exists, so that every thread inherits the process filter.
+pub fn start_sandbox(mode: farvm_sandbox::Mode) -> Result<(), Failure> {
+    farvm_sandbox::start("farvm", mode, farvm_sandbox::ThreadClass::Vmm).map_err(|e| {
+        Failure::new(
+            farvm_vmm::exit_code::HOST_ERROR,
+            format!("--seccomp {mode}: {e}"),
+        )
+    })
+}

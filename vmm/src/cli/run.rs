@@ -185,7 +185,9 @@ EXIT STATUS
            or cut off from etcd for too long): \"guest memory reclaimed\"
   75       the guest rebooted (farvm stopped it instead of restarting it)
   124      --timeout expired
-  130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)";
+  130/143  stopped by SIGINT/SIGTERM or the console's Ctrl-A x (the VM was shut down cleanly)
+  159      a thread made a system call its seccomp filter forbids (--seccomp on); stderr names
+           the thread, its class and the call";
 
 #[derive(Args, Debug, Clone)]
 // A pool's knobs need a pool: one given with --pool, or one the domain may name.
@@ -359,6 +361,16 @@ pub struct RunArgs {
     /// Stop the VM after this many seconds (exit status 124).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
+
+    /// Seccomp filters per thread class: on (a forbidden call ends the VMM, status 159), log, off.
+    #[arg(
+        long,
+        value_name = "off|log|on",
+        env = "FARVM_SECCOMP",
+        default_value = "on",
+        long_help = super::SECCOMP_HELP
+    )]
+    pub seccomp: farvm_sandbox::Mode,
 
     /// Print results (and the run's outcome, exits, phase timestamps) as JSON.
     #[arg(long)]
@@ -674,6 +686,7 @@ pub fn run_vm(
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
+    super::start_sandbox(a.seccomp)?;
     let mut spec = a.to_spec();
     let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
     let cfg = match (&snapshot, &a.domain) {

@@ -269,12 +269,15 @@ impl NetPort {
         let (d, s, name) = (dev.clone(), stop.clone(), cfg.tap.clone());
         let thread = std::thread::Builder::new()
             .name(format!("net-{name}"))
-            .spawn(move || match vnet::run_rx(&d, &s) {
-                Ok(()) if d.with_device(|n| n.gone()) => {
-                    tracing::warn!(tap = %name, "tap gone: the guest's link is down")
+            .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::Device);
+                match vnet::run_rx(&d, &s) {
+                    Ok(()) if d.with_device(|n| n.gone()) => {
+                        tracing::warn!(tap = %name, "tap gone: the guest's link is down")
+                    }
+                    Ok(()) => {}
+                    Err(e) => tracing::error!(tap = %name, "network receive thread: {e}"),
                 }
-                Ok(()) => {}
-                Err(e) => tracing::error!(tap = %name, "network receive thread: {e}"),
             })
             .map_err(thread_err)?;
         Ok(NetPort {

@@ -124,6 +124,9 @@ impl LocalServer {
         let mut cmd = Command::new(&path);
         cmd.args(["--listen", "127.0.0.1:0", "--capacity"])
             .arg(capacity_bytes.to_string())
+            // The server filters itself as this VMM does (it inherits the VMM's process
+            // filter across exec either way).
+            .args(["--seccomp", farvm_sandbox::mode().as_str()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -413,7 +413,10 @@ impl RdmaLink {
         let l = link.clone();
         std::thread::Builder::new()
             .name(format!("memclient-rdma-{server}"))
-            .spawn(move || l.poller())
+            .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::StoreConnection);
+                l.poller()
+            })
             .map_err(&err)?;
         Ok(link)
     }

@@ -150,12 +150,18 @@ impl TcpLink {
         let c = conn.clone();
         std::thread::Builder::new()
             .name(format!("memclient-rx-{server}"))
-            .spawn(move || c.receive_loop())
+            .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::StoreConnection);
+                c.receive_loop()
+            })
             .map_err(&err)?;
         let c = conn.clone();
         std::thread::Builder::new()
             .name(format!("memclient-tx-{server}"))
-            .spawn(move || c.send_loop())
+            .spawn(move || {
+                farvm_sandbox::enter(farvm_sandbox::ThreadClass::StoreConnection);
+                c.send_loop()
+            })
             .map_err(&err)?;
         Ok(conn)
     }

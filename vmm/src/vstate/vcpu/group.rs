@@ -76,6 +76,10 @@ impl VcpuGroup {
         latch: Arc<OutcomeLatch>,
         hlt_in_guest: bool,
     ) -> Result<Self, SpawnError> {
+        // A vCPU saving its state reads KVM's MSR list, which opens /dev/kvm: read it here,
+        // before the threads exist, so that their seccomp filter need not allow opening files.
+        // An error is the save's to report, when it asks again.
+        let _ = super::state::msr_index_list();
         let mut handles = Vec::with_capacity(fds.len());
         for (index, fd) in (0u32..).zip(fds) {
             let (events_tx, events) = crossbeam_channel::unbounded();
@@ -91,8 +95,10 @@ impl VcpuGroup {
             };
             match std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
-                .spawn(move || thread.run())
-            {
+                .spawn(move || {
+                    farvm_sandbox::enter(farvm_sandbox::ThreadClass::Vcpu);
+                    thread.run()
+                }) {
                 Ok(t) => handles.push(VcpuHandle::new(index, events_tx, responses_rx, t)),
                 Err(source) => {
                     // The threads spawned so far wait for a start: the decided outcome ends

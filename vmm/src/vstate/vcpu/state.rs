@@ -50,8 +50,9 @@ impl std::fmt::Debug for VcpuState {
     }
 }
 
-/// The MSR indices KVM saves and restores (`KVM_GET_MSR_INDEX_LIST`), read once per process.
-fn msr_index_list() -> Result<&'static [u32], KvmError> {
+/// The MSR indices KVM saves and restores (`KVM_GET_MSR_INDEX_LIST`), read once per process
+/// (first by [`super::group::VcpuGroup::spawn`], off the vCPU threads).
+pub(super) fn msr_index_list() -> Result<&'static [u32], KvmError> {
     static LIST: OnceLock<Vec<u32>> = OnceLock::new();
     if let Some(l) = LIST.get() {
         return Ok(l);
