@@ -244,6 +244,27 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_started_by_a_filtered_thread_enters_its_own_class() {
+        // The store connections' maintenance thread starts the threads of a server it
+        // reconnects; they inherit its filter and must still install their own. (A denied
+        // call here would kill the test process: nothing handles SIGSYS in it.)
+        let outer = std::thread::spawn(|| {
+            let p = program(ThreadClass::StoreConnection, Mode::On).unwrap();
+            seccompiler::apply_filter(&p).unwrap();
+            std::thread::spawn(|| {
+                let p = program(ThreadClass::StoreConnection, Mode::On).unwrap();
+                seccompiler::apply_filter(&p).is_ok()
+            })
+            .join()
+            .unwrap()
+        });
+        assert!(
+            outer.join().unwrap(),
+            "the inner thread installed its filter"
+        );
+    }
+
+    #[test]
     fn classes_are_indexed_by_their_value_and_named_uniquely() {
         for (i, c) in ThreadClass::ALL.into_iter().enumerate() {
             assert_eq!(c as usize, i);

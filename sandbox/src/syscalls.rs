@@ -126,9 +126,10 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
 }
 
 /// What every Rust thread needs from glibc and std: memory, futexes, signals (the alternate
-/// stack, the SIGSYS handler's return), time, its own name (`prctl` PR_SET_NAME/PR_GET_NAME
-/// only: the SIGSYS handler reads the name with it), `getrandom` (std's hash keys, ring's
-/// nonces when sealing pages), a panic's abort (`tgkill`, `rt_sigaction`) and exiting.
+/// stack, the SIGSYS handler's return), time, its own name (`prctl` PR_SET_NAME/PR_GET_NAME:
+/// the SIGSYS handler reads the name with it), `getrandom` (std's hash keys, ring's nonces
+/// when sealing pages), a panic's abort (`tgkill`, `rt_sigaction`), exiting, and entering a
+/// class of its own (one more filter).
 fn thread_runtime(r: &mut Rules) -> BuildResult<()> {
     any(
         r,
@@ -166,12 +167,22 @@ fn thread_runtime(r: &mut Rules) -> BuildResult<()> {
             libc::SYS_exit_group,
         ],
     );
+    // A thread started by a thread that already entered its class inherits that filter, and
+    // must still be able to enter its own (seccompiler's `apply_filter`: no-new-privileges,
+    // then one more filter). A filter can only narrow what a thread may do: allowing these
+    // gives nothing away. (The store connections' maintenance thread starts the threads of a
+    // server it reconnects: without them those died of SIGSYS at their first line.)
     r.insert(
         libc::SYS_prctl,
         vec![
             arg0_is(libc::PR_SET_NAME as u64)?,
             arg0_is(libc::PR_GET_NAME as u64)?,
+            arg0_is(libc::PR_SET_NO_NEW_PRIVS as u64)?,
         ],
+    );
+    r.insert(
+        libc::SYS_seccomp,
+        vec![arg0_is(u64::from(libc::SECCOMP_SET_MODE_FILTER))?],
     );
     Ok(())
 }
