@@ -774,19 +774,27 @@ fn virsh_save_and_managedsave_of_a_pool_domain_keep_the_checksum() {
     let lv = Libvirt::start(&dir, &config, built);
     // Read-modify-write passes that check every word they read, 48 MiB in 128 MiB.
     let workload = "seq:ws=48M,passes=16,write=1,verify=1";
-    let xml = dir.join("lv-save.xml");
-    std::fs::write(&xml, domain_xml("lv-save", &kernel, 128, &[workload])).unwrap();
-    lv.virsh(&["define", xml.to_str().unwrap()]);
+    let define = |name: &str| {
+        let xml = dir.join(format!("{name}.xml"));
+        std::fs::write(&xml, domain_xml(name, &kernel, 128, &[workload])).unwrap();
+        lv.virsh(&["define", xml.to_str().unwrap()]);
+    };
+    // `virsh start NAME`, then `virsh save` once it pages remotely: the save's directory.
+    let save_mid_run = |name: &str, metrics: SocketAddr| {
+        lv.virsh(&["start", name]);
+        wait_for_demand_faults(metrics);
+        let image = saves.join(format!("{name}.save"));
+        lv.virsh(&["save", name, image.to_str().unwrap()]);
+        assert_eq!(
+            lv.virsh(&["domstate", "--reason", name]).trim(),
+            "shut off (saved)"
+        );
+        image
+    };
+    define("lv-save");
 
     // virsh save mid-run: a pool snapshot beside libvirt's header.
-    lv.virsh(&["start", "lv-save"]);
-    wait_for_demand_faults(metrics);
-    let image = saves.join("lv-save.save");
-    lv.virsh(&["save", "lv-save", image.to_str().unwrap()]);
-    assert_eq!(
-        lv.virsh(&["domstate", "--reason", "lv-save"]).trim(),
-        "shut off (saved)"
-    );
+    let image = save_mid_run("lv-save", metrics);
     for file in ["libvirt-save.xml", "manifest.json", "remote.pages"] {
         assert!(
             image.join(file).exists(),
@@ -870,17 +878,8 @@ fn virsh_save_and_managedsave_of_a_pool_domain_keep_the_checksum() {
 
     // Without a pool (an embedded memory server): `virsh save` writes a full copy, every
     // page, which restores to the same checksum.
-    let xml = dir.join("lv-full.xml");
-    std::fs::write(&xml, domain_xml("lv-full", &kernel, 128, &[workload])).unwrap();
-    lv.virsh(&["define", xml.to_str().unwrap()]);
-    lv.virsh(&["start", "lv-full"]);
-    wait_for_demand_faults(metrics_full);
-    let image = saves.join("lv-full.save");
-    lv.virsh(&["save", "lv-full", image.to_str().unwrap()]);
-    assert_eq!(
-        lv.virsh(&["domstate", "--reason", "lv-full"]).trim(),
-        "shut off (saved)"
-    );
+    define("lv-full");
+    let image = save_mid_run("lv-full", metrics_full);
     assert!(
         image.join("memory.pages").exists() && !image.join("remote.pages").exists(),
         "a full copy in {}",
