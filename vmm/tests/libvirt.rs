@@ -735,7 +735,15 @@ fn libvirt_restore_failed(lv: &Libvirt, o: &Output, what: &str, says: &str, nth:
     );
     // The VMM libvirt started for the restore is left behind, waiting for a reader of its
     // event monitor's FIFO that libvirt never opens: ended here.
-    let left = vmms_of(&lv.config, "lv-save");
+    // (libvirt daemonizes it: it may not have reached `exec` yet.)
+    let t0 = Instant::now();
+    let left = loop {
+        let left = vmms_of(&lv.config, "lv-save");
+        if !left.is_empty() || t0.elapsed() > Duration::from_secs(10) {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(left.len(), 1, "the VMM libvirt left behind: {left:?}");
     let killed = Command::new("kill")
         .arg(left[0].to_string())
