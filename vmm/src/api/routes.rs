@@ -1,8 +1,8 @@
 //! The HTTP face of the API: every request goes to one handler that routes it with
 //! `farvm_chapi::route`, runs it on [`ApiState`] and answers as Cloud Hypervisor does — 200
 //! with a JSON body, 204 without, or the error's status with a JSON array of messages. The
-//! handler runs the operation on the server's own thread: requests are handled one at a time,
-//! as by Cloud Hypervisor's API thread. Descriptors sent with a request over the Unix socket
+//! handler runs the operation on a thread of its own while the server's thread waits for it:
+//! requests are handled one at a time, as by Cloud Hypervisor's API thread. Descriptors sent with a request over the Unix socket
 //! (SCM_RIGHTS, as libvirt sends a tap with `vm.add-net`) reach the handler with it.
 
 use std::os::fd::OwnedFd;
@@ -41,9 +41,11 @@ async fn handle(
     // Descriptors sent with this request (SCM_RIGHTS): `vm.add-net` takes them; with any
     // other request they are closed here.
     let fds = inbox.take();
-    let result = route(method.as_str(), uri.path()).and_then(|e| {
-        tracing::debug!(endpoint = e.name(), fds = fds.len(), "API request");
-        dispatch(&state, e, &body, fds)
+    let result = run_outside_runtime(|| {
+        route(method.as_str(), uri.path()).and_then(|e| {
+            tracing::debug!(endpoint = e.name(), fds = fds.len(), "API request");
+            dispatch(&state, e, &body, fds)
+        })
     });
     match result {
         Ok(Some(v)) => json(StatusCode::OK, v.to_string()),
@@ -63,6 +65,29 @@ async fn handle(
             json(status, e.body())
         }
     }
+}
+
+/// Runs `op` on a thread of its own, outside the server's tokio runtime, and waits for it: a
+/// pool VM's etcd directory drives a runtime of its own and blocks on it (building, saving or
+/// restoring the VM), which tokio refuses on a runtime's thread. The server's one thread waits,
+/// so requests still run one at a time. A panic in `op` is the handler's, as before.
+fn run_outside_runtime(
+    op: impl FnOnce() -> Result<Option<Value>, ApiError> + Send,
+) -> Result<Option<Value>, ApiError> {
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("api-request".into())
+            .spawn_scoped(scope, op)
+        {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(e) => Err(ApiError::Failed {
+                action: "request",
+                reason: format!("cannot start a thread for it: {e}"),
+            }),
+        }
+    })
 }
 
 fn json(status: StatusCode, body: String) -> Response {

@@ -342,8 +342,8 @@ impl ApiState {
     }
 
     /// `vm.snapshot`: saves the running or paused VM into the body's directory
-    /// ([`crate::snapshot::save`]); once saved the VM stops, and its watcher reports it shut
-    /// down. A save that fails leaves the VM as it was.
+    /// ([`crate::snapshot::save`]); once saved the VM stops (`vm:snapshotted` is its last
+    /// event, as with Cloud Hypervisor). A save that fails leaves the VM as it was.
     pub fn snapshot(&self, body: &[u8]) -> Result<(), ApiError> {
         let dir = farvm_chapi::snapshot::destination(body)?;
         let slot = lock(&self.slot);
@@ -450,9 +450,15 @@ impl ApiState {
             return;
         };
         tracing::info!(vm = self.name, "the guest stopped: {}", report.outcome);
+        // A VM that stopped because `vm.snapshot` saved it already said `vm:snapshotted`, and
+        // Cloud Hypervisor says nothing more: libvirt marks the domain "shut off (saved)" and
+        // would overwrite that with "shut off (shutdown)" on a `vm:shutdown`.
+        let saved = matches!(report.outcome, VmOutcome::Snapshotted { .. });
         slot.run = Run::Stopped(Box::new(report));
         drop(slot);
-        self.emit(Source::Vm, "shutdown");
+        if !saved {
+            self.emit(Source::Vm, "shutdown");
+        }
     }
 
     /// Stops a running VM (returns whether one was running).
