@@ -117,7 +117,21 @@ impl SnapshotPages {
         if fp == UNKNOWN_FP {
             return Err(EngineError::PageStale { gpa });
         }
-        let w = self.table.load(p);
+        // A page of the build that the evictor is moving out, or one still pinned, settles
+        // first (loading the resident pages may have started evictions).
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let w = loop {
+            let w = self.table.load(p);
+            let settled = match state_of(w) {
+                st::NEVER | st::REMOTE | st::LOST => true,
+                st::LOCAL => st::pins_of(w) == 0,
+                _ => false,
+            };
+            if settled || Instant::now() > deadline {
+                break w;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
         match state_of(w) {
             st::NEVER => {
                 self.meta.set_clean_fp(p, fp);

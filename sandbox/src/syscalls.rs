@@ -226,8 +226,22 @@ const BLOCK_IO: &[c_long] = &[
 
 /// Opening an RDMA device (rdma-core): `/dev/infiniband/uverbs*` and `rdma_cm` read-write,
 /// `/sys/class/infiniband*` listed and read, the netlink socket bound; the device's event
-/// descriptors.
+/// descriptors; the identity and limits it checks first (`getuid` against `geteuid` before
+/// reading its environment, RLIMIT_MEMLOCK before pinning memory; the KVM lab's Soft-RoCE
+/// showed `getuid`).
 const VERBS_OPEN: &[c_long] = &[
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_prlimit64,
+    libc::SYS_getrlimit,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_access,
+    libc::SYS_fstatfs,
+    libc::SYS_readlinkat,
+    libc::SYS_dup,
     libc::SYS_openat,
     libc::SYS_bind,
     libc::SYS_getdents64,
