@@ -50,8 +50,9 @@ struct Created {
 
 /// How long a boot waits for its metrics port while another process holds it: the VMM this
 /// domain ran in a moment ago may still be exiting (libvirt reports a destroyed domain before
-/// its VMM is gone).
-const METRICS_PORT_PATIENCE: Duration = Duration::from_secs(3);
+/// its VMM is gone, and a killed process frees its memory before its sockets: 3 s was seen
+/// to be too short on a loaded host, once in about a hundred destroy/start cycles).
+const METRICS_PORT_PATIENCE: Duration = Duration::from_secs(15);
 
 /// Serves the VM's metrics on `listen`, retrying for [`METRICS_PORT_PATIENCE`] while the
 /// address is in use.
