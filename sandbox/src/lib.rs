@@ -145,6 +145,19 @@ pub fn start_from_env(program: &'static str, class: ThreadClass) -> Result<Mode,
     r.clone().map_err(SandboxError::FromEnv)
 }
 
+/// [`start_from_env`] for a test harness: the process filter goes on a helper thread that
+/// ends at once, so the harness's own threads, and what they run (`ip netns exec`, etcd), stay
+/// unfiltered, while the VMs' threads started afterwards enter their classes. Idempotent; a
+/// bad [`MODE_ENV`] or a filter that cannot be built is a panic naming it (a test's failure).
+pub fn start_for_tests(program: &'static str) {
+    let started = std::thread::spawn(move || start_from_env(program, ThreadClass::Vmm))
+        .join()
+        .expect("the sandbox's helper thread");
+    if let Err(e) = started {
+        panic!("{e}");
+    }
+}
+
 /// Puts the calling thread in `class`: adds the class's filter to the process's (nothing
 /// before [`start`] or with [`Mode::Off`]). Called first thing on a thread, by the code that
 /// names it; threads it spawns afterwards inherit the filter. A thread that cannot install

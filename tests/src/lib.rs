@@ -28,14 +28,7 @@ pub fn init_logging() {
 /// at once: the harness's threads, and what they run (`ip netns exec`, etcd), stay
 /// unfiltered. Idempotent.
 pub fn start_sandbox() {
-    let started = std::thread::spawn(|| {
-        farvm_sandbox::start_from_env("farvm-tests", farvm_sandbox::ThreadClass::Vmm)
-    })
-    .join()
-    .expect("the sandbox's helper thread");
-    if let Err(e) = started {
-        panic!("{e}");
-    }
+    farvm_sandbox::start_for_tests("farvm-tests");
 }
 
 /// True if KVM tests should run; false only when `FARVM_SKIP_KVM=1`. Panics with a clear

@@ -86,15 +86,8 @@ pub struct ApiArgs {
     #[arg(short = 'v', action = ArgAction::Count)]
     pub verbose: u8,
 
-    /// Seccomp filters per thread class: on (a forbidden call ends the VMM, status 159), log, off.
-    #[arg(
-        long,
-        value_name = "off|log|on",
-        env = "FARVM_SECCOMP",
-        default_value = "on",
-        long_help = super::SECCOMP_HELP
-    )]
-    pub seccomp: farvm_sandbox::Mode,
+    #[command(flatten)]
+    pub sandbox: super::SeccompArgs,
 }
 
 /// farvm's command line under the name `cloud-hypervisor`.
@@ -167,7 +160,7 @@ fn init_logging(verbose: u8) {
 pub fn run(a: ApiArgs) -> Result<i32> {
     let usage = |m: String| Failure::new(exit_code::USAGE, m);
     let host = |m: String| Failure::new(exit_code::HOST_ERROR, m);
-    super::start_sandbox(a.seccomp)?;
+    super::start_sandbox(a.sandbox.seccomp)?;
     signals::install_termination_handlers().map_err(|e| host(format!("signal handlers: {e}")))?;
     let name = match &a.name {
         Some(n) => n.clone(),

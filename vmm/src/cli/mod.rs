@@ -43,6 +43,20 @@ with one line on stderr naming the thread, its class and the call, exit status 1
 memory server filters itself the same way. `log`: such a call is allowed and logged by the \
 kernel (audit log or dmesg, type=1326), for finding a missing entry. `off`: no filter.";
 
+/// The `--seccomp` flag of the VMM commands (`run`, `api`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SeccompArgs {
+    /// Seccomp filters per thread class: on (a forbidden call ends the VMM, status 159), log, off.
+    #[arg(
+        long,
+        value_name = "off|log|on",
+        env = "FARVM_SECCOMP",
+        default_value = "on",
+        long_help = SECCOMP_HELP
+    )]
+    pub seccomp: farvm_sandbox::Mode,
+}
+
 /// Starts this process's seccomp filters (`--seccomp`): called first thing by a VMM command,
 /// before any thread exists, so that every thread inherits the process filter.
 pub fn start_sandbox(mode: farvm_sandbox::Mode) -> Result<(), Failure> {

@@ -362,15 +362,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
 
-    /// Seccomp filters per thread class: on (a forbidden call ends the VMM, status 159), log, off.
-    #[arg(
-        long,
-        value_name = "off|log|on",
-        env = "FARVM_SECCOMP",
-        default_value = "on",
-        long_help = super::SECCOMP_HELP
-    )]
-    pub seccomp: farvm_sandbox::Mode,
+    #[command(flatten)]
+    pub sandbox: super::SeccompArgs,
 
     /// Print results (and the run's outcome, exits, phase timestamps) as JSON.
     #[arg(long)]
@@ -686,7 +679,7 @@ pub fn run_vm(
 }
 
 pub fn run(a: RunArgs) -> Result<i32> {
-    super::start_sandbox(a.seccomp)?;
+    super::start_sandbox(a.sandbox.seccomp)?;
     let mut spec = a.to_spec();
     let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
     let cfg = match (&snapshot, &a.domain) {

@@ -21,14 +21,7 @@ pub fn kvm_available() -> bool {
     // In-process VMs get their threads' seccomp filters as `farvm run`'s do (FARVM_SECCOMP,
     // default on). The process filter goes on a helper thread that ends at once: the test's
     // threads, and what they run (`ip netns`, etcd), stay unfiltered.
-    let started = std::thread::spawn(|| {
-        farvm_sandbox::start_from_env("farvm-tests", farvm_sandbox::ThreadClass::Vmm)
-    })
-    .join()
-    .expect("the sandbox's helper thread");
-    if let Err(e) = started {
-        panic!("{e}");
-    }
+    farvm_sandbox::start_for_tests("farvm-tests");
     true
 }
 
