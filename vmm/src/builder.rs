@@ -117,6 +117,11 @@ pub struct VmConfig {
     /// resolved on the vCPU thread, which is what lets the paging engine attribute it to a
     /// vCPU and guest process; it costs disabling HLT exits (see `vstate::vm`).
     pub kvm_async_pf: bool,
+    /// The VM is loaded from a snapshot before it runs: the boot path writes its images into
+    /// scratch memory, not guest RAM. The snapshot supplies every page the guest had; a pool
+    /// VM's guest RAM is already the snapshot's namespace, which a boot page evicted before
+    /// the snapshot's pages are adopted would overwrite.
+    pub restoring: bool,
 }
 
 impl VmConfig {
@@ -137,6 +142,7 @@ impl VmConfig {
             nets: Vec::new(),
             echo_guest_logs: false,
             kvm_async_pf: true,
+            restoring: false,
         }
     }
 
@@ -295,7 +301,15 @@ fn assemble(cfg: &VmConfig, ram: Arc<GuestRam>) -> Result<Vm, BuildError> {
     let pv = Arc::new(PvCtl::new(ram.clone(), cfg.vcpus, cfg.echo_guest_logs));
     let board = build_board(cfg, &ram, &latch, &pv)?;
     irq::connect_irqfds(&kvm.fd, board.interrupts())?;
-    let (entry, linux_info) = load_kernel(cfg, &ram, &board, vcpu::tsc_khz(&vcpus[0])?)?;
+    // A VM to be restored still computes its entry state and Linux boot details (reported as
+    // for a fresh boot), from images written into memory that is dropped at once.
+    let boot_ram = if cfg.restoring {
+        Arc::new(GuestRam::local(&layout::ram_ranges(cfg.mem_bytes))?)
+    } else {
+        ram.clone()
+    };
+    let (entry, linux_info) = load_kernel(cfg, &boot_ram, &board, vcpu::tsc_khz(&vcpus[0])?)?;
+    drop(boot_ram);
     vcpu::set_entry(&vcpus, &entry, start)?;
     let kvm_stats = vcpus
         .iter()

@@ -335,3 +335,54 @@ fn pause_parks_every_vcpu_and_resume_lets_them_run() {
     assert_eq!(o, VmOutcome::ControlShutdown);
     assert_eq!(running.finish(o).outcome, VmOutcome::ControlShutdown);
 }
+
+#[test]
+fn a_vm_built_to_be_restored_leaves_guest_ram_to_the_snapshot() {
+    if !kvm_available() {
+        return;
+    }
+    let mut a = Asm::default();
+    a.out_port(pv::PORT_SHUTDOWN, 3).spin();
+    let kernel = kernel_with(&a.code, b"boot data");
+    // Local RAM: a fresh build writes the kernel and its boot data; one to be restored has
+    // the same entry state and not a byte written.
+    let fresh = build(&config("t-fresh", kernel.clone(), 1)).expect("build");
+    let mut cfg = config("t-restoring", kernel.clone(), 1);
+    cfg.restoring = true;
+    let restoring = build(&cfg).expect("build a VM to be restored");
+    assert_eq!(restoring.entry(), fresh.entry());
+    let nonzero = |vm: &farvm_vmm::vm::Vm| {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0usize;
+        for r in vm.ram().regions() {
+            for off in (0..r.len()).step_by(buf.len()) {
+                vm.ram()
+                    .read_slice(&mut buf, GuestAddress(r.gpa() + off))
+                    .unwrap();
+                n += buf.iter().filter(|b| **b != 0).count();
+            }
+        }
+        n
+    };
+    assert!(nonzero(&fresh) > 0, "a fresh build writes the kernel");
+    assert_eq!(
+        nonzero(&restoring),
+        0,
+        "a build to be restored writes nothing"
+    );
+    // Remote memory: the engine never sees a VMM write, so no page of the build can be evicted
+    // into the namespace the snapshot's remote pages live in.
+    let mut cfg = config("t-restoring-remote", kernel, 1);
+    let mut spec = RemoteSpec::new("t-restoring-remote");
+    spec.budget = Budget::Percent(25.0);
+    cfg.remote = Some(spec);
+    cfg.restoring = true;
+    let vm = build(&cfg).expect("build a VM on remote memory to be restored");
+    let engine = vm.remote().expect("remote memory").engine();
+    let c = engine.counters();
+    assert_eq!(
+        (c.vmm_accesses, c.zero_fills, c.remote_writes),
+        (0, 0, 0),
+        "{c:?}"
+    );
+}

@@ -64,9 +64,11 @@ impl Snapshot {
     }
 
     /// Readies the configuration of the VM to build (from [`Snapshot::spec`]) for this
-    /// snapshot: a pool VM's takes the snapshot's namespace back (and its page key) instead
-    /// of being admitted afresh.
+    /// snapshot: its build writes nothing into guest RAM, and a pool VM's takes the
+    /// snapshot's namespace back (and its page key) instead of being admitted afresh.
     pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
+        // Every page the guest had comes from the snapshot: the build leaves guest RAM alone.
+        cfg.restoring = true;
         let Some(rec) = &self.manifest.pool else {
             return Ok(());
         };
