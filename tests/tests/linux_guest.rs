@@ -265,10 +265,18 @@ fn agent_disk(dir: &Path) -> PathBuf {
     img
 }
 
-/// A paging-engine counter of a running VM, from its control socket (`farvm stats`).
-fn paging_counter(socket: &Path, name: &str) -> u64 {
-    let v = farvm_vmm::control::request(socket, "stats")
-        .unwrap_or_else(|e| panic!("farvm stats on {}: {e}", socket.display()));
+/// A paging-engine counter of a running VM, from its control socket (`farvm stats`). A
+/// failed request says whether the VMM is still running, and how it ended if not.
+fn paging_counter(vm: &mut Farvm, socket: &Path, name: &str) -> u64 {
+    let v = farvm_vmm::control::request(socket, "stats").unwrap_or_else(|e| {
+        std::thread::sleep(Duration::from_secs(2));
+        let state = match vm.child.try_wait() {
+            Ok(Some(status)) => format!("farvm has ended: {status}"),
+            Ok(None) => "farvm is still running".to_string(),
+            Err(e) => format!("farvm's state is unknown: {e}"),
+        };
+        panic!("farvm stats on {}: {e} ({state})", socket.display())
+    });
     v["paging"]["engine"]["counters"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("no paging counter {name} in the stats: {v}"))
@@ -513,11 +521,11 @@ fn linux_guest_agent_attributes_two_processes_by_name() {
     let mut want = [pids.0, pids.1];
     want.sort_unstable();
     assert_eq!(populated, want, "both workloads populated their heaps");
-    let from = paging_counter(&g.socket, "fault_log_records");
+    let from = paging_counter(&mut g.vm, &g.socket, "fault_log_records");
     let vm = &mut g.vm;
     vm.wait_for("a workload's frames", deadline, said("held"));
     vm.wait_for("the other's frames", deadline, said("held"));
-    let to = paging_counter(&g.socket, "fault_log_records");
+    let to = paging_counter(&mut g.vm, &g.socket, "fault_log_records");
     eprintln!("fault log window: records {from}..{to}");
 
     // Live, through the control socket.
