@@ -40,8 +40,9 @@ pub enum RemoteError {
     /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
-    /// The page key file cannot be read or holds no valid key (`--memory-key-file`).
-    #[error("cannot read --memory-key-file {path}: {msg}")]
+    /// The page key file cannot be read, is readable by others, or holds no valid key
+    /// (`--memory-key-file`, or `memory_key_file` in the host config).
+    #[error("page key (--memory-key-file, or memory_key_file in the host config): {msg}")]
     Key {
         /// The file.
         path: PathBuf,
@@ -896,6 +897,11 @@ mod tests {
         let file = dir.join("key");
         std::fs::write(&file, "42".repeat(32)).unwrap();
         spec.memory_key_file = Some(file.clone());
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = page_key(&spec, &tcp).unwrap_err().to_string();
+        assert!(e.contains("must be readable by its owner only"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let loaded = page_key(&spec, &tcp).unwrap().expect("the file's key");
         assert_eq!(loaded.id(), PageKey::from_bytes([0x42; 32]).id());
         std::fs::write(&file, "not a key").unwrap();
