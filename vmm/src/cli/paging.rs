@@ -115,7 +115,7 @@ pub fn render(p: &Value) -> String {
             writeln!(
             s,
             "  memservers: {}{} | replication {} | taken out of service {} (rejoined {}) | read \
-             fail-overs {} | degraded slabs {} (suspended {}) | pages sealed: {} (unauthentic {})",
+             fail-overs {} | degraded slabs {} (suspended {}) | pages sealed: {} (unauthentic {}){}",
             r["servers"]
                 .as_array()
                 .map(|a| a
@@ -132,8 +132,26 @@ pub fn render(p: &Value) -> String {
             r["degraded_slabs"],
             r["suspended_slabs"],
             if r["page_encryption"].as_bool() == Some(true) { "yes" } else { "no" },
-            r["remote_unauthentic"]
+            r["remote_unauthentic"],
+            key_line(r)
         );
     }
     s
+}
+
+/// The page key part of the `remote` line: the current key id, and a rotation's progress.
+fn key_line(r: &Value) -> String {
+    let Some(current) = r["key_id"].as_str() else {
+        return String::new();
+    };
+    match r["previous_key_id"].as_str() {
+        Some(previous) => format!(
+            " | key {current}, rotating from {previous}: {} pages to re-seal",
+            r["pages_to_reseal"]
+        ),
+        None => format!(
+            " | key {current} ({} rotations, {} pages re-sealed)",
+            r["key_rotations"], r["resealed_pages"]
+        ),
+    }
 }
