@@ -269,9 +269,9 @@ pub struct KeyRotation {
 /// Why a key rotation was not started.
 #[derive(Debug, thiserror::Error)]
 pub enum RotateKeyError {
-    /// One is under way.
+    /// The key ring refused it (one is under way).
     #[error(transparent)]
-    InProgress(#[from] farvm_memclient::RotateError),
+    Refused(#[from] farvm_memclient::RotateError),
     /// The VM's pages are not sealed.
     #[error("the VM's pages are not sealed (--page-encryption off): there is no key to rotate")]
     NotSealed,
