@@ -137,9 +137,11 @@ fn a_key_rotation_mid_run_reseals_every_page_and_drops_the_old_key() {
         &["seq:ws=96M,passes=6,write=1"],
     );
     let mut rotation = None;
+    let mut took = Duration::ZERO;
     let (report, stats) = run_remote_with(&s, &sp, |remote| {
         assert!(wait_for_write_backs(remote, 10_000) > 0, "no write-backs");
         let source = remote.stats_source();
+        let started = std::time::Instant::now();
         let r = source.rotate_key().expect("a rotation starts");
         let again = source.rotate_key().expect_err("one rotation at a time");
         assert!(again.to_string().contains("already under way"), "{again}");
@@ -148,6 +150,7 @@ fn a_key_rotation_mid_run_reseals_every_page_and_drops_the_old_key() {
             let st = remote.stats().remote;
             if st.previous_key_id.is_none() {
                 assert_eq!(st.pages_to_reseal, 0, "{st:?}");
+                took = started.elapsed();
                 break;
             }
             assert!(
@@ -184,7 +187,11 @@ fn a_key_rotation_mid_run_reseals_every_page_and_drops_the_old_key() {
     assert!(remote.resealed_pages > 1000, "{remote:?}");
     assert_eq!(remote.remote_unauthentic, 0, "{remote:?}");
     eprintln!(
-        "rotated from key {} to {}: {} pages re-sealed",
-        r.previous, r.current, remote.resealed_pages
+        "rotated from key {} to {}: {} pages re-sealed, old key dropped {:.2} s after the \
+         rotation",
+        r.previous,
+        r.current,
+        remote.resealed_pages,
+        took.as_secs_f64()
     );
 }

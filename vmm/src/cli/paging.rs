@@ -155,3 +155,28 @@ fn key_line(r: &Value) -> String {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The `remote` line names the key, and while a rotation runs the key it rotates from and
+    /// the pages left; without sealing it says nothing of keys.
+    #[test]
+    fn the_key_part_shows_a_rotation_in_progress() {
+        let rotating = json!({"key_id": "b80ddcb2", "previous_key_id": "5fa3df84",
+                              "pages_to_reseal": 1200});
+        assert_eq!(
+            key_line(&rotating),
+            " | key b80ddcb2, rotating from 5fa3df84: 1200 pages to re-seal"
+        );
+        let settled = json!({"key_id": "b80ddcb2", "previous_key_id": null,
+                             "key_rotations": 1, "resealed_pages": 22106});
+        assert_eq!(
+            key_line(&settled),
+            " | key b80ddcb2 (1 rotations, 22106 pages re-sealed)"
+        );
+        assert_eq!(key_line(&json!({"key_id": null})), "");
+    }
+}
