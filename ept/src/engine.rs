@@ -230,6 +230,7 @@ impl Engine {
             states: p.table().census(),
             prefetcher: self.prefetcher.to_string(),
             stage2_prefault: p.installer().stage2_enabled(),
+            reseal_left: p.reseal().left(p.table(), p.meta()),
             ..Default::default()
         };
         s.fill_derived(p.hist());

@@ -59,6 +59,7 @@ use crate::port::StorePort;
 use crate::procstats::{ProcessCounter, ProcessTable};
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
+use crate::reseal::{self, Sweep, Turn};
 use crate::spans;
 use crate::state::{self as st, state_of, PageTable};
 use crate::stats::{Counter, Counters, Hist, Histograms};
@@ -159,6 +160,8 @@ pub(crate) struct Evictor {
     /// Rounds in a row with no write-back: from [`CLEAN_ROUNDS_TO_POOL`] on, victims move
     /// straight into pool slots.
     clean_rounds: u32,
+    /// A key rotation's re-seal sweep, run between rounds (`reseal.rs`).
+    sweep: Sweep,
 }
 
 impl Evictor {
@@ -183,6 +186,13 @@ impl Evictor {
             refused: Refused::default(),
             unmovable: 0,
             clean_rounds: 0,
+            sweep: Sweep::new(
+                parts.table().clone(),
+                parts.meta().clone(),
+                parts.port().clone(),
+                parts.counters().clone(),
+                parts.reseal().clone(),
+            ),
         }
     }
 
@@ -222,8 +232,21 @@ impl Evictor {
                 std::thread::park_timeout(Duration::from_nanos(pause));
                 continue;
             }
+            // A key rotation's re-seal: a page per turn while evicting, a few when idle.
+            let oldest_round = rounds
+                .iter()
+                .filter(|r| !r.is_free())
+                .map(|r| r.started)
+                .min();
+            let evicting = active && !stopping;
+            let budget = if evicting { 1 } else { reseal::PAGES_PER_TURN };
+            let reseal = if stopping {
+                Turn::Idle
+            } else {
+                self.sweep.turn(self.clock.now(), oldest_round, budget)
+            };
             let free_slot = rounds.iter().position(Round::is_free);
-            match (active && !stopping, free_slot) {
+            match (evicting, free_slot) {
                 (true, Some(ri)) => {
                     let want = batch.min((resident - claimed - target) as usize);
                     let r = &mut rounds[ri];
@@ -257,6 +280,9 @@ impl Evictor {
                         }
                     }
                 }
+                // Re-sealing: the next turn at once (its round trips bound the rate), or soon.
+                _ if reseal == Turn::More => {}
+                _ if reseal == Turn::Waiting => std::thread::park_timeout(Duration::from_millis(1)),
                 _ => std::thread::park_timeout(Duration::from_millis(20)),
             }
         }

@@ -37,6 +37,7 @@ mod prefetch_slots;
 pub mod procstats;
 mod queues;
 mod refault;
+mod reseal;
 mod spans;
 mod state;
 pub mod stats;

@@ -9,6 +9,7 @@
 //! | [`PrefetchSlots`] | `prefetch_slots.rs` | prefetch reads in flight vs their cap |
 //! | [`Installer`] | `installer.rs` | guest RAM (memfd, guest view, alias), the userfaultfd, the stage-2 gate |
 //! | [`StorePort`] | `port.rs` | the store handle, requests outstanding, completion routing |
+//! | [`ResealProgress`] | `reseal.rs` | a key rotation's re-seal sweep: running, its cursor |
 //! | [`Queues`] | `queues.rs` | retry / consumed / write-back queues, the fault thread's doorbell, stop |
 //! | [`ErrorLog`] | `errlog.rs` | errors kept for the VMM, rate-limited logging |
 //! | [`LostPages`] | `lost.rs` | the VMM's lost-page handler |
@@ -39,6 +40,7 @@ use crate::prefetch_slots::PrefetchSlots;
 use crate::procstats::ProcessTable;
 use crate::queues::Queues;
 use crate::refault::RefaultClock;
+use crate::reseal::ResealProgress;
 use crate::stage2::StageTwo;
 use crate::state::PageTable;
 use crate::stats::{Counters, Histograms};
@@ -55,6 +57,7 @@ pub(crate) struct Parts {
     slots: Arc<PrefetchSlots>,
     installer: Arc<Installer>,
     port: Arc<StorePort>,
+    reseal: Arc<ResealProgress>,
     queues: Arc<Queues>,
     errors: Arc<ErrorLog>,
     lost: Arc<LostPages>,
@@ -103,6 +106,7 @@ impl Parts {
             frames: Arc::new(frames),
             slots: Arc::new(PrefetchSlots::new(cfg.max_prefetch_inflight as u64)),
             port: Arc::new(StorePort::new(store, counters.clone(), pages)),
+            reseal: Arc::new(ResealProgress::default()),
             queues: Arc::new(Queues::new()?),
             errors: Arc::new(ErrorLog::new(clock)),
             lost: Arc::new(LostPages::new(installer.clone(), counters.clone())),
@@ -150,6 +154,10 @@ impl Parts {
 
     pub fn installer(&self) -> &Arc<Installer> {
         &self.installer
+    }
+
+    pub fn reseal(&self) -> &Arc<ResealProgress> {
+        &self.reseal
     }
 
     pub fn port(&self) -> &Arc<StorePort> {

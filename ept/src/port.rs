@@ -33,7 +33,7 @@ use crate::error::EngineError;
 use crate::stats::{Counter, Counters};
 use crate::store::{
     Completion, CompletionSink, GuestPage, Op, Priority, ReadReq, RemoteStore, Replica, Status,
-    StoreError, WriteReq,
+    StoreError, Version, WriteReq,
 };
 
 /// Port-made completions delivered per call (a stack array, no allocation).
@@ -141,6 +141,22 @@ impl StorePort {
     #[inline]
     pub fn promote(&self, page: GuestPage) {
         self.store.promote(page);
+    }
+
+    /// Whether the store wants its pages re-sealed ([`RemoteStore::reseal_wanted`]).
+    #[inline]
+    pub fn reseal_wanted(&self) -> bool {
+        self.store.reseal_wanted()
+    }
+
+    /// Re-seals `page`'s stored copy on the calling thread ([`RemoteStore::reseal`]).
+    pub fn reseal(&self, page: GuestPage, version: Version) -> Result<bool, StoreError> {
+        self.store.reseal(page, version)
+    }
+
+    /// Every stored page was re-sealed ([`RemoteStore::reseal_finished`]).
+    pub fn reseal_finished(&self) {
+        self.store.reseal_finished();
     }
 
     /// Requests the store still holds.

@@ -210,6 +210,12 @@ counters! {
     /// Faults recorded in the fault log (`EngineConfig::fault_log_records`): the position a
     /// live reader can mark and find again in the log written at exit.
     fault_log_records: FaultLogRecords,
+    /// Pages re-sealed under a rotated key by the evictor's sweep (`reseal`).
+    resealed_pages: ResealedPages,
+    /// Re-seals that failed (the page is tried again).
+    reseal_failed: ResealFailed,
+    /// Re-seal sweeps finished: key rotations whose previous key the store could drop.
+    reseal_sweeps: ResealSweeps,
 }
 
 /// Which latency a sample belongs to.
@@ -410,6 +416,10 @@ pub struct Stats {
     #[serde(default)]
     /// The UFFDIO_WAKE that resumes a vCPU after a demand fault.
     pub wake: LatencySummary,
+    /// While a key rotation's re-seal sweep runs: the pages at or above its cursor that have a
+    /// stored copy (they may still be sealed under the previous key). `None`: no sweep.
+    #[serde(default)]
+    pub reseal_left: Option<u64>,
 }
 
 impl Stats {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME, PAGE_SIZE};
 use farvm_pageio::PageBuf;
+use farvm_seal::KeyRing;
 use farvm_transport::Endpoint;
 
 use crate::core::{Core, Job, Receive};
@@ -154,7 +155,16 @@ impl Client {
 
     /// Whether this client seals pages (`ClientConfig::page_key`).
     pub fn seals_pages(&self) -> bool {
-        self.core.cfg.page_key.is_some()
+        self.core.keys.is_some()
+    }
+
+    /// The page keys (docs/sealing.md, "Rotation"), `None` if pages are not sealed: after
+    /// [`KeyRing::rotate`] every connection seals under the new key from its next write on
+    /// and opens pages of both; [`KeyRing::drop_previous`] ends the rotation once no page is
+    /// left under the previous key (the caller re-seals them, e.g. with
+    /// [`crate::PageStore::reseal`]).
+    pub fn keys(&self) -> Option<&Arc<KeyRing>> {
+        self.core.keys.as_ref()
     }
 
     /// Submits a read or write of the pages selected in `req.io` (all within one slab); the

@@ -8,6 +8,7 @@ use std::sync::{Arc, MutexGuard, Weak};
 
 use crossbeam_channel::Receiver;
 use farvm_memproto::{StatInfo, MAX_PAGES_PER_FRAME};
+use farvm_seal::KeyRing;
 use farvm_transport::Endpoint;
 
 use crate::config::{ClientConfig, Lane};
@@ -51,6 +52,9 @@ pub(crate) struct Core {
     pub health: Health,
     /// Read responses whose sealed pages failed authentication (`ClientError::Unauthentic`).
     pub unauthentic: AtomicU64,
+    /// The page keys every connection seals and opens with (`ClientConfig::page_key`, then
+    /// rotations); `None`: pages are not sealed.
+    pub keys: Option<Arc<KeyRing>>,
 }
 
 /// The sink of one connection: the client, and the connection set it belongs to.
@@ -95,6 +99,7 @@ impl Core {
         Ok(Self {
             r,
             unauthentic: AtomicU64::new(0),
+            keys: cfg.page_key.clone().map(|k| Arc::new(KeyRing::new(k))),
             servers: Servers::new(&cfg.servers, cfg.write_lane, cfg.demand_lane),
             tickets: Arc::new(Tickets::new(cfg.max_requests)),
             placements: Placements::new(
@@ -140,7 +145,7 @@ impl Core {
             connect_timeout: self.cfg.connect_timeout,
             transport: self.endpoint(s).transport,
             demand_poll: self.cfg.demand_poll,
-            page_key: self.cfg.page_key.as_ref(),
+            keys: self.keys.as_ref(),
         };
         let n = self.cfg.conns_total();
         let mut conns = Vec::with_capacity(n);

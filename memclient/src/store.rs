@@ -92,7 +92,7 @@ impl Deliver {
 /// `RemoteStore` over a memserver client (see the module docs).
 pub struct PageStore {
     client: Arc<Client>,
-    ns: u64,
+    pub(crate) ns: u64,
     deliver: Arc<Deliver>,
     /// `deliver` as the client's reply target (one reference count per request, no
     /// allocation).
@@ -455,6 +455,23 @@ impl RemoteStore for PageStore {
 
     fn reject(&self, page: GuestPage, replica: Replica) -> bool {
         self.client.reject_replica(self.ns, page, replica.0)
+    }
+
+    fn reseal_wanted(&self) -> bool {
+        self.client.keys().is_some_and(|k| k.rotating())
+    }
+
+    fn reseal(&self, page: GuestPage, version: Version) -> Result<bool, StoreError> {
+        match PageStore::reseal(self, page, version) {
+            Ok(r) => Ok(r == crate::Resealed::Written),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    fn reseal_finished(&self) {
+        if let Some(dropped) = self.client.keys().and_then(|k| k.drop_previous()) {
+            tracing::info!(key = %dropped, "previous page key dropped: no page is left under it");
+        }
     }
 
     fn discard(&self, pages: &[GuestPage]) -> Result<(), StoreError> {

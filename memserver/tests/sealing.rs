@@ -255,3 +255,72 @@ fn a_dump_of_the_store_holds_no_copy_of_a_marker_the_vm_wrote_into_every_page() 
     // The same dump does find it when pages are not sealed (--page-encryption off).
     assert!(marker_in_store(None));
 }
+
+/// The key id a stored page's seal names (its first 4 bytes).
+fn stored_key_id(server: &ServerHandle, p: u64) -> [u8; 4] {
+    let s = server.store().stored_page(NS, p).expect("stored");
+    [s.seal[0], s.seal[1], s.seal[2], s.seal[3]]
+}
+
+/// A key rotation through the page store: pages written after it are sealed under the new
+/// key on every replica while pages of both keys read back; re-sealing every old page leaves
+/// none under the old key on any server; after the old key is dropped every page still reads,
+/// and a copy under the old key put back by the server is refused (never delivered).
+#[test]
+fn a_rotation_reseals_every_old_page_and_a_page_under_the_dropped_key_is_refused() {
+    let servers = start(2);
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+    let (old, new) = (key(), PageKey::from_bytes([0x43; 32]));
+    let vm = Vm::new(&addrs, NS, Some(&old));
+    let v = |p: u64| 500 + p;
+    for p in 0..32 {
+        vm.write(p, &page(NS, p, 1), v(p));
+    }
+    let under_old = servers[0].store().stored_page(NS, 5).expect("stored");
+    let keys = vm.store.client().keys().expect("sealing").clone();
+    assert_eq!(keys.rotate(new.clone()), Ok(old.id()));
+    for p in 32..48 {
+        vm.write(p, &page(NS, p, 1), v(p));
+    }
+    for s in &servers {
+        assert!((0..32).all(|p| stored_key_id(s, p) == old.id().0));
+        assert!((32..48).all(|p| stored_key_id(s, p) == new.id().0));
+    }
+    for p in 0..48 {
+        let (status, _, data) = vm.read(p, v(p));
+        assert_eq!(status, Status::Ok, "page {p} under either key");
+        assert!(data == page(NS, p, 1), "page {p}");
+    }
+    for p in 0..48 {
+        assert_eq!(
+            vm.store.reseal(p, Version(v(p))),
+            Ok(farvm_memclient::Resealed::Written)
+        );
+    }
+    assert_eq!(
+        vm.store.reseal(4000, Version(1)),
+        Ok(farvm_memclient::Resealed::Absent),
+        "a page never written has nothing to re-seal"
+    );
+    for s in &servers {
+        let left = (0..48)
+            .filter(|&p| stored_key_id(s, p) == old.id().0)
+            .count();
+        assert_eq!(left, 0, "pages under the old key left on {}", s.addr());
+    }
+    assert_eq!(keys.drop_previous(), Some(old.id()));
+    for p in 0..48 {
+        let (status, _, data) = vm.read(p, v(p));
+        assert_eq!(status, Status::Ok, "page {p} after the drop");
+        assert!(data == page(NS, p, 1), "page {p}");
+    }
+    assert_eq!(vm.store.client().unauthentic_reads(), 0);
+    // Both servers put back page 5's copy under the dropped key: it is refused, not installed.
+    for s in &servers {
+        assert!(s.store().overwrite_page(NS, 5, &under_old));
+    }
+    let (status, _, data) = vm.read(5, v(5));
+    assert_eq!(status, Status::Absent);
+    assert!(data.iter().all(|&b| b == 0));
+    assert!(vm.store.client().unauthentic_reads() >= 1);
+}

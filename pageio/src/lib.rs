@@ -219,4 +219,22 @@ pub trait RemoteStore: Send + Sync {
     fn promote(&self, page: GuestPage) {
         let _ = page;
     }
+    /// Whether a re-seal sweep is wanted: the store's key was rotated and pages may still be
+    /// stored under the previous key. Polled by the engine's evictor (an atomic load).
+    /// Default: never (a store that does not seal).
+    fn reseal_wanted(&self) -> bool {
+        false
+    }
+    /// Re-seals the stored copy of `page` (expected at `version`) under the store's current
+    /// key: read and written back with the same version, on the calling thread. The engine
+    /// calls it from the thread that writes pages back, so no write of `page` overtakes it.
+    /// `Ok(false)`: no copy stored, nothing to do. Default: `Ok(false)`.
+    fn reseal(&self, page: GuestPage, version: Version) -> Result<bool, StoreError> {
+        let _ = (page, version);
+        Ok(false)
+    }
+    /// The engine's sweep re-sealed every stored page since the last
+    /// [`RemoteStore::reseal_wanted`]: the store may forget its previous key. Default:
+    /// nothing.
+    fn reseal_finished(&self) {}
 }

@@ -35,6 +35,19 @@ pub enum KeyError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The key file can be read by its group or by others (its mode allows more than 0600):
+    /// the key is refused rather than used, since anyone who can read it can read the guest's
+    /// remote pages.
+    #[error(
+        "key file {path} has mode {mode:04o}: a page key file must be readable by its owner \
+         only (chmod 600 or 400)"
+    )]
+    Exposed {
+        /// The file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The key file holds neither 32 raw bytes nor 64 hex digits.
     #[error(
         "key file {path}: {reason} (a page key file holds exactly {KEY_LEN} raw bytes, or \
@@ -95,12 +108,26 @@ impl PageKey {
 
     /// Loads a key file: exactly 32 raw bytes, or 64 hex digits (either case) optionally
     /// followed by one `\n` or `\r\n` — what `head -c32 /dev/urandom` and
-    /// `openssl rand -hex 32` write.
+    /// `openssl rand -hex 32` write. The file must be readable by its owner only (no group or
+    /// other permission bits: mode 0600 or 0400), else [`KeyError::Exposed`]; the mode is read
+    /// from the open file, so it is the file whose bytes are used.
     pub fn from_file(path: &Path) -> Result<Self, KeyError> {
-        let data = Zeroizing::new(std::fs::read(path).map_err(|source| KeyError::Io {
+        use std::io::Read as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let io = |source| KeyError::Io {
             path: path.display().to_string(),
             source,
-        })?);
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let mode = file.metadata().map_err(io)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Exposed {
+                path: path.display().to_string(),
+                mode,
+            });
+        }
+        let mut data = Zeroizing::new(Vec::with_capacity(2 * KEY_LEN + 2));
+        file.read_to_end(&mut data).map_err(io)?;
         Self::parse(&data).map_err(|reason| KeyError::Malformed {
             path: path.display().to_string(),
             reason,

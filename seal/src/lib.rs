@@ -46,14 +46,19 @@
 //! A [`PageKey`] is the per-VM secret; the AEAD never runs under it directly (only under
 //! subkeys), and its [`KeyId`] (4 bytes of HMAC-SHA256(key, label)) is in every seal so that,
 //! after a rotation, a page sealed under an older key is opened with it
-//! ([`PageSealer::add_opening_key`]) or reported as [`OpenError::UnknownKey`].
+//! ([`PageSealer::add_opening_key`]) or reported as [`OpenError::UnknownKey`]. A running VM's
+//! keys are a [`KeyRing`]: rotation makes a new key current and keeps the previous one for
+//! opening until its pages are re-sealed, and each [`RingSealer`] follows the ring with one
+//! atomic load per use.
 
 mod backend;
 mod derive;
 mod key;
+mod ring;
 mod sealer;
 
 pub use key::{KeyError, KeyId, PageKey, KEY_ID_LEN, KEY_LEN};
+pub use ring::{KeyRing, RingSealer, RingState, RotateError};
 pub use sealer::{OpenError, PageAddr, PageSealer, Seal, SealError, SALT_LEN, SEAL_LEN};
 
 /// Bytes of a page: what the memory server stores and the VMM seals.

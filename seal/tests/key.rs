@@ -107,3 +107,26 @@ fn a_written_key_file_is_private_reads_back_as_the_same_key_and_is_never_overwri
     assert!(err.to_string().contains("cannot write key file"), "{err}");
     assert_eq!(PageKey::from_file(&path).unwrap().id(), key.id());
 }
+
+#[test]
+fn a_key_file_others_can_read_is_refused_by_name() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let f = file(HEX.as_bytes());
+    for (mode, ok) in [(0o600, true), (0o400, true), (0o640, false), (0o604, false)] {
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        match PageKey::from_file(f.path()) {
+            Ok(k) => assert!(
+                ok && k.id() == PageKey::from_bytes(KEY).id(),
+                "mode {mode:o}"
+            ),
+            Err(e) => {
+                assert!(!ok, "mode {mode:o} refused: {e}");
+                let text = e.to_string();
+                assert!(matches!(e, KeyError::Exposed { .. }), "{text}");
+                assert!(text.contains(&f.path().display().to_string()), "{text}");
+                assert!(text.contains(&format!("{mode:04o}")), "{text}");
+                assert!(text.contains("chmod 600"), "{text}");
+            }
+        }
+    }
+}

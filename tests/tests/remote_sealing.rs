@@ -111,3 +111,87 @@ fn the_vm_stops_with_memory_lost_when_its_only_server_forges_every_page() {
         stats.remote.remote_unauthentic
     );
 }
+
+/// The key id (hex) a stored page's seal names: its first 4 bytes.
+fn stored_key_id(server: &ServerHandle, ns: u64, p: u64) -> Option<String> {
+    let s = server.store().stored_page(ns, p)?;
+    Some(s.seal[..4].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A page-key rotation mid-run (`farvm rotate-key`): a second rotation is refused while the
+/// first runs; the evictor re-seals every stored page under the new key, the previous key is
+/// dropped, no page on the server is left under it, and the guest finishes with the native
+/// checksums.
+#[test]
+fn a_key_rotation_mid_run_reseals_every_page_and_drops_the_old_key() {
+    if !farvm_tests::kvm_available() {
+        return;
+    }
+    let only = server();
+    let mut sp = spec("sealed-rotated", "25%", "leap+stream");
+    sp.servers = vec![Endpoint::tcp(only.addr())];
+    sp.timeout = Duration::from_secs(5);
+    let s = setup(
+        "sealed-rotated",
+        144 << 20,
+        &["seq:ws=96M,passes=6,write=1"],
+    );
+    let mut rotation = None;
+    let mut took = Duration::ZERO;
+    let (report, stats) = run_remote_with(&s, &sp, |remote| {
+        assert!(wait_for_write_backs(remote, 10_000) > 0, "no write-backs");
+        let source = remote.stats_source();
+        let started = std::time::Instant::now();
+        let r = source.rotate_key().expect("a rotation starts");
+        let again = source.rotate_key().expect_err("one rotation at a time");
+        assert!(again.to_string().contains("already under way"), "{again}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let st = remote.stats().remote;
+            if st.previous_key_id.is_none() {
+                assert_eq!(st.pages_to_reseal, 0, "{st:?}");
+                took = started.elapsed();
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the re-seal did not finish: {st:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let store = only.store();
+        for ns in store.namespace_ids() {
+            let under_old = store
+                .stored_pages(ns)
+                .into_iter()
+                .filter(|&p| stored_key_id(&only, ns, p).as_deref() == Some(r.previous.as_str()))
+                .count();
+            assert_eq!(
+                under_old, 0,
+                "pages left under the dropped key {}",
+                r.previous
+            );
+        }
+        rotation = Some(r);
+    });
+    let r = rotation.expect("rotated");
+    assert_native_checksums(&s, &report, &stats);
+    let remote = &stats.remote;
+    assert_eq!(
+        remote.key_id.as_deref(),
+        Some(r.current.as_str()),
+        "{remote:?}"
+    );
+    assert_eq!(remote.previous_key_id, None, "{remote:?}");
+    assert_eq!(remote.key_rotations, 1, "{remote:?}");
+    assert!(remote.resealed_pages > 1000, "{remote:?}");
+    assert_eq!(remote.remote_unauthentic, 0, "{remote:?}");
+    eprintln!(
+        "rotated from key {} to {}: {} pages re-sealed, old key dropped {:.2} s after the \
+         rotation",
+        r.previous,
+        r.current,
+        remote.resealed_pages,
+        took.as_secs_f64()
+    );
+}

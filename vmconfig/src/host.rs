@@ -9,6 +9,7 @@
 //! prefetcher = "leap+stream"
 //! replicas = 2
 //! token_file = "/etc/farvm/tokens/default"
+//! memory_key_file = "/etc/farvm/keys/default"   # the page key, mode 0600 (docs/sealing.md)
 //! page_space = "virtual"          # or physical
 //! probe_every = 64
 //! metrics = "127.0.0.1:9300"
@@ -56,6 +57,7 @@ struct LayerRaw {
     prefetcher: Option<Spanned<String>>,
     replicas: Option<Spanned<u32>>,
     token_file: Option<PathBuf>,
+    memory_key_file: Option<PathBuf>,
     page_space: Option<Spanned<String>>,
     probe_every: Option<u32>,
     metrics: Option<Spanned<String>>,
@@ -149,6 +151,7 @@ fn convert(raw: LayerRaw) -> Result<Overrides, (usize, String)> {
     let mut o = Overrides {
         local_only: raw.local_only,
         token_file: raw.token_file,
+        memory_key_file: raw.memory_key_file,
         probe_every: raw.probe_every,
         ..Default::default()
     };

@@ -184,6 +184,9 @@ pub struct Overrides {
     pub replicas: Option<u32>,
     /// Tenant secret for the memory servers (`--memserver-token-file`).
     pub token_file: Option<PathBuf>,
+    /// The page key file (`--memory-key-file`); a host-config setting only (a domain's
+    /// metadata has no element for it: the key is the host's to keep).
+    pub memory_key_file: Option<PathBuf>,
     /// Page numbers the prefetcher learns from (`--page-space`).
     pub page_space: Option<PageSpace>,
     /// Every N-th prefetched page left unmapped to measure prefetch hits (`--probe-every`).
@@ -202,6 +205,10 @@ impl Overrides {
             prefetcher: self.prefetcher.clone().or_else(|| lower.prefetcher.clone()),
             replicas: self.replicas.or(lower.replicas),
             token_file: self.token_file.clone().or_else(|| lower.token_file.clone()),
+            memory_key_file: self
+                .memory_key_file
+                .clone()
+                .or_else(|| lower.memory_key_file.clone()),
             page_space: self.page_space.or(lower.page_space),
             probe_every: self.probe_every.or(lower.probe_every),
             metrics: self.metrics.clone().or_else(|| lower.metrics.clone()),

@@ -45,6 +45,8 @@ pub struct RemoteSettings {
     pub replicas: Option<u32>,
     /// `--memserver-token-file`.
     pub token_file: Option<PathBuf>,
+    /// `--memory-key-file` (from the host config only).
+    pub memory_key_file: Option<PathBuf>,
     /// `--page-space` [default virtual].
     pub page_space: PageSpace,
     /// `--probe-every` [`None`: farvm run's default].
@@ -126,6 +128,7 @@ pub fn merge(domain: &Domain, host: &HostConfig) -> VmSettings {
                 .unwrap_or_else(|| farvm_prefetch::registry::DEFAULT.to_string()),
             replicas: o.replicas,
             token_file: o.token_file,
+            memory_key_file: o.memory_key_file,
             page_space: o.page_space.unwrap_or(PageSpace::Virtual),
             probe_every: o.probe_every,
             metrics: o.metrics,

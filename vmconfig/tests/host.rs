@@ -29,6 +29,7 @@ local_memory = "50%"
 prefetcher = "leap+stream"
 replicas = 2
 token_file = "/etc/farvm/tokens/default"
+memory_key_file = "/etc/farvm/keys/default"
 page_space = "virtual"
 probe_every = 64
 metrics = "127.0.0.1:9300"
@@ -68,6 +69,10 @@ fn sections_fall_back_to_defaults() {
         "not set in the section: from defaults"
     );
     assert_eq!(web.token_file, d.token_file);
+    assert_eq!(
+        web.memory_key_file.as_deref(),
+        Some(Path::new("/etc/farvm/keys/default"))
+    );
     let batch = h.for_domain("batch");
     assert!(
         matches!(batch.servers, Some(Servers::Pool(ref p)) if p.name.as_deref() == Some("rack-1"))

@@ -100,6 +100,7 @@ fn overrides() -> impl Strategy<Value = Overrides> {
                     prefetcher: pf.map(str::to_string),
                     replicas,
                     token_file,
+                    memory_key_file: None,
                     page_space,
                     probe_every,
                     metrics,

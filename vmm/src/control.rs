@@ -1,7 +1,9 @@
 //! The per-VM control socket: a Unix stream socket taking one JSON request per line
 //! (`{"cmd":"status"}`, `{"cmd":"stats"}`, `{"cmd":"processes"}` (per-process paging
 //! statistics), `{"cmd":"vcpus"}` (each vCPU's MP state, registers, pending events and local
-//! APIC, for a guest that seems stuck), `{"cmd":"shutdown"}`, `{"cmd":"history global"}` / `{"cmd":"history
+//! APIC, for a guest that seems stuck), `{"cmd":"shutdown"}`, `{"cmd":"rotate-key"}` (a new
+//! page key, the stored pages re-sealed under it in the background, docs/sealing.md),
+//! `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
 //! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
 //! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]); a bare word
@@ -217,6 +219,9 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
             vm.request_stop(VmOutcome::ControlShutdown);
             Ok(json!({"stopping": true}))
         }
+        "rotate-key" => vm
+            .rotate_key()
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null)),
         "history" | "history global" | "history per-process" => {
             let engine = vm.paging_engine().ok_or_else(|| {
                 "no prefetch history: the VM's memory is not remote (or its paging engine has \
@@ -237,7 +242,7 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             history, history global, history per-process, snapshot DIR)"
+             rotate-key, history, history global, history per-process, snapshot DIR)"
         )),
     }
 }

@@ -1,4 +1,4 @@
-//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `snapshot`, `pool`, `api`,
+//! `farvm`: the operator's command-line front end (`run`, `status`, `stats`, `shutdown`, `rotate-key`, `snapshot`, `pool`, `api`,
 //! and, started as `cloud-hypervisor`, libvirt's VMM). Each subcommand lives in
 //! `cli/<name>.rs`; this file only parses arguments, sets up logging and maps errors to exit
 //! codes. Benchmarks and trace tools are the lab's (`farvm-lab`).
@@ -37,6 +37,9 @@ enum Command {
     /// Shut a running VM down cleanly (through its control socket).
     #[command(long_about = cli::control::SHUTDOWN_ABOUT)]
     Shutdown(cli::control::ShutdownArgs),
+    /// Rotate a running VM's page key (old pages re-sealed, then the old key dropped).
+    #[command(long_about = cli::control::ROTATE_KEY_ABOUT)]
+    RotateKey(cli::control::RotateKeyArgs),
     /// Save a running VM into a snapshot directory and stop it (`run --restore` resumes it).
     #[command(long_about = cli::snapshot::SNAPSHOT_ABOUT)]
     Snapshot(cli::snapshot::SnapshotArgs),
@@ -70,6 +73,7 @@ fn main() {
         Command::Stats(args) => cli::control::stats(args).map(|()| 0),
         Command::Status(args) => cli::control::status(args).map(|()| 0),
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
+        Command::RotateKey(args) => cli::control::rotate_key(args).map(|()| 0),
         Command::Snapshot(args) => cli::snapshot::run(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
         Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0).map_err(|e| {

@@ -245,6 +245,12 @@ fn encode_health(f: &mut Families<'_>, r: &RemoteHealth) -> fmt::Result {
         r.servers.len() as u64,
     )?;
     f.gauge(
+        "farvm_remote_pages_to_reseal",
+        "While a page-key rotation runs: stored pages that may still be sealed under the \
+         previous key (0 when none runs).",
+        r.pages_to_reseal,
+    )?;
+    f.gauge(
         "farvm_replication",
         "Copies of each remote page.",
         r.replication as u64,
@@ -353,6 +359,11 @@ mod tests {
                 replicas_rejected: 0,
                 page_encryption: true,
                 remote_unauthentic: 0,
+                key_id: Some("8bcb3207".into()),
+                previous_key_id: Some("01234567".into()),
+                pages_to_reseal: 12,
+                resealed_pages: 30,
+                key_rotations: 0,
                 replication: 1,
                 dead_servers: 2,
                 rejoined_servers: 1,
@@ -380,6 +391,7 @@ mod tests {
             "farvm_memserver_dead{vm=\"vm_1\"} 1",
             "farvm_memserver_taken_out_of_service_total{vm=\"vm_1\"} 2",
             "farvm_memserver_requests_total{vm=\"vm_1\"} 9",
+            "farvm_remote_pages_to_reseal{vm=\"vm_1\"} 12",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

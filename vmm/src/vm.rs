@@ -283,6 +283,14 @@ impl VmShared {
         let _ = self.remote_saving.set(saving);
     }
 
+    /// Starts a page-key rotation (`farvm rotate-key`; remote memory with sealed pages only).
+    pub fn rotate_key(&self) -> Result<crate::remote::KeyRotation, String> {
+        let source = self.paging.get().ok_or_else(|| {
+            "no page key: the VM's memory is not remote (--local-only)".to_string()
+        })?;
+        source.rotate_key().map_err(|e| e.to_string())
+    }
+
     /// The paging engine, while it runs (remote memory only).
     pub fn paging_engine(&self) -> Option<Arc<farvm_ept::Engine>> {
         self.paging.get().and_then(StatsSource::engine)

@@ -431,6 +431,41 @@ fn help_documents_exit_status() {
     }
 }
 
+/// `farvm rotate-key --help` says what a rotation does, how to follow it and when it is
+/// refused; without a VM it fails naming the socket.
+#[test]
+fn rotate_key_is_documented_and_needs_a_running_vm() {
+    let o = run(&["rotate-key", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "re-seals",
+        "dropped",
+        "farvm stats",
+        "refused",
+        "EXAMPLE",
+        "EXIT STATUS",
+    ] {
+        assert!(s.contains(needle), "missing {needle}: {s}");
+    }
+    let o = run(&[
+        "rotate-key",
+        "--socket",
+        "/nonexistent/farvm-keys-test.sock",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(exit_code::HOST_ERROR),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("farvm-keys-test.sock"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn help_lists_only_the_operator_commands() {
     let o = run(&["--help"]);
@@ -445,7 +480,18 @@ fn help_lists_only_the_operator_commands() {
         .collect();
     assert_eq!(
         commands,
-        ["run", "stats", "status", "shutdown", "snapshot", "pool", "image", "api", "help"],
+        [
+            "run",
+            "stats",
+            "status",
+            "shutdown",
+            "rotate-key",
+            "snapshot",
+            "pool",
+            "image",
+            "api",
+            "help"
+        ],
         "{s}"
     );
     // The lab's commands are the lab binary's, not the operator's.

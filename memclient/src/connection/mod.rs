@@ -101,8 +101,9 @@ pub(crate) struct LinkSpec<'a> {
     pub transport: Transport,
     /// `ClientConfig::demand_poll`.
     pub demand_poll: Duration,
-    /// `ClientConfig::page_key`: the link seals what it sends and opens what it receives.
-    pub page_key: Option<&'a farvm_seal::PageKey>,
+    /// The client's page keys (`ClientConfig::page_key` and its rotations): the link seals
+    /// what it sends and opens what it receives.
+    pub keys: Option<&'a Arc<farvm_seal::KeyRing>>,
 }
 
 thread_local! {
@@ -141,7 +142,7 @@ pub(crate) fn connect(
 ) -> Result<Arc<dyn Link>, ClientError> {
     match spec.transport {
         // Only the TCP link seals: an RDMA link would send and accept pages in the clear.
-        transport @ Transport::Rdma { .. } if spec.page_key.is_some() => Err(ClientError::NoLink {
+        transport @ Transport::Rdma { .. } if spec.keys.is_some() => Err(ClientError::NoLink {
             addr: spec.addr,
             transport,
             why: "; page sealing is implemented for TCP only (run with --page-encryption \

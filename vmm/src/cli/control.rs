@@ -75,6 +75,43 @@ pub struct ShutdownArgs {
     pub target: Target,
 }
 
+pub const ROTATE_KEY_ABOUT: &str = "Rotate a running VM's page key (the key its pages are \
+sealed under on the memory servers, docs/sealing.md). A new key, drawn from the OS RNG, becomes \
+current at once: every page written from then on is sealed under it, and pages under the \
+previous key still open. The paging engine then re-seals, in the background and at a bounded \
+rate, every page still stored under the previous key: it reads the page and writes it back \
+under the new key, from the thread that writes pages back, so the guest's faults never wait \
+for it. Once no page is left under the previous key, that key is dropped (zeroized): a page \
+still sealed under it would no longer open, and is handled as a forged page.\n\n\
+`farvm stats` shows the rotation: the current key id, the previous one while the rotation \
+runs, and the pages left to re-seal (metric farvm_remote_pages_to_reseal). A rotation \
+requested while one runs is refused. The new key exists only in the VMM: a VM restarted from \
+a --memory-key-file cannot open pages sealed after a rotation (take a snapshot, which keeps \
+the current key, instead).\n\n\
+EXAMPLE\n  farvm rotate-key --vm test1\n  farvm stats --vm test1 --json | jq .paging.remote\n\n\
+EXIT STATUS\n  0 the rotation started; 71 the control socket cannot be reached or refused \
+(a rotation already runs, pages are not sealed, memory is not remote)";
+
+#[derive(Args, Debug)]
+pub struct RotateKeyArgs {
+    #[command(flatten)]
+    pub target: Target,
+}
+
+pub fn rotate_key(a: RotateKeyArgs) -> Result<()> {
+    let v = ask(&a.target, "rotate-key")?;
+    if a.target.json {
+        println!("{v}");
+    } else {
+        println!(
+            "page key {} is current; re-sealing the pages under {} (farvm stats shows progress)",
+            v["current"].as_str().unwrap_or("?"),
+            v["previous"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
 fn ask(t: &Target, cmd: &str) -> Result<Value> {
     request(&t.path(), cmd).map_err(|e| Failure::new(exit_code::HOST_ERROR, e.to_string()).into())
 }

@@ -115,7 +115,7 @@ pub fn render(p: &Value) -> String {
             writeln!(
             s,
             "  memservers: {}{} | replication {} | taken out of service {} (rejoined {}) | read \
-             fail-overs {} | degraded slabs {} (suspended {}) | pages sealed: {} (unauthentic {})",
+             fail-overs {} | degraded slabs {} (suspended {}) | pages sealed: {} (unauthentic {}){}",
             r["servers"]
                 .as_array()
                 .map(|a| a
@@ -132,8 +132,51 @@ pub fn render(p: &Value) -> String {
             r["degraded_slabs"],
             r["suspended_slabs"],
             if r["page_encryption"].as_bool() == Some(true) { "yes" } else { "no" },
-            r["remote_unauthentic"]
+            r["remote_unauthentic"],
+            key_line(r)
         );
     }
     s
+}
+
+/// The page key part of the `remote` line: the current key id, and a rotation's progress.
+fn key_line(r: &Value) -> String {
+    let Some(current) = r["key_id"].as_str() else {
+        return String::new();
+    };
+    match r["previous_key_id"].as_str() {
+        Some(previous) => format!(
+            " | key {current}, rotating from {previous}: {} pages to re-seal",
+            r["pages_to_reseal"]
+        ),
+        None => format!(
+            " | key {current} ({} rotations, {} pages re-sealed)",
+            r["key_rotations"], r["resealed_pages"]
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The `remote` line names the key, and while a rotation runs the key it rotates from and
+    /// the pages left; without sealing it says nothing of keys.
+    #[test]
+    fn the_key_part_shows_a_rotation_in_progress() {
+        let rotating = json!({"key_id": "b80ddcb2", "previous_key_id": "5fa3df84",
+                              "pages_to_reseal": 1200});
+        assert_eq!(
+            key_line(&rotating),
+            " | key b80ddcb2, rotating from 5fa3df84: 1200 pages to re-seal"
+        );
+        let settled = json!({"key_id": "b80ddcb2", "previous_key_id": null,
+                             "key_rotations": 1, "resealed_pages": 22106});
+        assert_eq!(
+            key_line(&settled),
+            " | key b80ddcb2 (1 rotations, 22106 pages re-sealed)"
+        );
+        assert_eq!(key_line(&json!({"key_id": null})), "");
+    }
 }

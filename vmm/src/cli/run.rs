@@ -476,9 +476,11 @@ pub struct VmArgs {
           conflicts_with = "local_only")]
     pub page_encryption: bool,
 
-    /// The page key: 32 raw bytes or 64 hex digits (keep it readable by the VMM only). For
-    /// a VM that is restarted onto its pool namespace and must open the pages it sealed
-    /// before. Default: a key drawn from the OS RNG for this run, never written anywhere.
+    /// The page key: a file of 32 raw bytes or 64 hex digits, readable by its owner only
+    /// (mode 0600 or 0400; a file others can read is refused). For a VM that is restarted
+    /// onto its pool namespace and must open the pages it sealed before. With --domain, the
+    /// host config's memory_key_file applies when this is not given; this option wins over
+    /// it. Default: a key drawn from the OS RNG for this run, never written anywhere.
     #[arg(long, value_name = "FILE", conflicts_with = "local_only")]
     pub memory_key_file: Option<PathBuf>,
 

@@ -20,6 +20,6 @@ pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
 pub use pool::{PoolAdmission, PoolSpec, PoolVm};
 pub use saving::{PoolRestore, RemoteSaving};
 pub use setup::{
-    PageSpace, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats, Stage2Prefault,
-    StatsSource,
+    KeyRotation, PageSpace, RemoteError, RemoteHealth, RemoteMemory, RemoteSpec, RemoteStats,
+    RotateKeyError, Stage2Prefault, StatsSource,
 };

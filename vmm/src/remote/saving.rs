@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use farvm_ept::Engine;
-use farvm_memclient::PageKey;
+use farvm_memclient::KeyRing;
 use farvm_pool::VmId;
 
 use super::pool::PoolHandoff;
@@ -21,8 +21,9 @@ pub struct RemoteSaving {
     pub engine: Arc<Engine>,
     /// The namespace on the memory servers.
     pub namespace: u64,
-    /// The page key, if pages are sealed.
-    pub key: Option<PageKey>,
+    /// The page keys, if pages are sealed (the key saved is the current one: a snapshot is
+    /// refused while a key rotation runs).
+    pub keys: Option<Arc<KeyRing>>,
     /// The pool membership.
     pub pool: PoolHandoff,
 }

@@ -40,8 +40,9 @@ pub enum RemoteError {
     /// No memory server answered (or the handshake failed).
     #[error("cannot reach the memory servers: {0}")]
     Connect(String),
-    /// The page key file cannot be read or holds no valid key (`--memory-key-file`).
-    #[error("cannot read --memory-key-file {path}: {msg}")]
+    /// The page key file cannot be read, is readable by others, or holds no valid key
+    /// (`--memory-key-file`, or `memory_key_file` in the host config).
+    #[error("page key (--memory-key-file, or memory_key_file in the host config): {msg}")]
     Key {
         /// The file.
         path: PathBuf,
@@ -221,6 +222,17 @@ pub struct RemoteHealth {
     /// Read responses whose sealed pages failed authentication (forged, misplaced or stale on
     /// the server): never installed; their replica left the slab, or the page was lost.
     pub remote_unauthentic: u64,
+    /// The id of the page key new pages are sealed under (`None`: pages are not sealed).
+    pub key_id: Option<String>,
+    /// While a key rotation runs (`farvm rotate-key`): the id of the key being rotated out.
+    pub previous_key_id: Option<String>,
+    /// While a key rotation runs: pages that may still be sealed under the previous key (the
+    /// stored pages the re-seal sweep has not reached yet); 0 once it dropped the key.
+    pub pages_to_reseal: u64,
+    /// Pages re-sealed under a new key by rotations so far.
+    pub resealed_pages: u64,
+    /// Key rotations finished: the previous key was dropped.
+    pub key_rotations: u64,
     /// Copies of each page.
     pub replication: usize,
     /// Times a memserver was taken out of service (timeout, lost connection).
@@ -243,6 +255,32 @@ pub struct RemoteHealth {
     pub busy: u64,
     /// Requests that failed.
     pub failed_requests: u64,
+}
+
+/// A key rotation started (the reply to `farvm rotate-key`).
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyRotation {
+    /// The id of the key being rotated out (dropped once no page is left under it).
+    pub previous: String,
+    /// The id of the key every page is now sealed under.
+    pub current: String,
+}
+
+/// Why a key rotation was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateKeyError {
+    /// The key ring refused it (one is under way).
+    #[error(transparent)]
+    Refused(#[from] farvm_memclient::RotateError),
+    /// The VM's pages are not sealed.
+    #[error("the VM's pages are not sealed (--page-encryption off): there is no key to rotate")]
+    NotSealed,
+    /// The VM's paging engine has stopped.
+    #[error("the VM's remote memory has stopped")]
+    Stopped,
+    /// No key could be drawn.
+    #[error("cannot draw a new page key: {0}")]
+    Key(farvm_memclient::KeyError),
 }
 
 /// Everything `farvm stats` shows about paging.
@@ -287,6 +325,30 @@ impl StatsSource {
     pub fn engine(&self) -> Option<Arc<Engine>> {
         self.engine.upgrade()
     }
+
+    /// Starts a key rotation (`farvm rotate-key`, docs/sealing.md "Rotation"): a key drawn
+    /// from the OS RNG becomes current at once; the engine's evictor re-seals the stored
+    /// pages under it and then the previous key is dropped. Refused while one runs, when
+    /// pages are not sealed, or once the VM's paging has stopped.
+    pub fn rotate_key(&self) -> Result<KeyRotation, RotateKeyError> {
+        let engine = self.engine.upgrade().ok_or(RotateKeyError::Stopped)?;
+        let store = self.store.upgrade().ok_or(RotateKeyError::Stopped)?;
+        let keys = store.client().keys().ok_or(RotateKeyError::NotSealed)?;
+        let key = PageKey::generate().map_err(RotateKeyError::Key)?;
+        let current = key.id();
+        let previous = keys.rotate(key)?;
+        tracing::info!(%previous, %current, "page key rotated; re-sealing the stored pages");
+        let stats = engine.stats();
+        if stats.budget_pages >= stats.total_pages {
+            // All of guest RAM may stay local: no evictor runs, nothing was ever written back
+            // to be re-sealed.
+            keys.drop_previous();
+        }
+        Ok(KeyRotation {
+            previous: previous.to_string(),
+            current: current.to_string(),
+        })
+    }
 }
 
 fn collect(
@@ -311,7 +373,19 @@ fn collect(
         ..
     } = client.stats();
     let c = store.counters();
+    let keys = client.keys().map(|k| k.state());
+    let keys = keys.as_ref();
     let engine = engine.stats();
+    let pages_to_reseal = match (keys.and_then(|k| k.previous), engine.reseal_left) {
+        (None, _) => 0,
+        (Some(_), Some(left)) => left,
+        // Rotated, the sweep not started yet: every page ever stored may be under it.
+        (Some(_), None) => engine.total_pages - engine.states[0],
+    };
+    let (resealed_pages, key_rotations) = (
+        engine.counters.resealed_pages,
+        engine.counters.reseal_sweeps,
+    );
     RemoteStats {
         stage2_prefault: match (stage2_prefault, engine.stage2_prefault) {
             (false, _) => Stage2Prefault::Off,
@@ -328,6 +402,11 @@ fn collect(
             replicas_rejected,
             page_encryption: client.seals_pages(),
             remote_unauthentic: client.unauthentic_reads(),
+            key_id: keys.map(|k| k.current.to_string()),
+            previous_key_id: keys.and_then(|k| k.previous).map(|id| id.to_string()),
+            pages_to_reseal,
+            resealed_pages,
+            key_rotations,
             replication: client.replication(),
             dead_servers,
             rejoined_servers,
@@ -386,8 +465,6 @@ pub struct RemoteMemory {
     servers: Vec<Endpoint>,
     local: Option<LocalServer>,
     pool: Option<PoolVm>,
-    /// The page key, if pages are sealed (a snapshot of a pool VM keeps it).
-    page_key: Option<PageKey>,
     /// The VM's namespace on the memory servers.
     namespace: u64,
     fault_path_cpu: Option<usize>,
@@ -514,7 +591,6 @@ impl RemoteMemory {
                 return Err(e);
             }
         };
-        let client_key = ccfg.page_key.clone();
         if let Some(path) = &spec.token_file {
             let tokens = load_token_file(path).map_err(|e| RemoteError::Token {
                 path: path.clone(),
@@ -617,7 +693,6 @@ impl RemoteMemory {
             servers,
             local,
             pool,
-            page_key: client_key,
             namespace,
             fault_path_cpu: spec.fault_path_cpu,
             guest_paging,
@@ -643,7 +718,7 @@ impl RemoteMemory {
         Some(super::RemoteSaving {
             engine: self.engine.clone(),
             namespace: self.namespace,
-            key: self.page_key.clone(),
+            keys: self.store.client().keys().cloned(),
             pool: pool.snapshot_handle(),
         })
     }
@@ -896,6 +971,11 @@ mod tests {
         let file = dir.join("key");
         std::fs::write(&file, "42".repeat(32)).unwrap();
         spec.memory_key_file = Some(file.clone());
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = page_key(&spec, &tcp).unwrap_err().to_string();
+        assert!(e.contains("must be readable by its owner only"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let loaded = page_key(&spec, &tcp).unwrap().expect("the file's key");
         assert_eq!(loaded.id(), PageKey::from_bytes([0x42; 32]).id());
         std::fs::write(&file, "not a key").unwrap();

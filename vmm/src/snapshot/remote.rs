@@ -130,7 +130,13 @@ pub fn save(
     file.sync_all().map_err(&io)?;
     let remote = remote.into_inner().map_err(|e| remote_io(e.into_error()))?;
     remote.sync_all().map_err(&remote_io)?;
-    let key_file = match &saving.key {
+    let key = saving
+        .keys
+        .as_ref()
+        .map(|k| k.settled_key())
+        .transpose()
+        .map_err(|e| SnapshotError::State(e.to_string()))?;
+    let key_file = match &key {
         Some(key) => {
             let path = dir.join(KEY);
             key.write_file(&path).map_err(|e| SnapshotError::Write {

@@ -52,6 +52,11 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
             dir: dir.to_path_buf(),
         });
     }
+    // A pool VM's pages stay on the servers under one key, which the snapshot keeps.
+    if let Some(keys) = vm.remote_saving().and_then(|s| s.keys.as_ref()) {
+        keys.settled_key()
+            .map_err(|e| SnapshotError::State(e.to_string()))?;
+    }
     vm.pause(PAUSE_TIMEOUT)
         .map_err(|e| SnapshotError::State(e.to_string()))?;
     let started = Instant::now();

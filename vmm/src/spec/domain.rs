@@ -133,7 +133,7 @@ impl VmSpec {
     /// memory, vCPUs, kernel, initrd, command line, console output, disks, network
     /// interfaces, metrics, and remote
     /// memory's servers (or pool, or local only), local share, prefetcher, replicas, token,
-    /// page space and probes. The rest (workloads, timeouts, the engine's A/B knobs, a pool's
+    /// page space, probes and the page key file (unless the caller already named one). The rest (workloads, timeouts, the engine's A/B knobs, a pool's
     /// lease and slab) stays as the caller set it.
     pub fn apply_domain(&mut self, domain: &Domain, host: &HostConfig) -> Result<(), SpecError> {
         self.apply_settings(&farvm_vmconfig::merge(domain, host))
@@ -202,6 +202,11 @@ impl VmSpec {
         remote.prefetcher = r.prefetcher.clone();
         remote.replicas = r.replicas.map(|n| n as usize);
         remote.token_file = r.token_file.clone();
+        // `--memory-key-file` on the command line wins over the host config's key file, which
+        // applies only where pages are sealed.
+        if remote.memory_key_file.is_none() && remote.page_encryption {
+            remote.memory_key_file = r.memory_key_file.clone();
+        }
         remote.page_space = r.page_space;
         remote.probe_every = r.probe_every.unwrap_or(crate::remote::DEFAULT_PROBE_EVERY);
         Ok(())
@@ -276,6 +281,35 @@ mod tests {
         );
         spec.workloads = vec!["seq:ws=8M".into()];
         spec.to_config().unwrap();
+    }
+
+    /// The host config's page key file applies where the caller named none and pages are
+    /// sealed; `--memory-key-file` wins; with sealing off the host's key file is not used.
+    #[test]
+    fn the_host_key_file_applies_unless_the_command_line_names_one() {
+        let host = HostConfig::parse(
+            "[defaults]\nmemory_key_file = \"/etc/farvm/keys/default\"\n",
+            std::path::Path::new("/etc/farvm/farvm.toml"),
+        )
+        .unwrap();
+        let d = domain("", "");
+        let mut spec = VmSpec::default();
+        spec.apply_domain(&d, &host).unwrap();
+        assert_eq!(
+            spec.remote.memory_key_file.as_deref(),
+            Some(std::path::Path::new("/etc/farvm/keys/default"))
+        );
+        let mut flagged = VmSpec::default();
+        flagged.remote.memory_key_file = Some("/run/key".into());
+        flagged.apply_domain(&d, &host).unwrap();
+        assert_eq!(
+            flagged.remote.memory_key_file.as_deref(),
+            Some(std::path::Path::new("/run/key"))
+        );
+        let mut clear = VmSpec::default();
+        clear.remote.page_encryption = false;
+        clear.apply_domain(&d, &host).unwrap();
+        assert_eq!(clear.remote.memory_key_file, None);
     }
 
     /// Disks go to the guest in target order; a gap in the targets is refused naming the

@@ -18,7 +18,8 @@
 //!
 //! Sealing (`ClientConfig::page_key`): the writer seals a write's pages in place in its send
 //! buffer, the receive side opens a read's pages in place where they landed, each with its
-//! own [`PageSealer`], under the lock it already holds (no allocation, no other lock).
+//! own [`RingSealer`], under the lock it already holds (no allocation, no other lock; after
+//! a key rotation it rebuilds its sealer once, at its next use).
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -31,7 +32,7 @@ mod receive;
 
 use farvm_memproto::frame::{HEADER_LEN, MAX_BODY};
 use farvm_memproto::MAX_PAGES_PER_FRAME;
-use farvm_seal::PageSealer;
+use farvm_seal::RingSealer;
 
 use super::handshake::{handshake, io_err};
 use super::recv::RecvBuf;
@@ -46,7 +47,7 @@ use crate::{ClientError, Priority};
 struct Rx {
     buf: RecvBuf,
     crcs: Box<[[u8; 4]; MAX_PAGES_PER_FRAME]>,
-    opener: Option<PageSealer>,
+    opener: Option<RingSealer>,
 }
 
 /// How long one blocking receive on the socket may wait (`SO_RCVTIMEO`) before the inline
@@ -56,7 +57,7 @@ pub(crate) const RX_SLICE: Duration = Duration::from_millis(1);
 struct Writer {
     stream: TcpStream,
     buf: Vec<u8>,
-    sealer: Option<PageSealer>,
+    sealer: Option<RingSealer>,
 }
 
 /// A TCP connection (see module docs).
@@ -112,8 +113,8 @@ impl TcpLink {
         stream.set_read_timeout(Some(RX_SLICE)).map_err(&err)?;
         let fd = stream.as_raw_fd();
         let sealer = || {
-            spec.page_key
-                .map(PageSealer::new)
+            spec.keys
+                .map(|ring| RingSealer::new(ring.clone()))
                 .transpose()
                 .map_err(|_| ClientError::InvalidRequest("the OS RNG failed to salt a page sealer"))
         };
@@ -175,9 +176,17 @@ impl TcpLink {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let w = &mut *w;
         w.buf.clear();
+        let sealer = match w.sealer.as_mut().map(RingSealer::sealer).transpose() {
+            Ok(sealer) => sealer,
+            Err(e) => {
+                tracing::error!(server = self.server, "cannot make a page sealer: {e}");
+                self.fail_all();
+                return;
+            }
+        };
         let encoded = {
             let t = self.tickets.lock(ticket);
-            encode_request(&mut w.buf, req_id, &t, w.sealer.as_mut())
+            encode_request(&mut w.buf, req_id, &t, sealer)
         };
         if let Err(e) = encoded {
             tracing::error!(server = self.server, "cannot seal a write: {e}");
