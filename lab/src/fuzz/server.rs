@@ -75,7 +75,7 @@ impl ServerFuzz {
     pub fn exec(&mut self, rng: &mut SplitMix64, vms: &mut Vms, out: &mut Outcomes) -> Verdict {
         self.reclaim_when_full(out)?;
         let k = rng.below(2) as usize;
-        let mut conn = self.server.connect();
+        let mut conn = self.server.connect(bytes::<32>(rng));
         match frame::decode(conn.responses()) {
             Ok((
                 Frame {

@@ -60,6 +60,11 @@ impl Session {
     /// nonce, returned) in `out`.
     pub fn challenge() -> (Self, [u8; 32]) {
         let server_nonce = random_bytes::<32>();
+        (Self::challenge_with(server_nonce), server_nonce)
+    }
+
+    /// A session before authentication whose CHALLENGE carries `server_nonce`.
+    pub fn challenge_with(server_nonce: [u8; 32]) -> Self {
         let mut sess = Session {
             tenant: None,
             cached: None,
@@ -74,7 +79,7 @@ impl Session {
             },
         };
         encode(&mut sess.out, &challenge, false);
-        (sess, server_nonce)
+        sess
     }
 }
 

@@ -42,9 +42,11 @@ impl ReplayServer {
         &self.shared.store
     }
 
-    /// A new connection: its CHALLENGE is in [`ReplayConn::responses`].
-    pub fn connect(&self) -> ReplayConn {
-        let (session, server_nonce) = Session::challenge();
+    /// A new connection whose CHALLENGE (in [`ReplayConn::responses`]) carries
+    /// `server_nonce`: a real connection draws it from the OS, a fuzzer from its seed, so
+    /// that a run replays.
+    pub fn connect(&self, server_nonce: [u8; 32]) -> ReplayConn {
+        let session = Session::challenge_with(server_nonce);
         ReplayConn {
             shared: self.shared.clone(),
             session,
