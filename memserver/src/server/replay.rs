@@ -115,3 +115,71 @@ impl ReplayConn {
         self.session.out.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farvm_memproto::frame::{decode, encode, Body, Frame, PageSel, WIRE_PAGE};
+    use farvm_memproto::{wire_crc, SEAL_LEN};
+
+    fn request(body: Body<'_>, req_id: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let f = Frame {
+            req_id,
+            namespace: 9,
+            body,
+        };
+        encode(&mut out, &f, false);
+        out
+    }
+
+    /// A replayed connection serves frames as a socket's would: one answer per request, the
+    /// page written read back, and a frame cut short ends it without an answer.
+    #[test]
+    fn a_replayed_connection_answers_each_frame_and_ends_on_a_cut_one() {
+        let server = ReplayServer::new(16 * PAGE_SIZE as u64, &[]).unwrap();
+        let mut conn = server.connect([3; 32]);
+        let (f, _) = decode(conn.responses()).unwrap();
+        assert!(matches!(f.body, Body::Challenge { server_nonce, .. } if server_nonce == [3; 32]));
+        conn.take_responses();
+
+        let mut page = vec![0u8; WIRE_PAGE];
+        page[4 + SEAL_LEN..].fill(0x5a);
+        let crc = wire_crc(&[0; SEAL_LEN], &page[4 + SEAL_LEN..]);
+        page[..4].copy_from_slice(&crc.to_le_bytes());
+        let sel = PageSel::Run { start: 4, count: 1 };
+        let hello = Body::Hello {
+            key_id: [0; 8],
+            client_nonce: [1; 32],
+            mac: [0; 32],
+        };
+        let mut stream = request(hello, 1);
+        stream.extend(request(Body::Write { sel, pages: &page }, 2));
+        stream.extend(request(Body::Read(sel), 3));
+        let cut = request(Body::Read(sel), 4);
+        stream.extend_from_slice(&cut[..cut.len() - 1]);
+
+        let mut input: &[u8] = &stream;
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            assert!(matches!(conn.serve_frame(&mut input), Served::Next));
+            let (f, n) = decode(conn.responses()).unwrap();
+            assert_eq!(n, conn.responses().len(), "one answer per request");
+            answers.push(format!("{:?}", f.body));
+            if let Body::ReadResp { bitmap, pages, .. } = f.body {
+                assert_eq!((bitmap, pages), (&[1u8][..], &page[..]));
+            }
+            conn.take_responses();
+        }
+        assert!(answers[0].starts_with("HelloResp"), "{answers:?}");
+        assert_eq!(answers[1], "WriteResp { written: 1 }");
+        assert!(answers[2].starts_with("ReadResp"), "{answers:?}");
+        assert!(matches!(
+            conn.serve_frame(&mut input),
+            Served::Ended(ConnEnd::Io(_))
+        ));
+        assert!(conn.responses().is_empty());
+        assert!(matches!(conn.serve_frame(&mut &[][..]), Served::Closed));
+        assert_eq!(server.store().occupancy().used_pages, 1);
+    }
+}
