@@ -1,10 +1,12 @@
 //! `farvm-lab`: the lab's command-line front end — benchmarks of VMs with remote memory
 //! (`bench`, in `bench/`) and prefetcher trace tools (`trace`, in `trace/`), with their markdown
 //! and JSON reports and PNG charts (`plot.rs`), and the memory pool's randomized fault tester
-//! (`nemesis`, in `nemesis/`). The operator's binary `farvm` runs none of this.
+//! (`nemesis`, in `nemesis/`), and the fuzzer of the memory server's decoder and the page
+//! sealing (`fuzz`, in `fuzz/`). The operator's binary `farvm` runs none of this.
 //! This file only parses arguments, sets up logging and maps errors to exit codes.
 
 mod bench;
+mod fuzz;
 mod nemesis;
 mod plot;
 mod trace;
@@ -16,7 +18,8 @@ use farvm_vmm::exit_code;
 ///
 /// farvm-lab measures farvm: it boots test-guest VMs with remote memory and reports their times
 /// as ratios against baselines measured in the same run (`bench`), and evaluates prefetchers on
-/// page-access traces (`trace`), and runs the memory pool under randomized faults (`nemesis`).
+/// page-access traces (`trace`), runs the memory pool under randomized faults (`nemesis`), and
+/// fuzzes the memory server's decoder and the page sealing (`fuzz`).
 #[derive(Parser, Debug)]
 #[command(name = "farvm-lab", version, about, long_about = None, propagate_version = true)]
 struct Cli {
@@ -38,6 +41,9 @@ enum Command {
     /// Randomized fault tester: VMs on a memory pool under drawn faults, then invariants.
     #[command(long_about = nemesis::NEMESIS_ABOUT)]
     Nemesis(nemesis::NemesisArgs),
+    /// Fuzz the memory server's request decoder and the page sealing together.
+    #[command(long_about = fuzz::FUZZ_ABOUT)]
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() {
@@ -51,6 +57,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Trace(args) => trace::run(args),
         Command::Nemesis(args) => nemesis::run(args),
+        Command::Fuzz(args) => fuzz::run(args),
     };
     if let Err(err) = result {
         // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).

@@ -62,6 +62,10 @@ mod tickets;
 
 pub use api::{Client, Finished, FinishedSink, ReplyTo, Request};
 pub use config::{ClientConfig, Fault};
+/// The check of a READ response's landed pages (crc32c, then the seal), for the fuzzer
+/// (`farvm-lab fuzz`): not part of the client's API.
+#[doc(hidden)]
+pub use connection::wire::accept_read_pages;
 pub use error::ClientError;
 pub use farvm_pageio::{Op, Priority};
 pub use farvm_seal::{KeyError, KeyId, KeyRing, PageKey, RingState, RotateError};

@@ -1,15 +1,16 @@
 //! What every link encodes and decodes the same way, whatever carries the bytes: a ticket's
-//! request frame (a write's pages sealed in place in the send buffer when the link seals), and
-//! the outcome of a response that carries no pages.
+//! request frame (a write's pages sealed in place in the send buffer when the link seals), the
+//! check of a READ response's pages where they landed (crc32c, then the seal), and the outcome
+//! of a response that carries no pages.
 
 use farvm_memproto::frame::{
     header_bytes, Body, Frame, Opcode, FLAG_SCATTER, WIRE_DATA_AT, WIRE_PAGE, WIRE_SEAL_AT,
 };
-use farvm_memproto::{page_crc, PageSel, Status, PAGE_SIZE, SEAL_LEN};
-use farvm_seal::{PageAddr, PageSealer};
+use farvm_memproto::{page_crc, wire_crc, PageSel, Status, PAGE_SIZE, SEAL_LEN};
+use farvm_seal::{PageAddr, PageSealer, Seal};
 
 use crate::tickets::{Ticket, TicketOp};
-use crate::ClientError;
+use crate::{ClientError, IoBuf};
 
 /// Appends request `req_id` for ticket `t` (header, page selection, and a write's wire pages)
 /// to `buf`, which must have room for the largest frame if it is not to grow. With `sealer`,
@@ -99,4 +100,61 @@ pub(crate) fn apply_response(t: &mut Ticket, f: &Frame<'_>) -> Result<u32, Clien
         }
         _ => Err(ClientError::Protocol("response does not match the request")),
     }
+}
+
+/// Accepts a READ response's pages landed in `io` (the request's buffer for namespace
+/// `namespace`): `bitmap` is the response's presence bitmap, checked against its header;
+/// each present entry's seal and bytes are in `io`, its wire crc32c in `crcs` (in order of
+/// the present entries). Every crc32c is checked, then, with `opener`, every page that carries
+/// a version is authenticated and decrypted in place at (namespace, page number, version);
+/// only when all of them pass are the pages marked present. Otherwise no page is marked
+/// present and a page that failed to open is zeroed: nothing unauthentic is ever delivered.
+#[doc(hidden)]
+pub fn accept_read_pages(
+    io: &mut IoBuf,
+    namespace: u64,
+    bitmap: &[u8],
+    crcs: &[[u8; 4]],
+    opener: Option<&mut PageSealer>,
+) -> Result<u32, ClientError> {
+    let present = |i: &usize| bitmap.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0);
+    let count = io.len();
+    let landed = (0..count).filter(present).count();
+    if landed > crcs.len() {
+        io.clear_present();
+        return Err(ClientError::Protocol(
+            "READ response has more pages than crc32c values",
+        ));
+    }
+    let intact = (0..count)
+        .filter(present)
+        .zip(crcs.iter())
+        .all(|(i, crc)| wire_crc(io.seal(i), io.page(i)) == u32::from_le_bytes(*crc));
+    if !intact {
+        io.clear_present();
+        return Err(ClientError::ChecksumMismatch);
+    }
+    if let Some(opener) = opener {
+        for i in (0..count).filter(present) {
+            let Some(version) = io.version(i) else {
+                continue;
+            };
+            let addr = PageAddr {
+                namespace,
+                page: io.page_index(i),
+                version: version.0,
+            };
+            let seal = Seal(*io.seal(i));
+            let opened = match <&mut [u8; PAGE_SIZE]>::try_from(io.page_mut(i)) {
+                Ok(page) => opener.open(addr, page, &seal).is_ok(),
+                Err(_) => false,
+            };
+            if !opened {
+                io.clear_present();
+                return Err(ClientError::Unauthentic);
+            }
+        }
+    }
+    io.set_present_from(bitmap);
+    Ok(landed as u32)
 }

@@ -60,6 +60,11 @@ impl Session {
     /// nonce, returned) in `out`.
     pub fn challenge() -> (Self, [u8; 32]) {
         let server_nonce = random_bytes::<32>();
+        (Self::challenge_with(server_nonce), server_nonce)
+    }
+
+    /// A session before authentication whose CHALLENGE carries `server_nonce`.
+    pub fn challenge_with(server_nonce: [u8; 32]) -> Self {
         let mut sess = Session {
             tenant: None,
             cached: None,
@@ -74,7 +79,7 @@ impl Session {
             },
         };
         encode(&mut sess.out, &challenge, false);
-        (sess, server_nonce)
+        sess
     }
 }
 
@@ -88,37 +93,72 @@ pub(crate) fn serve(stream: TcpStream, sh: Arc<Shared>) -> Result<(), ConnEnd> {
     sess.out.clear();
     let mut body = vec![0u8; MAX_BODY];
     loop {
-        let mut hb = [0u8; HEADER_LEN];
-        if let Err(e) = reader.read_exact(&mut hb) {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                return Ok(());
-            }
-            return Err(e.into());
-        }
-        let h = match decode_header(&hb) {
-            Ok(h) => h,
-            Err(frame::FrameError::BadVersion(client)) => {
+        let res = match serve_one(&mut reader, &mut body, &sh, &mut sess, &server_nonce)? {
+            Step::Handled(res) => res,
+            Step::Closed => return Ok(()),
+            Step::OtherVersion(client) => {
                 refuse_version(&mut writer, client)?;
                 return Err(ConnEnd::Version {
                     client,
                     server: PROTOCOL_VERSION,
                 });
             }
-            Err(e) => {
-                sh.metrics.malformed();
-                return Err(e.into());
-            }
         };
-        let b = &mut body[..h.body_len as usize];
-        reader.read_exact(b)?;
-        let f = decode_body(&h, b).inspect_err(|_| sh.metrics.malformed())?;
-        let res = handle(&sh, &mut sess, &server_nonce, h.opcode, h.flags, &f);
         if sess.out.len() >= FLUSH_AT || reader.buffer().is_empty() || res.is_err() {
             writer.write_all(&sess.out)?;
             sess.out.clear();
         }
         res?;
     }
+}
+
+/// What reading one frame off a connection came to.
+pub(super) enum Step {
+    /// A whole frame was decoded and handled (its response is in the session's `out`); the
+    /// handler's verdict: an error ends the connection once the response is flushed.
+    Handled(Result<(), ConnEnd>),
+    /// The peer closed the connection between frames.
+    Closed,
+    /// The frame's header carries another protocol version (answered by the caller).
+    OtherVersion(u8),
+}
+
+/// Reads one request frame from `reader` into `body` (at least [`MAX_BODY`] bytes), decodes
+/// and handles it. An error is a frame that could not be read or decoded: the connection ends
+/// without a response.
+pub(super) fn serve_one(
+    reader: &mut impl Read,
+    body: &mut [u8],
+    sh: &Shared,
+    sess: &mut Session,
+    server_nonce: &[u8; 32],
+) -> Result<Step, ConnEnd> {
+    let mut hb = [0u8; HEADER_LEN];
+    if let Err(e) = reader.read_exact(&mut hb) {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            return Ok(Step::Closed);
+        }
+        return Err(e.into());
+    }
+    let h = match decode_header(&hb) {
+        Ok(h) => h,
+        Err(frame::FrameError::BadVersion(client)) => return Ok(Step::OtherVersion(client)),
+        Err(e) => {
+            sh.metrics.malformed();
+            return Err(e.into());
+        }
+    };
+    let b = &mut body[..h.body_len as usize];
+    reader.read_exact(b)?;
+    let f = decode_body(&h, b).inspect_err(|_| sh.metrics.malformed())?;
+    Ok(Step::Handled(handle(
+        sh,
+        sess,
+        server_nonce,
+        h.opcode,
+        h.flags,
+        &f,
+    )))
 }
 
 /// Answers a frame of another protocol version with `VersionUnsupported`, naming both

@@ -10,6 +10,8 @@ pub mod conn;
 pub mod metrics;
 #[cfg(feature = "rdma")]
 mod rdma;
+#[doc(hidden)]
+pub mod replay;
 pub mod store;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -106,6 +108,25 @@ pub(crate) struct Shared {
     connection_cpu: Option<usize>,
 }
 
+impl Shared {
+    fn new(
+        store: Arc<Store>,
+        tokens: &[Secret],
+        stop: Arc<AtomicBool>,
+        connection_cpu: Option<usize>,
+    ) -> Self {
+        Self {
+            store,
+            metrics: Arc::new(Metrics::default()),
+            tenants: tokens.iter().map(|s| (s.key_id(), s.clone())).collect(),
+            stop,
+            conns: Mutex::new(FxHashMap::default()),
+            next_conn: AtomicU64::new(0),
+            connection_cpu,
+        }
+    }
+}
+
 /// An open connection: a handle to shut it down.
 struct LiveConn {
     stream: TcpStream,
@@ -154,15 +175,12 @@ impl Server {
         };
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let shared = Arc::new(Shared {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::default()),
-            tenants: cfg.tokens.iter().map(|s| (s.key_id(), s.clone())).collect(),
-            stop: stop.clone(),
-            conns: Mutex::new(FxHashMap::default()),
-            next_conn: AtomicU64::new(0),
-            connection_cpu: cfg.connection_cpu,
-        });
+        let shared = Arc::new(Shared::new(
+            store.clone(),
+            &cfg.tokens,
+            stop.clone(),
+            cfg.connection_cpu,
+        ));
         let metrics_server = match cfg.metrics {
             Some(maddr) => Some(
                 metrics::serve(maddr, shared.metrics.clone(), store.clone())

@@ -10,11 +10,10 @@ use farvm_memproto::frame::{
     decode_body, decode_header, read_resp_bitmap_len, read_resp_present, Header, Opcode,
     HEADER_LEN, WIRE_PAGE,
 };
-use farvm_memproto::{wire_crc, Status, MAX_PAGES_PER_FRAME, PAGE_SIZE, SEAL_LEN};
-use farvm_seal::{PageAddr, Seal};
+use farvm_memproto::{Status, MAX_PAGES_PER_FRAME, PAGE_SIZE, SEAL_LEN};
 
 use super::super::recv::{whole_frame_in, Wait};
-use super::super::wire::apply_response;
+use super::super::wire::{accept_read_pages, apply_response};
 use super::super::Link;
 use super::{Rx, TcpLink};
 use crate::tickets::TicketOp;
@@ -240,44 +239,17 @@ impl TcpLink {
                 FrameEnd::Next,
             );
         };
-        let intact = (0..count)
-            .filter(|i| bitmap[i / 8] & (1 << (i % 8)) != 0)
-            .zip(rx.crcs.iter())
-            .all(|(i, crc)| wire_crc(io.seal(i), io.page(i)) == u32::from_le_bytes(*crc));
-        if !intact {
-            io.clear_present();
-            return (Err(ClientError::ChecksumMismatch), FrameEnd::Next);
-        }
-        if let Some(ring) = rx.opener.as_mut() {
-            // Fails only if the OS RNG does (a new sealer after a rotation draws a salt): the
-            // pages cannot be checked, so none is delivered.
-            let Ok(opener) = ring.sealer() else {
+        // A new sealer after a rotation draws a salt: if the OS RNG fails, the pages cannot be
+        // checked, so none is delivered.
+        let opener = match rx.opener.as_mut().map(|ring| ring.sealer()).transpose() {
+            Ok(opener) => opener,
+            Err(_) => {
                 io.clear_present();
                 return (Err(ClientError::Unauthentic), FrameEnd::Next);
-            };
-            let present_pages = (0..count).filter(|i| bitmap[i / 8] & (1 << (i % 8)) != 0);
-            for i in present_pages {
-                let Some(version) = io.version(i) else {
-                    continue;
-                };
-                let addr = PageAddr {
-                    namespace: ns,
-                    page: io.page_index(i),
-                    version: version.0,
-                };
-                let seal = Seal(*io.seal(i));
-                let opened = match <&mut [u8; PAGE_SIZE]>::try_from(io.page_mut(i)) {
-                    Ok(page) => opener.open(addr, page, &seal).is_ok(),
-                    Err(_) => false,
-                };
-                if !opened {
-                    io.clear_present();
-                    return (Err(ClientError::Unauthentic), FrameEnd::Next);
-                }
             }
-        }
-        io.set_present_from(&bitmap[..bl]);
-        (Ok(present as u32), FrameEnd::Next)
+        };
+        let outcome = accept_read_pages(io, ns, &bitmap[..bl], &rx.crcs[..], opener);
+        (outcome, FrameEnd::Next)
     }
 
     /// Any response but a successful READ: a short body, decoded from the buffer.
