@@ -5,6 +5,7 @@
 //! This file only parses arguments, sets up logging and maps errors to exit codes.
 
 mod bench;
+mod fuzz_virtio;
 mod nemesis;
 mod plot;
 mod trace;
@@ -38,6 +39,9 @@ enum Command {
     /// Randomized fault tester: VMs on a memory pool under drawn faults, then invariants.
     #[command(long_about = nemesis::NEMESIS_ABOUT)]
     Nemesis(nemesis::NemesisArgs),
+    /// Fuzz the virtio-blk or virtio-net device with a hostile guest driver's descriptors.
+    #[command(name = "fuzz-virtio", long_about = fuzz_virtio::FUZZ_VIRTIO_ABOUT)]
+    FuzzVirtio(fuzz_virtio::FuzzVirtioArgs),
 }
 
 fn main() {
@@ -51,6 +55,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Trace(args) => trace::run(args),
         Command::Nemesis(args) => nemesis::run(args),
+        Command::FuzzVirtio(args) => fuzz_virtio::run(args),
     };
     if let Err(err) = result {
         // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).
