@@ -349,7 +349,7 @@ impl Target for NetTarget {
         } else {
             // Frames the device left in the "tap" stay for the next execution only up to a
             // point: the fuzzer drains the backend's queue through the device's own reads.
-            let _ = self.dev.with_device_mut(|n| {
+            self.dev.with_device_mut(|n| {
                 let mut spare = [0u8; 64];
                 while n.backend_mut().recv(&mut spare).is_ok() {}
             });
