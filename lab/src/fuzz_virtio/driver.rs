@@ -8,31 +8,15 @@
 
 use rand::RngExt;
 use rand_xorshift::XorShiftRng;
+pub use virtio_bindings::virtio_mmio::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::memory::{HOLE, RAM_END, RANGES};
 
-pub const REG_MAGIC: u64 = 0x000;
-pub const REG_DEVICE_FEATURES: u64 = 0x010;
-pub const REG_DEVICE_FEATURES_SEL: u64 = 0x014;
-pub const REG_DRIVER_FEATURES: u64 = 0x020;
-pub const REG_DRIVER_FEATURES_SEL: u64 = 0x024;
-pub const REG_QUEUE_SEL: u64 = 0x030;
-pub const REG_QUEUE_NUM_MAX: u64 = 0x034;
-pub const REG_QUEUE_NUM: u64 = 0x038;
-pub const REG_QUEUE_READY: u64 = 0x044;
-pub const REG_QUEUE_NOTIFY: u64 = 0x050;
-pub const REG_INTERRUPT_STATUS: u64 = 0x060;
-pub const REG_INTERRUPT_ACK: u64 = 0x064;
-pub const REG_STATUS: u64 = 0x070;
-pub const REG_QUEUE_DESC_LOW: u64 = 0x080;
-pub const REG_QUEUE_DESC_HIGH: u64 = 0x084;
-pub const REG_QUEUE_AVAIL_LOW: u64 = 0x090;
-pub const REG_QUEUE_AVAIL_HIGH: u64 = 0x094;
-pub const REG_QUEUE_USED_LOW: u64 = 0x0a0;
-pub const REG_QUEUE_USED_HIGH: u64 = 0x0a4;
-pub const REG_CONFIG_GENERATION: u64 = 0x0fc;
-pub const REG_CONFIG: u64 = 0x100;
+/// A virtio-mmio register's offset (the constants are `u32`, bus offsets `u64`).
+pub const fn reg(r: u32) -> u64 {
+    r as u64
+}
 /// "virt": what the magic register must still read after every execution.
 pub const MAGIC: u32 = 0x7472_6976;
 
@@ -103,28 +87,28 @@ pub struct Driver {
 const INTERESTING_LENS: [u32; 14] = [
     0, 1, 11, 12, 13, 15, 16, 17, 511, 512, 513, 4096, 65_536, 0x1_000c,
 ];
-const REG_OFFSETS: [u64; 21] = [
-    REG_MAGIC,
-    REG_DEVICE_FEATURES,
-    REG_DEVICE_FEATURES_SEL,
-    REG_DRIVER_FEATURES,
-    REG_DRIVER_FEATURES_SEL,
-    REG_QUEUE_SEL,
-    REG_QUEUE_NUM_MAX,
-    REG_QUEUE_NUM,
-    REG_QUEUE_READY,
-    REG_QUEUE_NOTIFY,
-    REG_INTERRUPT_STATUS,
-    REG_INTERRUPT_ACK,
-    REG_STATUS,
-    REG_QUEUE_DESC_LOW,
-    REG_QUEUE_DESC_HIGH,
-    REG_QUEUE_AVAIL_LOW,
-    REG_QUEUE_AVAIL_HIGH,
-    REG_QUEUE_USED_LOW,
-    REG_QUEUE_USED_HIGH,
-    REG_CONFIG_GENERATION,
-    REG_CONFIG,
+const REGISTERS: [u64; 21] = [
+    reg(VIRTIO_MMIO_MAGIC_VALUE),
+    reg(VIRTIO_MMIO_DEVICE_FEATURES),
+    reg(VIRTIO_MMIO_DEVICE_FEATURES_SEL),
+    reg(VIRTIO_MMIO_DRIVER_FEATURES),
+    reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL),
+    reg(VIRTIO_MMIO_QUEUE_SEL),
+    reg(VIRTIO_MMIO_QUEUE_NUM_MAX),
+    reg(VIRTIO_MMIO_QUEUE_NUM),
+    reg(VIRTIO_MMIO_QUEUE_READY),
+    reg(VIRTIO_MMIO_QUEUE_NOTIFY),
+    reg(VIRTIO_MMIO_INTERRUPT_STATUS),
+    reg(VIRTIO_MMIO_INTERRUPT_ACK),
+    reg(VIRTIO_MMIO_STATUS),
+    reg(VIRTIO_MMIO_QUEUE_DESC_LOW),
+    reg(VIRTIO_MMIO_QUEUE_DESC_HIGH),
+    reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW),
+    reg(VIRTIO_MMIO_QUEUE_AVAIL_HIGH),
+    reg(VIRTIO_MMIO_QUEUE_USED_LOW),
+    reg(VIRTIO_MMIO_QUEUE_USED_HIGH),
+    reg(VIRTIO_MMIO_CONFIG_GENERATION),
+    reg(VIRTIO_MMIO_CONFIG),
 ];
 const INTERESTING_VALUES: [u32; 12] = [0, 1, 2, 3, 7, 11, 15, 16, 255, 256, 0x1000, 0xffff_ffff];
 
@@ -209,8 +193,8 @@ impl Driver {
     /// One random register access (any width, offsets known and unknown, config space).
     pub fn random_register_op(&mut self, dev: &impl Regs) {
         let off = match self.rng.random_range(0..8u32) {
-            0..=5 => REG_OFFSETS[self.rng.random_range(0..REG_OFFSETS.len())],
-            6 => REG_CONFIG + self.rng.random_range(0..64u64),
+            0..=5 => REGISTERS[self.rng.random_range(0..REGISTERS.len())],
+            6 => reg(VIRTIO_MMIO_CONFIG) + self.rng.random_range(0..64u64),
             _ => self.rng.random_range(0..0x200u64),
         };
         let width = [4usize, 4, 4, 1, 2, 8, 0, 3][self.rng.random_range(0..8usize)];
@@ -263,14 +247,14 @@ impl Driver {
         offered: u64,
         sizes: &[u16],
     ) -> Vec<(u64, u64, u64)> {
-        dev.w32(REG_STATUS, 0);
-        dev.w32(REG_INTERRUPT_ACK, 3);
+        dev.w32(reg(VIRTIO_MMIO_STATUS), 0);
+        dev.w32(reg(VIRTIO_MMIO_INTERRUPT_ACK), 3);
         let mut status = 0;
         for bit in [STATUS_ACKNOWLEDGE, STATUS_DRIVER] {
             if !self.chance(64) {
                 status |= bit;
             }
-            dev.w32(REG_STATUS, status);
+            dev.w32(reg(VIRTIO_MMIO_STATUS), status);
             self.noise(dev);
         }
         let features = match self.rng.random_range(0..16u32) {
@@ -279,12 +263,12 @@ impl Driver {
             _ => offered & (self.rng.random::<u64>() | 1 << 32),
         };
         for (sel, half) in [(0, features as u32), (1, (features >> 32) as u32)] {
-            dev.w32(REG_DRIVER_FEATURES_SEL, sel);
-            dev.w32(REG_DRIVER_FEATURES, half);
+            dev.w32(reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL), sel);
+            dev.w32(reg(VIRTIO_MMIO_DRIVER_FEATURES), half);
         }
         self.noise(dev);
         status |= STATUS_FEATURES_OK;
-        dev.w32(REG_STATUS, status);
+        dev.w32(reg(VIRTIO_MMIO_STATUS), status);
         let mut rings = Vec::with_capacity(sizes.len());
         for (q, &size) in sizes.iter().enumerate() {
             let base = queue_base(q);
@@ -293,24 +277,24 @@ impl Driver {
                 self.ring_addr(base + 0x1000),
                 self.ring_addr(base + 0x2000),
             );
-            dev.w32(REG_QUEUE_SEL, q as u32);
-            dev.w32(REG_QUEUE_NUM, u32::from(size));
+            dev.w32(reg(VIRTIO_MMIO_QUEUE_SEL), q as u32);
+            dev.w32(reg(VIRTIO_MMIO_QUEUE_NUM), u32::from(size));
             for (lo, v) in [
-                (REG_QUEUE_DESC_LOW, desc),
-                (REG_QUEUE_AVAIL_LOW, avail),
-                (REG_QUEUE_USED_LOW, used),
+                (reg(VIRTIO_MMIO_QUEUE_DESC_LOW), desc),
+                (reg(VIRTIO_MMIO_QUEUE_AVAIL_LOW), avail),
+                (reg(VIRTIO_MMIO_QUEUE_USED_LOW), used),
             ] {
                 dev.w32(lo, v as u32);
                 dev.w32(lo + 4, (v >> 32) as u32);
             }
             self.noise(dev);
             if !self.chance(64) {
-                dev.w32(REG_QUEUE_READY, 1);
+                dev.w32(reg(VIRTIO_MMIO_QUEUE_READY), 1);
             }
             rings.push((desc, avail, used));
         }
         if !self.chance(64) {
-            dev.w32(REG_STATUS, status | STATUS_DRIVER_OK);
+            dev.w32(reg(VIRTIO_MMIO_STATUS), status | STATUS_DRIVER_OK);
         }
         self.noise(dev);
         rings
@@ -431,7 +415,7 @@ impl Driver {
             1 => self.rng.random_range(0..4u32),
             _ => q as u32,
         };
-        dev.w32(REG_QUEUE_NOTIFY, index);
+        dev.w32(reg(VIRTIO_MMIO_QUEUE_NOTIFY), index);
     }
 }
 

@@ -255,7 +255,7 @@ impl Target for NetTarget {
         let offered = self.dev.with_device(|n| n.features());
         let sizes = [drv.queue_size(256), drv.queue_size(256)];
         drv.bring_up(&self.dev, offered, &sizes);
-        let activated = self.dev.r32(REG_STATUS) & STATUS_DRIVER_OK != 0;
+        let activated = self.dev.r32(reg(VIRTIO_MMIO_STATUS)) & STATUS_DRIVER_OK != 0;
         for (q, &size) in sizes.iter().enumerate() {
             let chains = drv.rng.random_range(0..6usize);
             let shapes: Vec<ChainShape> = (0..chains)
@@ -289,7 +289,7 @@ impl Target for NetTarget {
         }
         // The receive thread's part: the backend turned readable, the queue runs.
         self.dev.notify_queue(RX_QUEUE as u32);
-        if self.dev.r32(REG_MAGIC) != MAGIC {
+        if self.dev.r32(reg(VIRTIO_MMIO_MAGIC_VALUE)) != MAGIC {
             bail!("the transport no longer answers (magic register)");
         }
         let stats = self.dev.with_device(|n| n.stats());
@@ -301,7 +301,7 @@ impl Target for NetTarget {
             );
         }
         let gone = self.dev.with_device(|n| n.gone());
-        let status = self.dev.r32(REG_STATUS);
+        let status = self.dev.r32(reg(VIRTIO_MMIO_STATUS));
         let c = &mut self.counts;
         c.add("driver-ok reached", u64::from(activated));
         c.add("needs-reset", u64::from(status & STATUS_NEEDS_RESET != 0));
@@ -330,14 +330,15 @@ impl Target for NetTarget {
         if gone {
             // The link must read down; a driver that was up must have had a config interrupt.
             let mut st = [0u8; 2];
-            self.dev.read(REG_CONFIG + CONFIG_STATUS, &mut st);
+            self.dev
+                .read(reg(VIRTIO_MMIO_CONFIG) + CONFIG_STATUS, &mut st);
             if u16::from_le_bytes(st) & 1 != 0 {
                 bail!("the backend is gone but the guest still reads the link up");
             }
             let live = status & STATUS_DRIVER_OK != 0 && status & STATUS_NEEDS_RESET == 0;
             if live {
                 let raised = self.edges.0.load(Ordering::Relaxed) != edges_before;
-                if !raised || self.dev.r32(REG_INTERRUPT_STATUS) & INT_CONFIG == 0 {
+                if !raised || self.dev.r32(reg(VIRTIO_MMIO_INTERRUPT_STATUS)) & INT_CONFIG == 0 {
                     bail!("the backend is gone but the driver got no config-change interrupt");
                 }
                 c.add("link down reported to a live driver", 1);
