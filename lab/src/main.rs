@@ -1,7 +1,8 @@
 //! `farvm-lab`: the lab's command-line front end — benchmarks of VMs with remote memory
 //! (`bench`, in `bench/`) and prefetcher trace tools (`trace`, in `trace/`), with their markdown
 //! and JSON reports and PNG charts (`plot.rs`), and the memory pool's randomized fault tester
-//! (`nemesis`, in `nemesis/`). The operator's binary `farvm` runs none of this.
+//! (`nemesis`, in `nemesis/`), and the virtio devices' fuzzer (`fuzz-virtio`, in
+//! `fuzz_virtio/`). The operator's binary `farvm` runs none of this.
 //! This file only parses arguments, sets up logging and maps errors to exit codes.
 
 mod bench;
@@ -17,7 +18,8 @@ use farvm_vmm::exit_code;
 ///
 /// farvm-lab measures farvm: it boots test-guest VMs with remote memory and reports their times
 /// as ratios against baselines measured in the same run (`bench`), and evaluates prefetchers on
-/// page-access traces (`trace`), and runs the memory pool under randomized faults (`nemesis`).
+/// page-access traces (`trace`), runs the memory pool under randomized faults (`nemesis`), and
+/// fuzzes the virtio-blk and virtio-net devices as a hostile guest driver (`fuzz-virtio`).
 #[derive(Parser, Debug)]
 #[command(name = "farvm-lab", version, about, long_about = None, propagate_version = true)]
 struct Cli {
