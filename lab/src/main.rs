@@ -1,12 +1,14 @@
 //! `farvm-lab`: the lab's command-line front end — benchmarks of VMs with remote memory
 //! (`bench`, in `bench/`) and prefetcher trace tools (`trace`, in `trace/`), with their markdown
 //! and JSON reports and PNG charts (`plot.rs`), and the memory pool's randomized fault tester
-//! (`nemesis`, in `nemesis/`), and the fuzzer of the memory server's decoder and the page
-//! sealing (`fuzz`, in `fuzz/`). The operator's binary `farvm` runs none of this.
+//! (`nemesis`, in `nemesis/`), the fuzzer of the memory server's decoder and the page sealing
+//! (`fuzz`, in `fuzz/`) and the virtio devices' fuzzer (`fuzz-virtio`, in `fuzz_virtio/`). The
+//! operator's binary `farvm` runs none of this.
 //! This file only parses arguments, sets up logging and maps errors to exit codes.
 
 mod bench;
 mod fuzz;
+mod fuzz_virtio;
 mod nemesis;
 mod plot;
 mod trace;
@@ -19,7 +21,8 @@ use farvm_vmm::exit_code;
 /// farvm-lab measures farvm: it boots test-guest VMs with remote memory and reports their times
 /// as ratios against baselines measured in the same run (`bench`), and evaluates prefetchers on
 /// page-access traces (`trace`), runs the memory pool under randomized faults (`nemesis`), and
-/// fuzzes the memory server's decoder and the page sealing (`fuzz`).
+/// fuzzes the memory server's decoder and the page sealing (`fuzz`) and the virtio-blk and
+/// virtio-net devices as a hostile guest driver (`fuzz-virtio`).
 #[derive(Parser, Debug)]
 #[command(name = "farvm-lab", version, about, long_about = None, propagate_version = true)]
 struct Cli {
@@ -44,6 +47,9 @@ enum Command {
     /// Fuzz the memory server's request decoder and the page sealing together.
     #[command(long_about = fuzz::FUZZ_ABOUT)]
     Fuzz(fuzz::FuzzArgs),
+    /// Fuzz the virtio-blk or virtio-net device with a hostile guest driver's descriptors.
+    #[command(name = "fuzz-virtio", long_about = fuzz_virtio::FUZZ_VIRTIO_ABOUT)]
+    FuzzVirtio(fuzz_virtio::FuzzVirtioArgs),
 }
 
 fn main() {
@@ -58,6 +64,7 @@ fn main() {
         Command::Trace(args) => trace::run(args),
         Command::Nemesis(args) => nemesis::run(args),
         Command::Fuzz(args) => fuzz::run(args),
+        Command::FuzzVirtio(args) => fuzz_virtio::run(args),
     };
     if let Err(err) = result {
         // Every failure after parsing is a failed run (EXIT STATUS 1 in each command's help).

@@ -235,3 +235,52 @@ fn fuzz_runs_clean_and_reaches_both_halves() {
         );
     }
 }
+
+#[test]
+fn fuzz_virtio_documents_its_invariants_and_refuses_bad_devices() {
+    let o = run(&["fuzz-virtio", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for needle in [
+        "--device",
+        "--iterations",
+        "--seed",
+        "guard pages",
+        "OUT request",
+        "config-change",
+        "EXAMPLES",
+        "EXIT STATUS",
+    ] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
+    }
+    let o = run(&["fuzz-virtio", "--device", "scsi"]);
+    assert_eq!(o.status.code(), Some(exit_code::USAGE), "{}", stderr(&o));
+    // A short run prints its summary and exits 0.
+    let o = run(&[
+        "--log",
+        "off",
+        "fuzz-virtio",
+        "--device",
+        "net",
+        "--iterations",
+        "200",
+        "--seed",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for needle in [
+        "executions                ",
+        "200",
+        "violations",
+        "executions per second",
+    ] {
+        assert!(
+            stdout(&o).contains(needle),
+            "missing {needle}: {}",
+            stdout(&o)
+        );
+    }
+}
