@@ -66,7 +66,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
         GuestShutdown { status } => (*status).min(GUEST_STATUS_MAX as u32) as i32,
         GuestReboot => GUEST_REBOOT,
         ConsoleEscape => SIGINT,
-        ControlShutdown | Snapshotted { .. } => OK,
+        ControlShutdown | Snapshotted { .. } | Migrated { .. } => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
         MemoryLost { .. } | MemoryReclaimed => MEMORY_LOST,

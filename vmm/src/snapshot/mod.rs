@@ -27,6 +27,7 @@ mod save;
 use std::path::{Path, PathBuf};
 
 pub use restore::Snapshot;
+pub(crate) use save::machine_state;
 pub use save::{save, Saved};
 
 use crate::vstate::vm::KvmError;

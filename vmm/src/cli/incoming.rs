@@ -1,0 +1,82 @@
+//! `farvm run --incoming HOST:PORT`: waits for a live migration's source, receives the VM
+//! into a snapshot directory, and answers the source once the VM built from it is loaded
+//! (and owns its namespace in the pool) or has failed.
+
+use std::net::SocketAddr;
+
+use farvm_vmm::exit_code;
+use farvm_vmm::migration::{Arrival, Incoming, MigrationError};
+use farvm_vmm::snapshot::Snapshot;
+
+use super::run::RunArgs;
+use super::Failure;
+
+fn failure(e: MigrationError) -> Failure {
+    let code = match &e {
+        MigrationError::Snapshot(s) => exit_code::for_snapshot_error(s),
+        MigrationError::Key(_) => exit_code::USAGE,
+        _ => exit_code::HOST_ERROR,
+    };
+    Failure::new(code, format!("incoming migration: {e}"))
+}
+
+/// Waits on `addr` for the source and receives its VM.
+pub fn receive(addr: SocketAddr, a: &RunArgs) -> Result<Arrival, Failure> {
+    let Some(key_path) = &a.migration_key_file else {
+        return Err(Failure::new(
+            exit_code::USAGE,
+            "--incoming needs --migration-key-file",
+        ));
+    };
+    let key = farvm_seal::PageKey::from_file(key_path)
+        .map_err(|e| Failure::new(exit_code::USAGE, format!("--migration-key-file: {e}")))?;
+    let dir = a.incoming_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("farvm-incoming-{}", std::process::id()))
+    });
+    if dir.join("manifest.json").exists() {
+        return Err(Failure::new(
+            exit_code::USAGE,
+            format!("--incoming-dir {} already holds a snapshot", dir.display()),
+        ));
+    }
+    let incoming = Incoming::listen(addr).map_err(failure)?;
+    let at = incoming.addr().map_err(failure)?;
+    eprintln!("farvm: waiting for a migrating VM on {at}");
+    let arrival = incoming.receive(&dir, &key).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&dir);
+        failure(e)
+    })?;
+    tracing::info!(bytes = arrival.bytes_received, dir = %arrival.dir().display(), "migration: the VM's state has arrived; building it");
+    Ok(arrival)
+}
+
+/// The snapshot the arrival was laid out as.
+pub fn snapshot(arrival: &Arrival) -> Result<Snapshot, Failure> {
+    arrival.snapshot().map_err(failure)
+}
+
+/// Tells the source the VM failed here (it runs on there); returns `f`.
+pub fn refuse(arrival: Arrival, f: Failure) -> Failure {
+    let dir = arrival.dir().to_path_buf();
+    if let Err(e) = arrival.answer(Err(f.message.clone())) {
+        tracing::warn!("migration: cannot tell the source the VM failed here: {e}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    f
+}
+
+/// Tells the source the VM is loaded here and owns its namespace; removes the directory (it
+/// holds the page key).
+pub fn arrived(arrival: Arrival) -> Result<(), Failure> {
+    let dir = arrival.dir().to_path_buf();
+    let told = arrival.answer(Ok(()));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = told {
+        // The namespace is ours (the takeover committed): the source learns it from etcd.
+        tracing::warn!(
+            "migration: cannot tell the source the VM runs here ({e}); it learns it from the pool"
+        );
+    }
+    eprintln!("farvm: the migrated VM runs here");
+    Ok(())
+}
