@@ -60,7 +60,21 @@ fn start_source(pool: &Pool, name: &str, sock: &Path) -> Child {
 /// The destination, waiting on a free loopback port; returns it with the address it
 /// listens on (read from its stderr, which is drained in the background afterwards).
 fn start_destination(name: &str, key: &Path, dir: &Path) -> (Child, String) {
-    let mut child = farvm()
+    start_destination_with(name, key, dir, None)
+}
+
+/// [`start_destination`] with a failure injected (`FARVM_MIGRATION_FAULT`).
+fn start_destination_with(
+    name: &str,
+    key: &Path,
+    dir: &Path,
+    fault: Option<&str>,
+) -> (Child, String) {
+    let mut cmd = farvm();
+    if let Some(f) = fault {
+        cmd.env("FARVM_MIGRATION_FAULT", f);
+    }
+    let mut child = cmd
         .args(["run", "--incoming", "127.0.0.1:0", "--migration-key-file"])
         .arg(key)
         .arg("--incoming-dir")
@@ -180,4 +194,87 @@ fn a_pool_vm_migrated_mid_run_moves_its_resident_pages_only_and_finishes_there()
     if std::env::var_os("FARVM_KEEP_TEST_DIR").is_none() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+#[test]
+fn a_destination_that_dies_before_the_takeover_leaves_the_vm_running_at_its_source() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch("crash");
+    let sock = dir.join("src.sock");
+    let key = key_file(&dir, "migration.key", 7);
+    let mut src = start_source(&pool, &format!("pmig-crash-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut src);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+
+    let (mut dst, addr) =
+        start_destination_with("pmig-crashed", &key, &dir, Some("crash-before-takeover"));
+    let o = migrate(&sock, &addr, &key);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(err.contains("the destination failed"), "{err}");
+    assert_eq!(dst.wait().unwrap().code(), Some(71));
+    let status = farvm_vmm::control::request(&sock, "status").unwrap();
+    assert_eq!(status["state"], "running", "{status}");
+    let v = pool.dir.view().unwrap();
+    assert_eq!(v.vms.len(), 1);
+    assert_eq!(
+        v.vms[&id].host, admitted.vms[&id].host,
+        "the source owns it"
+    );
+
+    // It runs on at the source to the uninterrupted run's checksum; nothing leaks.
+    let out = src.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the source: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    pool.wait("the VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch("silent");
+    let sock = dir.join("src.sock");
+    let key = key_file(&dir, "migration.key", 7);
+    let mut src = start_source(&pool, &format!("pmig-silent-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut src);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+
+    let (dst, addr) =
+        start_destination_with("pmig-silent", &key, &dir, Some("no-answer-after-takeover"));
+    let o = migrate(&sock, &addr, &key);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "farvm migrate: {err}");
+    let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(m["confirmed"], false, "{m}");
+    let out = src.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"]["kind"], "migrated", "{report}");
+
+    // Exactly one VM, the destination's, which finishes with the right checksum.
+    let v = pool.dir.view().unwrap();
+    assert_eq!(v.vms.len(), 1);
+    assert!(v.vms.contains_key(&id));
+    let out = dst.wait_with_output().unwrap();
+    let log = std::fs::read_to_string(dir.join("pmig-silent.stderr")).unwrap_or_default();
+    assert!(out.status.success(), "the destination: {log}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    pool.wait("the VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -47,6 +47,10 @@ pub fn receive(addr: SocketAddr, a: &RunArgs) -> Result<Arrival, Failure> {
         failure(e)
     })?;
     tracing::info!(bytes = arrival.bytes_received, dir = %arrival.dir().display(), "migration: the VM's state has arrived; building it");
+    if injected_fault() == Some(Fault::CrashBeforeTakeover) {
+        tracing::warn!("FARVM_MIGRATION_FAULT=crash-before-takeover: exiting as a crash would");
+        std::process::exit(exit_code::HOST_ERROR);
+    }
     Ok(arrival)
 }
 
@@ -69,7 +73,13 @@ pub fn refuse(arrival: Arrival, f: Failure) -> Failure {
 /// holds the page key).
 pub fn arrived(arrival: Arrival) -> Result<(), Failure> {
     let dir = arrival.dir().to_path_buf();
-    let told = arrival.answer(Ok(()));
+    let told = if injected_fault() == Some(Fault::NoAnswerAfterTakeover) {
+        tracing::warn!("FARVM_MIGRATION_FAULT=no-answer-after-takeover: the source is not told");
+        drop(arrival);
+        Ok(())
+    } else {
+        arrival.answer(Ok(()))
+    };
     let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = told {
         // The namespace is ours (the takeover committed): the source learns it from etcd.
@@ -79,4 +89,24 @@ pub fn arrived(arrival: Arrival) -> Result<(), Failure> {
     }
     eprintln!("farvm: the migrated VM runs here");
     Ok(())
+}
+
+/// A failure injected on purpose (`FARVM_MIGRATION_FAULT`), for the tests of the handover:
+/// the destination dies once the VM has arrived, before it takes the namespace over; or it
+/// takes it over and runs the VM without answering the source (the answer lost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    CrashBeforeTakeover,
+    NoAnswerAfterTakeover,
+}
+
+fn injected_fault() -> Option<Fault> {
+    match std::env::var("FARVM_MIGRATION_FAULT").ok()?.as_str() {
+        "crash-before-takeover" => Some(Fault::CrashBeforeTakeover),
+        "no-answer-after-takeover" => Some(Fault::NoAnswerAfterTakeover),
+        other => {
+            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover)");
+            None
+        }
+    }
 }

@@ -33,6 +33,8 @@ pub struct Incoming {
 /// answer the source on.
 pub struct Arrival {
     dir: PathBuf,
+    /// When the source's last frame arrived.
+    at: std::time::Instant,
     fence: i64,
     ch: Channel,
     /// Bytes received (the resident pages, the remote list, the state).
@@ -65,6 +67,7 @@ impl Incoming {
         let (fence, received) = receive_into(&mut ch, dir)?;
         Ok(Arrival {
             dir: dir.to_path_buf(),
+            at: std::time::Instant::now(),
             fence,
             ch,
             bytes_received: received,
@@ -88,6 +91,7 @@ impl Arrival {
     pub fn answer(mut self, result: Result<(), String>) -> Result<(), MigrationError> {
         let mut buf = serde_json::to_vec(&Outcome {
             error: result.err(),
+            secs: self.at.elapsed().as_secs_f64(),
         })
         .map_err(|e| MigrationError::Protocol(e.to_string()))?;
         self.ch.send(Kind::Outcome, &mut buf)
@@ -158,8 +162,8 @@ fn receive_into(ch: &mut Channel, dir: &Path) -> Result<(i64, u64), MigrationErr
             Kind::Finish => {
                 let fin: Finish = serde_json::from_slice(&buf)
                     .map_err(|e| MigrationError::Protocol(format!("the last frame: {e}")))?;
-                pages.sync_all().map_err(write(&pages_path))?;
-                remote.sync_all().map_err(write(&remote_path))?;
+                // No fsync: the directory is read back at once and removed (a crash here
+                // leaves the VM with its source, which cancels the handover).
                 fin.manifest.write(dir)?;
                 return Ok((fin.fence, received));
             }

@@ -50,6 +50,11 @@ pub struct Migrated {
     pub bytes_sent: u64,
     /// How long the guest was paused, from the pause to the destination's answer, seconds.
     pub paused_secs: f64,
+    /// Of which: reading the paused VM's state and last pages and sending them, seconds.
+    pub final_phase_secs: f64,
+    /// Of which: the destination's build and load of the VM, from its last frame received to
+    /// its answer (the namespace taken over), seconds.
+    pub destination_secs: f64,
     /// The whole migration, seconds.
     pub total_secs: f64,
     /// The destination answered (false: its answer was lost, and etcd says it took the VM).
@@ -249,6 +254,7 @@ pub fn migrate(
         saving.namespace,
     )
     .map_err(resume)?;
+    out.final_phase_secs = paused_at.elapsed().as_secs_f64();
     out.pages_per_round.push(last.sent);
     out.resident_pages = last.resident;
     out.remote_pages = last.remote;
@@ -256,7 +262,8 @@ pub fn migrate(
     // The destination's answer decides.
     let answer = ch
         .read_timeout(Some(ANSWER_TIMEOUT))
-        .and_then(|()| receive_outcome(&mut ch));
+        .and_then(|()| receive_outcome(&mut ch))
+        .map(|secs| out.destination_secs = secs);
     out.bytes_sent = ch.sent;
     match answer {
         Ok(()) => {
@@ -326,6 +333,9 @@ pub(crate) struct Finish {
 pub(crate) struct Outcome {
     /// None: loaded, namespace taken over, the guest runs there.
     pub error: Option<String>,
+    /// From the last frame received to this answer, seconds.
+    #[serde(default)]
+    pub secs: f64,
 }
 
 struct LastRound {
@@ -476,8 +486,8 @@ impl From<MigrationError> for ListFailure {
     }
 }
 
-/// Reads the destination's answer: Ok if it runs the VM.
-fn receive_outcome(ch: &mut Channel) -> Result<(), MigrationError> {
+/// Reads the destination's answer: Ok (with the seconds it took) if it runs the VM.
+fn receive_outcome(ch: &mut Channel) -> Result<f64, MigrationError> {
     let mut buf = Vec::new();
     match ch.recv(&mut buf)? {
         Kind::Outcome => {}
@@ -490,7 +500,7 @@ fn receive_outcome(ch: &mut Channel) -> Result<(), MigrationError> {
     let o: Outcome =
         serde_json::from_slice(&buf).map_err(|e| MigrationError::Protocol(e.to_string()))?;
     match o.error {
-        None => Ok(()),
+        None => Ok(o.secs),
         Some(e) => Err(MigrationError::Destination(e)),
     }
 }
