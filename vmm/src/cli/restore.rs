@@ -33,6 +33,10 @@ pub fn spec(snap: &Snapshot, a: &RunArgs) -> VmSpec {
     if a.vm.metrics.is_some() {
         spec.metrics = a.vm.metrics;
     }
+    if a.incoming.is_some() {
+        // This host's name in the pool, not the source's.
+        spec.remote.pool_options.host = a.pool_host.clone();
+    }
     spec
 }
 

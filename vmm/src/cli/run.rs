@@ -203,7 +203,7 @@ EXIT STATUS
 
 #[derive(Args, Debug, Clone)]
 // A pool's knobs need a pool: one given with --pool, or one the domain may name.
-#[command(group(clap::ArgGroup::new("pool_source").args(["pool", "domain"])))]
+#[command(group(clap::ArgGroup::new("pool_source").args(["pool", "domain", "incoming"])))]
 pub struct RunArgs {
     /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
     /// name, memory, vCPUs, kernel, console and remote-memory options.
@@ -296,7 +296,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", requires = "pool_source")]
     pub pool_wait: Option<u64>,
 
-    /// With a pool: this host's name in the pool [default: the kernel's host name].
+    /// With a pool: this host's name in the pool [default: the kernel's host name] (with
+    /// --incoming: the name the migrated VM is registered under here).
     #[arg(long, value_name = "NAME", requires = "pool_source")]
     pub pool_host: Option<String>,
 
