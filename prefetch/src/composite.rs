@@ -28,11 +28,6 @@
 //! the first window. Under pressure every speculative page pushes out one the process is about to use
 //! (`docs/prefetch-real-traces.md`: a numeric kernel with half its footprint local).
 //!
-//! Per process, a waste budget ([`crate::budget`]) turns one in eight proposed pages into a
-//! marker to estimate how many of the pages it fetches go unused; while that estimate runs above
-//! the cap, the process decides as under memory pressure and fetches only the nearest page of
-//! each answer that is not a stream's window, until the estimate comes back down (hysteresis).
-//!
 //! The stream table here runs with two settings the plain `stream` prefetcher leaves off
 //! (measured on traces of real programs, `docs/prefetch-real-traces.md`): a depth budget (a
 //! window grows by at most one page per [`USED_PER_DEPTH`] pages its stream has used, so a
@@ -47,7 +42,6 @@
 //! accesses it would otherwise never see, and a stream forming under Leap's windows would learn
 //! the width of the gaps between them as its stride.
 
-use crate::budget::{WasteBudget, THROTTLED_DEPTH};
 use crate::leap::{Leap, LeapParams};
 use crate::next_n::NextN;
 use crate::pressure::Pressure;
@@ -76,22 +70,11 @@ struct Own {
 
 impl Own {
     /// The composite's own decision (the sandbox's [`HOME`] arm).
-    /// `throttled`: the waste budget holds the process's speculation back
-    /// ([`crate::budget`]); it then decides as under memory pressure and keeps only the
-    /// nearest [`THROTTLED_DEPTH`] page of an answer that is not a stream's window.
-    fn decide(
-        &mut self,
-        key: ProcessKey,
-        page: PageNo,
-        now: Nanos,
-        throttled: bool,
-        out: &mut Candidates,
-    ) {
-        let pressed = self.pressure.on_fault(key, page) || throttled;
+    fn decide(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        let pressed = self.pressure.on_fault(key, page);
         self.stream.set_cautious(pressed);
         self.stream.on_fault(key, page, now, out);
-        let streamed = !out.is_empty();
-        if !streamed {
+        if out.is_empty() {
             self.leap.on_fault(key, page, now, out);
         } else {
             self.leap.observe(key, page);
@@ -101,20 +84,16 @@ impl Own {
         if decide && out.is_empty() {
             self.runahead.on_fault(key, page, out);
         }
-        if throttled && !streamed {
-            out.truncate(THROTTLED_DEPTH);
-        }
         self.pressure.fetched(key, out.as_slice());
     }
 }
 
 /// Stream table first, Leap as fallback, region read-around last; per process, the sandbox may
-/// follow `next-n` instead, and the waste budget may throttle the composite's own decision.
+/// follow `next-n` instead.
 pub struct LeapStream {
     own: Own,
     next_n: NextN,
     sandbox: Sandbox,
-    budget: WasteBudget,
     /// The proposals of the arm not followed (scored, never fetched).
     shadow: Candidates,
 }
@@ -143,7 +122,6 @@ impl LeapStream {
             own,
             next_n: NextN::new(NEXT_N),
             sandbox: Sandbox::new(leap.slots),
-            budget: WasteBudget::new(leap.slots),
             shadow: Candidates::new(),
         }
     }
@@ -161,17 +139,13 @@ impl Prefetcher for LeapStream {
 
     fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         let (slot, arm) = self.sandbox.on_fault(key, page, now);
-        let throttled = self.budget.on_fault(key, page);
         // Both arms decide on every fault, so the one not followed keeps its history and its
         // proposals can be scored.
         if arm == HOME {
-            self.own.decide(key, page, now, throttled, out);
-            let sandbox = &self.sandbox;
-            self.budget
-                .proposed(key, out, |p| sandbox.recently_resident(slot, p));
+            self.own.decide(key, page, now, out);
             self.next_n.on_fault(key, page, now, &mut self.shadow);
         } else {
-            self.own.decide(key, page, now, throttled, &mut self.shadow);
+            self.own.decide(key, page, now, &mut self.shadow);
             self.next_n.on_fault(key, page, now, out);
         }
         self.sandbox.fetched(slot, out.as_slice());
@@ -179,8 +153,6 @@ impl Prefetcher for LeapStream {
     }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos) {
-        // A caller that reports markers' use here (or every hit) uses the samples too.
-        self.budget.used(key, page);
         self.own.stream.on_hit(key, page, now);
         self.own.leap.on_hit(key, page, now);
     }
@@ -193,11 +165,8 @@ impl Prefetcher for LeapStream {
     }
 
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
-        // A sample of the waste budget is only counted: without the sample the page would
-        // have been an injected, invisible hit.
         if !(self.own.stream.marker_hit(key, page, out)
-            || self.own.runahead.marker_hit(key, page, out)
-            || self.budget.used(key, page))
+            || self.own.runahead.marker_hit(key, page, out))
         {
             leap_marker_hit(
                 &mut self.own.leap,
@@ -220,7 +189,6 @@ impl Prefetcher for LeapStream {
         self.own.runahead.forget(key);
         self.own.pressure.forget(key);
         self.sandbox.forget(key);
-        self.budget.forget(key);
     }
 }
 

@@ -12,7 +12,6 @@
 //! ([`eval`]) with Leap's accounting; the standard results table ([`report`]) and the rule for
 //! traces of real programs ([`compare`]).
 
-pub mod budget;
 pub mod compare;
 pub mod composite;
 pub mod eval;
@@ -79,15 +78,6 @@ impl Candidates {
         self.len = 0;
         self.markers = 0;
     }
-    /// Keeps the first `n` candidates (the nearest, by [`Prefetcher::on_fault`]'s contract) and
-    /// drops the rest.
-    pub fn truncate(&mut self, n: usize) {
-        if n < self.len {
-            self.len = n;
-            self.markers &= if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
-        }
-    }
-
     /// Appends `page` as a marker (see the type's documentation).
     pub fn push_marker(&mut self, page: PageNo) -> bool {
         let added = self.push(page);

@@ -170,13 +170,6 @@ impl Sandbox {
         (slot, usize::from(self.procs[slot].active))
     }
 
-    /// Whether `page` was made resident lately for the process in `slot` (demand-fetched or
-    /// fetched by the followed arm; the filter is direct-mapped, so older pages are forgotten).
-    pub fn recently_resident(&self, slot: usize, page: PageNo) -> bool {
-        let idx = (slot * FILTERS + RESIDENT) * FILTER + (page % FILTER as u64) as usize;
-        self.filters[idx] == page.wrapping_add(1)
-    }
-
     /// Pages the followed arm had fetched for the process in `slot`.
     pub fn fetched(&mut self, slot: usize, pages: &[PageNo]) {
         let f = self.filter(slot, RESIDENT);
