@@ -140,8 +140,15 @@ const TUNING_SET_MISSES: &[KnownMiss] = &[
     known("node", 1.10, 0.16),   // 682 vs next-n 638, 15.0% waste
 ];
 
-/// Test-set programs where the rule is not met, measured once after the settings were fixed.
-const TEST_SET_MISSES: &[KnownMiss] = &[];
+/// Test-set programs where the rule is not met, measured once after the settings were fixed
+/// (docs/prefetch-real-traces.md, "The test set, run once").
+const TEST_SET_MISSES: &[KnownMiss] = &[
+    known("gawk", 1.00, 0.15),          // fewer misses than stride, 14.6% waste
+    known("gzip", 1.00, 0.22),          // fewer misses than next-n, 21.4% waste
+    known("zstd", 1.25, 0.01),          // 4006 vs next-n 3252, 0.5% waste
+    known("sqlite-range", 1.12, 0.155), // 124 vs next-n 112, 14.9% waste
+    known("bfs", 1.45, 0.025),          // 434 vs next-n 307, 2.0% waste
+];
 
 #[test]
 fn leap_stream_meets_the_rule_on_the_tuning_set_but_where_it_is_known_to_miss() {
