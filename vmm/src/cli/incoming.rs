@@ -104,8 +104,10 @@ fn injected_fault() -> Option<Fault> {
     match std::env::var("FARVM_MIGRATION_FAULT").ok()?.as_str() {
         "crash-before-takeover" => Some(Fault::CrashBeforeTakeover),
         "no-answer-after-takeover" => Some(Fault::NoAnswerAfterTakeover),
+        // The source's (vmm/src/migration/send.rs).
+        "source-crash-before-pause" => None,
         other => {
-            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover)");
+            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover, source-crash-before-pause)");
             None
         }
     }

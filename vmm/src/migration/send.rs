@@ -224,6 +224,11 @@ pub fn migrate(
         }
     }
 
+    if std::env::var("FARVM_MIGRATION_FAULT").as_deref() == Ok("source-crash-before-pause") {
+        // A failure injected on purpose, for the tests: the source dies mid-stream.
+        tracing::warn!("FARVM_MIGRATION_FAULT=source-crash-before-pause: exiting as a crash would");
+        std::process::exit(crate::exit_code::HOST_ERROR);
+    }
     // Stop and copy: the guest is paused from here.
     vm.pause(PAUSE_TIMEOUT)
         .map_err(|e| MigrationError::Refused(e.to_string()))?;
