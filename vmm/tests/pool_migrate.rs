@@ -124,6 +124,18 @@ fn start_destination_with(
     (child, addr)
 }
 
+/// The stderr of the exited destination `name` (written once its pipe closed).
+fn dest_log(dir: &Path, name: &str) -> String {
+    let path = dir.join(format!("{name}.stderr"));
+    for _ in 0..200 {
+        if let Ok(s) = std::fs::read_to_string(&path) {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    String::new()
+}
+
 fn migrate(sock: &Path, to: &str, key: &Path) -> std::process::Output {
     farvm()
         .args(["migrate", "--json", "--socket"])
@@ -188,7 +200,7 @@ fn a_pool_vm_migrated_mid_run_moves_its_resident_pages_only_and_finishes_there()
     assert_eq!(v.vms.len(), 1, "{:?}", v.vms);
     assert!(v.vms.contains_key(&id) && v.snapshots.is_empty());
     let out = dst.wait_with_output().unwrap();
-    let log = std::fs::read_to_string(dir.join("pmig-dst.stderr")).unwrap_or_default();
+    let log = dest_log(&dir, "pmig-dst");
     assert!(out.status.success(), "the destination: {log}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_native_report(&report, WORKLOAD);
@@ -277,7 +289,7 @@ fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_dest
     assert_eq!(v.vms.len(), 1);
     assert!(v.vms.contains_key(&id));
     let out = dst.wait_with_output().unwrap();
-    let log = std::fs::read_to_string(dir.join("pmig-silent.stderr")).unwrap_or_default();
+    let log = dest_log(&dir, "pmig-silent");
     assert!(out.status.success(), "the destination: {log}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_native_report(&report, WORKLOAD);
@@ -305,7 +317,7 @@ fn a_source_that_dies_mid_stream_ends_the_destination_with_the_reason_and_leaks_
     assert!(!o.status.success(), "farvm migrate succeeded");
     assert_eq!(src.wait().unwrap().code(), Some(71));
     let out = dst.wait_with_output().unwrap();
-    let log = std::fs::read_to_string(dir.join("pmig-orphan.stderr")).unwrap_or_default();
+    let log = dest_log(&dir, "pmig-orphan");
     assert_eq!(out.status.code(), Some(71), "{log}");
     assert!(
         log.contains("incoming migration: receiving from the other host"),
