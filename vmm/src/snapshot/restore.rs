@@ -146,11 +146,10 @@ impl Snapshot {
         if let Some(saving) = vm.shared().remote_saving() {
             // Loaded: the VM owns its namespace for good from here (its guest will overwrite
             // the snapshot's remote pages).
-            saving.pool.restore_done().map_err(|e| {
-                SnapshotError::State(format!(
-                    "taking the VM's namespace over in the memory pool: {e}"
-                ))
-            })?;
+            saving
+                .pool
+                .restore_done()
+                .map_err(|e| SnapshotError::Pool(format!("taking the VM's namespace over: {e}")))?;
         }
         Ok(())
     }
