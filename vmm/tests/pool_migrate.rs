@@ -453,3 +453,62 @@ fn etcd_paused_during_the_handover_leaves_exactly_one_vm_running() {
     });
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bad_migrations_are_refused_with_the_reason_and_the_vm_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch("bad");
+    let key = key_file(&dir, "migration.key", 7);
+    // A key file others can read is refused at the destination before it listens.
+    let open = dir.join("open.key");
+    std::fs::write(&open, [1u8; 32]).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = farvm()
+        .args(["run", "--incoming", "127.0.0.1:0", "--migration-key-file"])
+        .arg(&open)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("--migration-key-file") && err.contains("open.key"),
+        "{err}"
+    );
+
+    // A VM whose remote memory is not in a pool is refused before it is paused.
+    let sock = dir.join("local.sock");
+    let mut vm = farvm()
+        .args([
+            "run",
+            "--name",
+            &format!("pmig-local-{}", std::process::id()),
+        ])
+        .args(["--memory", "64M", "--local-memory", "50%"])
+        .args(["--workload", "seq:ws=32M,passes=4,write=1,verify=1"])
+        .args(["--serial", "none", "--json", "--control-socket"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_measured_phase(&sock, &mut vm);
+    let o = migrate(&sock, "127.0.0.1:9", &key);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    assert!(err.contains("memory pool"), "{err}");
+    // A relative key path is refused too (the VMM's working directory is not the client's:
+    // `farvm migrate` makes it absolute, the control command checks).
+    let r = farvm_vmm::control::request(&sock, "migrate 127.0.0.1:9 relative.key");
+    assert!(r.is_err(), "{r:?}");
+    let status = farvm_vmm::control::request(&sock, "status").unwrap();
+    assert_eq!(status["state"], "running", "{status}");
+    let out = vm.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
