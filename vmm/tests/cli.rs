@@ -487,6 +487,7 @@ fn help_lists_only_the_operator_commands() {
             "shutdown",
             "rotate-key",
             "snapshot",
+            "migrate",
             "pool",
             "image",
             "api",
