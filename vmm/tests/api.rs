@@ -3,12 +3,15 @@
 //! Cloud Hypervisor's status codes and error bodies in every wrong state, a pty console whose
 //! path vm.info reports and on which the test guest prints its results, pause/resume, the
 //! host config's per-domain section and defaults, shutdown/reboot/delete, vmm.shutdown and
-//! SIGTERM, and the `--event-monitor` records of each transition (on a file, and on a FIFO as
-//! libvirt gives it).
+//! SIGTERM, the `--event-monitor` records of each transition (on a file, and on a FIFO as
+//! libvirt gives it), and live migration of a pool VM between two API servers
+//! (`vm.send-migration`, `vm.receive-migration`, against a real etcd and memory servers).
 
 mod common;
 #[path = "common/guest_console.rs"]
 mod guest_console;
+#[path = "common/pool.rs"]
+mod pool_harness;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -206,7 +209,8 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     }
     api.put("vm.delete", None, 204);
     // Unknown endpoint, wrong method.
-    assert_eq!(api.call("GET", "vm.send-migration", None).status, 404);
+    assert_eq!(api.call("GET", "vm.migrate", None).status, 404);
+    assert_eq!(api.call("GET", "vm.send-migration", None).status, 400);
     assert_eq!(api.call("GET", "vm.snapshot", None).status, 400);
     assert_eq!(api.call("PUT", "vm.info", None).status, 400);
     assert_eq!(api.call("GET", "vm.boot", None).status, 400);
@@ -720,5 +724,152 @@ fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
         ev.windows(2).any(|w| w == ["vm:restoring", "vm:restored"]),
         "{ev:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pool VM's host config: its RAM at 25% local on `pool`, migrations sealed with `key`
+/// (none: the host has no migration key).
+fn pool_config(path: &Path, pool: &pool_harness::Pool, key: Option<&Path>) {
+    let mut text = format!(
+        "[defaults]\npool = {{ endpoints = [\"{}\"] }}\nlocal_memory = \"25%\"\n",
+        pool.url()
+    );
+    if let Some(k) = key {
+        text.push_str(&format!("migration_key_file = \"{}\"\n", k.display()));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
+    use std::os::unix::fs::PermissionsExt;
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("migrate");
+    let kernel = export_guest(&dir);
+    let pool = pool_harness::Pool::start(&["r1", "r2", "r3"], "512M");
+    let key = dir.join("migration.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = dir.join("farvm.toml");
+    pool_config(&config, &pool, None);
+    // Read-modify-write passes over 96 MiB of a 128 MiB guest, 32 MiB of it local.
+    let workload = "seq:ws=96M,passes=6,write=1,verify=1";
+
+    let src_events = dir.join("events-src");
+    let dst_events = dir.join("events-dst");
+    let src = Api::start(&dir, "mig-src", &config, Some(&src_events));
+    let dst = Api::start(&dir, "mig-dst", &config, Some(&dst_events));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let to = json!({ "destination_url": format!("tcp:127.0.0.1:{port}"), "local": false });
+    let at = json!({ "receiver_url": format!("tcp:127.0.0.1:{port}") });
+
+    // Nothing to migrate yet; farvm migrates over TCP only.
+    src.put("vm.send-migration", Some(&to), 404);
+    for (api, endpoint, field) in [
+        (&src, "vm.send-migration", "destination_url"),
+        (&dst, "vm.receive-migration", "receiver_url"),
+    ] {
+        let unix = json!({ field: "unix:/run/migration.sock" });
+        let m = error_messages(&api.put(endpoint, Some(&unix), 400));
+        assert!(
+            m.iter().any(|m| m.contains("TCP only: tcp:HOST:PORT")),
+            "{endpoint}: {m:?}"
+        );
+    }
+    src.put(
+        "vm.create",
+        Some(&create_body(&kernel, &[workload], 128 << 20)),
+        204,
+    );
+    src.put("vm.boot", None, 204);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+    wait_for_measured_phase(&src);
+    // A host without a migration key refuses both ends; the VM runs on.
+    for (api, endpoint, body) in [
+        (&src, "vm.send-migration", &to),
+        (&dst, "vm.receive-migration", &at),
+    ] {
+        let m = error_messages(&api.put(endpoint, Some(body), 500));
+        assert!(
+            m.iter().any(|m| m.contains("set migration_key_file")),
+            "{endpoint}: {m:?}"
+        );
+    }
+    assert_eq!(src.state(), "Running");
+
+    pool_config(&config, &pool, Some(&key));
+    std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| dst.call("PUT", "vm.receive-migration", Some(&at)));
+        // The destination listens once its request runs: until then the source's connection
+        // is refused, which leaves its VM running.
+        let t0 = Instant::now();
+        loop {
+            let r = src.call("PUT", "vm.send-migration", Some(&to));
+            if r.status == 204 {
+                break;
+            }
+            assert!(
+                r.status == 500
+                    && r.body.contains("connecting to the destination")
+                    && t0.elapsed() < Duration::from_secs(60),
+                "vm.send-migration: {} {}",
+                r.status,
+                r.body
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let r = receiving.join().unwrap();
+        assert_eq!(r.status, 204, "vm.receive-migration: {}", r.body);
+    });
+    // The source stopped its VM; the destination runs it, one VM in the pool on the same id.
+    assert_eq!(src.state(), "Shutdown");
+    let (_, c) = src.get("vm.counters");
+    assert_ne!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "the workload finished before the migration: {c}"
+    );
+    let v = pool.dir.view().unwrap();
+    assert_eq!(v.vms.len(), 1, "{:?}", v.vms);
+    assert!(v.vms.contains_key(&id), "{:?}", v.vms);
+    // A second VM is not received on top of it.
+    dst.put("vm.receive-migration", Some(&at), 405);
+    dst.wait_state("Shutdown", Duration::from_secs(300));
+    let (_, c) = dst.get("vm.counters");
+    assert_eq!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "{c}"
+    );
+    assert_eq!(
+        c["process.1"]["checksum"].as_u64(),
+        Some(common::native_checksum(workload)),
+        "{c}"
+    );
+    src.put("vmm.shutdown", None, 204);
+    dst.put("vmm.shutdown", None, 204);
+    drop((src, dst));
+    let ev = events(&std::fs::read_to_string(&src_events).unwrap());
+    assert!(
+        ev.windows(2)
+            .any(|w| w == ["vm:migration-started", "vm:migration-finished"]),
+        "{ev:?}"
+    );
+    assert!(
+        !ev.iter()
+            .skip_while(|e| *e != "vm:migration-finished")
+            .any(|e| e == "vm:shutdown"),
+        "{ev:?}"
+    );
+    pool.wait("the migrated VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && pool_harness::Pool::used(v) == 0
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

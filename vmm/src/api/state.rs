@@ -7,6 +7,8 @@
 //!                            +--------vm.boot (a fresh VM) / vm.shutdown--------------+
 //!   vm.reboot: Running/Paused -> a fresh VM, Running.  vm.delete: any -> (none).
 //!   vm.snapshot: Running/Paused -> saved, then Shutdown.  vm.restore: (none) -> Paused.
+//!   vm.send-migration: Running/Paused -> migrated, then Shutdown ([`migration`]).
+//!   vm.receive-migration: (none) -> Running.
 //! ```
 //!
 //! `vm.create` only checks and remembers the configuration (the factory reads the kernel and
@@ -37,6 +39,8 @@ use crate::devices::pty::Pty;
 use crate::snapshot::Snapshot;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
 use crate::vstate::lock;
+
+mod migration;
 
 /// How often the watcher checks that the API server is still there.
 const WATCH_TICK: Duration = Duration::from_millis(500);
@@ -72,6 +76,21 @@ fn serve_metrics(
             r => return r,
         }
     }
+}
+
+/// How [`ApiState::launch`] starts the VM it builds.
+enum Launch<'a> {
+    /// Afresh (`vm.boot`, `vm.reboot`).
+    Boot,
+    /// Loaded from a snapshot, paused (`vm.restore`).
+    Restore(&'a Snapshot),
+    /// Loaded from a migration's arrival; the source is told once it is loaded (the answer
+    /// taken out of the option), then it runs, as Cloud Hypervisor's destination resumes
+    /// the VM it received (`vm.receive-migration`).
+    Arrive {
+        snapshot: &'a Snapshot,
+        arrival: &'a mut Option<crate::migration::Arrival>,
+    },
 }
 
 /// Where the created VM is.
@@ -273,16 +292,16 @@ impl ApiState {
 
     /// Builds and starts a VM from the created configuration.
     fn start_vm(&self, slot: &mut Slot) -> Result<(), ApiError> {
-        self.launch(slot, None)
+        self.launch(slot, Launch::Boot)
     }
 
-    /// Builds a VM from the created configuration and starts it, or, given a snapshot, loads
-    /// the snapshot into it and starts it paused.
-    fn launch(&self, slot: &mut Slot, snapshot: Option<&Snapshot>) -> Result<(), ApiError> {
-        let action = if snapshot.is_some() {
-            "restore"
-        } else {
-            "boot"
+    /// Builds a VM from the created configuration and starts it, or loads a snapshot into it
+    /// first ([`Launch`]).
+    fn launch(&self, slot: &mut Slot, mut how: Launch<'_>) -> Result<(), ApiError> {
+        let (action, snapshot) = match &how {
+            Launch::Boot => ("boot", None),
+            Launch::Restore(s) => ("restore", Some(*s)),
+            Launch::Arrive { snapshot, .. } => (migration::RECEIVE, Some(*snapshot)),
         };
         let failed = |reason: String| ApiError::Failed { action, reason };
         let created = slot
@@ -323,9 +342,14 @@ impl ApiState {
             ),
             None => None,
         };
-        let vm = match snapshot {
-            Some(_) => vm.start_paused(),
-            None => vm.start(),
+        if let Launch::Arrive { arrival, .. } = &mut how {
+            if let Some(arrival) = arrival.take() {
+                migration::arrived(&self.name, arrival);
+            }
+        }
+        let vm = match how {
+            Launch::Restore(_) => vm.start_paused(),
+            Launch::Boot | Launch::Arrive { .. } => vm.start(),
         }
         .map_err(|e| failed(e.to_string()))?;
         slot.generation += 1;
@@ -381,7 +405,28 @@ impl ApiState {
             reason,
         };
         let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
-        let mut spec = snap.spec();
+        self.adopt(&mut slot, &snap, snap.spec(), "restore")?;
+        self.emit(Source::Vm, "restoring");
+        if let Err(e) = self.launch(&mut slot, Launch::Restore(&snap)) {
+            slot.created = None;
+            return Err(e);
+        }
+        drop(slot);
+        self.emit(Source::Vm, "restored");
+        Ok(())
+    }
+
+    /// Makes the VM `snap` holds, described by `spec`, this server's created VM (named as
+    /// this server's VM); it is not built yet. Its console is a pty, as libvirt's domains
+    /// have.
+    fn adopt(
+        &self,
+        slot: &mut Slot,
+        snap: &Snapshot,
+        mut spec: crate::spec::VmSpec,
+        action: &'static str,
+    ) -> Result<(), ApiError> {
+        let failed = |reason: String| ApiError::Failed { action, reason };
         spec.name = Some(self.name.clone());
         let mut config = spec
             .to_config()
@@ -409,13 +454,6 @@ impl ApiState {
             },
             pty: None,
         });
-        self.emit(Source::Vm, "restoring");
-        if let Err(e) = self.launch(&mut slot, Some(&snap)) {
-            slot.created = None;
-            return Err(e);
-        }
-        drop(slot);
-        self.emit(Source::Vm, "restored");
         Ok(())
     }
 
