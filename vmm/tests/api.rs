@@ -111,6 +111,20 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Waits (bounded) for the process to exit after a SIGTERM.
+    fn exited_on_sigterm(&mut self) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "SIGTERM ignored");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Api {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -402,14 +416,7 @@ fn a_domain_without_a_section_gets_the_defaults_and_sigterm_stops_it() {
     // SIGTERM (what libvirt's destroy sends first) stops the VM and the process.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(api.child.id() as i32, libc::SIGTERM) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = api.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "SIGTERM ignored");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = api.exited_on_sigterm();
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(!api.sock.exists(), "socket left behind");
     // The FIFO ends with the process; vm:shutdown then vmm:shutdown is what makes libvirt mark
@@ -871,5 +878,52 @@ fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
     pool.wait("the migrated VM's pages dropped at its exit", |v| {
         v.vms.is_empty() && v.slabs.is_empty() && pool_harness::Pool::used(v) == 0
     });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_vmm_waiting_for_a_migrating_vm_still_stops_on_sigterm() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch_dir("receive-term");
+    let key = dir.join("migration.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = dir.join("farvm.toml");
+    std::fs::write(
+        &config,
+        format!("[defaults]\nmigration_key_file = \"{}\"\n", key.display()),
+    )
+    .unwrap();
+    let mut api = Api::start(&dir, "mig-wait", &config, None);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let at = json!({ "receiver_url": format!("tcp:127.0.0.1:{port}") });
+    let pid = api.child.id() as i32;
+    let log = dir.join("mig-wait.log");
+    let answer = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| api.call("PUT", "vm.receive-migration", Some(&at)));
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("waiting for a migrating VM")
+        {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        waiting.join().unwrap()
+    });
+    assert_eq!(answer.status, 500, "{}", answer.body);
+    assert!(
+        answer.body.contains("the VMM is stopping (signal 15)"),
+        "{}",
+        answer.body
+    );
+    let status = api.exited_on_sigterm();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     let _ = std::fs::remove_dir_all(&dir);
 }

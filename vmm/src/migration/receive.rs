@@ -75,6 +75,14 @@ impl Incoming {
     }
 }
 
+impl std::os::fd::AsFd for Incoming {
+    /// The listening socket: readable once a source connects (a caller may wait on it,
+    /// bounded, before [`Incoming::receive`]).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}
+
 impl Arrival {
     /// The snapshot to build the VM from: it takes the namespace over on the source's fence.
     pub fn snapshot(&self) -> Result<Snapshot, MigrationError> {

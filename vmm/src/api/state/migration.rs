@@ -5,6 +5,8 @@
 //! that arrives as `vm.restore` does, answers the source once it is loaded (and owns its
 //! namespace in the pool), and runs it.
 
+use std::os::fd::{AsFd, AsRawFd};
+
 use farvm_chapi::error::StateName;
 use farvm_chapi::ApiError;
 use farvm_seal::PageKey;
@@ -13,6 +15,9 @@ use super::{ApiState, Launch, Run, Slot};
 use crate::api::events::Source;
 use crate::migration::{Arrival, Incoming};
 use crate::vstate::lock;
+
+/// How often a receive waiting for its source checks that the VMM is not stopping, ms.
+const WAIT_TICK_MS: i32 = 500;
 
 /// The action `vm.send-migration` names in its errors.
 const SEND: &str = "send a migration";
@@ -107,6 +112,7 @@ impl ApiState {
         tracing::info!(vm = self.name, %addr, "waiting for a migrating VM");
         // The slot is not held while the source is awaited: requests run one at a time, and
         // the VMM stays stoppable meanwhile.
+        self.await_source(&incoming)?;
         let arrival = incoming.receive(&dir, &key).map_err(|e| {
             let _ = std::fs::remove_dir_all(&dir);
             failed(e.to_string())
@@ -133,6 +139,45 @@ impl ApiState {
         drop(slot);
         let _ = std::fs::remove_dir_all(&dir);
         result
+    }
+
+    /// Waits until a source connects to `incoming`, or the VMM is told to stop (SIGTERM,
+    /// SIGINT, its event monitor's reader gone), which fails the request: the server answers
+    /// it and can stop.
+    fn await_source(&self, incoming: &Incoming) -> Result<(), ApiError> {
+        let failed = |reason: String| ApiError::Failed {
+            action: RECEIVE,
+            reason,
+        };
+        loop {
+            if let Some(signal) = crate::signals::termination_requested() {
+                return Err(failed(format!(
+                    "the VMM is stopping (signal {signal}) before a source came"
+                )));
+            }
+            if self.event_reader_gone() {
+                return Err(failed(
+                    "the VMM is stopping (its event monitor's reader left) before a source came"
+                        .into(),
+                ));
+            }
+            let mut pfd = libc::pollfd {
+                fd: incoming.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, valid for the call, on a listener that outlives it.
+            let n = unsafe { libc::poll(&mut pfd, 1, WAIT_TICK_MS) };
+            if n > 0 {
+                return Ok(());
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(failed(format!("waiting for the source: {e}")));
+                }
+            }
+        }
     }
 
     /// Builds and loads the VM that arrived, tells the source, and runs it; on failure the
