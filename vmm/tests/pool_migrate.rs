@@ -44,8 +44,16 @@ fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
 
 /// The source: a 128 MiB test guest at 25% local on `pool`, running [`WORKLOAD`].
 fn start_source(pool: &Pool, name: &str, sock: &Path) -> Child {
-    farvm()
-        .args(["run", "--name", name, "--pool", &pool.url()])
+    start_source_with(pool, name, sock, None)
+}
+
+/// [`start_source`] with a failure injected (`FARVM_MIGRATION_FAULT`).
+fn start_source_with(pool: &Pool, name: &str, sock: &Path, fault: Option<&str>) -> Child {
+    let mut cmd = farvm();
+    if let Some(f) = fault {
+        cmd.env("FARVM_MIGRATION_FAULT", f);
+    }
+    cmd.args(["run", "--name", name, "--pool", &pool.url()])
         .args(["--pool-lease-ttl", "2", "--pool-slab", "32M"])
         .args(["--memory", "128M", "--local-memory", "25%"])
         .args(["--workload", WORKLOAD, "--serial", "none", "--json"])
@@ -116,6 +124,18 @@ fn start_destination_with(
     (child, addr)
 }
 
+/// The stderr of the exited destination `name` (written once its pipe closed).
+fn dest_log(dir: &Path, name: &str) -> String {
+    let path = dir.join(format!("{name}.stderr"));
+    for _ in 0..200 {
+        if let Ok(s) = std::fs::read_to_string(&path) {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    String::new()
+}
+
 fn migrate(sock: &Path, to: &str, key: &Path) -> std::process::Output {
     farvm()
         .args(["migrate", "--json", "--socket"])
@@ -180,7 +200,7 @@ fn a_pool_vm_migrated_mid_run_moves_its_resident_pages_only_and_finishes_there()
     assert_eq!(v.vms.len(), 1, "{:?}", v.vms);
     assert!(v.vms.contains_key(&id) && v.snapshots.is_empty());
     let out = dst.wait_with_output().unwrap();
-    let log = std::fs::read_to_string(dir.join("pmig-dst.stderr")).unwrap_or_default();
+    let log = dest_log(&dir, "pmig-dst");
     assert!(out.status.success(), "the destination: {log}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_native_report(&report, WORKLOAD);
@@ -269,7 +289,7 @@ fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_dest
     assert_eq!(v.vms.len(), 1);
     assert!(v.vms.contains_key(&id));
     let out = dst.wait_with_output().unwrap();
-    let log = std::fs::read_to_string(dir.join("pmig-silent.stderr")).unwrap_or_default();
+    let log = dest_log(&dir, "pmig-silent");
     assert!(out.status.success(), "the destination: {log}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_native_report(&report, WORKLOAD);
@@ -277,4 +297,111 @@ fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_dest
         v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
     });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_source_that_dies_mid_stream_ends_the_destination_with_the_reason_and_leaks_nothing() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch("srccrash");
+    let sock = dir.join("src.sock");
+    let key = key_file(&dir, "migration.key", 7);
+    let name = format!("pmig-srccrash-{}", std::process::id());
+    let mut src = start_source_with(&pool, &name, &sock, Some("source-crash-before-pause"));
+    wait_for_measured_phase(&sock, &mut src);
+    pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let (dst, addr) = start_destination("pmig-orphan", &key, &dir);
+    let o = migrate(&sock, &addr, &key);
+    assert!(!o.status.success(), "farvm migrate succeeded");
+    assert_eq!(src.wait().unwrap().code(), Some(71));
+    let out = dst.wait_with_output().unwrap();
+    let log = dest_log(&dir, "pmig-orphan");
+    assert_eq!(out.status.code(), Some(71), "{log}");
+    assert!(
+        log.contains("incoming migration: receiving from the other host"),
+        "{log}"
+    );
+    // The source's lease (2 s) expires and the servers collect its namespace.
+    pool.wait("the dead VM's pages collected", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    assert!(
+        !dir.join("incoming").exists(),
+        "the key's directory is removed"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_network_cut_mid_stream_leaves_the_vm_running_at_its_source() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2", "r3"], "512M");
+    let dir = scratch("cut");
+    let sock = dir.join("src.sock");
+    let key = key_file(&dir, "migration.key", 7);
+    let mut src = start_source(&pool, &format!("pmig-cut-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut src);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+    let (dst, addr) = start_destination("pmig-cut", &key, &dir);
+    // The link between the hosts: forwards the stream, and breaks both ways after 4 MiB.
+    let link = cut_after(&addr, 4 << 20);
+    let o = migrate(&sock, &link, &key);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{err}");
+    let status = farvm_vmm::control::request(&sock, "status").unwrap();
+    assert_eq!(status["state"], "running", "{status}");
+    let out = dst.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(71));
+    let v = pool.dir.view().unwrap();
+    assert_eq!(v.vms.len(), 1);
+    assert!(v.vms.contains_key(&id));
+    let out = src.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the source: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    pool.wait("the VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A TCP relay to `to` on a new loopback port (returned) that shuts both directions of its
+/// one connection down after `limit` bytes from the client: a network cut.
+fn cut_after(to: &str, limit: u64) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let to = to.to_string();
+    std::thread::spawn(move || {
+        let (mut client, _) = l.accept().unwrap();
+        let server = TcpStream::connect(&to).unwrap();
+        let (mut s_read, mut c_write) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+        let back = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut s_read, &mut c_write);
+        });
+        let mut server_w = server.try_clone().unwrap();
+        let mut buf = [0u8; 65536];
+        let mut passed = 0u64;
+        while passed < limit {
+            let n = match client.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if server_w.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            passed += n as u64;
+        }
+        let _ = client.shutdown(Shutdown::Both);
+        let _ = server.shutdown(Shutdown::Both);
+        let _ = back.join();
+    });
+    addr
 }

@@ -84,11 +84,12 @@ enum Launch<'a> {
     Boot,
     /// Loaded from a snapshot, paused (`vm.restore`).
     Restore(&'a Snapshot),
-    /// Loaded from a migration's arrival; the source is told once it is loaded (the answer
-    /// taken out of the option), then it runs, as Cloud Hypervisor's destination resumes
-    /// the VM it received (`vm.receive-migration`).
+    /// Built while a migration's pre-copy arrives, loaded once the rest has (the arriving
+    /// stream taken out of its option, the arrival left in the other), the source told once
+    /// it is loaded (the arrival taken out), then run, as Cloud Hypervisor's destination
+    /// resumes the VM it received (`vm.receive-migration`).
     Arrive {
-        snapshot: &'a Snapshot,
+        arriving: &'a mut Option<crate::migration::Arriving>,
         arrival: &'a mut Option<crate::migration::Arrival>,
     },
 }
@@ -298,11 +299,12 @@ impl ApiState {
     /// Builds a VM from the created configuration and starts it, or loads a snapshot into it
     /// first ([`Launch`]).
     fn launch(&self, slot: &mut Slot, mut how: Launch<'_>) -> Result<(), ApiError> {
-        let (action, snapshot) = match &how {
-            Launch::Boot => ("boot", None),
-            Launch::Restore(s) => ("restore", Some(*s)),
-            Launch::Arrive { snapshot, .. } => (migration::RECEIVE, Some(*snapshot)),
+        let action = match &how {
+            Launch::Boot => "boot",
+            Launch::Restore(_) => "restore",
+            Launch::Arrive { .. } => migration::RECEIVE,
         };
+        let booting = matches!(how, Launch::Boot);
         let failed = |reason: String| ApiError::Failed { action, reason };
         let created = slot
             .created
@@ -328,12 +330,14 @@ impl ApiState {
                 cfg.console_pty = Some(pty);
             }
         }
-        if snapshot.is_none() {
+        if booting {
             self.emit(Source::Vm, "booting");
         }
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
-        if let Some(snap) = snapshot {
-            snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?;
+        match &mut how {
+            Launch::Boot => {}
+            Launch::Restore(snap) => snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?,
+            Launch::Arrive { arriving, arrival } => migration::load(&vm, arriving, arrival)?,
         }
         let metrics = match &created.prepared.metrics {
             Some(listen) => Some(
@@ -360,7 +364,7 @@ impl ApiState {
             generation,
             metrics,
         };
-        if snapshot.is_none() {
+        if booting {
             self.emit(Source::Vm, "booted");
         }
         Ok(())
@@ -405,7 +409,9 @@ impl ApiState {
             reason,
         };
         let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
-        self.adopt(&mut slot, &snap, snap.spec(), "restore")?;
+        self.adopt(&mut slot, snap.spec(), "restore", |cfg| {
+            snap.prepare(cfg).map_err(|e| e.to_string())
+        })?;
         self.emit(Source::Vm, "restoring");
         if let Err(e) = self.launch(&mut slot, Launch::Restore(&snap)) {
             slot.created = None;
@@ -416,23 +422,22 @@ impl ApiState {
         Ok(())
     }
 
-    /// Makes the VM `snap` holds, described by `spec`, this server's created VM (named as
-    /// this server's VM); it is not built yet. Its console is a pty, as libvirt's domains
-    /// have.
+    /// Makes the VM `spec` describes (a snapshot's or a migrating VM's) this server's created
+    /// VM, named as this server's VM, its configuration readied by `prepare`; it is not built
+    /// yet. Its console is a pty, as libvirt's domains have.
     fn adopt(
         &self,
         slot: &mut Slot,
-        snap: &Snapshot,
         mut spec: crate::spec::VmSpec,
         action: &'static str,
+        prepare: impl FnOnce(&mut builder::VmConfig) -> Result<(), String>,
     ) -> Result<(), ApiError> {
         let failed = |reason: String| ApiError::Failed { action, reason };
         spec.name = Some(self.name.clone());
         let mut config = spec
             .to_config()
             .map_err(|e| failed(e.render(&super::factory::ApiNames)))?;
-        snap.prepare(&mut config)
-            .map_err(|e| failed(e.to_string()))?;
+        prepare(&mut config).map_err(failed)?;
         let create = CreateSpec {
             vcpus: spec.vcpus,
             memory: spec.memory,

@@ -1,14 +1,19 @@
-//! `farvm run --incoming HOST:PORT`: waits for a live migration's source, receives the VM
-//! into a snapshot directory, and answers the source once the VM built from it is loaded
-//! (and owns its namespace in the pool) or has failed.
+//! `farvm run --incoming HOST:PORT`: waits for a live migration's source, builds the VM from
+//! its description while the pre-copy arrives, receives the rest into a snapshot directory,
+//! loads it, and answers the source once the VM is loaded (and owns its namespace in the
+//! pool) or has failed.
 
 use std::net::SocketAddr;
 
+use farvm_vmm::builder::VmConfig;
 use farvm_vmm::exit_code;
-use farvm_vmm::migration::{Arrival, Incoming, MigrationError};
-use farvm_vmm::snapshot::Snapshot;
+use farvm_vmm::migration::{Arrival, Arriving, Incoming, MigrationError};
+use farvm_vmm::spec::VmSpec;
+use farvm_vmm::vm::Vm;
 
-use super::run::RunArgs;
+use farvm_vmm::spec::CliNames;
+
+use super::run::{build_vm, spec_failure, RunArgs};
 use super::Failure;
 
 fn failure(e: MigrationError) -> Failure {
@@ -20,8 +25,9 @@ fn failure(e: MigrationError) -> Failure {
     Failure::new(code, format!("incoming migration: {e}"))
 }
 
-/// Waits on `addr` for the source and receives its VM.
-pub fn receive(addr: SocketAddr, a: &RunArgs) -> Result<Arrival, Failure> {
+/// Waits on `addr` for the source, builds its VM and loads it; returns the VM's description,
+/// configuration and the VM, ready to run.
+pub fn arrive(addr: SocketAddr, a: &RunArgs) -> Result<(VmSpec, VmConfig, Vm), Failure> {
     let Some(key_path) = &a.migration_key_file else {
         return Err(Failure::new(
             exit_code::USAGE,
@@ -42,25 +48,43 @@ pub fn receive(addr: SocketAddr, a: &RunArgs) -> Result<Arrival, Failure> {
     let incoming = Incoming::listen(addr).map_err(failure)?;
     let at = incoming.addr().map_err(failure)?;
     eprintln!("farvm: waiting for a migrating VM on {at}");
-    let arrival = incoming.receive(&dir, &key).map_err(|e| {
+    let removed = |f: Failure| {
         let _ = std::fs::remove_dir_all(&dir);
-        failure(e)
-    })?;
-    tracing::info!(bytes = arrival.bytes_received, dir = %arrival.dir().display(), "migration: the VM's state has arrived; building it");
+        f
+    };
+    let arriving = incoming
+        .accept(&dir, &key)
+        .map_err(|e| removed(failure(e)))?;
+    let (spec, cfg, vm) = build(&arriving, a).map_err(removed)?;
+    let arrival = arriving.receive().map_err(|e| removed(failure(e)))?;
+    tracing::info!(bytes = arrival.bytes_received, dir = %arrival.dir().display(), "migration: the VM's state has arrived; loading it");
     if injected_fault() == Some(Fault::CrashBeforeTakeover) {
         tracing::warn!("FARVM_MIGRATION_FAULT=crash-before-takeover: exiting as a crash would");
         std::process::exit(exit_code::HOST_ERROR);
     }
-    Ok(arrival)
+    let loaded = arrival
+        .snapshot()
+        .map_err(failure)
+        .and_then(|snap| super::restore::load(&snap, &vm));
+    match loaded {
+        Ok(()) => arrived(arrival),
+        Err(f) => Err(refuse(arrival, f)),
+    }?;
+    Ok((spec, cfg, vm))
 }
 
-/// The snapshot the arrival was laid out as.
-pub fn snapshot(arrival: &Arrival) -> Result<Snapshot, Failure> {
-    arrival.snapshot().map_err(failure)
+/// The VM the source describes, built while its pre-copy arrives (its build writes nothing
+/// into guest RAM; it joins the pool without owning the VM).
+fn build(arriving: &Arriving, a: &RunArgs) -> Result<(VmSpec, VmConfig, Vm), Failure> {
+    let spec = super::restore::spec_from(arriving.spec(), a);
+    let mut cfg = spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?;
+    arriving.prepare(&mut cfg).map_err(failure)?;
+    let vm = build_vm(&cfg)?;
+    Ok((spec, cfg, vm))
 }
 
 /// Tells the source the VM failed here (it runs on there); returns `f`.
-pub fn refuse(arrival: Arrival, f: Failure) -> Failure {
+fn refuse(arrival: Arrival, f: Failure) -> Failure {
     let dir = arrival.dir().to_path_buf();
     if let Err(e) = arrival.answer(Err(f.message.clone())) {
         tracing::warn!("migration: cannot tell the source the VM failed here: {e}");
@@ -71,7 +95,7 @@ pub fn refuse(arrival: Arrival, f: Failure) -> Failure {
 
 /// Tells the source the VM is loaded here and owns its namespace; removes the directory (it
 /// holds the page key).
-pub fn arrived(arrival: Arrival) -> Result<(), Failure> {
+fn arrived(arrival: Arrival) -> Result<(), Failure> {
     let dir = arrival.dir().to_path_buf();
     let told = if injected_fault() == Some(Fault::NoAnswerAfterTakeover) {
         tracing::warn!("FARVM_MIGRATION_FAULT=no-answer-after-takeover: the source is not told");
@@ -104,8 +128,10 @@ fn injected_fault() -> Option<Fault> {
     match std::env::var("FARVM_MIGRATION_FAULT").ok()?.as_str() {
         "crash-before-takeover" => Some(Fault::CrashBeforeTakeover),
         "no-answer-after-takeover" => Some(Fault::NoAnswerAfterTakeover),
+        // The source's (vmm/src/migration/send.rs).
+        "source-crash-before-pause" => None,
         other => {
-            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover)");
+            tracing::warn!("FARVM_MIGRATION_FAULT={other}: unknown fault, ignored (known: crash-before-takeover, no-answer-after-takeover, source-crash-before-pause)");
             None
         }
     }

@@ -712,41 +712,34 @@ pub fn run_vm(
 pub fn run(a: RunArgs) -> Result<i32> {
     super::start_sandbox(a.sandbox.seccomp)?;
     let mut spec = a.to_spec();
-    let mut arrival = a
-        .incoming
-        .map(|addr| super::incoming::receive(addr, &a))
-        .transpose()?;
-    let snapshot = match &arrival {
-        Some(arr) => Some(super::incoming::snapshot(arr)?),
-        None => a.restore.as_deref().map(super::restore::open).transpose()?,
-    };
-    // A migration's source waits for the outcome of everything up to the load.
-    let mut answered = |f: Failure| match arrival.take() {
-        Some(arr) => super::incoming::refuse(arr, f),
-        None => f,
-    };
-    let cfg = match (&snapshot, &a.domain) {
-        (Some(snap), _) => {
-            spec = super::restore::spec(snap, &a);
-            let mut cfg = spec
-                .to_config()
-                .map_err(|e| answered(spec_failure(&e, &CliNames)))?;
-            super::restore::prepare(snap, &mut cfg).map_err(&mut answered)?;
-            cfg
+    let (cfg, vm) = match a.incoming {
+        Some(addr) => {
+            let (s, cfg, vm) = super::incoming::arrive(addr, &a)?;
+            spec = s;
+            (cfg, vm)
         }
-        (None, Some(path)) => {
-            let names = super::domain::apply(&mut spec, path)?;
-            spec.to_config().map_err(|e| spec_failure(&e, &names))?
+        None => {
+            let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
+            let cfg = match (&snapshot, &a.domain) {
+                (Some(snap), _) => {
+                    spec = super::restore::spec(snap, &a);
+                    let mut cfg = spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?;
+                    super::restore::prepare(snap, &mut cfg)?;
+                    cfg
+                }
+                (None, Some(path)) => {
+                    let names = super::domain::apply(&mut spec, path)?;
+                    spec.to_config().map_err(|e| spec_failure(&e, &names))?
+                }
+                (None, None) => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
+            };
+            let vm = build_vm(&cfg)?;
+            if let Some(snap) = &snapshot {
+                super::restore::load(snap, &vm)?;
+            }
+            (cfg, vm)
         }
-        (None, None) => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
     };
-    let vm = build_vm(&cfg).map_err(&mut answered)?;
-    if let Some(snap) = &snapshot {
-        super::restore::load(snap, &vm).map_err(&mut answered)?;
-    }
-    if let Some(arr) = arrival.take() {
-        super::incoming::arrived(arr)?;
-    }
     let metrics = spec
         .metrics
         .map(|addr| start_metrics(addr, &vm))

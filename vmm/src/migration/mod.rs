@@ -22,7 +22,7 @@ pub mod receive;
 pub mod send;
 mod wire;
 
-pub use receive::{Arrival, Incoming};
+pub use receive::{Arrival, Arriving, Incoming};
 pub use send::{migrate, Migrated};
 
 /// Why a migration failed.

@@ -2,7 +2,8 @@
 //! TCP address, receives the stream into a snapshot directory (the page file filled as pages
 //! arrive, the remote-page list, the page key, the manifest), and answers the source once
 //! the VM it builds from that directory is loaded and owns the namespace
-//! ([`Arrival::answer`]).
+//! ([`Arrival::answer`]). The VM is built while the pre-copy arrives ([`Arriving`]), so the
+//! guest's pause holds only its load.
 
 use std::fs::File;
 use std::io::Write;
@@ -27,6 +28,15 @@ const IDLE: Duration = Duration::from_secs(60);
 /// A destination waiting for its source.
 pub struct Incoming {
     listener: TcpListener,
+}
+
+/// A migration under way: the source's first frames (the VM's description and key) are in,
+/// the pre-copy is arriving. The VM is built from [`Arriving::spec`] and
+/// [`Arriving::prepare`] meanwhile; [`Arriving::receive`] takes the rest.
+pub struct Arriving {
+    dir: PathBuf,
+    ch: Channel,
+    start: Start,
 }
 
 /// A migration received: the snapshot directory it was laid out in, and the stream to
@@ -55,36 +65,100 @@ impl Incoming {
             .map_err(io("listening for the source"))
     }
 
-    /// Waits for the source and receives its VM into `dir` (created; it must not hold a
-    /// snapshot), under the shared migration `key`.
-    pub fn receive(self, dir: &Path, key: &PageKey) -> Result<Arrival, MigrationError> {
+    /// Waits for the source, under the shared migration `key`, and reads its first frames
+    /// into `dir` (created; it must not hold a snapshot).
+    pub fn accept(self, dir: &Path, key: &PageKey) -> Result<Arriving, MigrationError> {
         let (stream, from) = self.listener.accept().map_err(io("accepting the source"))?;
         tracing::info!(%from, "migration: the source connected");
         let _ = stream.set_nodelay(true);
         let mut ch = Channel::accept(stream, key)?;
         ch.read_timeout(Some(IDLE))?;
         std::fs::create_dir_all(dir).map_err(io("creating the migration directory"))?;
-        let (fence, received) = receive_into(&mut ch, dir)?;
-        Ok(Arrival {
+        let mut buf = Vec::new();
+        let start: Start = match ch.recv(&mut buf)? {
+            Kind::Start => serde_json::from_slice(&buf)
+                .map_err(|e| MigrationError::Protocol(format!("the start frame: {e}")))?,
+            k => return Err(MigrationError::Protocol(format!("first frame {k:?}"))),
+        };
+        if start.sealed {
+            match ch.recv(&mut buf)? {
+                Kind::Key => write_key(dir, &mut buf)?,
+                k => {
+                    return Err(MigrationError::Protocol(format!(
+                        "expected the page key, got {k:?}"
+                    )))
+                }
+            }
+        }
+        Ok(Arriving {
             dir: dir.to_path_buf(),
-            at: std::time::Instant::now(),
-            fence,
             ch,
-            bytes_received: received,
+            start,
         })
     }
 }
 
 impl std::os::fd::AsFd for Incoming {
     /// The listening socket: readable once a source connects (a caller may wait on it,
-    /// bounded, before [`Incoming::receive`]).
+    /// bounded, before [`Incoming::accept`]).
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.listener.as_fd()
     }
 }
 
+impl Arriving {
+    /// The migrating VM's description.
+    pub fn spec(&self) -> crate::spec::VmSpec {
+        self.start.spec.clone()
+    }
+
+    /// Readies the configuration of the VM to build (from [`Arriving::spec`]): its build
+    /// writes nothing into guest RAM, and it joins the VM's placement in the pool without
+    /// owning it (the takeover comes once it is loaded).
+    pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), MigrationError> {
+        cfg.restoring = true;
+        let vm = self
+            .start
+            .pool_vm
+            .parse()
+            .map_err(|e| MigrationError::Protocol(format!("pool VM id: {e}")))?;
+        let remote = cfg
+            .remote
+            .as_mut()
+            .filter(|r| r.pool.is_some())
+            .ok_or_else(|| {
+                MigrationError::Protocol("the migrating VM's description has no pool".into())
+            })?;
+        remote.pool_restore = Some(crate::remote::PoolRestore {
+            vm,
+            key_file: self.start.sealed.then(|| self.dir.join(KEY)),
+            // Set from the source's last frame (`Snapshot::restore_into`).
+            takeover_fence: Some(0),
+        });
+        Ok(())
+    }
+
+    /// Receives the rest of the stream (the pre-copy, the last changes, the state and the
+    /// fence) into the directory.
+    pub fn receive(mut self) -> Result<Arrival, MigrationError> {
+        let (fence, received) = receive_into(&mut self.ch, &self.dir, &self.start)?;
+        Ok(Arrival {
+            dir: self.dir,
+            at: std::time::Instant::now(),
+            fence,
+            ch: self.ch,
+            bytes_received: received,
+        })
+    }
+
+    /// The directory the stream is laid out in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
 impl Arrival {
-    /// The snapshot to build the VM from: it takes the namespace over on the source's fence.
+    /// The snapshot to load into the VM: it takes the namespace over on the source's fence.
     pub fn snapshot(&self) -> Result<Snapshot, MigrationError> {
         Ok(Snapshot::open(&self.dir)?.arriving(self.fence))
     }
@@ -106,15 +180,21 @@ impl Arrival {
     }
 }
 
+/// Writes the page key received in `buf` (then wiped) into `dir`.
+fn write_key(dir: &Path, buf: &mut [u8]) -> Result<(), MigrationError> {
+    let bytes: [u8; 32] = (&*buf)
+        .try_into()
+        .map_err(|_| MigrationError::Protocol(format!("a page key of {} bytes", buf.len())))?;
+    buf.fill(0);
+    PageKey::from_bytes(bytes)
+        .write_file(&dir.join(KEY))
+        .map_err(|e| MigrationError::Key(e.to_string()))
+}
+
 /// Receives frames until the source's last; returns the fence and the bytes received.
-fn receive_into(ch: &mut Channel, dir: &Path) -> Result<(i64, u64), MigrationError> {
+fn receive_into(ch: &mut Channel, dir: &Path, start: &Start) -> Result<(i64, u64), MigrationError> {
     let mut buf = Vec::new();
     let mut received = 0u64;
-    let start: Start = match ch.recv(&mut buf)? {
-        Kind::Start => serde_json::from_slice(&buf)
-            .map_err(|e| MigrationError::Protocol(format!("the start frame: {e}")))?,
-        k => return Err(MigrationError::Protocol(format!("first frame {k:?}"))),
-    };
     let pages_path = dir.join(PAGES);
     let write = |p: &Path| {
         let p = p.to_path_buf();
@@ -158,15 +238,7 @@ fn receive_into(ch: &mut Channel, dir: &Path) -> Result<(i64, u64), MigrationErr
                 }
             }
             Kind::Remote => remote.write_all(&buf).map_err(write(&remote_path))?,
-            Kind::Key => {
-                let bytes: [u8; 32] = buf.as_slice().try_into().map_err(|_| {
-                    MigrationError::Protocol(format!("a page key of {} bytes", buf.len()))
-                })?;
-                buf.fill(0);
-                PageKey::from_bytes(bytes)
-                    .write_file(&dir.join(KEY))
-                    .map_err(|e| MigrationError::Key(e.to_string()))?;
-            }
+            Kind::Key => write_key(dir, &mut buf)?,
             Kind::Finish => {
                 let fin: Finish = serde_json::from_slice(&buf)
                     .map_err(|e| MigrationError::Protocol(format!("the last frame: {e}")))?;

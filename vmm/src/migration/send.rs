@@ -189,9 +189,17 @@ pub fn migrate(
         spec: spec.clone(),
         regions: regions.clone(),
         bytes,
+        pool_vm: pool_vm.to_string(),
+        sealed: page_key.is_some(),
     })
     .map_err(|e| MigrationError::Protocol(e.to_string()))?;
     ch.send(Kind::Start, &mut start)?;
+    // The key next: the destination builds the VM (its memory client opens the pool's pages
+    // with it) while the pre-copy runs.
+    if let Some(k) = &page_key {
+        let mut b = k.export().to_vec();
+        ch.send(Kind::Key, &mut b)?;
+    }
 
     let engine = &saving.engine;
     let mut sent = Sent::new(span_pages(&regions));
@@ -224,6 +232,11 @@ pub fn migrate(
         }
     }
 
+    if std::env::var("FARVM_MIGRATION_FAULT").as_deref() == Ok("source-crash-before-pause") {
+        // A failure injected on purpose, for the tests: the source dies mid-stream.
+        tracing::warn!("FARVM_MIGRATION_FAULT=source-crash-before-pause: exiting as a crash would");
+        std::process::exit(crate::exit_code::HOST_ERROR);
+    }
     // Stop and copy: the guest is paused from here.
     vm.pause(PAUSE_TIMEOUT)
         .map_err(|e| MigrationError::Refused(e.to_string()))?;
@@ -317,6 +330,10 @@ pub(crate) struct Start {
     pub regions: Vec<(u64, u64)>,
     /// The page file's length.
     pub bytes: u64,
+    /// The VM's id in the pool.
+    pub pool_vm: String,
+    /// Whether its pages are sealed: a [`Kind::Key`] frame follows.
+    pub sealed: bool,
 }
 
 /// The source's last frame.
@@ -426,14 +443,7 @@ fn final_phase(
     if !drops.is_empty() {
         ch.send(Kind::Drop, &mut drops)?;
     }
-    let key_file = match page_key {
-        Some(k) => {
-            let mut b = k.export().to_vec();
-            ch.send(Kind::Key, &mut b)?;
-            Some(KEY.to_string())
-        }
-        None => None,
-    };
+    let key_file = page_key.map(|_| KEY.to_string());
     let manifest = Manifest {
         format: FORMAT.into(),
         version: POOL_VERSION,

@@ -595,6 +595,14 @@ impl PoolHandoff {
         Ok(())
     }
 
+    /// A live migration's destination built before the source's last frame: the fence its
+    /// takeover commits on, now known.
+    pub fn set_takeover_fence(&self, fence: i64) {
+        if let Some(t) = lock(&self.takeover).as_mut() {
+            t.fence = fence;
+        }
+    }
+
     /// A live migration's source, guest paused: the fence its destination's takeover
     /// commits on (`farvm_pool`'s handover).
     pub fn handover_fence(&self) -> Result<i64, PoolError> {

@@ -140,6 +140,9 @@ impl Snapshot {
                 vm.shared().guest_cr4(cpu, state.sregs.cr4);
             }
         }
+        if let (Some(saving), Some(fence)) = (vm.shared().remote_saving(), self.takeover_fence) {
+            saving.pool.set_takeover_fence(fence);
+        }
         if let Some(saving) = vm.shared().remote_saving() {
             // Loaded: the VM owns its namespace for good from here (its guest will overwrite
             // the snapshot's remote pages).

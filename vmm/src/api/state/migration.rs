@@ -1,9 +1,10 @@
 //! `vm.send-migration` and `vm.receive-migration` on the API's VM: live migration of a pool
 //! VM ([`crate::migration`]) between two API servers, the stream sealed with the host
 //! config's `migration_key_file`. The source migrates its running VM and stops it; the
-//! destination, with no VM created, waits on the body's address, builds and loads the VM
-//! that arrives as `vm.restore` does, answers the source once it is loaded (and owns its
-//! namespace in the pool), and runs it.
+//! destination, with no VM created, waits on the body's address, builds the VM the source
+//! describes while its pre-copy arrives, loads what arrived as `vm.restore` loads a
+//! snapshot, answers the source once it is loaded (and owns its namespace in the pool), and
+//! runs it.
 
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -13,7 +14,8 @@ use farvm_seal::PageKey;
 
 use super::{ApiState, Launch, Run, Slot};
 use crate::api::events::Source;
-use crate::migration::{Arrival, Incoming};
+use crate::migration::{Arrival, Arriving, Incoming};
+use crate::vm::Vm;
 use crate::vstate::lock;
 
 /// How often a receive waiting for its source checks that the VMM is not stopping, ms.
@@ -113,21 +115,17 @@ impl ApiState {
         // The slot is not held while the source is awaited: requests run one at a time, and
         // the VMM stays stoppable meanwhile.
         self.await_source(&incoming)?;
-        let arrival = incoming.receive(&dir, &key).map_err(|e| {
+        let arriving = incoming.accept(&dir, &key).map_err(|e| {
             let _ = std::fs::remove_dir_all(&dir);
             failed(e.to_string())
         })?;
-        tracing::info!(
-            vm = self.name,
-            bytes = arrival.bytes_received,
-            "migration: the VM's state has arrived; building it"
-        );
-        let mut arrival = Some(arrival);
+        let mut arriving = Some(arriving);
+        let mut arrival = None;
         let mut slot = lock(&self.slot);
         let result = if slot.created.is_some() {
             Err(already())
         } else {
-            self.build_arrival(&mut slot, &mut arrival)
+            self.build_arrival(&mut slot, &mut arriving, &mut arrival)
         };
         if let Err(e) = &result {
             if let Some(arrival) = arrival.take() {
@@ -180,38 +178,54 @@ impl ApiState {
         }
     }
 
-    /// Builds and loads the VM that arrived, tells the source, and runs it; on failure the
-    /// slot is as before and the arrival, if not answered yet, still to answer.
+    /// Builds the VM the source describes while its pre-copy arrives, loads it once the rest
+    /// has, tells the source, and runs it; on failure the slot is as before and the arrival,
+    /// if the stream arrived and was not answered yet, still to answer.
     fn build_arrival(
         &self,
         slot: &mut Slot,
+        arriving: &mut Option<Arriving>,
         arrival: &mut Option<Arrival>,
     ) -> Result<(), ApiError> {
-        let failed = |reason: String| ApiError::Failed {
+        let source = arriving.as_ref().ok_or_else(|| ApiError::Failed {
             action: RECEIVE,
-            reason,
-        };
-        let snapshot = arrival
-            .as_ref()
-            .ok_or_else(|| failed("the migration was answered already".into()))?
-            .snapshot()
-            .map_err(|e| failed(e.to_string()))?;
-        let mut spec = snapshot.spec();
+            reason: "the migration stream was taken already".into(),
+        })?;
+        let mut spec = source.spec();
         // This host's name in the pool, not the source's.
         spec.remote.pool_options.host = None;
-        self.adopt(slot, &snapshot, spec, RECEIVE)?;
-        let launched = self.launch(
-            slot,
-            Launch::Arrive {
-                snapshot: &snapshot,
-                arrival,
-            },
-        );
+        self.adopt(slot, spec, RECEIVE, |cfg| {
+            source.prepare(cfg).map_err(|e| e.to_string())
+        })?;
+        let launched = self.launch(slot, Launch::Arrive { arriving, arrival });
         if launched.is_err() {
             slot.created = None;
         }
         launched
     }
+}
+
+/// Receives the rest of the migration into `vm` (built, not started): the stream is taken
+/// out of `arriving`, and what arrived is left in `arrival` for the answer.
+pub(super) fn load(
+    vm: &Vm,
+    arriving: &mut Option<Arriving>,
+    arrival: &mut Option<Arrival>,
+) -> Result<(), ApiError> {
+    let failed = |reason: String| ApiError::Failed {
+        action: RECEIVE,
+        reason,
+    };
+    let stream = arriving
+        .take()
+        .ok_or_else(|| failed("the migration stream was taken already".into()))?;
+    let arrived = arrival.insert(stream.receive().map_err(|e| failed(e.to_string()))?);
+    tracing::info!(
+        bytes = arrived.bytes_received,
+        "migration: the VM's state has arrived; loading it"
+    );
+    let snapshot = arrived.snapshot().map_err(|e| failed(e.to_string()))?;
+    snapshot.restore_into(vm).map_err(|e| failed(e.to_string()))
 }
 
 /// Tells the source the VM is loaded here and owns its namespace (it stops there).
