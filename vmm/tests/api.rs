@@ -747,6 +747,29 @@ fn pool_config(path: &Path, pool: &pool_harness::Pool, key: Option<&Path>) {
     std::fs::write(path, text).unwrap();
 }
 
+/// `vm.receive-migration` on `dst` and `vm.send-migration` on `src`; their answers. The
+/// destination listens once its request runs: until then the source's connection is refused,
+/// which leaves its VM running, and the source asks again.
+fn migrate_between(src: &Api, dst: &Api, to: &Value, at: &Value) -> (Response, Response) {
+    std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| dst.call("PUT", "vm.receive-migration", Some(at)));
+        let t0 = Instant::now();
+        let sent = loop {
+            let r = src.call("PUT", "vm.send-migration", Some(to));
+            if !(r.status == 500 && r.body.contains("connecting to the destination")) {
+                break r;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the destination never listened: {}",
+                r.body
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        (sent, receiving.join().unwrap())
+    })
+}
+
 #[test]
 fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
     use std::os::unix::fs::PermissionsExt;
@@ -761,13 +784,15 @@ fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let config = dir.join("farvm.toml");
     pool_config(&config, &pool, None);
+    let dst_config = dir.join("farvm-dst.toml");
+    pool_config(&dst_config, &pool, None);
     // Read-modify-write passes over 96 MiB of a 128 MiB guest, 32 MiB of it local.
     let workload = "seq:ws=96M,passes=6,write=1,verify=1";
 
     let src_events = dir.join("events-src");
     let dst_events = dir.join("events-dst");
     let src = Api::start(&dir, "mig-src", &config, Some(&src_events));
-    let dst = Api::start(&dir, "mig-dst", &config, Some(&dst_events));
+    let dst = Api::start(&dir, "mig-dst", &dst_config, Some(&dst_events));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -811,30 +836,27 @@ fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
     }
     assert_eq!(src.state(), "Running");
 
+    // A destination under another key: nothing moves, both fail, the VM runs on here.
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, [8u8; 32]).unwrap();
+    std::fs::set_permissions(&other_key, std::fs::Permissions::from_mode(0o600)).unwrap();
     pool_config(&config, &pool, Some(&key));
-    std::thread::scope(|scope| {
-        let receiving = scope.spawn(|| dst.call("PUT", "vm.receive-migration", Some(&at)));
-        // The destination listens once its request runs: until then the source's connection
-        // is refused, which leaves its VM running.
-        let t0 = Instant::now();
-        loop {
-            let r = src.call("PUT", "vm.send-migration", Some(&to));
-            if r.status == 204 {
-                break;
-            }
-            assert!(
-                r.status == 500
-                    && r.body.contains("connecting to the destination")
-                    && t0.elapsed() < Duration::from_secs(60),
-                "vm.send-migration: {} {}",
-                r.status,
-                r.body
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let r = receiving.join().unwrap();
-        assert_eq!(r.status, 204, "vm.receive-migration: {}", r.body);
-    });
+    pool_config(&dst_config, &pool, Some(&other_key));
+    let (sent, received) = migrate_between(&src, &dst, &to, &at);
+    assert_eq!(sent.status, 500, "{}", sent.body);
+    assert!(sent.body.contains("not authentic"), "{}", sent.body);
+    assert_eq!(received.status, 500, "{}", received.body);
+    assert_eq!(src.state(), "Running");
+    assert_eq!(dst.get("vm.info").0, 404, "no VM at the destination");
+
+    pool_config(&dst_config, &pool, Some(&key));
+    let (sent, received) = migrate_between(&src, &dst, &to, &at);
+    assert_eq!(sent.status, 204, "vm.send-migration: {}", sent.body);
+    assert_eq!(
+        received.status, 204,
+        "vm.receive-migration: {}",
+        received.body
+    );
     // The source stopped its VM; the destination runs it, one VM in the pool on the same id.
     assert_eq!(src.state(), "Shutdown");
     let (_, c) = src.get("vm.counters");
