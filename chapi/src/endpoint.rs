@@ -54,10 +54,16 @@ pub enum Endpoint {
     VmSnapshot,
     /// `PUT vm.restore` with `{"source_url": "file:///DIR"}`: build the VM saved there, paused.
     VmRestore,
+    /// `PUT vm.send-migration` with `{"destination_url": "tcp:HOST:PORT"}`: live-migrate the
+    /// VM to the farvm receiving there (it stops here once the destination runs it).
+    VmSendMigration,
+    /// `PUT vm.receive-migration` with `{"receiver_url": "tcp:HOST:PORT"}`: wait there for a
+    /// migrating VM and run it (answered once it runs, or failed).
+    VmReceiveMigration,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 14] = [
+    pub const ALL: [Endpoint; 16] = [
         Endpoint::VmmPing,
         Endpoint::VmmShutdown,
         Endpoint::VmCreate,
@@ -72,6 +78,8 @@ impl Endpoint {
         Endpoint::VmAddNet,
         Endpoint::VmSnapshot,
         Endpoint::VmRestore,
+        Endpoint::VmSendMigration,
+        Endpoint::VmReceiveMigration,
     ];
 
     /// The name after `/api/v1/`.
@@ -91,6 +99,8 @@ impl Endpoint {
             Endpoint::VmAddNet => "vm.add-net",
             Endpoint::VmSnapshot => "vm.snapshot",
             Endpoint::VmRestore => "vm.restore",
+            Endpoint::VmSendMigration => "vm.send-migration",
+            Endpoint::VmReceiveMigration => "vm.receive-migration",
         }
     }
 
@@ -165,7 +175,8 @@ mod tests {
         for p in [
             "/",
             "/api/v1/",
-            "/api/v1/vm.send-migration",
+            "/api/v1/vm.send-migration/",
+            "/api/v1/vm.migrate",
             "/api/v2/vm.info",
             "/api/v1/vm.info/",
             "api/v1/vm.info",

@@ -8,7 +8,7 @@ use crate::info::VmState;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
     /// No endpoint at this path (404).
-    #[error("no endpoint {0} (farvm answers /api/v1/ vm.create, vm.boot, vm.info, vm.counters, vm.pause, vm.resume, vm.shutdown, vm.reboot, vm.delete, vm.snapshot, vm.restore, vmm.ping, vmm.shutdown)")]
+    #[error("no endpoint {0} (farvm answers /api/v1/ vm.create, vm.boot, vm.info, vm.counters, vm.pause, vm.resume, vm.shutdown, vm.reboot, vm.delete, vm.snapshot, vm.restore, vm.send-migration, vm.receive-migration, vmm.ping, vmm.shutdown)")]
     NotFound(String),
     /// The endpoint exists but not with this method (400, as Cloud Hypervisor answers).
     #[error("{endpoint} takes {expected}, not {got}")]

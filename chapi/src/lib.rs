@@ -10,6 +10,8 @@
 //!   descriptor with the request.
 //! - [`info`]: the `vm.info`, `vmm.ping` and `vm.counters` bodies, [`VmState`].
 //! - [`snapshot`]: the `vm.snapshot` and `vm.restore` bodies (the snapshot's directory).
+//! - [`migration`]: the `vm.send-migration` and `vm.receive-migration` bodies (a
+//!   `tcp:HOST:PORT` URL).
 //! - [`event`]: the `--event-monitor` records.
 //! - [`error`]: [`ApiError`]: the status code and Cloud Hypervisor's JSON error body (an array
 //!   of messages, outermost first).
@@ -26,6 +28,7 @@ pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod info;
+pub mod migration;
 pub mod snapshot;
 
 pub use add_net::AddNetSpec;

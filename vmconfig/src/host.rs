@@ -10,6 +10,7 @@
 //! replicas = 2
 //! token_file = "/etc/farvm/tokens/default"
 //! memory_key_file = "/etc/farvm/keys/default"   # the page key, mode 0600 (docs/sealing.md)
+//! migration_key_file = "/etc/farvm/keys/migration"  # shared by the hosts a VM migrates between
 //! page_space = "virtual"          # or physical
 //! probe_every = 64
 //! metrics = "127.0.0.1:9300"
@@ -58,6 +59,7 @@ struct LayerRaw {
     replicas: Option<Spanned<u32>>,
     token_file: Option<PathBuf>,
     memory_key_file: Option<PathBuf>,
+    migration_key_file: Option<PathBuf>,
     page_space: Option<Spanned<String>>,
     probe_every: Option<u32>,
     metrics: Option<Spanned<String>>,
@@ -152,6 +154,7 @@ fn convert(raw: LayerRaw) -> Result<Overrides, (usize, String)> {
         local_only: raw.local_only,
         token_file: raw.token_file,
         memory_key_file: raw.memory_key_file,
+        migration_key_file: raw.migration_key_file,
         probe_every: raw.probe_every,
         ..Default::default()
     };

@@ -187,6 +187,10 @@ pub struct Overrides {
     /// The page key file (`--memory-key-file`); a host-config setting only (a domain's
     /// metadata has no element for it: the key is the host's to keep).
     pub memory_key_file: Option<PathBuf>,
+    /// The key a live migration's stream is sealed with, which the hosts a VM migrates
+    /// between share (mode 0600 or 0400); a host-config setting only, read by the API
+    /// server's `vm.send-migration` and `vm.receive-migration`.
+    pub migration_key_file: Option<PathBuf>,
     /// Page numbers the prefetcher learns from (`--page-space`).
     pub page_space: Option<PageSpace>,
     /// Every N-th prefetched page left unmapped to measure prefetch hits (`--probe-every`).
@@ -209,6 +213,10 @@ impl Overrides {
                 .memory_key_file
                 .clone()
                 .or_else(|| lower.memory_key_file.clone()),
+            migration_key_file: self
+                .migration_key_file
+                .clone()
+                .or_else(|| lower.migration_key_file.clone()),
             page_space: self.page_space.or(lower.page_space),
             probe_every: self.probe_every.or(lower.probe_every),
             metrics: self.metrics.clone().or_else(|| lower.metrics.clone()),

@@ -30,6 +30,7 @@ prefetcher = "leap+stream"
 replicas = 2
 token_file = "/etc/farvm/tokens/default"
 memory_key_file = "/etc/farvm/keys/default"
+migration_key_file = "/etc/farvm/keys/migration"
 page_space = "virtual"
 probe_every = 64
 metrics = "127.0.0.1:9300"
@@ -72,6 +73,10 @@ fn sections_fall_back_to_defaults() {
     assert_eq!(
         web.memory_key_file.as_deref(),
         Some(Path::new("/etc/farvm/keys/default"))
+    );
+    assert_eq!(
+        web.migration_key_file.as_deref(),
+        Some(Path::new("/etc/farvm/keys/migration"))
     );
     let batch = h.for_domain("batch");
     assert!(

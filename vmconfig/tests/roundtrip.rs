@@ -101,6 +101,7 @@ fn overrides() -> impl Strategy<Value = Overrides> {
                     replicas,
                     token_file,
                     memory_key_file: None,
+                    migration_key_file: None,
                     page_space,
                     probe_every,
                     metrics,

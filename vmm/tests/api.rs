@@ -3,12 +3,15 @@
 //! Cloud Hypervisor's status codes and error bodies in every wrong state, a pty console whose
 //! path vm.info reports and on which the test guest prints its results, pause/resume, the
 //! host config's per-domain section and defaults, shutdown/reboot/delete, vmm.shutdown and
-//! SIGTERM, and the `--event-monitor` records of each transition (on a file, and on a FIFO as
-//! libvirt gives it).
+//! SIGTERM, the `--event-monitor` records of each transition (on a file, and on a FIFO as
+//! libvirt gives it), and live migration of a pool VM between two API servers
+//! (`vm.send-migration`, `vm.receive-migration`, against a real etcd and memory servers).
 
 mod common;
 #[path = "common/guest_console.rs"]
 mod guest_console;
+#[path = "common/pool.rs"]
+mod pool_harness;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -104,6 +107,20 @@ impl Api {
             }
             assert!(t0.elapsed() < timeout, "state {s}, never {want}");
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Api {
+    /// Waits (bounded) for the process to exit after a SIGTERM.
+    fn exited_on_sigterm(&mut self) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "SIGTERM ignored");
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -206,7 +223,8 @@ fn the_api_follows_cloud_hypervisors_states_and_runs_the_guest() {
     }
     api.put("vm.delete", None, 204);
     // Unknown endpoint, wrong method.
-    assert_eq!(api.call("GET", "vm.send-migration", None).status, 404);
+    assert_eq!(api.call("GET", "vm.migrate", None).status, 404);
+    assert_eq!(api.call("GET", "vm.send-migration", None).status, 400);
     assert_eq!(api.call("GET", "vm.snapshot", None).status, 400);
     assert_eq!(api.call("PUT", "vm.info", None).status, 400);
     assert_eq!(api.call("GET", "vm.boot", None).status, 400);
@@ -398,14 +416,7 @@ fn a_domain_without_a_section_gets_the_defaults_and_sigterm_stops_it() {
     // SIGTERM (what libvirt's destroy sends first) stops the VM and the process.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(api.child.id() as i32, libc::SIGTERM) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = api.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "SIGTERM ignored");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = api.exited_on_sigterm();
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(!api.sock.exists(), "socket left behind");
     // The FIFO ends with the process; vm:shutdown then vmm:shutdown is what makes libvirt mark
@@ -720,5 +731,221 @@ fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
         ev.windows(2).any(|w| w == ["vm:restoring", "vm:restored"]),
         "{ev:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pool VM's host config: its RAM at 25% local on `pool`, migrations sealed with `key`
+/// (none: the host has no migration key).
+fn pool_config(path: &Path, pool: &pool_harness::Pool, key: Option<&Path>) {
+    let mut text = format!(
+        "[defaults]\npool = {{ endpoints = [\"{}\"] }}\nlocal_memory = \"25%\"\n",
+        pool.url()
+    );
+    if let Some(k) = key {
+        text.push_str(&format!("migration_key_file = \"{}\"\n", k.display()));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// `vm.receive-migration` on `dst` and `vm.send-migration` on `src`; their answers. The
+/// destination listens once its request runs: until then the source's connection is refused,
+/// which leaves its VM running, and the source asks again.
+fn migrate_between(src: &Api, dst: &Api, to: &Value, at: &Value) -> (Response, Response) {
+    std::thread::scope(|scope| {
+        let receiving = scope.spawn(|| dst.call("PUT", "vm.receive-migration", Some(at)));
+        let t0 = Instant::now();
+        let sent = loop {
+            let r = src.call("PUT", "vm.send-migration", Some(to));
+            if !(r.status == 500 && r.body.contains("connecting to the destination")) {
+                break r;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the destination never listened: {}",
+                r.body
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        (sent, receiving.join().unwrap())
+    })
+}
+
+#[test]
+fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
+    use std::os::unix::fs::PermissionsExt;
+    if !kvm_available() {
+        return;
+    }
+    let dir = scratch_dir("migrate");
+    let kernel = export_guest(&dir);
+    let pool = pool_harness::Pool::start(&["r1", "r2", "r3"], "512M");
+    let key = dir.join("migration.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = dir.join("farvm.toml");
+    pool_config(&config, &pool, None);
+    let dst_config = dir.join("farvm-dst.toml");
+    pool_config(&dst_config, &pool, None);
+    // Read-modify-write passes over 96 MiB of a 128 MiB guest, 32 MiB of it local.
+    let workload = "seq:ws=96M,passes=6,write=1,verify=1";
+
+    let src_events = dir.join("events-src");
+    let dst_events = dir.join("events-dst");
+    let src = Api::start(&dir, "mig-src", &config, Some(&src_events));
+    let dst = Api::start(&dir, "mig-dst", &dst_config, Some(&dst_events));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let to = json!({ "destination_url": format!("tcp:127.0.0.1:{port}"), "local": false });
+    let at = json!({ "receiver_url": format!("tcp:127.0.0.1:{port}") });
+
+    // Nothing to migrate yet; farvm migrates over TCP only.
+    src.put("vm.send-migration", Some(&to), 404);
+    for (api, endpoint, field) in [
+        (&src, "vm.send-migration", "destination_url"),
+        (&dst, "vm.receive-migration", "receiver_url"),
+    ] {
+        let unix = json!({ field: "unix:/run/migration.sock" });
+        let m = error_messages(&api.put(endpoint, Some(&unix), 400));
+        assert!(
+            m.iter().any(|m| m.contains("TCP only: tcp:HOST:PORT")),
+            "{endpoint}: {m:?}"
+        );
+    }
+    src.put(
+        "vm.create",
+        Some(&create_body(&kernel, &[workload], 128 << 20)),
+        204,
+    );
+    src.put("vm.boot", None, 204);
+    let admitted = pool.wait("the VM admitted", |v| v.vms.len() == 1);
+    let id = *admitted.vms.keys().next().unwrap();
+    wait_for_measured_phase(&src);
+    // A host without a migration key refuses both ends; the VM runs on.
+    for (api, endpoint, body) in [
+        (&src, "vm.send-migration", &to),
+        (&dst, "vm.receive-migration", &at),
+    ] {
+        let m = error_messages(&api.put(endpoint, Some(body), 500));
+        assert!(
+            m.iter().any(|m| m.contains("set migration_key_file")),
+            "{endpoint}: {m:?}"
+        );
+    }
+    assert_eq!(src.state(), "Running");
+
+    // A destination under another key: nothing moves, both fail, the VM runs on here.
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, [8u8; 32]).unwrap();
+    std::fs::set_permissions(&other_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    pool_config(&config, &pool, Some(&key));
+    pool_config(&dst_config, &pool, Some(&other_key));
+    let (sent, received) = migrate_between(&src, &dst, &to, &at);
+    assert_eq!(sent.status, 500, "{}", sent.body);
+    assert!(sent.body.contains("not authentic"), "{}", sent.body);
+    assert_eq!(received.status, 500, "{}", received.body);
+    assert_eq!(src.state(), "Running");
+    assert_eq!(dst.get("vm.info").0, 404, "no VM at the destination");
+
+    pool_config(&dst_config, &pool, Some(&key));
+    let (sent, received) = migrate_between(&src, &dst, &to, &at);
+    assert_eq!(sent.status, 204, "vm.send-migration: {}", sent.body);
+    assert_eq!(
+        received.status, 204,
+        "vm.receive-migration: {}",
+        received.body
+    );
+    // The source stopped its VM; the destination runs it, one VM in the pool on the same id.
+    assert_eq!(src.state(), "Shutdown");
+    let (_, c) = src.get("vm.counters");
+    assert_ne!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "the workload finished before the migration: {c}"
+    );
+    let v = pool.dir.view().unwrap();
+    assert_eq!(v.vms.len(), 1, "{:?}", v.vms);
+    assert!(v.vms.contains_key(&id), "{:?}", v.vms);
+    // A second VM is not received on top of it.
+    dst.put("vm.receive-migration", Some(&at), 405);
+    dst.wait_state("Shutdown", Duration::from_secs(300));
+    let (_, c) = dst.get("vm.counters");
+    assert_eq!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "{c}"
+    );
+    assert_eq!(
+        c["process.1"]["checksum"].as_u64(),
+        Some(common::native_checksum(workload)),
+        "{c}"
+    );
+    src.put("vmm.shutdown", None, 204);
+    dst.put("vmm.shutdown", None, 204);
+    drop((src, dst));
+    let ev = events(&std::fs::read_to_string(&src_events).unwrap());
+    assert!(
+        ev.windows(2)
+            .any(|w| w == ["vm:migration-started", "vm:migration-finished"]),
+        "{ev:?}"
+    );
+    assert!(
+        !ev.iter()
+            .skip_while(|e| *e != "vm:migration-finished")
+            .any(|e| e == "vm:shutdown"),
+        "{ev:?}"
+    );
+    pool.wait("the migrated VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && pool_harness::Pool::used(v) == 0
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_vmm_waiting_for_a_migrating_vm_still_stops_on_sigterm() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch_dir("receive-term");
+    let key = dir.join("migration.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = dir.join("farvm.toml");
+    std::fs::write(
+        &config,
+        format!("[defaults]\nmigration_key_file = \"{}\"\n", key.display()),
+    )
+    .unwrap();
+    let mut api = Api::start(&dir, "mig-wait", &config, None);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let at = json!({ "receiver_url": format!("tcp:127.0.0.1:{port}") });
+    let pid = api.child.id() as i32;
+    let log = dir.join("mig-wait.log");
+    let answer = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| api.call("PUT", "vm.receive-migration", Some(&at)));
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("waiting for a migrating VM")
+        {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        waiting.join().unwrap()
+    });
+    assert_eq!(answer.status, 500, "{}", answer.body);
+    assert!(
+        answer.body.contains("the VMM is stopping (signal 15)"),
+        "{}",
+        answer.body
+    );
+    let status = api.exited_on_sigterm();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -41,6 +41,14 @@ impl FieldNames for ApiNames {
 pub struct HostFactory;
 
 impl VmFactory for HostFactory {
+    fn migration_key_file(&self, name: &str) -> Result<Option<std::path::PathBuf>, ApiError> {
+        let host = HostConfig::load_default().map_err(|e| ApiError::Failed {
+            action: "migrate",
+            reason: format!("the host config: {e}"),
+        })?;
+        Ok(host.for_domain(name).migration_key_file)
+    }
+
     fn prepare(&self, name: &str, body: &CreateSpec) -> Result<Prepared, ApiError> {
         let host = HostConfig::load_default().map_err(|e| ApiError::Failed {
             action: "create",

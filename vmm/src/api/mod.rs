@@ -18,6 +18,7 @@ pub mod factory;
 pub mod routes;
 pub mod state;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,13 @@ pub trait VmFactory: Send + Sync {
     /// The VM named `name` that `spec` asks for; a configuration farvm cannot run is
     /// [`ApiError::BadConfig`].
     fn prepare(&self, name: &str, spec: &CreateSpec) -> Result<Prepared, ApiError>;
+
+    /// The file holding the key a live migration of the VM named `name` is sealed with
+    /// (`vm.send-migration`, `vm.receive-migration`); `None`: this host has none configured.
+    fn migration_key_file(&self, name: &str) -> Result<Option<PathBuf>, ApiError> {
+        let _ = name;
+        Ok(None)
+    }
 }
 
 /// A running API server.

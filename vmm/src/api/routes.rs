@@ -134,5 +134,7 @@ fn dispatch(
         Endpoint::VmAddNet => none(state.add_net(body, fds)),
         Endpoint::VmSnapshot => none(state.snapshot(body)),
         Endpoint::VmRestore => none(state.restore(body)),
+        Endpoint::VmSendMigration => none(state.send_migration(body)),
+        Endpoint::VmReceiveMigration => none(state.receive_migration(body)),
     }
 }

@@ -7,6 +7,8 @@
 //!                            +--------vm.boot (a fresh VM) / vm.shutdown--------------+
 //!   vm.reboot: Running/Paused -> a fresh VM, Running.  vm.delete: any -> (none).
 //!   vm.snapshot: Running/Paused -> saved, then Shutdown.  vm.restore: (none) -> Paused.
+//!   vm.send-migration: Running/Paused -> migrated, then Shutdown ([`migration`]).
+//!   vm.receive-migration: (none) -> Running.
 //! ```
 //!
 //! `vm.create` only checks and remembers the configuration (the factory reads the kernel and
@@ -37,6 +39,8 @@ use crate::devices::pty::Pty;
 use crate::snapshot::Snapshot;
 use crate::vm::{RunningVm, VmError, VmOutcome, VmReport, VmShared};
 use crate::vstate::lock;
+
+mod migration;
 
 /// How often the watcher checks that the API server is still there.
 const WATCH_TICK: Duration = Duration::from_millis(500);
@@ -72,6 +76,22 @@ fn serve_metrics(
             r => return r,
         }
     }
+}
+
+/// How [`ApiState::launch`] starts the VM it builds.
+enum Launch<'a> {
+    /// Afresh (`vm.boot`, `vm.reboot`).
+    Boot,
+    /// Loaded from a snapshot, paused (`vm.restore`).
+    Restore(&'a Snapshot),
+    /// Built while a migration's pre-copy arrives, loaded once the rest has (the arriving
+    /// stream taken out of its option, the arrival left in the other), the source told once
+    /// it is loaded (the arrival taken out), then run, as Cloud Hypervisor's destination
+    /// resumes the VM it received (`vm.receive-migration`).
+    Arrive {
+        arriving: &'a mut Option<crate::migration::Arriving>,
+        arrival: &'a mut Option<crate::migration::Arrival>,
+    },
 }
 
 /// Where the created VM is.
@@ -273,17 +293,18 @@ impl ApiState {
 
     /// Builds and starts a VM from the created configuration.
     fn start_vm(&self, slot: &mut Slot) -> Result<(), ApiError> {
-        self.launch(slot, None)
+        self.launch(slot, Launch::Boot)
     }
 
-    /// Builds a VM from the created configuration and starts it, or, given a snapshot, loads
-    /// the snapshot into it and starts it paused.
-    fn launch(&self, slot: &mut Slot, snapshot: Option<&Snapshot>) -> Result<(), ApiError> {
-        let action = if snapshot.is_some() {
-            "restore"
-        } else {
-            "boot"
+    /// Builds a VM from the created configuration and starts it, or loads a snapshot into it
+    /// first ([`Launch`]).
+    fn launch(&self, slot: &mut Slot, mut how: Launch<'_>) -> Result<(), ApiError> {
+        let action = match &how {
+            Launch::Boot => "boot",
+            Launch::Restore(_) => "restore",
+            Launch::Arrive { .. } => migration::RECEIVE,
         };
+        let booting = matches!(how, Launch::Boot);
         let failed = |reason: String| ApiError::Failed { action, reason };
         let created = slot
             .created
@@ -309,12 +330,14 @@ impl ApiState {
                 cfg.console_pty = Some(pty);
             }
         }
-        if snapshot.is_none() {
+        if booting {
             self.emit(Source::Vm, "booting");
         }
         let vm = builder::build(&cfg).map_err(|e| failed(e.to_string()))?;
-        if let Some(snap) = snapshot {
-            snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?;
+        match &mut how {
+            Launch::Boot => {}
+            Launch::Restore(snap) => snap.restore_into(&vm).map_err(|e| failed(e.to_string()))?,
+            Launch::Arrive { arriving, arrival } => migration::load(&vm, arriving, arrival)?,
         }
         let metrics = match &created.prepared.metrics {
             Some(listen) => Some(
@@ -323,9 +346,14 @@ impl ApiState {
             ),
             None => None,
         };
-        let vm = match snapshot {
-            Some(_) => vm.start_paused(),
-            None => vm.start(),
+        if let Launch::Arrive { arrival, .. } = &mut how {
+            if let Some(arrival) = arrival.take() {
+                migration::arrived(&self.name, arrival);
+            }
+        }
+        let vm = match how {
+            Launch::Restore(_) => vm.start_paused(),
+            Launch::Boot | Launch::Arrive { .. } => vm.start(),
         }
         .map_err(|e| failed(e.to_string()))?;
         slot.generation += 1;
@@ -336,7 +364,7 @@ impl ApiState {
             generation,
             metrics,
         };
-        if snapshot.is_none() {
+        if booting {
             self.emit(Source::Vm, "booted");
         }
         Ok(())
@@ -381,13 +409,35 @@ impl ApiState {
             reason,
         };
         let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
-        let mut spec = snap.spec();
+        self.adopt(&mut slot, snap.spec(), "restore", |cfg| {
+            snap.prepare(cfg).map_err(|e| e.to_string())
+        })?;
+        self.emit(Source::Vm, "restoring");
+        if let Err(e) = self.launch(&mut slot, Launch::Restore(&snap)) {
+            slot.created = None;
+            return Err(e);
+        }
+        drop(slot);
+        self.emit(Source::Vm, "restored");
+        Ok(())
+    }
+
+    /// Makes the VM `spec` describes (a snapshot's or a migrating VM's) this server's created
+    /// VM, named as this server's VM, its configuration readied by `prepare`; it is not built
+    /// yet. Its console is a pty, as libvirt's domains have.
+    fn adopt(
+        &self,
+        slot: &mut Slot,
+        mut spec: crate::spec::VmSpec,
+        action: &'static str,
+        prepare: impl FnOnce(&mut builder::VmConfig) -> Result<(), String>,
+    ) -> Result<(), ApiError> {
+        let failed = |reason: String| ApiError::Failed { action, reason };
         spec.name = Some(self.name.clone());
         let mut config = spec
             .to_config()
             .map_err(|e| failed(e.render(&super::factory::ApiNames)))?;
-        snap.prepare(&mut config)
-            .map_err(|e| failed(e.to_string()))?;
+        prepare(&mut config).map_err(failed)?;
         let create = CreateSpec {
             vcpus: spec.vcpus,
             memory: spec.memory,
@@ -409,13 +459,6 @@ impl ApiState {
             },
             pty: None,
         });
-        self.emit(Source::Vm, "restoring");
-        if let Err(e) = self.launch(&mut slot, Some(&snap)) {
-            slot.created = None;
-            return Err(e);
-        }
-        drop(slot);
-        self.emit(Source::Vm, "restored");
         Ok(())
     }
 

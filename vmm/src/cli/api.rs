@@ -43,6 +43,16 @@ in .sock works too) unless --name is given. Each vm.create reads the host config
 (/etc/farvm/farvm.toml, or the file $FARVM_CONFIG names) and applies its [domain.\"NAME\"]
 section, else its [defaults], else farvm's defaults (embedded memory server, 50% local).
 
+LIVE MIGRATION
+PUT vm.send-migration {\"destination_url\": \"tcp:HOST:PORT\"} live-migrates the running pool VM
+to the farvm API server that got PUT vm.receive-migration {\"receiver_url\":
+\"tcp:ADDRESS:PORT\"} (with no VM created there) on that address: resident pages are copied
+while the guest runs, remote pages stay in the pool, the destination takes the VM's namespace
+over and runs it, and the VM stops here. Both requests are answered once the VM runs at the
+destination (or failed: the source keeps the VM). The stream is sealed with the key in the
+host config's migration_key_file (32 bytes or 64 hex digits, mode 0600 or 0400, the same key
+on both hosts); without one both endpoints answer 500. TCP only: unix: URLs answer 400.
+
 EXAMPLES
   farvm api --api-socket path=/run/farvm/web-1.sock
   curl --unix-socket /run/farvm/web-1.sock -X PUT http://localhost/api/v1/vm.create \\
@@ -50,6 +60,8 @@ EXAMPLES
             \"kernel\":{\"path\":\"/var/lib/farvm/farvm-testguest.elf\"},
             \"cmdline\":{\"args\":\"farvm.workload=seq:ws=64M\"}}'
   curl --unix-socket /run/farvm/web-1.sock -X PUT http://localhost/api/v1/vm.boot
+  ch-remote --api-socket /run/farvm/web-1.sock receive-migration tcp:0.0.0.0:6000  (host B)
+  ch-remote --api-socket /run/farvm/web-1.sock send-migration tcp:host-b:6000      (host A)
 
 EXIT STATUS
   0        vmm.shutdown

@@ -98,6 +98,14 @@ impl Incoming {
     }
 }
 
+impl std::os::fd::AsFd for Incoming {
+    /// The listening socket: readable once a source connects (a caller may wait on it,
+    /// bounded, before [`Incoming::accept`]).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}
+
 impl Arriving {
     /// The migrating VM's description.
     pub fn spec(&self) -> crate::spec::VmSpec {
