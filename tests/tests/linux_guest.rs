@@ -120,11 +120,7 @@ fn linux_boots_on_remote_memory_runs_programs_on_the_console_and_powers_off() {
         "farvm's exit status after the guest's poweroff"
     );
 
-    let report: serde_json::Value = rest
-        .iter()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("farvm's --json report");
+    let report: serde_json::Value = json_report(&rest);
     assert_eq!(report["exit_status"], 0, "{report}");
     let c = &report["paging"]["engine"]["counters"];
     let n = |k: &str| {
@@ -433,11 +429,7 @@ impl AgentVm {
             Some(0),
             "farvm's exit status after the guest's poweroff"
         );
-        let report = rest
-            .iter()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .expect("farvm's --json report");
+        let report = json_report(&rest);
         (report, dir, disk)
     }
 }

@@ -240,6 +240,15 @@ impl Farvm {
     }
 }
 
+/// farvm's `--json` report: the last line of `rest` (what [`Farvm::finish`] returns) that is
+/// JSON.
+pub fn json_report(rest: &[String]) -> serde_json::Value {
+    rest.iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("farvm's --json report")
+}
+
 /// SHA-256 of what `command` (sh) writes, on the host.
 pub fn host_sha256(command: &str) -> String {
     let out = Command::new("sh")
