@@ -49,16 +49,11 @@ fn debian_image() -> DebianImage {
         "scripts/debian-guest-image.sh",
         "the Debian guest image (mmdebstrap from a Debian mirror, the lab kernel, the agent)",
     );
-    let get = |name: &str| -> PathBuf {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("the Debian image description has no {name}:\n{text}"))
-            .into()
-    };
+    let what = "the Debian image's description";
     DebianImage {
-        kernel: get("DEBIAN_KERNEL"),
-        initrd: get("DEBIAN_INITRD"),
-        root: get("DEBIAN_ROOT"),
+        kernel: described(&text, "DEBIAN_KERNEL", what).into(),
+        initrd: described(&text, "DEBIAN_INITRD", what).into(),
+        root: described(&text, "DEBIAN_ROOT", what).into(),
     }
 }
 
@@ -120,10 +115,7 @@ fn boot(xml: &Path, timeout: Duration, deadline: Instant) -> (Farvm, String) {
 
 #[test]
 fn debian_domain_serves_http_on_its_tap_and_keeps_a_synced_file_across_a_vmm_kill() {
-    if !farvm_tests::kvm_available() {
-        return;
-    }
-    if !linux_can_boot("the Debian domain is tested in the KVM lab") {
+    if !linux_test_can_run("the Debian domain is tested in the KVM lab") {
         return;
     }
     let img = debian_image();

@@ -32,10 +32,7 @@ const STREAM_BYTES: u64 = 32 << 20;
 
 #[test]
 fn linux_guest_serves_http_on_its_tap_and_streams_to_the_host() {
-    if !farvm_tests::kvm_available() {
-        return;
-    }
-    if !linux_can_boot("its network device is tested in the KVM lab") {
+    if !linux_test_can_run("its network device is tested in the KVM lab") {
         return;
     }
     let img = guest_image();
