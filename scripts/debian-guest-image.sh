@@ -28,10 +28,10 @@
 #   agent device, elsewhere they say so and the boot goes on); brings eth0 up with the static
 #   address farvm_ip=ADDR/LEN from the kernel command line [192.168.100.2/24] (gateway
 #   farvm_gw=ADDR if given); writes /srv/www/index.html (host name, kernel, the boot's
-#   boot_id) and serves /srv/www with busybox httpd on port 80; prints
-#   "farvm-debian: ready <boot_id> <address>" on the console, then runs a login shell (bash)
-#   on ttyS0. Leaving the shell, `poweroff` (S5, farvm exits 0) and `reboot` sync, remount /
-#   read-only and act at once.
+#   boot_id) and serves /srv/www with busybox httpd on port 80; runs a login shell (bash) on
+#   ttyS0, which prints "farvm-debian: ready <boot_id> <address>" once it reads the console.
+#   Leaving the shell, `poweroff` (S5, farvm exits 0) and `reboot` sync, remount / read-only
+#   and act at once.
 #
 # ENVIRONMENT
 #   FARVM_GUEST_CACHE   cache directory [${XDG_CACHE_HOME:-~/.cache}/farvm/linux-guest]
@@ -149,13 +149,25 @@ down() {
 }
 trap 'down poweroff' USR2 USR1
 trap 'down reboot' TERM
-echo "farvm-debian: ready $boot_id ${ip%/*}"
-setsid busybox cttyhack bash -l &
+# The login shell says ready (/etc/profile.d/zz-farvm-ready.sh) once it has the console open:
+# input typed before that would be lost.
+FARVM_READY="$boot_id ${ip%/*}" setsid busybox cttyhack bash -l &
 # A trapped signal interrupts the wait; the shell's end powers off.
 wait
 down poweroff
 EOF
     chmod 755 "$R/sbin/init"
+    # Bash's bracketed-paste mode would wrap each command's output in escape sequences on the
+    # console, where programs (and tests) read lines.
+    echo 'set enable-bracketed-paste off' >>"$R/etc/inputrc"
+    cat >"$R/etc/profile.d/zz-farvm-ready.sh" <<'EOF'
+# farvm's Debian guest (scripts/debian-guest-image.sh): the first login shell on the console
+# tells whoever waits on it that the guest is up.
+if [ -n "${FARVM_READY:-}" ]; then
+    echo "farvm-debian: ready $FARVM_READY"
+    unset FARVM_READY
+fi
+EOF
 
     # The record: what this image is made of.
     {
