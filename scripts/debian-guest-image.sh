@@ -16,7 +16,7 @@
 #   DEBIAN_KERNEL    the bzImage of the lab kernel
 #   DEBIAN_INITRD    the initramfs (scripts/linux-guest-image.sh's)
 #   DEBIAN_ROOT      root.img: a sparse 1 GiB raw ext4 image (label farvm-debian, about
-#                    250 MiB used): Debian's minbase variant (dpkg, apt, bash, coreutils, ...)
+#                    225 MiB used): Debian's minbase variant (dpkg, apt, bash, coreutils, ...)
 #                    plus busybox-static, the farvm guest agent (module and daemon) and /sbin/init
 #   DEBIAN_MANIFEST  manifest.txt: the suite, mirror, kernel, agent module's SHA-256 and every
 #                    installed package with its version (dpkg-query)
@@ -189,7 +189,7 @@ EOF
         -E "hash_seed=$FS_UUID,root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0" \
         -L farvm-debian "$OUT/root.img" || die "mkfs.ext4 failed"
     (cd "$R" && find . -mindepth 1 | LC_ALL=C sort | sed "s|^\.\(.*\)$|sif \"\1\" ctime @$EPOCH|") >"$work/ctimes"
-    debugfs -w -f "$work/ctimes" "$OUT/root.img" >/dev/null 2>&1 || die "debugfs on root.img failed"
+    E2FSPROGS_FAKE_TIME=$EPOCH debugfs -w -f "$work/ctimes" "$OUT/root.img" >/dev/null 2>&1 || die "debugfs on root.img failed"
     e2fsck -fn "$OUT/root.img" >&2 || die "root.img does not check clean"
 
     cp "$kernel" "$OUT/vmlinuz"

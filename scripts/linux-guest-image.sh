@@ -174,7 +174,7 @@ EOF
         -L farvm-data "$OUT/disk.img"
     # mke2fs copies each file's ctime, which no tool can set on the source: fix it here.
     for f in blob blob.sha256; do
-        debugfs -w -R "sif /$f ctime @$EPOCH" "$OUT/disk.img" >/dev/null 2>&1 || die "debugfs on disk.img failed"
+        E2FSPROGS_FAKE_TIME=$EPOCH debugfs -w -R "sif /$f ctime @$EPOCH" "$OUT/disk.img" >/dev/null 2>&1 || die "debugfs on disk.img failed"
     done
     blob_sha=$(cut -d' ' -f1 "$D/blob.sha256")
 
