@@ -6,13 +6,16 @@
 #
 # Usage:
 #   scripts/make-trace.sh WORKLOAD... [--out DIR]
-#     WORKLOAD: the tuning set sqlite redis numpy sort xz mix; the test set cc1 perl pydict
-#     pagerank java node bzip2 mix2; or tuning, test, all (traces/README.md)
+#     WORKLOAD: the original tuning set sqlite redis numpy sort xz mix; the first test set (seen,
+#     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the test set gawk gzip zstd
+#     sqlite-range pyheap bfs lua jq; or tuning, test (the first test set), fresh (the test set),
+#     all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
 # batch up in the server's event loop). Needs: valgrind, zstd, python3, and per workload
-# sqlite3, redis-server, python3-numpy (Debian's /usr/bin/python3), coreutils sort, xz-utils;
+# sqlite3, redis-server, python3-numpy (Debian's /usr/bin/python3), coreutils sort, xz-utils,
+# gawk, gzip, zstd, gcc, lua5.4, jq;
 # farvm-lab is taken from $FARVM_LAB or target/release/farvm-lab. Valgrind runs under
 # `nice -n 10`.
 set -euo pipefail
@@ -34,6 +37,9 @@ max_for() {
     cc1) default=1677581 ;;
     perl | pagerank) default=2000000 ;;
     pydict | java | node | bzip2) default=1000000 ;;
+    zstd) default=472436 ;;
+    jq) default=219300 ;;
+    gawk | gzip | sqlite-range | pyheap | bfs | lua) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -235,7 +241,7 @@ trace_mix() {
     echo "make-trace: $OUT/mix-numpy-redis.trace.zst ($(stat -c %s "$OUT/mix-numpy-redis.trace.zst") bytes)"
 }
 
-# --- The test set (traces/README.md): programs never used to tune the prefetchers. ---
+# --- The first test set (traces/README.md): seen once, tuning data since. ---
 
 # C compiler: GCC 12's cc1 (called directly: lackey does not follow the driver's exec) at -O2
 # on libpng's pngtest.c (libpng-dev's examples), a real 63 KB source file with its headers.
@@ -411,6 +417,223 @@ trace_mix2() {
     echo "make-trace: $OUT/mix-pydict-pagerank.trace.zst ($(stat -c %s "$OUT/mix-pydict-pagerank.trace.zst") bytes)"
 }
 
+# --- The fresh test set (traces/README.md): captured after the first test set's results were
+# seen; never used to tune the prefetchers. ---
+
+# Text processing with an associative array: GNU awk counts the words of 3 MB of generated
+# text (Zipf-like vocabulary of 40,000 words), then prints them in sorted order.
+trace_gawk() {
+    need gawk python3
+    $PY - "$WORK/gawk.in" <<'EOF'
+import random, sys
+r = random.Random(3)
+vocab = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(3, 12)))
+         for _ in range(40_000)]
+weights = [1.0 / (k + 1) ** 0.8 for k in range(len(vocab))]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 3_000_000:
+        line = " ".join(r.choices(vocab, weights=weights, k=r.randrange(6, 14))) + "\n"
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run gawk "$(max_for gawk)" gawk '{ for (i = 1; i <= NF; i++) n[$i]++ }
+END { PROCINFO["sorted_in"] = "@val_num_desc"; for (w in n) print n[w], w }' "$WORK/gawk.in"
+}
+
+# Deflate: gzip -9 of 8 MB of generated log lines (timestamps, addresses, counters).
+trace_gzip() {
+    need gzip python3
+    $PY - "$WORK/gzip.in" <<'EOF'
+import random, sys
+r = random.Random(4)
+paths = ["/api/v1/%s/%d" % (r.choice(["user", "item", "cart", "order"]), r.randrange(1000))
+         for _ in range(3000)]
+with open(sys.argv[1], "w") as f:
+    size, t = 0, 1_700_000_000
+    while size < 8_000_000:
+        t += r.randrange(0, 3)
+        line = "%d 10.%d.%d.%d GET %s %d %d\n" % (t, r.randrange(256), r.randrange(256),
+               r.randrange(256), r.choice(paths), r.choice([200, 200, 200, 304, 404]),
+               r.randrange(100, 50_000))
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run gzip "$(max_for gzip)" gzip -9 -c "$WORK/gzip.in"
+}
+
+# Zstandard at level 19 (8 MiB window, binary-tree match finder), one thread, on 8 MB of
+# generated text.
+trace_zstd() {
+    need zstd python3
+    $PY - "$WORK/zstd.in" <<'EOF'
+import random, sys
+r = random.Random(5)
+vocab = ["".join(r.choice("aeioubcdfghklmnprstvz") for _ in range(r.randrange(2, 11)))
+         for _ in range(12_000)]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 8_000_000:
+        line = " ".join(r.choice(vocab) for _ in range(r.randrange(3, 18))) + ".\n"
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run zstd "$(max_for zstd)" zstd -19 --single-thread -q -c "$WORK/zstd.in"
+}
+
+# Analytics on SQLite: an in-memory table of 60,000 orders with two secondary indexes, then
+# range scans over the indexes, a GROUP BY, an ORDER BY ... LIMIT and a self-join.
+trace_sqlite_range() {
+    need sqlite3 python3
+    $PY - "$WORK/range.sql" <<'EOF'
+import random, sys
+r = random.Random(6)
+n = 60_000
+with open(sys.argv[1], "w") as f:
+    f.write("CREATE TABLE orders(id INTEGER PRIMARY KEY, customer INTEGER, day INTEGER, amount REAL, note TEXT);\n")
+    f.write(f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<{n}) "
+            "INSERT INTO orders SELECT x, abs(random()) % 5000, abs(random()) % 3650, "
+            "(abs(random()) % 100000) / 100.0, printf('%040d', x) FROM c;\n")
+    f.write("CREATE INDEX orders_day ON orders(day);\n")
+    f.write("CREATE INDEX orders_customer ON orders(customer, amount);\n")
+    for q in range(400):
+        d = r.randrange(0, 3600)
+        c = r.randrange(0, 5000)
+        f.write(f"SELECT count(*), sum(amount) FROM orders WHERE day BETWEEN {d} AND {d + r.randrange(5, 60)};\n")
+        f.write(f"SELECT id, amount FROM orders WHERE customer = {c} ORDER BY amount DESC LIMIT 5;\n")
+        if q % 40 == 0:
+            f.write("SELECT customer, sum(amount) AS s FROM orders GROUP BY customer ORDER BY s DESC LIMIT 10;\n")
+            f.write(f"SELECT count(*) FROM orders a JOIN orders b ON a.customer = b.customer "
+                    f"WHERE a.day BETWEEN {d} AND {d + 3} AND b.amount > a.amount;\n")
+EOF
+    STDIN="$WORK/range.sql" trace_run sqlite-range "$(max_for sqlite-range)" sqlite3 :memory:
+}
+
+# Priority queue: Dijkstra's shortest paths in Python (heapq) over a 250x250 grid graph with
+# random edge weights, its distances and adjacency in lists.
+trace_pyheap() {
+    need python3
+    trace_run pyheap "$(max_for pyheap)" $PY -c '
+import heapq, random
+r = random.Random(7)
+w = h = 250
+n = w * h
+adj = [[] for _ in range(n)]
+for v in range(n):
+    x, y = v % w, v // w
+    if x + 1 < w:
+        c = r.randrange(1, 100); adj[v].append((v + 1, c)); adj[v + 1].append((v, c))
+    if y + 1 < h:
+        c = r.randrange(1, 100); adj[v].append((v + w, c)); adj[v + w].append((v, c))
+for src in (0, n // 2 + w // 2):
+    dist = [1 << 60] * n
+    dist[src] = 0
+    pq = [(0, src)]
+    while pq:
+        d, v = heapq.heappop(pq)
+        if d > dist[v]:
+            continue
+        for u, c in adj[v]:
+            nd = d + c
+            if nd < dist[u]:
+                dist[u] = nd
+                heapq.heappush(pq, (nd, u))
+    print(max(dist))'
+}
+
+# Graph traversal in C: breadth-first search from 8 sources over a random graph of 60,000
+# vertices and 480,000 directed edges in compressed sparse rows, built by the program (a
+# counting sort of the edge list). Compiled natively with gcc -O2 first.
+trace_bfs() {
+    need gcc
+    cat >"$WORK/bfs.c" <<'EOF'
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static uint64_t state = 8;
+static uint32_t next_random(void) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(state >> 33);
+}
+
+int main(void) {
+    const uint32_t n = 60000, m = 480000;
+    uint32_t *src = malloc(m * sizeof *src), *dst = malloc(m * sizeof *dst);
+    uint32_t *off = calloc(n + 1, sizeof *off), *col = malloc(m * sizeof *col);
+    int32_t *level = malloc(n * sizeof *level);
+    uint32_t *queue = malloc(n * sizeof *queue);
+    if (!src || !dst || !off || !col || !level || !queue) return 1;
+    for (uint32_t e = 0; e < m; e++) {
+        src[e] = next_random() % n;
+        dst[e] = next_random() % n;
+        off[src[e] + 1]++;
+    }
+    for (uint32_t v = 0; v < n; v++) off[v + 1] += off[v];
+    for (uint32_t e = 0; e < m; e++) col[off[src[e]]++] = dst[e];
+    for (uint32_t v = n; v > 0; v--) off[v] = off[v - 1];
+    off[0] = 0;
+    uint64_t reached = 0;
+    for (int s = 0; s < 8; s++) {
+        for (uint32_t v = 0; v < n; v++) level[v] = -1;
+        uint32_t head = 0, tail = 0, root = next_random() % n;
+        level[root] = 0;
+        queue[tail++] = root;
+        while (head < tail) {
+            uint32_t v = queue[head++];
+            for (uint32_t e = off[v]; e < off[v + 1]; e++)
+                if (level[col[e]] < 0) {
+                    level[col[e]] = level[v] + 1;
+                    queue[tail++] = col[e];
+                }
+        }
+        reached += tail;
+    }
+    printf("%llu\n", (unsigned long long)reached);
+    return 0;
+}
+EOF
+    gcc -O2 -o "$WORK/bfs" "$WORK/bfs.c"
+    trace_run bfs "$(max_for bfs)" "$WORK/bfs"
+}
+
+# Lua tables: Lua 5.4 builds a table of 150,000 records under string keys, sorts an array of
+# them with a comparison function, then updates random keys.
+trace_lua() {
+    need lua5.4
+    trace_run lua "$(max_for lua)" lua5.4 -e '
+math.randomseed(9)
+local t, arr = {}, {}
+for i = 1, 150000 do
+  local rec = { id = i, score = math.random(), name = "rec" .. i }
+  t["k" .. i] = rec
+  arr[#arr + 1] = rec
+end
+table.sort(arr, function(a, b) return a.score < b.score end)
+local sum = 0
+for _ = 1, 600000 do
+  local rec = t["k" .. math.random(150000)]
+  rec.score = rec.score + 1
+  sum = sum + rec.id
+end
+print(sum, arr[1].id)'
+}
+
+# JSON: jq parses 4 MB of generated JSON (an array of 40,000 objects), then groups, sorts and
+# sums them.
+trace_jq() {
+    need jq python3
+    $PY - "$WORK/jq.json" <<'EOF'
+import json, random, sys
+r = random.Random(10)
+items = [{"id": i, "user": "u%d" % r.randrange(3000), "tags": [r.choice("abcdefgh") for _ in range(r.randrange(1, 5))],
+          "price": r.randrange(100, 100000) / 100, "qty": r.randrange(1, 20)} for i in range(40_000)]
+with open(sys.argv[1], "w") as f:
+    json.dump(items, f)
+EOF
+    trace_run jq "$(max_for jq)" jq -c 'group_by(.user) | map({user: .[0].user, total: (map(.price * .qty) | add), n: length}) | sort_by(-.total) | .[:20]' "$WORK/jq.json"
+}
+
 if [[ ${1:-} == run ]]; then
     [[ $# -ge 5 && $4 == -- ]] || die "usage: $0 run NAME MAX_RECORDS -- COMMAND [ARGS...]"
     name=$2 max=$3
@@ -424,15 +647,20 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     tuning) todo+=(sqlite redis numpy sort xz mix); shift ;;
     test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
-    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
-    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2)
+    fresh) todo+=(gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
+    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
+    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq)
         todo+=("$1")
+        shift
+        ;;
+    sqlite-range)
+        todo+=(sqlite_range)
         shift
         ;;
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (tuning set: sqlite redis numpy sort xz mix; test set: cc1 perl pydict pagerank java node bzip2 mix2; or tuning, test, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first test set, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2; test set: gawk gzip zstd sqlite-range pyheap bfs lua jq; or tuning, test, fresh, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done

@@ -287,6 +287,17 @@ impl Engine {
         self.snapshot.save(each)
     }
 
+    /// Copies every page resident now, while the guest runs (a live migration's pre-copy
+    /// round): `each(page, bytes)` in page order; pages in flight are skipped. Racing guest
+    /// writes may tear a copy: the final [`Engine::save_pages`], with the guest paused, is
+    /// what a migration compares against.
+    pub fn copy_resident_pages<E>(
+        &self,
+        each: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.snapshot.copy_resident(each)
+    }
+
     /// Takes page `page` back as remote, the memory servers holding content of fingerprint
     /// `fp` (from [`Engine::save_pages`]): its first touch reads it from them. Only before the
     /// guest runs ([`EngineError::NotFresh`] otherwise); a page the VM's build wrote is taken

@@ -101,6 +101,33 @@ impl SnapshotPages {
         Ok(())
     }
 
+    /// Calls `each(page, bytes)` for every page resident now (mapped, or prefetched and
+    /// staged), in page order, while the guest runs: a live migration's pre-copy round. Each
+    /// page is pinned only for its copy; a page in flight, being evicted or pinned elsewhere
+    /// is skipped (the final, paused listing of [`SnapshotPages::save`] settles it). A copy
+    /// may race with a guest write: the caller compares what it sent with that listing.
+    pub fn copy_resident<E>(
+        &self,
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for p in 0..self.table.len() {
+            let w = self.table.load(p);
+            let pinned = match state_of(w) {
+                st::LOCAL => self.table.try_pin(p),
+                st::STAGED => self.table.cas(p, w, w + st::PIN_ONE).is_ok(),
+                _ => false,
+            };
+            if !pinned {
+                continue;
+            }
+            self.installer.copy_out(p, 0, &mut buf);
+            self.table.unpin(p);
+            each(p, &buf)?;
+        }
+        Ok(())
+    }
+
     /// Makes page `p` `REMOTE`, its servers' content having fingerprint `fp`. For a fresh
     /// engine whose guest has not run: a never-written page just changes state; a resident
     /// one (boot data the VM's build wrote) is taken out of guest RAM first, as a clean

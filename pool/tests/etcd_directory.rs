@@ -819,3 +819,71 @@ fn a_snapshot_owns_its_vms_namespace_until_restored_once_or_deleted() {
     let report = d.collect_garbage(&mut rec, Duration::ZERO).unwrap();
     assert_eq!(report.vms_reclaimed, vec![req.vm]);
 }
+
+#[test]
+fn a_handover_gives_the_vm_to_exactly_one_host() {
+    let etcd = etcd();
+    let d = dir(&etcd);
+    let _servers = three_racks(&d);
+
+    // Committed: the destination owns the record under its lease; the source's cancel fails,
+    // and the source's lease going (revoked, or expired and renewed) leaves the record alone.
+    let req = vm_request(4 * GIB, GIB, 2);
+    let src = d.admit_vm(&req, TTL).unwrap();
+    let expected = src.placement().servers();
+    let fence = src.handover_fence().unwrap();
+    let dst = d.take_over_vm(req.vm, "host2", TTL, fence).unwrap();
+    assert_eq!(dst.record().host, "host2");
+    assert_eq!(dst.placement().servers(), expected);
+    assert!(
+        !src.cancel_handover(fence).unwrap(),
+        "cancelled after the commit"
+    );
+    assert!(
+        src.handover_fence().is_err(),
+        "the source still sees the record as its own"
+    );
+    let src_lease = src.lease().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut raw = rt
+        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+        .unwrap();
+    // The source's lease expires (an outage): it must not register the VM again over the
+    // destination's record.
+    rt.block_on(raw.lease_revoke(src_lease)).unwrap();
+    let reason = wait_until("the source's registration to be lost", || {
+        match src.state() {
+            RegistrationState::Lost { reason } => Some(reason),
+            _ => None,
+        }
+    });
+    assert!(reason.contains("took the VM over"), "{reason}");
+    let view = d.view().unwrap();
+    assert_eq!(view.vms[&req.vm].host, "host2");
+    assert_eq!(view.vm_slabs(req.vm).count(), 3, "the placement stays");
+    src.handed_over();
+    std::thread::sleep(TTL + Duration::from_secs(1));
+    assert!(
+        d.view().unwrap().vms.contains_key(&req.vm),
+        "the destination's lease holds it"
+    );
+    drop(dst);
+
+    // Cancelled first: the destination's commit fails and the source keeps the VM.
+    let req = vm_request(4 * GIB, GIB, 2);
+    let src = d.admit_vm(&req, TTL).unwrap();
+    let fence = src.handover_fence().unwrap();
+    assert!(src.cancel_handover(fence).unwrap());
+    match d.take_over_vm(req.vm, "host2", TTL, fence) {
+        Err(PoolError::Conflict { .. }) => {}
+        other => panic!("took over a cancelled handover: {other:?}"),
+    }
+    assert_eq!(d.view().unwrap().vms[&req.vm].host, "host1");
+    assert!(
+        src.handover_fence().is_ok(),
+        "the source still owns its record"
+    );
+}

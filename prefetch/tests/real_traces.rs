@@ -5,11 +5,12 @@
 //! and leap, at most 10% waste, and never more demand misses than no prefetching.
 //!
 //! The traces are split in two sets (`traces/README.md`): the *tuning set*, on which the
-//! prefetchers' settings were chosen, and the *test set*, programs never used for tuning. Each
-//! set is a test of its own, so a failure says which (docs/prefetch-real-traces.md has both
-//! tables). Every committed trace belongs to exactly one set. On the test set the rule is not
-//! met on every program yet: those programs are listed with their measured gap
-//! (`TEST_SET_MISSES`), which may not grow, and must leave the list once they meet the rule.
+//! prefetchers' settings were chosen (including a first test set whose results have been seen),
+//! and the *test set*, programs never used for tuning. Each set is a test of its own, so a
+//! failure says which (docs/prefetch-real-traces.md has the tables). Every committed trace
+//! belongs to exactly one set. Where the rule is not met, the program is listed with its
+//! measured gap (`TUNING_SET_MISSES`, `TEST_SET_MISSES`), which may not grow, and must leave
+//! the list once it meets the rule.
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +18,15 @@ use farvm_prefetch::compare::{compare, Verdict};
 use farvm_prefetch::trace::read_trace;
 use farvm_prefetch::Config;
 
-/// The tuning set (file names without `.trace.zst`).
-const TUNING: &[&str] = &["sqlite", "redis", "numpy", "sort", "xz", "mix-numpy-redis"];
-/// The test set: never used to tune a prefetcher.
-const TEST: &[&str] = &[
+/// The tuning set (file names without `.trace.zst`): the original six, then the first test
+/// set, seen once and tuning data since.
+const TUNING: &[&str] = &[
+    "sqlite",
+    "redis",
+    "numpy",
+    "sort",
+    "xz",
+    "mix-numpy-redis",
     "cc1",
     "perl",
     "pydict",
@@ -29,6 +35,17 @@ const TEST: &[&str] = &[
     "node",
     "bzip2",
     "mix-pydict-pagerank",
+];
+/// The test set: never used to tune a prefetcher.
+const TEST: &[&str] = &[
+    "gawk",
+    "gzip",
+    "zstd",
+    "sqlite-range",
+    "pyheap",
+    "bfs",
+    "lua",
+    "jq",
 ];
 
 fn committed_traces() -> Vec<PathBuf> {
@@ -96,53 +113,51 @@ fn every_committed_trace_is_in_one_set() {
     }
 }
 
-#[test]
-fn leap_stream_meets_the_rule_on_the_tuning_set() {
-    meets_the_rule(&traces_of(TUNING));
+/// A program on which `leap+stream` does not meet the rule (yet): its misses and waste may not
+/// grow past these bounds, and it must leave its list once it meets the rule.
+struct KnownMiss {
+    name: &'static str,
+    /// Most demand misses, as a multiple of the best baseline's.
+    misses: f64,
+    /// Most waste.
+    waste: f64,
 }
 
-/// Test-set programs on which `leap+stream` does not meet the rule yet (measured once, after
-/// the tuning; docs/prefetch-real-traces.md): the default's misses and waste there may not grow
-/// past these bounds, and a program that starts meeting the rule must leave this list.
-/// (name, most demand misses as a multiple of the best baseline's, most waste)
-const TEST_SET_MISSES: &[(&str, f64, f64)] = &[
-    ("cc1", 1.05, 0.125),   // 675 vs next-n 664, 11.5% waste
-    ("pydict", 1.00, 0.12), // fewer misses than stride, 11.2% waste
-    ("java", 1.10, 0.105),  // 471 vs next-n 442, 9.8% waste
-    ("node", 1.10, 0.16),   // 682 vs next-n 638, 15.0% waste
+const fn known(name: &'static str, misses: f64, waste: f64) -> KnownMiss {
+    KnownMiss {
+        name,
+        misses,
+        waste,
+    }
+}
+
+/// Tuning-set programs where the rule is not met: the first test set's misses, measured once
+/// after the tuning (docs/prefetch-real-traces.md).
+const TUNING_SET_MISSES: &[KnownMiss] = &[
+    known("cc1", 1.05, 0.125),   // 675 vs next-n 664, 11.5% waste
+    known("pydict", 1.00, 0.12), // fewer misses than stride, 11.2% waste
+    known("java", 1.10, 0.105),  // 471 vs next-n 442, 9.8% waste
+    known("node", 1.10, 0.16),   // 682 vs next-n 638, 15.0% waste
+];
+
+/// Test-set programs where the rule is not met, measured once after the settings were fixed
+/// (docs/prefetch-real-traces.md, "The test set, run once").
+const TEST_SET_MISSES: &[KnownMiss] = &[
+    known("gawk", 1.00, 0.15),          // fewer misses than stride, 14.6% waste
+    known("gzip", 1.00, 0.22),          // fewer misses than next-n, 21.4% waste
+    known("zstd", 1.25, 0.01),          // 4006 vs next-n 3252, 0.5% waste
+    known("sqlite-range", 1.12, 0.155), // 124 vs next-n 112, 14.9% waste
+    known("bfs", 1.45, 0.025),          // 434 vs next-n 307, 2.0% waste
 ];
 
 #[test]
+fn leap_stream_meets_the_rule_on_the_tuning_set_but_where_it_is_known_to_miss() {
+    meets_the_rule(&traces_of(TUNING), TUNING_SET_MISSES);
+}
+
+#[test]
 fn leap_stream_meets_the_rule_on_the_test_set_but_where_it_is_known_to_miss() {
-    let verdicts = verdicts(&traces_of(TEST));
-    let mut failed = Vec::new();
-    for (n, v) in &verdicts {
-        let line = line(n, v);
-        if v.default_misses > v.none_misses {
-            failed.push(format!("more misses than no prefetching: {line}"));
-        }
-        let known = TEST_SET_MISSES
-            .iter()
-            .find(|(name, _, _)| n.trim_end_matches(".trace.zst") == *name);
-        match (v.pass, known) {
-            (true, None) => {}
-            (true, Some(_)) => failed.push(format!(
-                "meets the rule now: take it off TEST_SET_MISSES (and update the docs): {line}"
-            )),
-            (false, None) => failed.push(format!("rule broken: {line}")),
-            (false, Some((_, misses, waste))) => {
-                let bound = (v.best_baseline_misses as f64 * misses).ceil() as u64;
-                if v.default_misses > bound || v.default_waste > *waste {
-                    failed.push(format!(
-                        "worse than its known miss ({misses}x the best baseline's misses, \
-                         {:.1}% waste): {line}",
-                        100.0 * waste
-                    ));
-                }
-            }
-        }
-    }
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    meets_the_rule(&traces_of(TEST), TEST_SET_MISSES);
 }
 
 fn line(n: &str, v: &Verdict) -> String {
@@ -168,15 +183,33 @@ fn verdicts(files: &[PathBuf]) -> Vec<(String, Verdict)> {
     })
 }
 
-fn meets_the_rule(files: &[PathBuf]) {
+fn meets_the_rule(files: &[PathBuf], known_misses: &[KnownMiss]) {
     let mut failed = Vec::new();
     for (n, v) in &verdicts(files) {
         let line = line(n, v);
         if v.default_misses > v.none_misses {
             failed.push(format!("more misses than no prefetching: {line}"));
         }
-        if !v.pass {
-            failed.push(format!("rule broken: {line}"));
+        let known = known_misses
+            .iter()
+            .find(|k| n.trim_end_matches(".trace.zst") == k.name);
+        match (v.pass, known) {
+            (true, None) => {}
+            (true, Some(_)) => failed.push(format!(
+                "meets the rule now: take it off its known misses (and update the docs): {line}"
+            )),
+            (false, None) => failed.push(format!("rule broken: {line}")),
+            (false, Some(k)) => {
+                let bound = (v.best_baseline_misses as f64 * k.misses).ceil() as u64;
+                if v.default_misses > bound || v.default_waste > k.waste {
+                    failed.push(format!(
+                        "worse than its known miss ({}x the best baseline's misses, \
+                         {:.1}% waste): {line}",
+                        k.misses,
+                        100.0 * k.waste
+                    ));
+                }
+            }
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));

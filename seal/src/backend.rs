@@ -25,9 +25,16 @@ impl Cipher {
     /// The subkey HKDF-SHA256(ikm = key, salt, info = [`SUBKEY_INFO`]), expanded straight
     /// into the cipher: its bytes never exist outside `ring`.
     pub(crate) fn derive(key: &[u8; KEY_LEN], salt: &[u8]) -> Self {
+        Self::derive_for(key, salt, SUBKEY_INFO)
+    }
+
+    /// The subkey HKDF-SHA256(ikm = key, salt, info): another `info` (a stream's) gives
+    /// another key from the same secret.
+    pub(crate) fn derive_for(key: &[u8; KEY_LEN], salt: &[u8], info: &[u8]) -> Self {
         let prk = Salt::new(HKDF_SHA256, salt).extract(key);
+        let info = [info];
         let okm = prk
-            .expand(&[SUBKEY_INFO], &AES_256_GCM)
+            .expand(&info, &AES_256_GCM)
             // HKDF-SHA256 fails only for outputs over 8160 bytes; this one is 32.
             .expect("HKDF-SHA256 yields a 32-byte key");
         Self(LessSafeKey::new(UnboundKey::from(okm)))
@@ -40,14 +47,7 @@ impl Cipher {
         aad: &[u8],
         page: &mut [u8; PAGE_SIZE],
     ) -> [u8; TAG_LEN] {
-        let tag = self
-            .0
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), page)
-            // AES-GCM fails only for messages over 2^36 bytes: a page never is.
-            .expect("AES-GCM accepts a 4 KiB page");
-        let mut out = [0u8; TAG_LEN];
-        out.copy_from_slice(tag.as_ref());
-        out
+        self.seal_slice(nonce, aad, page)
     }
 
     /// Authenticates and decrypts `page` in place; false if the tag does not match (then
@@ -59,12 +59,42 @@ impl Cipher {
         page: &mut [u8; PAGE_SIZE],
         tag: &[u8; TAG_LEN],
     ) -> bool {
+        self.open_slice(nonce, aad, page, tag)
+    }
+}
+
+impl Cipher {
+    /// Encrypts `data` (any length up to 2^36 bytes) in place; returns the tag.
+    pub(crate) fn seal_slice(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+    ) -> [u8; TAG_LEN] {
+        let tag = self
+            .0
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), data)
+            // AES-GCM fails only for messages over 2^36 bytes: callers bound their frames.
+            .expect("AES-GCM accepts a bounded frame");
+        let mut out = [0u8; TAG_LEN];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
+    /// Authenticates and decrypts `data` in place; false if the tag does not match.
+    pub(crate) fn open_slice(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> bool {
         self.0
             .open_in_place_separate_tag(
                 Nonce::assume_unique_for_key(*nonce),
                 Aad::from(aad),
                 Tag::from(*tag),
-                page,
+                data,
                 0..,
             )
             .is_ok()

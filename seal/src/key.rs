@@ -154,6 +154,12 @@ impl PageKey {
         f.sync_all().map_err(err)
     }
 
+    /// The key's bytes, to hand the key to the VMM that takes the VM over (a live
+    /// migration, over a sealed stream): the key never leaves a VMM otherwise.
+    pub fn export(&self) -> Zeroizing<[u8; KEY_LEN]> {
+        self.bytes.clone()
+    }
+
     /// The key's public id.
     pub fn id(&self) -> KeyId {
         self.id

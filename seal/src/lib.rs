@@ -56,10 +56,15 @@ mod derive;
 mod key;
 mod ring;
 mod sealer;
+mod stream;
 
 pub use key::{KeyError, KeyId, PageKey, KEY_ID_LEN, KEY_LEN};
 pub use ring::{KeyRing, RingSealer, RingState, RotateError};
 pub use sealer::{OpenError, PageAddr, PageSealer, Seal, SealError, SALT_LEN, SEAL_LEN};
+pub use stream::{
+    stream_salt, Direction, StreamOpenError, StreamOpener, StreamSealer, STREAM_OVERHEAD,
+    STREAM_SALT_LEN,
+};
 
 /// Bytes of a page: what the memory server stores and the VMM seals.
 pub const PAGE_SIZE: usize = 4096;

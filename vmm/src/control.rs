@@ -6,7 +6,9 @@
 //! `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
 //! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
-//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]); a bare word
+//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]),
+//! `{"cmd":"migrate HOST:PORT /KEYFILE"}` (live-migrate the VM to the farvm waiting at
+//! HOST:PORT, the stream sealed with the key in KEYFILE: [`crate::migration`]); a bare word
 //! works too) and answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
 //! Default path: `$XDG_RUNTIME_DIR/farvm/NAME.sock`, else `/run/farvm/NAME.sock`.
@@ -187,6 +189,9 @@ fn parse_request(line: &str) -> Result<String, String> {
 }
 
 fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, String> {
+    if let Some(args) = cmd.strip_prefix("migrate ") {
+        return migrate(args, vm, spec);
+    }
     if let Some(dir) = cmd.strip_prefix("snapshot ") {
         let dir = Path::new(dir.trim());
         if !dir.is_absolute() {
@@ -242,7 +247,7 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             rotate-key, history, history global, history per-process, snapshot DIR)"
+             rotate-key, history, history global, history per-process, snapshot DIR, migrate HOST:PORT KEYFILE)"
         )),
     }
 }
@@ -348,6 +353,27 @@ pub fn request_within(path: &Path, cmd: &str, timeout: Duration) -> Result<Value
                 .to_string(),
         ))
     }
+}
+
+/// `migrate HOST:PORT /KEYFILE`: live-migrates the VM (it stops here once it runs there).
+fn migrate(args: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, String> {
+    let mut words = args.split_whitespace();
+    let (Some(to), Some(key), None) = (words.next(), words.next(), words.next()) else {
+        return Err("migrate: expected `migrate HOST:PORT /KEYFILE`".into());
+    };
+    let key = Path::new(key);
+    if !key.is_absolute() {
+        return Err(format!(
+            "migrate: the key file `{}` is not an absolute path (the VMM's working directory \
+             is not the client's)",
+            key.display()
+        ));
+    }
+    let key = farvm_seal::PageKey::from_file(key).map_err(|e| format!("migration key: {e}"))?;
+    let spec = spec.ok_or_else(|| crate::snapshot::SnapshotError::NoDescription.to_string())?;
+    crate::migration::migrate(vm, spec, to, &key)
+        .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

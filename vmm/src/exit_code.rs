@@ -66,7 +66,7 @@ pub fn for_outcome(o: &crate::vm::VmOutcome) -> i32 {
         GuestShutdown { status } => (*status).min(GUEST_STATUS_MAX as u32) as i32,
         GuestReboot => GUEST_REBOOT,
         ConsoleEscape => SIGINT,
-        ControlShutdown | Snapshotted { .. } => OK,
+        ControlShutdown | Snapshotted { .. } | Migrated { .. } => OK,
         GuestPanic { .. } | Crash { .. } => GUEST_CRASH,
         HostError { .. } => HOST_ERROR,
         MemoryLost { .. } | MemoryReclaimed => MEMORY_LOST,
@@ -105,7 +105,7 @@ pub fn for_snapshot_error(e: &crate::snapshot::SnapshotError) -> i32 {
         NotFound { .. } | Read { .. } => NO_INPUT,
         Corrupt { .. } | Version { .. } => BAD_KERNEL,
         Unsupported(_) | NoDescription | Exists { .. } => USAGE,
-        Write { .. } | State(_) | Kvm(_) | Memory(_) | Device(_) => HOST_ERROR,
+        Write { .. } | State(_) | Kvm(_) | Memory(_) | Device(_) | Pool(_) => HOST_ERROR,
     }
 }
 

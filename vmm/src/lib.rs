@@ -29,6 +29,7 @@ pub mod devices;
 pub mod exit_code;
 pub mod layout;
 pub mod metrics;
+pub mod migration;
 pub mod process_stats;
 pub mod remote;
 pub mod signals;

@@ -43,6 +43,9 @@ enum Command {
     /// Save a running VM into a snapshot directory and stop it (`run --restore` resumes it).
     #[command(long_about = cli::snapshot::SNAPSHOT_ABOUT)]
     Snapshot(cli::snapshot::SnapshotArgs),
+    /// Live-migrate a running pool VM to another host (`run --incoming` waits for it there).
+    #[command(long_about = cli::migrate::MIGRATE_ABOUT)]
+    Migrate(cli::migrate::MigrateArgs),
     /// The memory pool: status, gc, drain, rebalance (etcd at --etcd URL or $FARVM_POOL).
     #[command(long_about = farvm_pool::cli::POOL_ABOUT)]
     Pool(farvm_pool::cli::PoolArgs),
@@ -75,6 +78,7 @@ fn main() {
         Command::Shutdown(args) => cli::control::shutdown(args).map(|()| 0),
         Command::RotateKey(args) => cli::control::rotate_key(args).map(|()| 0),
         Command::Snapshot(args) => cli::snapshot::run(args).map(|()| 0),
+        Command::Migrate(args) => cli::migrate::run(args).map(|()| 0),
         Command::Image(args) => cli::image::run(args).map(|()| 0),
         Command::Pool(args) => farvm_pool::cli::run(args).map(|()| 0).map_err(|e| {
             let code = farvm_pool::cli::exit_status(&e);

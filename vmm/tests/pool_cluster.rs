@@ -12,6 +12,9 @@
 //! - a SIGKILLed VMM's namespaces are reclaimed when its lease expires (the servers' used
 //!   bytes come back to where they were), and a drained server ends up holding nothing
 //!   while the VMs finish correct;
+//! - a VM migrates live from host1 to host2 (rack r1 to rack r2) with a write-heavy and a
+//!   read-heavy workload: only its resident pages cross between the hosts, the pool then
+//!   lists it on host2 alone, and it finishes there with its native checksum;
 //! - an etcd restart leaves running VMs alone, and a VM started meanwhile waits, saying so,
 //!   then starts; a wrong token, a memory server of a rack the pool does not declare and a
 //!   server speaking an older wire version are refused with clear errors.
@@ -250,6 +253,27 @@ impl Cluster {
             log,
         }
     }
+    /// Starts a VM on `host` with its control socket at `sock` (for `farvm migrate`).
+    fn start_controlled_vm(&self, host: &str, workload: &str, tag: &str, sock: &Path) -> Vm {
+        let log = self.run.join(format!("{}-vm-{host}-{tag}.log", self.name));
+        let mut args = self.vm_args(host, workload);
+        args.retain(|a| a != "--no-control-socket");
+        let child = self
+            .exec(host, "farvm")
+            .args(args)
+            .arg("--control-socket")
+            .arg(sock)
+            .stdout(Stdio::piped())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn farvm run");
+        Vm {
+            child,
+            workload: workload.to_string(),
+            log,
+        }
+    }
+
     /// Starts two VMs running `workload` on each of the 4 hosts.
     fn start_two_per_host(&self, workload: &str) -> Vec<Vm> {
         (1..=4)
@@ -704,4 +728,102 @@ fn etcd_restarts_under_running_vms_and_bad_tokens_unknown_racks_and_old_servers_
     );
     assert!(err.contains(&why), "{err}");
     c.wait("nothing stored, no VM", |s| vms(s) == 0 && used(s) == 0);
+}
+
+#[test]
+fn a_vm_migrates_between_hosts_moving_only_its_resident_pages() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::up("fm");
+    let key = c.run.join("migration.key");
+    std::fs::write(&key, [0x5a; 32]).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // host2 is in rack r2 (cluster.sh: host N in rack ((N-1) mod 3) + 1, at 10.77.K.10N).
+    let to = "10.77.2.102:7000";
+    for (tag, workload) in [
+        ("write", "seq:ws=48M,passes=60,write=1,verify=1"),
+        ("read", "seq:ws=48M,passes=200,write=0"),
+    ] {
+        let sock = c.run.join(format!("{tag}.sock"));
+        let src = c.start_controlled_vm("host1", workload, tag, &sock);
+        let s = c.wait("the VM admitted on host1 with pages in the pool", |s| {
+            vms(s) == 1 && used(s) > 16 << 20
+        });
+        assert_eq!(s["vms"][0]["host"], "host1", "{s:#}");
+        let dlog = c.run.join(format!("{}-dst-{tag}.log", c.name));
+        let mut dst = c
+            .exec("host2", "farvm")
+            .args(["run", "--incoming", to, "--migration-key-file"])
+            .arg(&key)
+            .args(["--pool-host", "host2", "--serial", "none", "--json"])
+            .args(["--no-control-socket", "--name", &format!("dst-{tag}")])
+            .stdout(Stdio::piped())
+            .stderr(File::create(&dlog).unwrap())
+            .spawn()
+            .expect("spawn the destination");
+        // The destination listens once it has printed so.
+        let deadline = Instant::now() + PATIENCE;
+        while !std::fs::read_to_string(&dlog)
+            .unwrap_or_default()
+            .contains("waiting for a migrating VM")
+        {
+            assert!(Instant::now() < deadline, "the destination never listened");
+            if let Some(st) = dst.try_wait().unwrap() {
+                panic!(
+                    "the destination exited {st}: {}",
+                    std::fs::read_to_string(&dlog).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(2)); // let the workload run a while
+        let o = c
+            .exec("host1", "farvm")
+            .args(["migrate", "--json", "--socket"])
+            .arg(&sock)
+            .args(["--to", to, "--key-file"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "farvm migrate: {}", text(&o));
+        let m: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let resident = m["resident_pages"].as_u64().unwrap() * 4096;
+        let sent = m["bytes_sent"].as_u64().unwrap();
+        eprintln!(
+            "{tag}-heavy ({workload}): resident {} KiB, remote {} KiB, sent {} KiB ({:.2}x the \
+             resident pages), rounds {:?}, paused {:.0} ms (final phase {:.0} ms, destination \
+             {:.0} ms), total {:.0} ms",
+            resident >> 10,
+            m["remote_pages"].as_u64().unwrap() * 4,
+            sent >> 10,
+            sent as f64 / resident.max(1) as f64,
+            m["pages_per_round"],
+            m["paused_secs"].as_f64().unwrap() * 1e3,
+            m["final_phase_secs"].as_f64().unwrap() * 1e3,
+            m["destination_secs"].as_f64().unwrap() * 1e3,
+            m["total_secs"].as_f64().unwrap() * 1e3
+        );
+        assert_eq!(m["confirmed"], true, "{m}");
+        // Far less than guest RAM (64 MiB) crosses between the hosts.
+        assert!(sent < 48 << 20, "{m}");
+        let s = c.status().unwrap();
+        assert_eq!(vms(&s), 1, "{s:#}");
+        assert_eq!(s["vms"][0]["host"], "host2", "{s:#}");
+        let v = src.child.wait_with_output().unwrap();
+        let report: Value = serde_json::from_slice(&v.stdout).unwrap();
+        assert_eq!(report["outcome"]["kind"], "migrated", "{report}");
+        let o = dst.wait_with_output().unwrap();
+        let report: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "the destination: no report ({e}): {}",
+                std::fs::read_to_string(&dlog).unwrap_or_default()
+            )
+        });
+        assert_native_report(&report, workload);
+        c.wait("the VM gone from the pool, no page left", |s| {
+            vms(s) == 0 && used(s) == 0
+        });
+    }
 }

@@ -47,8 +47,9 @@ impl Holder {
                 "its lease expired and rack {rack} was removed from the pool meanwhile; \
                  declare it again (farvm pool racks add {rack}) and restart the server"
             ),
-            Self::Vm { .. } => "its lease expired and the garbage collector reclaimed its \
-                                placement; its remote pages are gone"
+            Self::Vm { .. } => "its lease expired and either the garbage collector reclaimed \
+                                its placement (its remote pages are gone) or another host took \
+                                the VM over (a live migration)"
                 .to_owned(),
         }
     }
@@ -379,11 +380,15 @@ impl Task {
                 slabs,
             } => {
                 let del = TxnOp::delete(gc_mark.clone(), None::<DeleteOptions>);
+                // Our expired lease took the record with it: a record there now is another
+                // VMM's (a live migration's destination took the VM over), never overwritten.
+                let ours = Compare::version(self.key.clone(), CompareOp::Equal, 0);
                 if *slabs == 0 {
-                    Txn::new().and_then([put, del])
+                    Txn::new().when([ours]).and_then([put, del])
                 } else {
                     Txn::new()
                         .when([
+                            ours,
                             Compare::version(placement_prefix.clone(), CompareOp::Greater, 0)
                                 .with_prefix(),
                         ])

@@ -17,6 +17,7 @@
 mod codec;
 mod error;
 mod gc;
+mod handover;
 mod lease;
 mod racks;
 mod server;

@@ -5,6 +5,8 @@ pub mod cloud_hypervisor;
 pub mod control;
 pub mod domain;
 pub mod image;
+pub mod incoming;
+pub mod migrate;
 pub mod paging;
 pub mod restore;
 pub mod run;

@@ -23,7 +23,12 @@ pub fn open(dir: &Path) -> Result<Snapshot, Failure> {
 
 /// The VM to build: the snapshot's, with this run's console, name, metrics and log echo.
 pub fn spec(snap: &Snapshot, a: &RunArgs) -> VmSpec {
-    let mut spec = snap.spec();
+    spec_from(snap.spec(), a)
+}
+
+/// The saved (or migrating) VM's description `spec`, with this run's console, name,
+/// metrics and log echo (and, for a migration, this host's name in the pool).
+pub fn spec_from(mut spec: VmSpec, a: &RunArgs) -> VmSpec {
     spec.serial = a.vm.serial.clone();
     spec.serial_in = a.serial_in.clone();
     spec.echo_guest_logs = a.guest_log;
@@ -32,6 +37,10 @@ pub fn spec(snap: &Snapshot, a: &RunArgs) -> VmSpec {
     }
     if a.vm.metrics.is_some() {
         spec.metrics = a.vm.metrics;
+    }
+    if a.incoming.is_some() {
+        // This host's name in the pool, not the source's.
+        spec.remote.pool_options.host = a.pool_host.clone();
     }
     spec
 }

@@ -131,6 +131,18 @@ options, ...) are the snapshot's and may not be given; --name, --serial, --seria
 --guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
 apply. A missing snapshot exits 66, a corrupt one or one of another format version 65.
 
+LIVE MIGRATION
+--incoming HOST:PORT --migration-key-file PATH waits on HOST:PORT for one VM that `farvm
+migrate --vm NAME --to HOST:PORT --key-file PATH` sends from another host, over a stream
+sealed with the key both hold. The VM must be on a memory pool: its resident pages arrive
+(copied while the guest runs, then the last changes while it is paused), its remote pages
+stay on the pool's servers, and once the VM is built and loaded here its namespace is taken
+over in one etcd transaction, which succeeds only if the source has not resumed the VM; then
+the guest runs here and the source stops. The VM's description is the source's; --name,
+--serial, --serial-in, --guest-log, --metrics and the run's own options apply, as with
+--restore. A stream that fails, or a takeover the source won, ends this run with the reason
+(the VM runs on at the source).
+
 WORKLOAD SPEC
   --workload NAME[:key=value,...]   keys: ws (working set, e.g. 64M, 1G), seed, cpu, and the
   workload's own parameters. Names: seq, stride, random, matmul, matmul-blocked, kv, pagerank,
@@ -191,7 +203,7 @@ EXIT STATUS
 
 #[derive(Args, Debug, Clone)]
 // A pool's knobs need a pool: one given with --pool, or one the domain may name.
-#[command(group(clap::ArgGroup::new("pool_source").args(["pool", "domain"])))]
+#[command(group(clap::ArgGroup::new("pool_source").args(["pool", "domain", "incoming"])))]
 pub struct RunArgs {
     /// Run the libvirt domain in this file (see LIBVIRT DOMAIN XML); it decides the VM's
     /// name, memory, vCPUs, kernel, console and remote-memory options.
@@ -284,7 +296,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", requires = "pool_source")]
     pub pool_wait: Option<u64>,
 
-    /// With a pool: this host's name in the pool [default: the kernel's host name].
+    /// With a pool: this host's name in the pool [default: the kernel's host name] (with
+    /// --incoming: the name the migrated VM is registered under here).
     #[arg(long, value_name = "NAME", requires = "pool_source")]
     pub pool_host: Option<String>,
 
@@ -391,6 +404,22 @@ pub struct RunArgs {
         "prefetcher", "disks", "nets",
     ])]
     pub restore: Option<PathBuf>,
+    /// Wait on HOST:PORT for a VM that `farvm migrate` sends from another host, and run it
+    /// (see LIVE MIGRATION).
+    #[arg(long, value_name = "HOST:PORT", requires = "migration_key_file", conflicts_with_all = [
+        "restore", "domain", "workloads", "kernel", "initrd", "cmdline", "linux", "stop_at_entry",
+        "memory", "vcpus", "local_only", "memservers", "pool", "replicas", "local_memory",
+        "prefetcher", "disks", "nets",
+    ])]
+    pub incoming: Option<std::net::SocketAddr>,
+    /// The migration key this host shares with the source (32 bytes or 64 hex digits, mode
+    /// 0600/0400): the stream is sealed with it.
+    #[arg(long, value_name = "PATH", requires = "incoming")]
+    pub migration_key_file: Option<PathBuf>,
+    /// Where an incoming migration is laid out while it arrives (a snapshot directory,
+    /// removed once the VM is loaded) [default: a new directory in $TMPDIR].
+    #[arg(long, value_name = "DIR", requires = "incoming")]
+    pub incoming_dir: Option<PathBuf>,
 }
 
 /// The options that describe the VM itself: a domain (`--domain`) decides every one of them,
@@ -683,24 +712,34 @@ pub fn run_vm(
 pub fn run(a: RunArgs) -> Result<i32> {
     super::start_sandbox(a.sandbox.seccomp)?;
     let mut spec = a.to_spec();
-    let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
-    let cfg = match (&snapshot, &a.domain) {
-        (Some(snap), _) => {
-            spec = super::restore::spec(snap, &a);
-            let mut cfg = spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?;
-            super::restore::prepare(snap, &mut cfg)?;
-            cfg
+    let (cfg, vm) = match a.incoming {
+        Some(addr) => {
+            let (s, cfg, vm) = super::incoming::arrive(addr, &a)?;
+            spec = s;
+            (cfg, vm)
         }
-        (None, Some(path)) => {
-            let names = super::domain::apply(&mut spec, path)?;
-            spec.to_config().map_err(|e| spec_failure(&e, &names))?
+        None => {
+            let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
+            let cfg = match (&snapshot, &a.domain) {
+                (Some(snap), _) => {
+                    spec = super::restore::spec(snap, &a);
+                    let mut cfg = spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?;
+                    super::restore::prepare(snap, &mut cfg)?;
+                    cfg
+                }
+                (None, Some(path)) => {
+                    let names = super::domain::apply(&mut spec, path)?;
+                    spec.to_config().map_err(|e| spec_failure(&e, &names))?
+                }
+                (None, None) => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
+            };
+            let vm = build_vm(&cfg)?;
+            if let Some(snap) = &snapshot {
+                super::restore::load(snap, &vm)?;
+            }
+            (cfg, vm)
         }
-        (None, None) => spec.to_config().map_err(|e| spec_failure(&e, &CliNames))?,
     };
-    let vm = build_vm(&cfg)?;
-    if let Some(snap) = &snapshot {
-        super::restore::load(snap, &vm)?;
-    }
     let metrics = spec
         .metrics
         .map(|addr| start_metrics(addr, &vm))

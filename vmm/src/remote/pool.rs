@@ -107,6 +107,9 @@ pub struct PoolVm {
     /// The snapshot this VM was restored from, until the snapshot is loaded
     /// ([`PoolHandoff::restore_done`]; see [`PoolVm::abandon_start`]).
     restored_from: Arc<Mutex<Option<farvm_pool::SnapshotHolding>>>,
+    /// A live migration's destination: the handover it commits once the VM is loaded
+    /// ([`PoolHandoff::restore_done`]); until then the VM does not own its namespace.
+    takeover: Arc<Mutex<Option<PendingTakeover>>>,
     vm: VmId,
     servers: Vec<(ServerId, Endpoint)>,
     transport: Transport,
@@ -286,7 +289,8 @@ impl PoolVm {
             min_wire_version: PROTOCOL_VERSION,
         };
         let reg = admit_when_servers_register(&dir, spec, &req)?;
-        Self::joined(dir, spec, reg, r)
+        let (record, placement) = (reg.record().clone(), reg.placement().clone());
+        Self::joined(dir, spec, record, placement, Some(reg), r)
     }
 
     /// Restores the pool VM `vm` saved in a snapshot: its snapshot record's ownership of the
@@ -311,8 +315,43 @@ impl PoolVm {
             remote_pages: snap.remote_pages,
             local_pages: snap.local_pages,
         };
-        let (member, admission) = Self::joined(dir, spec, reg, r)?;
+        let (record, placement) = (reg.record().clone(), reg.placement().clone());
+        let (member, admission) = Self::joined(dir, spec, record, placement, Some(reg), r)?;
         *lock(&member.restored_from) = Some(back);
+        Ok((member, admission))
+    }
+
+    /// The destination of a live migration of pool VM `vm`: joins the VM's placement (its
+    /// client reaches the slabs where the pool placed them) without owning it yet; the
+    /// namespace is taken over, in one etcd transaction on `fence` (`farvm_pool`'s
+    /// handover), only once the VM is loaded ([`PoolHandoff::restore_done`]).
+    pub fn incoming(
+        spec: &PoolSpec,
+        vm: VmId,
+        fence: i64,
+    ) -> Result<(Self, PoolAdmission), RemoteError> {
+        let mut cfg = DirectoryConfig::new(spec.endpoints.clone());
+        cfg.prefix = spec.prefix.clone();
+        let dir = Directory::connect(cfg).map_err(pool_err)?;
+        let view = patiently("reading the migrating VM's record", spec.wait, || {
+            dir.view()
+        })
+        .map_err(|e| admission_err(e, spec.wait))?;
+        let record = view.vms.get(&vm).cloned().ok_or_else(|| {
+            RemoteError::Pool(format!(
+                "VM {vm} is not registered in the pool (its source no longer owns it)"
+            ))
+        })?;
+        let placement = farvm_pool::VmPlacement {
+            vm,
+            slabs: view.vm_slabs(vm).map(|(_, r)| r.clone()).collect(),
+        };
+        let r = record.replication.max(1) as usize;
+        let (member, admission) = Self::joined(dir, spec, record, placement, None, r)?;
+        *lock(&member.takeover) = Some(PendingTakeover {
+            fence,
+            ttl: spec.lease_ttl,
+        });
         Ok((member, admission))
     }
 
@@ -346,15 +385,19 @@ impl PoolVm {
     fn joined(
         dir: Directory,
         spec: &PoolSpec,
-        reg: VmRegistration,
+        record: farvm_pool::VmRecord,
+        placement: farvm_pool::VmPlacement,
+        reg: Option<VmRegistration>,
         r: usize,
     ) -> Result<(Self, PoolAdmission), RemoteError> {
-        let vm = reg.record().uuid;
-        let slab_bytes = reg.record().slab_bytes;
+        let vm = record.uuid;
+        let slab_bytes = record.slab_bytes;
         let view = match patiently("reading the pool", spec.wait, || dir.view()) {
             Ok(v) => v,
             Err(e) => {
-                reg.deregister();
+                if let Some(reg) = reg {
+                    reg.deregister();
+                }
                 return Err(admission_err(e, spec.wait));
             }
         };
@@ -366,7 +409,7 @@ impl PoolVm {
                 }
             }
         };
-        for id in reg.placement().servers() {
+        for id in placement.servers() {
             add(&id);
         }
         for (id, rec) in &view.servers {
@@ -375,10 +418,9 @@ impl PoolVm {
             }
         }
         if servers.len() > 64 {
-            servers.truncate(64.max(reg.placement().servers().len()));
+            servers.truncate(64.max(placement.servers().len()));
         }
-        let homes = reg
-            .placement()
+        let homes = placement
             .slabs
             .iter()
             .map(|s| {
@@ -397,14 +439,15 @@ impl PoolVm {
             replication: r.min(servers.len().max(1)),
             slab_bytes,
         };
-        tracing::info!(%vm, name = %reg.record().name, servers = servers.len(), slabs = reg.placement().slabs.len(), slab_bytes = slab_bytes, "admitted to the memory pool");
-        let slabs = reg.record().slabs;
+        tracing::info!(%vm, name = %record.name, servers = servers.len(), slabs = placement.slabs.len(), slab_bytes = slab_bytes, "admitted to the memory pool");
+        let slabs = record.slabs;
         Ok((
             Self {
                 dir,
-                reg: Arc::new(Mutex::new(Some(reg))),
+                reg: Arc::new(Mutex::new(reg)),
                 host: spec.host.clone(),
                 restored_from: Arc::new(Mutex::new(None)),
+                takeover: Arc::new(Mutex::new(None)),
                 vm,
                 servers,
                 transport: spec.transport,
@@ -435,6 +478,9 @@ impl PoolVm {
             reg: self.reg.clone(),
             host: self.host.clone(),
             restored_from: self.restored_from.clone(),
+            takeover: self.takeover.clone(),
+            dir: self.dir.clone(),
+            vm: self.vm,
         }
     }
 
@@ -486,7 +532,7 @@ impl PoolVm {
     pub fn release(mut self, wait: Duration) -> bool {
         self.stop_follower();
         let Some(reg) = lock(&self.reg).take() else {
-            tracing::info!(vm = %self.vm, "memory pool: the VM's namespace belongs to its snapshot; left on the servers");
+            tracing::info!(vm = %self.vm, "memory pool: the VM does not own its namespace (it belongs to a snapshot, or to the host the VM migrated to, or a migration here was not committed); left on the servers");
             return false;
         };
         let vm = self.vm;
@@ -522,14 +568,67 @@ pub struct PoolHandoff {
     reg: Arc<Mutex<Option<VmRegistration>>>,
     host: String,
     restored_from: Arc<Mutex<Option<farvm_pool::SnapshotHolding>>>,
+    takeover: Arc<Mutex<Option<PendingTakeover>>>,
+    dir: Directory,
+    vm: VmId,
+}
+
+/// The handover a live migration's destination commits once its VM is loaded.
+#[derive(Clone, Copy, Debug)]
+struct PendingTakeover {
+    fence: i64,
+    ttl: Duration,
 }
 
 impl PoolHandoff {
-    /// The snapshot this VM was restored from is loaded: from now on the VM owns the
-    /// namespace for good (its guest will overwrite the remote pages), and its exit releases
-    /// it.
-    pub fn restore_done(&self) {
+    /// The snapshot (or live migration) this VM was restored from is loaded: from now on
+    /// the VM owns the namespace for good (its guest will overwrite the remote pages), and
+    /// its exit releases it. A migration's destination takes the namespace over here, in one
+    /// etcd transaction; [`PoolError::Conflict`] if its source kept it (cancelled).
+    pub fn restore_done(&self) -> Result<(), PoolError> {
         lock(&self.restored_from).take();
+        let Some(t) = lock(&self.takeover).take() else {
+            return Ok(());
+        };
+        let reg = self.dir.take_over_vm(self.vm, &self.host, t.ttl, t.fence)?;
+        *lock(&self.reg) = Some(reg);
+        Ok(())
+    }
+
+    /// A live migration's destination built before the source's last frame: the fence its
+    /// takeover commits on, now known.
+    pub fn set_takeover_fence(&self, fence: i64) {
+        if let Some(t) = lock(&self.takeover).as_mut() {
+            t.fence = fence;
+        }
+    }
+
+    /// A live migration's source, guest paused: the fence its destination's takeover
+    /// commits on (`farvm_pool`'s handover).
+    pub fn handover_fence(&self) -> Result<i64, PoolError> {
+        match lock(&self.reg).as_ref() {
+            Some(reg) => reg.handover_fence(),
+            None => Err(PoolError::Lost(
+                "the VM does not own its namespace in the pool".into(),
+            )),
+        }
+    }
+
+    /// A live migration's source gives up: `Ok(true)` if it keeps the namespace (the
+    /// destination's takeover will fail), `Ok(false)` if the destination took it first.
+    pub fn cancel_handover(&self, fence: i64) -> Result<bool, PoolError> {
+        match lock(&self.reg).as_ref() {
+            Some(reg) => reg.cancel_handover(fence),
+            None => Ok(false),
+        }
+    }
+
+    /// A live migration's source after the destination took the namespace over: the VM's
+    /// registration ends without releasing anything (its exit leaves the namespace alone).
+    pub fn handed_over(&self) {
+        if let Some(reg) = lock(&self.reg).take() {
+            reg.handed_over();
+        }
     }
 
     /// The VM's id in the pool, while it owns its namespace.

@@ -37,4 +37,7 @@ pub struct PoolRestore {
     pub vm: VmId,
     /// The snapshot's key file, if its pages are sealed.
     pub key_file: Option<PathBuf>,
+    /// A live migration's destination: the fence its takeover of the namespace commits on
+    /// (instead of restoring a snapshot record). None: a snapshot's restore.
+    pub takeover_fence: Option<i64>,
 }

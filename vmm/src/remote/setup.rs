@@ -516,7 +516,10 @@ impl RemoteMemory {
                 Budget::Percent(p) => (mem_bytes as f64 * p / 100.0) as u64 & !4095,
             };
             let (member, admission) = match &spec.pool_restore {
-                Some(r) => PoolVm::restore(ps, r.vm)?,
+                Some(r) => match r.takeover_fence {
+                    Some(fence) => PoolVm::incoming(ps, r.vm, fence)?,
+                    None => PoolVm::restore(ps, r.vm)?,
+                },
                 None => PoolVm::admit(ps, &spec.vm_name, mem_bytes, local_budget, spec.replicas)?,
             };
             pool = Some((member, admission.clone()));

@@ -27,6 +27,7 @@ mod save;
 use std::path::{Path, PathBuf};
 
 pub use restore::Snapshot;
+pub(crate) use save::machine_state;
 pub use save::{save, Saved};
 
 use crate::vstate::vm::KvmError;
@@ -103,6 +104,9 @@ pub enum SnapshotError {
     /// A device's state could not be loaded.
     #[error("device state: {0}")]
     Device(String),
+    /// The memory pool refused or did not answer (etcd).
+    #[error("memory pool: {0}")]
+    Pool(String),
 }
 
 impl SnapshotError {

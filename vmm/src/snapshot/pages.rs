@@ -9,7 +9,6 @@
 //! being fetched).
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -86,10 +85,11 @@ pub fn save(ram: &GuestRam, path: &Path, file_name: &str) -> Result<MemoryRecord
     })
 }
 
-/// Loads the page file at `path` into `ram` (a VM built from the snapshot's description, not
-/// started): a page the file holds is written; a zero page is written only where the fresh VM
-/// already holds something (its boot data), so untouched RAM stays untouched. The digest is
-/// checked over what was read; a mismatch is [`SnapshotError::Corrupt`].
+/// Loads the page file at `path` into `ram` (a VM built from the snapshot's description with
+/// `VmConfig::restoring`, so its guest RAM is untouched): only the file's data extents are
+/// read (`SEEK_DATA`), so a restore costs time in the pages the file holds, not in guest
+/// RAM's size; a zero page inside an extent is left alone. The digest is checked over what
+/// was read; a mismatch is [`SnapshotError::Corrupt`].
 pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), SnapshotError> {
     let have: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
     if have != rec.regions {
@@ -101,7 +101,7 @@ pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), Snaps
             ),
         ));
     }
-    let mut file = File::open(path).map_err(SnapshotError::read(path))?;
+    let file = File::open(path).map_err(SnapshotError::read(path))?;
     let len = file.metadata().map_err(SnapshotError::read(path))?.len();
     if len != rec.bytes {
         return Err(SnapshotError::corrupt(
@@ -110,33 +110,36 @@ pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), Snaps
         ));
     }
     let mut hasher = XxHash3_128::new();
-    let (mut buf, mut current) = (vec![0u8; CHUNK], vec![0u8; PAGE]);
+    let mut buf = vec![0u8; CHUNK];
     let (mut offset, mut written) = (0u64, 0u64);
     let mem = |e: MemError| SnapshotError::Memory(e.to_string());
     for &(gpa, rlen) in &rec.regions {
-        let mut done = 0u64;
-        while done < rlen {
-            let n = CHUNK.min((rlen - done) as usize);
-            file.read_exact(&mut buf[..n])
-                .map_err(SnapshotError::read(path))?;
-            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-                let at = GuestAddress(gpa + done + (i * PAGE) as u64);
-                if is_zero(page) {
-                    ram.read_slice(&mut current, at).map_err(mem)?;
-                    if !is_zero(&current) {
-                        ram.write_slice(page, at).map_err(mem)?;
+        let end = offset + rlen;
+        let mut at = offset;
+        while let Some((from, to)) =
+            data_extent(&file, at, end).map_err(SnapshotError::read(path))?
+        {
+            let mut pos = from;
+            while pos < to {
+                let n = CHUNK.min((to - pos) as usize);
+                file.read_exact_at(&mut buf[..n], pos)
+                    .map_err(SnapshotError::read(path))?;
+                for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                    if is_zero(page) {
+                        continue;
                     }
-                    continue;
+                    let file_at = pos + (i * PAGE) as u64;
+                    hasher.write(&(file_at / PAGE as u64).to_le_bytes());
+                    hasher.write(page);
+                    ram.write_slice(page, GuestAddress(gpa + file_at - offset))
+                        .map_err(mem)?;
+                    written += 1;
                 }
-                let index = (offset + done) / PAGE as u64 + i as u64;
-                hasher.write(&index.to_le_bytes());
-                hasher.write(page);
-                ram.write_slice(page, at).map_err(mem)?;
-                written += 1;
+                pos += n as u64;
             }
-            done += n as u64;
+            at = to;
         }
-        offset += rlen;
+        offset = end;
     }
     let digest = format!("{:032x}", hasher.finish_128());
     if written != rec.pages_written || digest != rec.digest {
@@ -149,4 +152,38 @@ pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), Snaps
         ));
     }
     Ok(())
+}
+
+/// The first data extent of `file` at or after `at` and before `end`, page-aligned:
+/// `(from, to)`, or None when only holes remain.
+fn data_extent(file: &File, at: u64, end: u64) -> std::io::Result<Option<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    if at >= end {
+        return Ok(None);
+    }
+    let seek = |off: u64, whence: i32| -> std::io::Result<Option<u64>> {
+        // SAFETY: lseek on a file descriptor this function borrows; no memory is passed.
+        let r = unsafe { libc::lseek(file.as_raw_fd(), off as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+            e => Err(e),
+        }
+    };
+    let Some(from) = seek(at, libc::SEEK_DATA)? else {
+        return Ok(None);
+    };
+    let from = from / PAGE as u64 * PAGE as u64;
+    if from >= end {
+        return Ok(None);
+    }
+    let to = seek(from, libc::SEEK_HOLE)?.unwrap_or(end);
+    Ok(Some((
+        from.max(at),
+        to.div_ceil(PAGE as u64)
+            .saturating_mul(PAGE as u64)
+            .min(end),
+    )))
 }

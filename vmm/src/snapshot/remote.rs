@@ -26,7 +26,7 @@ pub const REMOTE_PAGES: &str = "remote.pages";
 /// The page key file's name.
 pub const KEY: &str = "page.key";
 /// Bytes of one record of the remote pages file.
-const RECORD: usize = 24;
+pub(crate) const RECORD: usize = 24;
 const PAGE: u64 = 4096;
 
 /// The manifest's record of the remote part.
@@ -47,7 +47,7 @@ pub struct RemoteRecord {
 }
 
 /// Where guest-physical page `page` lies in the page file (regions back to back).
-fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
+pub(crate) fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
     let gpa = page * PAGE;
     let mut off = 0;
     for &(start, len) in regions {

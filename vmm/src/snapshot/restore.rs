@@ -16,6 +16,8 @@ use crate::vstate::vcpu::VcpuExits;
 pub struct Snapshot {
     dir: PathBuf,
     manifest: Manifest,
+    /// Received by a live migration: the fence its pool VM's takeover commits on.
+    takeover_fence: Option<i64>,
 }
 
 impl Snapshot {
@@ -44,7 +46,16 @@ impl Snapshot {
         Ok(Snapshot {
             dir: dir.to_path_buf(),
             manifest,
+            takeover_fence: None,
         })
+    }
+
+    /// Marks the snapshot as a live migration's arrival: its pool VM takes the namespace
+    /// over from the running source (one etcd transaction on `fence`, once the VM is loaded)
+    /// instead of restoring a snapshot record.
+    pub fn arriving(mut self, fence: i64) -> Self {
+        self.takeover_fence = Some(fence);
+        self
     }
 
     /// The snapshot's directory.
@@ -89,6 +100,7 @@ impl Snapshot {
         remote.pool_restore = Some(crate::remote::PoolRestore {
             vm,
             key_file: rec.key_file.as_ref().map(|k| self.dir.join(k)),
+            takeover_fence: self.takeover_fence,
         });
         Ok(())
     }
@@ -128,10 +140,16 @@ impl Snapshot {
                 vm.shared().guest_cr4(cpu, state.sregs.cr4);
             }
         }
+        if let (Some(saving), Some(fence)) = (vm.shared().remote_saving(), self.takeover_fence) {
+            saving.pool.set_takeover_fence(fence);
+        }
         if let Some(saving) = vm.shared().remote_saving() {
             // Loaded: the VM owns its namespace for good from here (its guest will overwrite
             // the snapshot's remote pages).
-            saving.pool.restore_done();
+            saving
+                .pool
+                .restore_done()
+                .map_err(|e| SnapshotError::Pool(format!("taking the VM's namespace over: {e}")))?;
         }
         Ok(())
     }

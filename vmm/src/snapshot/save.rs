@@ -16,6 +16,7 @@ use super::remote::{self, RemoteRecord, KEY, REMOTE_PAGES};
 use super::SnapshotError;
 use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
+use crate::vstate::vcpu::VcpuState;
 
 /// How long the parked vCPU threads have to report their state.
 const STATE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -112,13 +113,10 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
     }
 }
 
-/// Everything but the pause and the outcome: state, pages, manifest, and a pool VM's
-/// namespace handed to the snapshot (last: a failure before leaves it the VM's).
-fn write_snapshot(
+/// The paused VM's machine state: every vCPU's, KVM's VM-wide state and the devices'.
+pub(crate) fn machine_state(
     vm: &VmShared,
-    spec: &VmSpec,
-    dir: &Path,
-) -> Result<(MemoryRecord, Option<RemoteRecord>), SnapshotError> {
+) -> Result<(Vec<VcpuState>, KvmState, DeviceState), SnapshotError> {
     let vcpus = vm
         .save_vcpus(STATE_TIMEOUT)
         .map_err(|e| SnapshotError::State(e.to_string()))?;
@@ -128,7 +126,17 @@ fn write_snapshot(
             .ok_or_else(|| SnapshotError::State("the KVM VM is closed".into()))?;
         KvmState::read(&fd)?
     };
-    let devices = DeviceState::read(vm);
+    Ok((vcpus, kvm, DeviceState::read(vm)))
+}
+
+/// Everything but the pause and the outcome: state, pages, manifest, and a pool VM's
+/// namespace handed to the snapshot (last: a failure before leaves it the VM's).
+fn write_snapshot(
+    vm: &VmShared,
+    spec: &VmSpec,
+    dir: &Path,
+) -> Result<(MemoryRecord, Option<RemoteRecord>), SnapshotError> {
+    let (vcpus, kvm, devices) = machine_state(vm)?;
     let saving = vm.remote_saving();
     let pool_vm = saving.and_then(|s| s.pool.vm());
     let (memory, pool) = match (saving, pool_vm) {

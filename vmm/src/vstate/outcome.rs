@@ -49,6 +49,11 @@ pub enum VmOutcome {
         /// The snapshot's directory.
         dir: String,
     },
+    /// The VM moved to another host by live migration (`farvm migrate`): it runs there now.
+    Migrated {
+        /// The destination's address.
+        to: String,
+    },
     /// The run exceeded its time limit.
     Timeout {
         /// The limit, in seconds.
@@ -88,6 +93,7 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::ConsoleEscape => write!(f, "stopped from the console (Ctrl-A x)"),
             VmOutcome::ControlShutdown => write!(f, "shut down through the control socket"),
             VmOutcome::Snapshotted { dir } => write!(f, "saved to the snapshot {dir}"),
+            VmOutcome::Migrated { to } => write!(f, "migrated to {to} (it runs there now)"),
             VmOutcome::Timeout { secs } => write!(f, "timed out after {secs} s"),
             VmOutcome::Crash { cpu, message } => write!(f, "vCPU {cpu}: {message}"),
             VmOutcome::HostError { message } => write!(f, "host error: {message}"),
