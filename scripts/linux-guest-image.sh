@@ -17,7 +17,8 @@
 #                  on every build) and /blob.sha256
 #   GUEST_BLOB_SHA256  the blob's SHA-256
 #   GUEST_CMDLINE  a command line for them: console=ttyS0 panic=-1 (no root=: the initramfs is
-#                  the root, the disk is mounted at /mnt)
+#                  the root, the disk is mounted at /mnt; with root=DEV [rw] the initramfs
+#                  mounts DEV, ext4, and runs its /sbin/init instead: scripts/debian-guest-image.sh)
 #
 # THE GUEST
 #   /init mounts proc, sys, devtmpfs, devpts and a tmpfs on /tmp, loads the modules, mounts
@@ -47,26 +48,10 @@ BLOB_MIB=16
 FS_UUID=6661726d-7667-7565-7374-000000000001
 EPOCH=1700000000
 
-say() { echo "linux-guest-image: $*" >&2; }
-die() {
-    say "$*"
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -Eeuo/{/^set -Eeuo/d;s/^# \{0,1\}//;p}' "$0"
-    exit "${1:-64}"
-}
-
-refresh=0
-case ${1:-build} in
-build) ;;
---refresh) refresh=1 ;;
---help | -h) usage 0 ;;
-*) usage ;;
-esac
 
 # shellcheck source=host-tools.sh
 . "$HERE/host-tools.sh"
+image_script_args linux-guest-image "$@"
 # What kvm-lab fetch does not install; asked for before the kernel is downloaded.
 require_tools linux-guest-image xz:xz-utils mkfs.ext4:e2fsprogs debugfs:e2fsprogs openssl:openssl \
     gzip:gzip sha256sum:coreutils
@@ -134,7 +119,21 @@ while [ ! -b /dev/vda ] && [ $i -lt 20 ] && grep -q LNRO0005 /sys/bus/platform/d
     sleep 0.1
     i=$((i + 1))
 done
-if [ -b /dev/vda ]; then
+# With root=DEV on the kernel command line (scripts/debian-guest-image.sh's root disk): mount
+# it (read-write with `rw`) and hand over to its /sbin/init; the modules stay loaded.
+root="" rootmode=ro
+for w in $(cat /proc/cmdline); do
+    case $w in root=*) root=${w#root=} ;; rw) rootmode=rw ;; esac
+done
+if [ -n "$root" ]; then
+    mkdir -p /newroot
+    if mount -t ext4 -o "$rootmode" "$root" /newroot && [ -x /newroot/sbin/init ]; then
+        umount /dev/pts /tmp /sys /proc
+        mount --move /dev /newroot/dev
+        exec switch_root /newroot /sbin/init
+    fi
+    echo "farvm-guest: cannot mount $root or it has no /sbin/init; staying in the initramfs"
+elif [ -b /dev/vda ]; then
     mount -t ext4 /dev/vda /mnt || echo "farvm-guest: cannot mount /dev/vda"
 fi
 # busybox's poweroff, halt and reboot signal init (USR2, USR1, TERM): act on them at once.
@@ -175,7 +174,7 @@ EOF
         -L farvm-data "$OUT/disk.img"
     # mke2fs copies each file's ctime, which no tool can set on the source: fix it here.
     for f in blob blob.sha256; do
-        debugfs -w -R "sif /$f ctime @$EPOCH" "$OUT/disk.img" >/dev/null 2>&1 || die "debugfs on disk.img failed"
+        E2FSPROGS_FAKE_TIME=$EPOCH debugfs -w -R "sif /$f ctime @$EPOCH" "$OUT/disk.img" >/dev/null 2>&1 || die "debugfs on disk.img failed"
     done
     blob_sha=$(cut -d' ' -f1 "$D/blob.sha256")
 

@@ -48,26 +48,9 @@ FS_UUID=6661726d-7667-7565-7374-000000000002
 EPOCH=1700000000
 KEY=000102030405060708090a0b0c0d0e0f
 
-say() { echo "linux-guest-programs: $*" >&2; }
-die() {
-    say "$*"
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -Eeuo/{/^set -Eeuo/d;s/^# \{0,1\}//;p}' "$0"
-    exit "${1:-64}"
-}
-
-refresh=0
-case ${1:-build} in
-build) ;;
---refresh) refresh=1 ;;
---help | -h) usage 0 ;;
-*) usage ;;
-esac
-
 # shellcheck source=host-tools.sh
 . "$HERE/host-tools.sh"
+image_script_args linux-guest-programs "$@"
 require_tools linux-guest-programs apt-get:apt dpkg-deb:dpkg busybox:busybox-static \
     mkfs.ext4:e2fsprogs debugfs:e2fsprogs openssl:openssl sha256sum:coreutils chroot:coreutils
 PATH=$PATH:/usr/sbin:/sbin

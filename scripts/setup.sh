@@ -25,6 +25,8 @@
 #   e2fsprogs, openssl            the Linux test guest's disks (mkfs.ext4 -d, debugfs; fixed
 #                                 AES-CTR data): scripts/linux-guest-image.sh and
 #                                 scripts/linux-guest-programs.sh
+#   mmdebstrap                    the Debian guest's root file system from Debian packages
+#                                 (scripts/debian-guest-image.sh)
 #   gcc-12, make, dwarves         the Linux guest agent module (guest-agent/linux/build.sh) is
 #                                 built against the lab kernel's headers (pahole for its BTF)
 #   python3                       scripts/kvm-lab.d/hlt-exits and lab/scripts/*
@@ -40,7 +42,7 @@ cd "$(dirname "$0")/.."
 need=()
 for pkg in qemu-system-x86 libclang-dev linux-libc-dev cmake pkg-config iproute2 rdma-core libibverbs-dev librdmacm-dev ibverbs-providers \
     libvirt-clients libxml2-utils etcd-server etcd-client protobuf-compiler acpica-tools gcc-12 make dwarves \
-    busybox-static cpio kmod xz-utils e2fsprogs openssl python3 fonts-dejavu-core ibverbs-utils; do
+    busybox-static cpio kmod xz-utils e2fsprogs openssl mmdebstrap python3 fonts-dejavu-core ibverbs-utils; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then

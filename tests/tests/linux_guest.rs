@@ -120,11 +120,7 @@ fn linux_boots_on_remote_memory_runs_programs_on_the_console_and_powers_off() {
         "farvm's exit status after the guest's poweroff"
     );
 
-    let report: serde_json::Value = rest
-        .iter()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("farvm's --json report");
+    let report: serde_json::Value = json_report(&rest);
     assert_eq!(report["exit_status"], 0, "{report}");
     let c = &report["paging"]["engine"]["counters"];
     let n = |k: &str| {
@@ -160,13 +156,10 @@ fn linux_boots_on_remote_memory_runs_programs_on_the_console_and_powers_off() {
 /// `--timeout` (600 s here).
 #[test]
 fn linux_guest_reboot_and_panic_end_the_vm_with_the_documented_status() {
-    if !farvm_tests::kvm_available() {
+    if !linux_test_can_run("the reboot and panic run in the KVM lab") {
         return;
     }
     let img = guest_image();
-    if !linux_can_boot("the reboot and panic run in the KVM lab") {
-        return;
-    }
     let (dir, disk) = scratch_disk("reboot", &img);
     for (what, command) in [
         ("reboot", "reboot -f"),
@@ -433,11 +426,7 @@ impl AgentVm {
             Some(0),
             "farvm's exit status after the guest's poweroff"
         );
-        let report = rest
-            .iter()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .expect("farvm's --json report");
+        let report = json_report(&rest);
         (report, dir, disk)
     }
 }
@@ -741,13 +730,11 @@ fn programs_image() -> (PathBuf, PathBuf) {
         "scripts/linux-guest-programs.sh",
         "the programs' disk (Debian packages from a Debian mirror, apt-get, root)",
     );
-    let get = |name: &str| -> PathBuf {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("the programs' description has no {name}:\n{text}"))
-            .into()
-    };
-    (get("PROGRAMS_ROOT"), get("PROGRAMS_DISK"))
+    let what = "the programs' description";
+    (
+        described(&text, "PROGRAMS_ROOT", what).into(),
+        described(&text, "PROGRAMS_DISK", what).into(),
+    )
 }
 
 /// The real programs, each named by its process name, and what `/farvm/run-programs` prints.

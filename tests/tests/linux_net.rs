@@ -11,14 +11,16 @@
 //! elsewhere it says so, and fails if `FARVM_REQUIRE_LINUX_BOOT=1`. It needs root (it creates
 //! the tap and gives the host side an address).
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 mod linux_common;
+#[path = "linux_common/tap.rs"]
+mod tap;
 
 use linux_common::*;
+use tap::{http_get, HostTap};
 
 /// The tap's subnet: the host side and the guest (addresses that exist only on the tap).
 const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -28,84 +30,15 @@ const HTTP_PORT: u16 = 8080;
 /// checks the path, not a throughput run; scripts/io-compare-lab.sh measures that).
 const STREAM_BYTES: u64 = 32 << 20;
 
-/// A host tap with an address, removed on drop.
-struct HostTap(String);
-
-impl HostTap {
-    fn create(name: &str) -> HostTap {
-        let _ = ip(&["link", "del", name]);
-        for args in [
-            vec!["tuntap", "add", "dev", name, "mode", "tap"],
-            vec!["addr", "add", "10.77.0.1/24", "dev", name],
-            vec!["link", "set", name, "up"],
-        ] {
-            let out = ip(&args);
-            assert!(
-                out.status.success(),
-                "ip {}: {} (the test needs root and the tun module)",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        HostTap(name.to_string())
-    }
-}
-
-impl Drop for HostTap {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", &self.0]);
-    }
-}
-
-fn ip(args: &[&str]) -> std::process::Output {
-    Command::new("ip").args(args).output().expect("run ip")
-}
-
-/// `GET path` from the guest's httpd: the body, once it answers (the guest's address and ARP
-/// take a moment), or a panic at `deadline`.
-fn http_get(path: &str, deadline: Instant) -> Vec<u8> {
-    let addr = SocketAddr::from((GUEST_IP, HTTP_PORT));
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        let got = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(|mut s| {
-            s.set_read_timeout(Some(Duration::from_secs(60)))?;
-            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: guest\r\n\r\n").as_bytes())?;
-            let mut r = Vec::new();
-            s.read_to_end(&mut r)?;
-            Ok(r)
-        });
-        match got {
-            Ok(r) => {
-                let end = r
-                    .windows(4)
-                    .position(|w| w == b"\r\n\r\n")
-                    .unwrap_or_else(|| panic!("no HTTP header in {r:?}"));
-                let head = String::from_utf8_lossy(&r[..end]);
-                assert!(
-                    head.starts_with("HTTP/1.") && head.contains(" 200 "),
-                    "{head}"
-                );
-                return r[end + 4..].to_vec();
-            }
-            Err(e) => last = e.to_string(),
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    panic!("no HTTP answer from {addr}: {last}");
-}
-
 #[test]
 fn linux_guest_serves_http_on_its_tap_and_streams_to_the_host() {
-    if !farvm_tests::kvm_available() {
-        return;
-    }
-    if !linux_can_boot("its network device is tested in the KVM lab") {
+    if !linux_test_can_run("its network device is tested in the KVM lab") {
         return;
     }
     let img = guest_image();
     let (dir, disk) = scratch_disk("net", &img);
     let tap_name = format!("fvn{}", std::process::id() % 100_000);
-    let _tap = HostTap::create(&tap_name);
+    let _tap = HostTap::create(&tap_name, "10.77.0.1/24");
     let listener = TcpListener::bind((HOST_IP, 0)).expect("listen on the tap's host address");
     let port = listener.local_addr().unwrap().port();
 
@@ -132,7 +65,8 @@ fn linux_guest_serves_http_on_its_tap_and_streams_to_the_host() {
          set -- $(cat /tmp/www/index.html) && echo PAGE $1"
     ));
     let page = vm.wait_for("the guest's page", deadline, |l| marked_sum(l, "PAGE"));
-    let body = http_get("/", deadline);
+    let guest = SocketAddr::from((GUEST_IP, HTTP_PORT));
+    let body = http_get(guest, "/", deadline);
     assert_eq!(
         String::from_utf8_lossy(&body).trim(),
         page,
@@ -140,7 +74,7 @@ fn linux_guest_serves_http_on_its_tap_and_streams_to_the_host() {
     );
     let blob = dir.join("blob.got");
     let t = Instant::now();
-    std::fs::write(&blob, http_get("/blob", deadline)).unwrap();
+    std::fs::write(&blob, http_get(guest, "/blob", deadline)).unwrap();
     eprintln!("GET /blob (16 MiB): {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(
         host_sha256(&format!("cat {}", blob.display())),
@@ -192,11 +126,13 @@ fn linux_guest_serves_http_on_its_tap_and_streams_to_the_host() {
     );
 
     vm.type_line("poweroff");
-    let (status, _) = vm.finish(deadline);
+    let (status, rest) = vm.finish(deadline);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(
         status,
         Some(0),
         "farvm's exit status after the guest's poweroff"
     );
+    let report = json_report(&rest);
+    assert_eq!(report["exit_status"], 0, "{report}");
 }

@@ -161,6 +161,54 @@ fn testguest() {
     assert_eq!(f.local_only, None);
 }
 
+/// The operator's Debian VM (scripts/debian-guest-image.sh, booted in the KVM lab by
+/// tests/tests/linux_debian.rs): direct kernel boot with root=/dev/vda, one raw disk, one tap.
+#[test]
+fn debian() {
+    let p = parse("debian.xml");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let d = &p.domain;
+    assert_eq!(
+        (d.name.as_str(), d.memory, d.vcpus),
+        ("debian-1", 256 << 20, 2)
+    );
+    assert_eq!(
+        d.os.kernel.as_deref(),
+        Some(Path::new("/var/lib/farvm/debian/vmlinuz"))
+    );
+    assert_eq!(
+        d.os.initrd.as_deref(),
+        Some(Path::new("/var/lib/farvm/debian/initrd.img"))
+    );
+    let cmdline = d.os.cmdline.as_deref().unwrap();
+    for word in [
+        "console=ttyS0",
+        "root=/dev/vda",
+        "rw",
+        "farvm_ip=192.168.100.2/24",
+    ] {
+        assert!(cmdline.split(' ').any(|w| w == word), "{word} in {cmdline}");
+    }
+    assert_eq!(d.disks.len(), 1);
+    let disk = &d.disks[0];
+    assert_eq!(disk.source, Path::new("/var/lib/farvm/debian/root.img"));
+    assert_eq!(
+        (disk.target.as_str(), disk.block, disk.readonly),
+        ("vda", false, false)
+    );
+    assert_eq!(
+        d.interfaces,
+        [Interface {
+            tap: "deb0".into(),
+            mac: Some([0x52, 0x54, 0x00, 0xde, 0xb1, 0x02]),
+        }]
+    );
+    assert_eq!(d.serial.as_ref().unwrap().backend, CharBackend::Pty);
+    let f = d.farvm.as_ref().unwrap();
+    assert_eq!(f.local_memory, Some(LocalShare::Percent(25.0)));
+    assert_eq!(f.servers, None);
+}
+
 #[test]
 fn units() {
     let p = parse("units.xml");

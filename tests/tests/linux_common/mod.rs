@@ -21,12 +21,7 @@ pub fn repo_root() -> PathBuf {
 
 /// Reads the `NAME=value` lines the image script prints (and keeps in DIR/env).
 pub fn parse_image_env(text: &str) -> GuestImage {
-    let get = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .map(|v| v.trim_matches('\'').to_string())
-            .unwrap_or_else(|| panic!("the guest image description has no {name}:\n{text}"))
-    };
+    let get = |name: &str| described(text, name, "the guest image description");
     GuestImage {
         kernel: get("GUEST_KERNEL").into(),
         initrd: get("GUEST_INITRD").into(),
@@ -75,6 +70,15 @@ pub fn script_output(var: &str, script: &str, what: &str) -> String {
         out.status
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The value of `NAME=value` (quotes removed) in an image script's description `text`
+/// (`what` names the description, for a failure).
+pub fn described(text: &str, name: &str, what: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .map(|v| v.trim_matches('\'').to_string())
+        .unwrap_or_else(|| panic!("{what} has no {name}:\n{text}"))
 }
 
 /// The `farvm` binary of this build (beside the test binary's deps/ directory), or
@@ -240,6 +244,15 @@ impl Farvm {
     }
 }
 
+/// farvm's `--json` report: the last line of `rest` (what [`Farvm::finish`] returns) that is
+/// JSON.
+pub fn json_report(rest: &[String]) -> serde_json::Value {
+    rest.iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("farvm's --json report")
+}
+
 /// SHA-256 of what `command` (sh) writes, on the host.
 pub fn host_sha256(command: &str) -> String {
     let out = Command::new("sh")
@@ -274,6 +287,12 @@ pub fn linux_can_boot(where_instead: &str) -> bool {
     );
     eprintln!("{msg}");
     false
+}
+
+/// Whether this host has /dev/kvm ([`farvm_tests::kvm_available`]) and can boot a stock
+/// Linux guest ([`linux_can_boot`], which says where the test runs instead).
+pub fn linux_test_can_run(where_instead: &str) -> bool {
+    farvm_tests::kvm_available() && linux_can_boot(where_instead)
 }
 
 /// A fresh scratch directory `farvm-linux-TAG-PID` with a copy of the image's data disk (the
