@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::lease::{Holder, LeaseTask, Stop};
+use super::lease::Stop;
 use super::vm::VmRegistration;
 use super::{Directory, PoolError};
 use crate::ids::VmId;
-use crate::placement::VmPlacement;
 use crate::record::VmRecord;
 
 impl VmRegistration {
@@ -95,45 +94,16 @@ impl Directory {
             .cloned()
             .ok_or_else(|| PoolError::Lost(format!("VM {vm} is not registered in the pool")))?;
         record.host = host.to_owned();
-        let placement = VmPlacement {
-            vm,
-            slabs: view.vm_slabs(vm).map(|(_, r)| r.clone()).collect(),
-        };
-        let value = serde_json::to_vec(&record).map_err(|e| PoolError::Etcd(e.to_string()))?;
-        let ttl_s = ttl.as_secs().max(1);
-        let mut lc = sh.client.lease_client();
-        let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
         let key = sh.keys.vm(&vm);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, fence)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let mut kv = sh.client.kv_client();
-        match sh.call(kv.txn(txn)) {
-            Ok(r) if r.succeeded() => {}
-            other => {
-                let _ = sh.call(lc.revoke(lease));
-                other?;
-                return Err(PoolError::Conflict { key });
-            }
-        }
-        tracing::info!(%vm, %host, "VM's namespace taken over from its old host");
-        let task = LeaseTask::start(
-            sh.clone(),
-            key,
-            value,
-            Duration::from_secs(ttl_s),
-            lease,
-            Holder::vm(&sh.keys, &vm, record.slabs),
-        );
-        Ok(VmRegistration::from_parts(
-            self.clone(),
+        let reg = self.put_vm_under_new_lease(
+            &view,
             record,
-            placement,
-            task,
-        ))
+            ttl,
+            vec![Compare::mod_revision(key.clone(), CompareOp::Equal, fence)],
+            Vec::new(),
+            PoolError::Conflict { key },
+        )?;
+        tracing::info!(%vm, %host, "VM's namespace taken over from its old host");
+        Ok(reg)
     }
 }

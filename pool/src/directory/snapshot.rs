@@ -9,12 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
 
-use super::lease::{Holder, LeaseTask, Stop};
+use super::lease::Stop;
 use super::vm::VmRegistration;
 use super::{Directory, PoolError};
 use crate::gc::{GcMark, PendingDiscard};
 use crate::ids::{ServerId, VmId};
-use crate::placement::VmPlacement;
 use crate::record::SnapshotRecord;
 
 fn now_ms() -> u64 {
@@ -109,52 +108,21 @@ impl Directory {
         }
         let mut record = snap.vm.clone();
         record.host = host.to_owned();
-        let placement = VmPlacement {
-            vm,
-            slabs: view.vm_slabs(vm).map(|(_, r)| r.clone()).collect(),
-        };
-        let value = to_json(&record)?;
-        let ttl_s = ttl.as_secs().max(1);
-        let mut lc = sh.client.lease_client();
-        let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
-        let vm_key = sh.keys.vm(&vm);
+        let name = record.name.clone();
         let snap_key = sh.keys.snapshot(&vm);
-        let txn = Txn::new()
-            .when([
+        let reg = self.put_vm_under_new_lease(
+            &view,
+            record,
+            ttl,
+            vec![
                 Compare::version(snap_key.clone(), CompareOp::Greater, 0),
-                Compare::create_revision(vm_key.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::delete(snap_key, None::<DeleteOptions>),
-                TxnOp::put(
-                    vm_key.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            ]);
-        let mut kv = sh.client.kv_client();
-        match sh.call(kv.txn(txn)) {
-            Ok(r) if r.succeeded() => {}
-            other => {
-                let _ = sh.call(lc.revoke(lease));
-                other?;
-                return Err(PoolError::NoSnapshot(vm));
-            }
-        }
-        tracing::info!(%vm, name = %record.name, "VM restored from its snapshot into the pool");
-        let task = LeaseTask::start(
-            sh.clone(),
-            vm_key,
-            value,
-            Duration::from_secs(ttl_s),
-            lease,
-            Holder::vm(&sh.keys, &vm, record.slabs),
-        );
-        let snap = snap.clone();
-        Ok((
-            VmRegistration::from_parts(self.clone(), record, placement, task),
-            snap,
-        ))
+                Compare::create_revision(sh.keys.vm(&vm), CompareOp::Equal, 0),
+            ],
+            vec![TxnOp::delete(snap_key, None::<DeleteOptions>)],
+            PoolError::NoSnapshot(vm),
+        )?;
+        tracing::info!(%vm, %name, "VM restored from its snapshot into the pool");
+        Ok((reg, snap.clone()))
     }
 
     /// Deletes VM `vm`'s snapshot record and frees its pages: in one transaction (only while

@@ -114,6 +114,62 @@ impl Directory {
 }
 
 impl Directory {
+    /// Registers VM `record` (placed as `view` says) under a new lease of `ttl`: in one
+    /// transaction, only while every compare of `when` holds, puts the record under the lease
+    /// together with the operations `also`, then keeps the lease alive in the background. If
+    /// the condition fails the lease is revoked and `refused` returned (an etcd failure is
+    /// returned as itself).
+    pub(super) fn put_vm_under_new_lease(
+        &self,
+        view: &crate::view::PoolView,
+        record: VmRecord,
+        ttl: Duration,
+        when: Vec<Compare>,
+        also: Vec<TxnOp>,
+        refused: PoolError,
+    ) -> Result<VmRegistration, PoolError> {
+        let sh = &self.shared;
+        let vm = record.uuid;
+        let placement = VmPlacement {
+            vm,
+            slabs: view.vm_slabs(vm).map(|(_, r)| r.clone()).collect(),
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| PoolError::Etcd(e.to_string()))?;
+        let ttl_s = ttl.as_secs().max(1);
+        let mut lc = sh.client.lease_client();
+        let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
+        let key = sh.keys.vm(&vm);
+        let mut ops = also;
+        ops.push(TxnOp::put(
+            key.clone(),
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        ));
+        let mut kv = sh.client.kv_client();
+        match sh.call(kv.txn(Txn::new().when(when).and_then(ops))) {
+            Ok(r) if r.succeeded() => {}
+            other => {
+                let _ = sh.call(lc.revoke(lease));
+                other?;
+                return Err(refused);
+            }
+        }
+        let task = LeaseTask::start(
+            sh.clone(),
+            key,
+            value,
+            Duration::from_secs(ttl_s),
+            lease,
+            Holder::vm(&sh.keys, &vm, record.slabs),
+        );
+        Ok(VmRegistration {
+            dir: self.clone(),
+            record,
+            placement,
+            task,
+        })
+    }
+
     /// Waits up to `timeout` until VM `vm` has nothing left to collect: no placement and no
     /// collector mark. Returns whether it got there.
     pub fn wait_reclaimed(
@@ -145,21 +201,6 @@ impl std::fmt::Debug for VmRegistration {
 }
 
 impl VmRegistration {
-    /// A registration from its parts (a restored snapshot's, `snapshot.rs`).
-    pub(super) fn from_parts(
-        dir: Directory,
-        record: VmRecord,
-        placement: VmPlacement,
-        task: LeaseTask,
-    ) -> Self {
-        Self {
-            dir,
-            record,
-            placement,
-            task,
-        }
-    }
-
     /// The directory it was made by.
     pub(super) fn dir(&self) -> &Directory {
         &self.dir
