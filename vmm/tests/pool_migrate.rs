@@ -131,6 +131,21 @@ fn start_destination_with(
     (child, addr)
 }
 
+/// Asserts that a VMM exited 0 with its workload's native checksum (`context` says which,
+/// with its log).
+fn assert_finished_native(out: &std::process::Output, context: &str) {
+    assert!(out.status.success(), "{context}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+}
+
+/// Waits for the pool to hold no VM, no slab and no page (`what` names the event).
+fn assert_pool_empty(pool: &Pool, what: &str) {
+    pool.wait(what, |v| {
+        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+}
+
 /// The stderr of the exited destination `name` (written once its pipe closed).
 fn dest_log(dir: &Path, name: &str) -> String {
     let path = dir.join(format!("{name}.stderr"));
@@ -220,12 +235,8 @@ fn a_pool_vm_migrated_mid_run_moves_its_resident_pages_only_and_finishes_there()
     assert!(v.vms.contains_key(&id) && v.snapshots.is_empty());
     let out = dst.wait_with_output().unwrap();
     let log = dest_log(&dir, "pmig-dst");
-    assert!(out.status.success(), "the destination: {log}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_native_report(&report, WORKLOAD);
-    pool.wait("the migrated VM's pages dropped at its exit", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_finished_native(&out, &format!("the destination: {log}"));
+    assert_pool_empty(&pool, "the migrated VM's pages dropped at its exit");
     assert!(
         !dir.join("incoming").exists(),
         "the key's directory is removed"
@@ -258,12 +269,8 @@ fn a_destination_that_dies_before_the_takeover_leaves_the_vm_running_at_its_sour
     // It runs on at the source to the uninterrupted run's checksum; nothing leaks.
     let out = src.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the source: {err}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_native_report(&report, WORKLOAD);
-    pool.wait("the VM's pages dropped at its exit", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_finished_native(&out, &format!("the source: {err}"));
+    assert_pool_empty(&pool, "the VM's pages dropped at its exit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -292,12 +299,8 @@ fn a_lost_answer_after_the_takeover_stops_the_source_and_the_vm_runs_at_the_dest
     assert!(v.vms.contains_key(&id));
     let out = dst.wait_with_output().unwrap();
     let log = dest_log(&dir, "pmig-silent");
-    assert!(out.status.success(), "the destination: {log}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_native_report(&report, WORKLOAD);
-    pool.wait("the VM's pages dropped at its exit", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_finished_native(&out, &format!("the destination: {log}"));
+    assert_pool_empty(&pool, "the VM's pages dropped at its exit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -323,9 +326,7 @@ fn a_source_that_dies_mid_stream_ends_the_destination_with_the_reason_and_leaks_
         "{log}"
     );
     // The source's lease (2 s) expires and the servers collect its namespace.
-    pool.wait("the dead VM's pages collected", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_pool_empty(&pool, "the dead VM's pages collected");
     assert!(
         !dir.join("incoming").exists(),
         "the key's directory is removed"
@@ -354,12 +355,8 @@ fn a_network_cut_mid_stream_leaves_the_vm_running_at_its_source() {
     assert!(v.vms.contains_key(&id));
     let out = src.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the source: {err}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_native_report(&report, WORKLOAD);
-    pool.wait("the VM's pages dropped at its exit", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_finished_native(&out, &format!("the source: {err}"));
+    assert_pool_empty(&pool, "the VM's pages dropped at its exit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -448,9 +445,7 @@ fn etcd_paused_during_the_handover_leaves_exactly_one_vm_running() {
     }
     let v = pool.dir.view().unwrap();
     assert!(v.vms.len() <= 1 && (v.vms.is_empty() || v.vms.contains_key(&id)));
-    pool.wait("the VM's pages dropped at its exit", |v| {
-        v.vms.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
-    });
+    assert_pool_empty(&pool, "the VM's pages dropped at its exit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
