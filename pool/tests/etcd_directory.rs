@@ -77,6 +77,18 @@ fn vm_request(guest: u64, local: u64, replication: u8) -> AdmissionRequest {
     }
 }
 
+/// A plain etcd client on `etcd` (to act behind the directory's back), with its runtime.
+fn raw_client(etcd: &LocalEtcd) -> (tokio::runtime::Runtime, etcd_client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let raw = rt
+        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
+        .unwrap();
+    (rt, raw)
+}
+
 fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -460,13 +472,7 @@ fn vm_lease_lost_in_an_outage_is_renewed_unless_reclaimed() {
     let vm = d.admit_vm(&req, TTL).unwrap();
     let first = vm.lease().unwrap();
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut raw = rt
-        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-        .unwrap();
+    let (rt, mut raw) = raw_client(&etcd);
 
     // The lease vanishes (as after an outage longer than its TTL): the VM registers again.
     rt.block_on(raw.lease_revoke(first)).unwrap();
@@ -844,13 +850,7 @@ fn a_handover_gives_the_vm_to_exactly_one_host() {
         "the source still sees the record as its own"
     );
     let src_lease = src.lease().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut raw = rt
-        .block_on(etcd_client::Client::connect([etcd.endpoint()], None))
-        .unwrap();
+    let (rt, mut raw) = raw_client(&etcd);
     // The source's lease expires (an outage): it must not register the VM again over the
     // destination's record.
     rt.block_on(raw.lease_revoke(src_lease)).unwrap();

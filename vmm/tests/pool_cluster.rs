@@ -239,30 +239,26 @@ impl Cluster {
 
     /// Starts a VM on `host` (its log in the cluster's run directory).
     fn start_vm(&self, host: &str, workload: &str, tag: &str) -> Vm {
-        let log = self.run.join(format!("{}-vm-{host}-{tag}.log", self.name));
-        let child = self
-            .exec(host, "farvm")
-            .args(self.vm_args(host, workload))
-            .stdout(Stdio::piped())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn farvm run");
-        Vm {
-            child,
-            workload: workload.to_string(),
-            log,
-        }
+        self.start_vm_with(host, workload, tag, None)
     }
+
     /// Starts a VM on `host` with its control socket at `sock` (for `farvm migrate`).
     fn start_controlled_vm(&self, host: &str, workload: &str, tag: &str, sock: &Path) -> Vm {
+        self.start_vm_with(host, workload, tag, Some(sock))
+    }
+
+    /// Starts a VM on `host`, with a control socket at `sock` if given.
+    fn start_vm_with(&self, host: &str, workload: &str, tag: &str, sock: Option<&Path>) -> Vm {
         let log = self.run.join(format!("{}-vm-{host}-{tag}.log", self.name));
         let mut args = self.vm_args(host, workload);
-        args.retain(|a| a != "--no-control-socket");
+        if let Some(sock) = sock {
+            args.retain(|a| a != "--no-control-socket");
+            args.push("--control-socket".into());
+            args.push(sock.display().to_string());
+        }
         let child = self
             .exec(host, "farvm")
             .args(args)
-            .arg("--control-socket")
-            .arg(sock)
             .stdout(Stdio::piped())
             .stderr(File::create(&log).unwrap())
             .spawn()
