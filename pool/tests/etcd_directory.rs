@@ -887,3 +887,55 @@ fn a_handover_gives_the_vm_to_exactly_one_host() {
         "the source still owns its record"
     );
 }
+
+#[test]
+fn a_handover_decided_while_etcd_is_stopped_is_settled_from_the_record() {
+    // A transaction whose client gave up may still run when etcd does; a second try then
+    // fails its condition. The source's cancel, sent while etcd is stopped, must end as
+    // "kept" (the record is under its lease), never as "the destination took it".
+    let etcd = etcd();
+    let d = dir(&etcd);
+    let _servers = three_racks(&d);
+    // Longer than the pause below: no lease expires in it.
+    let ttl = Duration::from_secs(10);
+    let req = vm_request(4 * GIB, GIB, 2);
+    let src = d.admit_vm(&req, ttl).unwrap();
+    let fence = src.handover_fence().unwrap();
+    let pid = etcd.pid().unwrap() as i32;
+    // SAFETY: kill(2) on the etcd this test started; no memory is involved.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let cancel = std::thread::spawn(move || {
+        let kept = src.cancel_handover(fence);
+        (src, kept)
+    });
+    // Past the request timeout (2 s): the first try has failed at the client.
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let (src, kept) = cancel.join().unwrap();
+    assert!(kept.unwrap(), "the source lost a VM it kept");
+    match d.take_over_vm(req.vm, "host2", ttl, fence) {
+        Err(PoolError::Conflict { .. }) => {}
+        other => panic!("took over a cancelled handover: {other:?}"),
+    }
+    let (rt, mut raw) = raw_client(&etcd);
+    let key = farvm_pool::keys::KeyLayout::default().vm(&req.vm);
+    let resp = rt.block_on(raw.get(key.clone(), None)).unwrap();
+    assert_eq!(resp.kvs()[0].lease(), src.lease().unwrap());
+
+    // The same for a takeover sent while etcd is stopped: it ends as "taken" once etcd
+    // runs, and the source's cancel then fails.
+    let fence = src.handover_fence().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let d2 = d.clone();
+    let take = std::thread::spawn(move || d2.take_over_vm(req.vm, "host2", ttl, fence));
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let dst = take.join().unwrap().unwrap();
+    assert_eq!(dst.record().host, "host2");
+    assert!(!src.cancel_handover(fence).unwrap());
+    let resp = rt.block_on(raw.get(key, None)).unwrap();
+    assert_eq!(resp.kvs()[0].lease(), dst.lease().unwrap());
+}

@@ -481,7 +481,8 @@ fn bad_migrations_are_refused_with_the_reason_and_the_vm_runs_on() {
             &format!("pmig-local-{}", std::process::id()),
         ])
         .args(["--memory", "64M", "--local-memory", "50%"])
-        .args(["--workload", "seq:ws=32M,passes=4,write=1,verify=1"])
+        // Long enough (seconds) to be still running when the refusals below are checked.
+        .args(["--workload", "seq:ws=32M,passes=40,write=1,verify=1"])
         .args(["--serial", "none", "--json", "--control-socket"])
         .arg(&sock)
         .stdout(Stdio::piped())

@@ -16,6 +16,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::lease::Stop;
+use super::settle::{read_patiently, settle};
 use super::vm::VmRegistration;
 use super::{Directory, PoolError};
 use crate::ids::VmId;
@@ -46,7 +47,7 @@ impl VmRegistration {
     /// the record's revision is still `fence`, puts the record again under this lease (the
     /// destination's commit then fails). `Ok(true)`: the VM is still this registration's;
     /// `Ok(false)`: the destination committed first and owns the namespace (stop with
-    /// [`VmRegistration::handed_over`]).
+    /// [`VmRegistration::handed_over`]). An error: etcd has not decided yet (see `settle`).
     pub fn cancel_handover(&self, fence: i64) -> Result<bool, PoolError> {
         let sh = &self.dir().shared;
         let key = sh.keys.vm(&self.record().uuid);
@@ -55,15 +56,15 @@ impl VmRegistration {
         })?;
         let value =
             serde_json::to_vec(self.record()).map_err(|e| PoolError::Etcd(e.to_string()))?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, fence)])
-            .and_then([TxnOp::put(
-                key,
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let mut kv = sh.client.kv_client();
-        Ok(sh.call(kv.txn(txn))?.succeeded())
+        settle(sh, &key, lease, || {
+            Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, fence)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+        })
     }
 
     /// The source's end after the destination committed: its lease (which holds nothing now:
@@ -78,7 +79,8 @@ impl Directory {
     /// Commits the handover of VM `vm` to `host` (see the module doc): grants a lease of
     /// `ttl`, and in one transaction, only while the record's revision is `fence`, puts the
     /// record under it. [`PoolError::Conflict`] if the record changed since the fence (the
-    /// source cancelled, or its lease was renewed): the source keeps the VM.
+    /// source cancelled, or its lease was renewed): the source keeps the VM. While etcd does
+    /// not answer it tries again (for up to 300 s); an error then leaves the outcome unknown.
     pub fn take_over_vm(
         &self,
         vm: VmId,
@@ -87,7 +89,8 @@ impl Directory {
         fence: i64,
     ) -> Result<VmRegistration, PoolError> {
         let sh = &self.shared;
-        let view = sh.view()?;
+        // The destination waits for etcd as its source does (the guest is paused either way).
+        let view = read_patiently("taking a VM over", || sh.view())?;
         let mut record: VmRecord = view
             .vms
             .get(&vm)

@@ -21,6 +21,7 @@ mod handover;
 mod lease;
 mod racks;
 mod server;
+mod settle;
 mod snapshot;
 mod vm;
 mod watch;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
 
 use super::lease::{Holder, LeaseTask, RegistrationState, Stop};
+use super::settle::{is_lease_gone, settle};
 use super::{Directory, PoolError};
 use crate::gc::NamespaceReclaimer;
 use crate::placement::{admit, AdmissionRequest, VmPlacement};
@@ -13,6 +14,10 @@ use crate::record::VmRecord;
 
 /// Admission attempts before giving up with [`PoolError::Contended`].
 const ADMIT_ATTEMPTS: u32 = 8;
+
+/// Leases granted, one after another expired in an outage, before a registration that
+/// replaces a record gives up.
+const LEASE_GRANTS: u32 = 3;
 
 /// An admitted VM. Dropping it revokes the VM's lease and leaves its placement to the garbage
 /// collector; [`VmRegistration::retire`] is the clean exit that discards its pages first.
@@ -117,8 +122,10 @@ impl Directory {
     /// Registers VM `record` (placed as `view` says) under a new lease of `ttl`: in one
     /// transaction, only while every compare of `when` holds, puts the record under the lease
     /// together with the operations `also`, then keeps the lease alive in the background. If
-    /// the condition fails the lease is revoked and `refused` returned (an etcd failure is
-    /// returned as itself).
+    /// the condition fails the lease is revoked and `refused` returned. While etcd does not
+    /// answer, the transaction is sent again until it is decided (`settle`): an etcd failure
+    /// returned means the outcome is not known (the lease is then left to expire, never
+    /// revoked: revoking would delete a record that did get under it).
     pub(super) fn put_vm_under_new_lease(
         &self,
         view: &crate::view::PoolView,
@@ -137,23 +144,34 @@ impl Directory {
         let value = serde_json::to_vec(&record).map_err(|e| PoolError::Etcd(e.to_string()))?;
         let ttl_s = ttl.as_secs().max(1);
         let mut lc = sh.client.lease_client();
-        let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
         let key = sh.keys.vm(&vm);
-        let mut ops = also;
-        ops.push(TxnOp::put(
-            key.clone(),
-            value.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        ));
-        let mut kv = sh.client.kv_client();
-        match sh.call(kv.txn(Txn::new().when(when).and_then(ops))) {
-            Ok(r) if r.succeeded() => {}
-            other => {
-                let _ = sh.call(lc.revoke(lease));
-                other?;
-                return Err(refused);
+        let txn = |lease: i64| {
+            let mut ops = also.clone();
+            ops.push(TxnOp::put(
+                key.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+            Txn::new().when(when.clone()).and_then(ops)
+        };
+        // An error leaves the outcome unknown (the transaction may still commit): it is
+        // settled, never taken for a refusal (see `settle`).
+        let mut granted = 0;
+        let lease = loop {
+            let lease = sh.call(lc.grant(ttl_s as i64, None))?.id();
+            granted += 1;
+            match settle(sh, &key, lease, || txn(lease)) {
+                Ok(true) => break lease,
+                Ok(false) => {
+                    // The record is not under this lease: nothing is.
+                    let _ = sh.call(lc.revoke(lease));
+                    return Err(refused);
+                }
+                // The lease expired while etcd did not answer: nothing was put under it.
+                Err(e) if is_lease_gone(&e) && granted < LEASE_GRANTS => continue,
+                Err(e) => return Err(e),
             }
-        }
+        };
         let task = LeaseTask::start(
             sh.clone(),
             key,
