@@ -158,8 +158,30 @@ impl Access {
     /// not start is brought in by the copy itself, one at a time.
     pub fn fetch_ahead(&self, gpa: u64, len: u64) -> Result<(), EngineError> {
         let (first, end) = self.check_range(gpa, len)?;
+        self.fetch(first..end);
+        Ok(())
+    }
+
+    /// As [`Self::fetch_ahead`], for the listed pages in their order (a restore's recorded
+    /// working set). A page outside guest RAM is an error, and nothing is fetched.
+    pub fn fetch_pages(&self, pages: &[u64]) -> Result<(), EngineError> {
+        let mem = self.installer.guest_range().1;
+        let total = mem / PAGE_SIZE as u64;
+        if let Some(&p) = pages.iter().find(|&&p| p >= total) {
+            return Err(EngineError::OutOfRange {
+                gpa: p.saturating_mul(PAGE_SIZE as u64),
+                len: PAGE_SIZE as u64,
+                mem,
+            });
+        }
+        self.fetch(pages.iter().copied());
+        Ok(())
+    }
+
+    /// Starts the demand reads of the remote pages among `pages`, in one batch.
+    fn fetch(&self, pages: impl Iterator<Item = u64>) {
         let mut reqs = Vec::new();
-        for p in first..end {
+        for p in pages {
             let w = self.table.load(p);
             if state_of(w) != st::REMOTE {
                 continue;
@@ -184,7 +206,6 @@ impl Access {
         if !reqs.is_empty() {
             self.port.read(&reqs);
         }
-        Ok(())
     }
 
     /// Calls `f(page, offset_in_page, range_in_buffer)` for each page piece of the access.

@@ -210,6 +210,26 @@ impl Engine {
         self.access.fetch_ahead(gpa, len)
     }
 
+    /// Starts the reads of the remote pages among `pages` (guest page numbers) in one batch,
+    /// in that order, as far as free frames allow, without waiting (a restore fetching its
+    /// recorded working set). A page outside guest RAM is [`EngineError::OutOfRange`].
+    pub fn fetch_pages(&self, pages: &[u64]) -> Result<(), EngineError> {
+        self.access.fetch_pages(pages)
+    }
+
+    /// The pages that became resident since the engine started (or since
+    /// [`Engine::restart_touch_log`]), each once, in the order they first did: the guest's
+    /// first touches, and the prefetches and VMM accesses that came before them.
+    pub fn touch_order(&self) -> Vec<u64> {
+        self.parts.installer().touch_log().pages()
+    }
+
+    /// Restarts the log of [`Engine::touch_order`] (a restore does, just before the guest
+    /// runs, so that what it loaded is not taken for the guest's touches).
+    pub fn restart_touch_log(&self) {
+        self.parts.installer().touch_log().restart()
+    }
+
     /// Makes `[gpa, gpa+len)` resident (returns once every page is installed).
     pub fn ensure_resident(&self, gpa: u64, len: u64) -> Result<(), EngineError> {
         self.access.ensure_resident(gpa, len)

@@ -6,7 +6,7 @@
 //! Two jobs, two files: the backing is the memory mechanism (where a page's bytes live, how
 //! they enter and leave the guest view, the userfaultfd, landing frames), the same whichever
 //! page it is; the installer is the page-state protocol on top of it (pins in the state
-//! words, counters, wake-ups, fingerprints, the stage-2 gate). The engine's other parts talk
+//! words, counters, the touch log, wake-ups, fingerprints, the stage-2 gate). The engine's other parts talk
 //! to the installer only, so guest RAM has one owner; calls that need no page state
 //! (`drop_landing`, `settle`, `evictable`, `unpool`, `publish_pool`, `free`) pass straight
 //! through to the backing.
@@ -33,6 +33,7 @@ use crate::stats::{Counter, Counters};
 use crate::store::PageBuf;
 use crate::sys::mem;
 use crate::sys::uffd::{Fault, RawMsg, MAX_EVENTS};
+use crate::touchlog::TouchLog;
 use crate::translate::GuestPages;
 use crate::PAGE_SIZE;
 
@@ -42,6 +43,7 @@ pub(crate) struct Installer {
     table: Arc<PageTable>,
     meta: Arc<PageMeta>,
     counters: Arc<Counters>,
+    touch_log: TouchLog,
 }
 
 impl Installer {
@@ -64,12 +66,18 @@ impl Installer {
             )
         })?;
         Ok(Self {
+            touch_log: TouchLog::new(table.len()),
             ram,
             stage2: StageTwoGate::new(stage2),
             table,
             meta,
             counters,
         })
+    }
+
+    /// The order pages first became resident ([`TouchLog`]).
+    pub fn touch_log(&self) -> &TouchLog {
+        &self.touch_log
     }
 
     pub fn pages(&self) -> u64 {
@@ -170,6 +178,8 @@ impl Installer {
     /// First half of [`Installer::publish_local`]: the page becomes `LOCAL` with one pin held
     /// for the caller, not yet mapped. Returns the replaced word.
     pub fn claim_local(&self, p: u64, flags: impl Fn(u32) -> u32) -> u32 {
+        // Every way into the guest view passes here: the touch log sees each page's first.
+        self.touch_log.record(p);
         self.table
             .update(p, |w| {
                 Some(st::pins_only(w) + st::PIN_ONE + (st::LOCAL | flags(w) | st::F_REF))

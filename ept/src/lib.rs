@@ -41,6 +41,7 @@ mod reseal;
 mod spans;
 mod state;
 pub mod stats;
+mod touchlog;
 pub mod vcpu;
 
 // What acts on the parts.

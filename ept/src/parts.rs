@@ -7,7 +7,7 @@
 //! | [`RefaultClock`] | `refault.rs` | the eviction clock and each page's last eviction |
 //! | [`Frames`] | `frames.rs` | resident count vs budget, reserve and eviction marks; the evictor's wake-up |
 //! | [`PrefetchSlots`] | `prefetch_slots.rs` | prefetch reads in flight vs their cap |
-//! | [`Installer`] | `installer.rs` | guest RAM (memfd, guest view, alias), the userfaultfd, the stage-2 gate |
+//! | [`Installer`] | `installer.rs` | guest RAM (memfd, guest view, alias), the userfaultfd, the stage-2 gate, the touch log (`touchlog.rs`: the order pages first became resident) |
 //! | [`StorePort`] | `port.rs` | the store handle, requests outstanding, completion routing |
 //! | [`ResealProgress`] | `reseal.rs` | a key rotation's re-seal sweep: running, its cursor |
 //! | [`Queues`] | `queues.rs` | retry / consumed / write-back queues, the fault thread's doorbell, stop |

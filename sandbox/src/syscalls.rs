@@ -61,6 +61,9 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
             // UFFDIO_WRITEPROTECT / UFFDIO_MOVE (anonymous guest memory).
             any(&mut r, &[libc::SYS_ioctl]);
             any(&mut r, PAGE_DROP);
+            // A page a fault waits on is read again when its eviction gives it up; after a
+            // lazy restore that read may come from the snapshot's page file, already open.
+            any(&mut r, &[libc::SYS_pread64]);
         }
         ThreadClass::StoreConnection => {
             thread_runtime(&mut r)?;

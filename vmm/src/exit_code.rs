@@ -104,7 +104,7 @@ pub fn for_snapshot_error(e: &crate::snapshot::SnapshotError) -> i32 {
     match e {
         NotFound { .. } | Read { .. } => NO_INPUT,
         Corrupt { .. } | Version { .. } => BAD_KERNEL,
-        Unsupported(_) | NoDescription | Exists { .. } => USAGE,
+        Unsupported(_) | NoDescription | Exists { .. } | RestoreMode { .. } => USAGE,
         Write { .. } | State(_) | Kvm(_) | Memory(_) | Device(_) | Pool(_) => HOST_ERROR,
     }
 }

@@ -377,6 +377,7 @@ mod tests {
                 failed_requests: 0,
             },
             stage2_prefault: Stage2Prefault::On,
+            lazy_restore: None,
         };
         let mut e = Exposition::new();
         e.register_collector(Paging(stats, "vm\"1".into()));

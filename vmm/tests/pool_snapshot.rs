@@ -228,3 +228,148 @@ fn deleting_a_pool_snapshot_empties_the_servers() {
     assert_eq!(o.status.code(), Some(66));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Restores `snap` with `--restore-pages mode`, under the control socket `sock`.
+fn restore_running(snap: &Path, mode: &str, sock: &Path) -> Child {
+    farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(snap)
+        .args(["--restore-pages", mode, "--serial", "none", "--json"])
+        .arg("--control-socket")
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the VM at `sock` has made `pages` pages resident since its restore (its
+/// guest runs on, touching its working set).
+fn wait_for_touches(sock: &Path, vm: &mut Child, pages: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = vm.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(e) = vm.stderr.as_mut() {
+                let _ = std::io::Read::read_to_string(e, &mut err);
+            }
+            panic!("the restored VM exited ({status}) before touching {pages} pages: {err}");
+        }
+        if let Ok(v) = farvm_vmm::control::request(sock, "stats") {
+            let c = &v["paging"]["engine"]["counters"];
+            let reads = c["demand_faults"].as_u64().unwrap_or(0);
+            if reads >= pages {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restored VM did not touch {pages} pages"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finished_report(vm: Child) -> serde_json::Value {
+    let out = vm.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "farvm run --restore: {err}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The restore modes that start the guest with nothing local, chained on one VM: saved mid
+/// run, restored lazily (every resident page read from the page file on first touch), saved
+/// again while it still has pages in the first snapshot's file (the save copies them), that
+/// snapshot's recorded working set (the order the lazily restored guest touched its pages)
+/// fetched before the guest runs, and a third round fetching it behind the running guest.
+/// The workload verifies every word it reads and ends with the uninterrupted run's checksum.
+#[test]
+fn lazy_restores_fault_the_resident_pages_from_the_page_file_and_fetch_the_working_set() {
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2"], "512M");
+    let dir = scratch("lazy");
+    let sock = dir.join("vm.sock");
+    let mut vm = start_vm(&pool, &format!("pslazy-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut vm);
+    let first = dir.join("first");
+    save(&pool, &sock, &first, vm);
+    let resident = std::fs::read(first.join("resident.pages")).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(first.join("manifest.json")).unwrap()).unwrap();
+    let written = manifest["memory"]["pages_written"].as_u64().unwrap();
+    assert_eq!(
+        resident.len() as u64,
+        written * 24 + 16,
+        "one record per page"
+    );
+    let ws = std::fs::read(first.join("working-set.pages")).unwrap();
+    assert_eq!(
+        ws.len() as u64,
+        written * 8 + 16,
+        "every resident page, in order"
+    );
+
+    // An unknown mode is refused before anything is read; the snapshot stays restorable.
+    let o = farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(&first)
+        .args(["--restore-pages", "sideways", "--serial", "none"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("sideways"), "{err}");
+
+    // Lazy: nothing loaded before the guest runs; every page it touches from the file.
+    let sock2 = dir.join("vm2.sock");
+    let mut vm = restore_running(&first, "lazy", &sock2);
+    wait_for_touches(&sock2, &mut vm, 2000);
+    let v = farvm_vmm::control::request(&sock2, "stats").unwrap();
+    let lazy = &v["paging"]["lazy_restore"];
+    assert!(lazy["page_file_reads"].as_u64().unwrap() > 0, "{v}");
+    let c = &v["paging"]["engine"]["counters"];
+    assert_eq!(
+        c["remote_reads_prefetch"].as_u64(),
+        Some(0),
+        "prefetcher off: {c}"
+    );
+    let second = dir.join("second");
+    let o = snapshot(&sock2, &second);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = finished_report(vm);
+    assert_eq!(report["outcome"]["kind"], "snapshotted", "{report}");
+    pool.wait("the second snapshot record", |v| v.snapshots.len() == 1);
+
+    // The working set recorded since the lazy restore, fetched before the guest runs.
+    let ws = std::fs::read(second.join("working-set.pages")).unwrap();
+    let ws_pages = (ws.len() as u64 - 16) / 8;
+    assert!(ws_pages > 0);
+    let sock3 = dir.join("vm3.sock");
+    let mut vm = restore_running(&second, "working-set", &sock3);
+    wait_for_touches(&sock3, &mut vm, 1000);
+    let v = farvm_vmm::control::request(&sock3, "stats").unwrap();
+    let fetched = v["paging"]["lazy_restore"]["working_set_fetched"].as_u64();
+    assert_eq!(fetched, Some(ws_pages), "{v}");
+    let third = dir.join("third");
+    let o = snapshot(&sock3, &third);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(finished_report(vm)["outcome"]["kind"], "snapshotted");
+    pool.wait("the third snapshot record", |v| v.snapshots.len() == 1);
+
+    // Behind the running guest, to the end of the workload.
+    let sock4 = dir.join("vm4.sock");
+    let report = finished_report(restore_running(&third, "working-set-async", &sock4));
+    assert_native_report(&report, WORKLOAD);
+    let lazy = &report["paging"]["lazy_restore"];
+    assert!(
+        lazy["working_set_fetched"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    pool.wait("the restored VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.snapshots.is_empty() && v.slabs.is_empty() && Pool::used(v) == 0
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

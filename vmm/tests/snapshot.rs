@@ -97,6 +97,22 @@ fn a_vm_saved_mid_run_resumes_and_finishes_with_the_native_checksum() {
     assert_eq!(saved["processes"][0]["state_name"], "running", "{saved}");
     assert!(snap.join("manifest.json").is_file() && snap.join("memory.pages").is_file());
 
+    // A full copy (no pool) restores eagerly only: a lazy mode is refused before the VM is
+    // built, naming the flag.
+    let o = farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(&snap)
+        .args(["--restore-pages", "lazy", "--serial", "none"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("--restore-pages lazy") && err.contains("eagerly only"),
+        "{err}"
+    );
+
     let o = farvm()
         .arg("run")
         .arg("--restore")

@@ -131,6 +131,23 @@ options, ...) are the snapshot's and may not be given; --name, --serial, --seria
 --guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
 apply. A missing snapshot exits 66, a corrupt one or one of another format version 65.
 
+RESTORE MODES
+--restore-pages chooses how a pool VM's snapshot brings back its resident pages (its remote
+pages are always read from the pool on the guest's first touch). eager (the default) loads
+every one from the page file before the guest's first instruction. The other modes start the
+guest with none loaded: the paging engine reads each from the snapshot's page file on the
+guest's first touch, checked against the fingerprint the save recorded (resident.pages), and
+the page leaves the file for the pool once it is written back; the snapshot directory must
+stay in place while the restored VM runs (a save or migration of that VM copies the pages it
+still serves). lazy runs the VM with its prefetcher off, lazy-prefetch with it on.
+working-set fetches the pages listed in working-set.pages (the resident pages in the order the
+saved run first touched them) in that order, 256 pages per batch, before the first
+instruction; working-set-async starts the guest at once and fetches them on a thread of its
+own (restore-ws) behind it; both run the VM's prefetcher. A snapshot without resident.pages
+(an older farvm's) or a full-copy snapshot (no pool) restores eagerly only: another mode is
+refused before the VM is built (exit 64).
+docs/snapshot.md compares the modes.
+
 LIVE MIGRATION
 --incoming HOST:PORT --migration-key-file PATH waits on HOST:PORT for one VM that `farvm
 migrate --vm NAME --to HOST:PORT --key-file PATH` sends from another host, over a stream
@@ -404,6 +421,20 @@ pub struct RunArgs {
         "prefetcher", "disks", "nets",
     ])]
     pub restore: Option<PathBuf>,
+    /// How a pool VM's snapshot brings its resident pages back (see RESTORE MODES): eager
+    /// (all of them loaded from the page file before the guest runs), lazy (each read from
+    /// the page file on the guest's first touch, prefetcher off), lazy-prefetch (the same,
+    /// the VM's prefetcher on), working-set (the pages the saved run touched, in the order it
+    /// first did, fetched before the guest runs; the rest as lazy-prefetch) or
+    /// working-set-async (the same fetch, behind the running guest).
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        requires = "restore",
+        default_value_t
+    )]
+    pub restore_pages: farvm_vmm::snapshot::RestorePages,
     /// Wait on HOST:PORT for a VM that `farvm migrate` sends from another host, and run it
     /// (see LIVE MIGRATION).
     #[arg(long, value_name = "HOST:PORT", requires = "migration_key_file", conflicts_with_all = [
@@ -719,7 +750,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
             (cfg, vm)
         }
         None => {
-            let snapshot = a.restore.as_deref().map(super::restore::open).transpose()?;
+            let snapshot = a
+                .restore
+                .as_deref()
+                .map(super::restore::open)
+                .transpose()?
+                .map(|snap| snap.restore_pages(a.restore_pages));
             let cfg = match (&snapshot, &a.domain) {
                 (Some(snap), _) => {
                     spec = super::restore::spec(snap, &a);

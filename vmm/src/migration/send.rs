@@ -15,7 +15,7 @@ use crate::snapshot::machine::check_saveable;
 use crate::snapshot::manifest::{Manifest, FORMAT, PAGES, POOL_VERSION};
 use crate::snapshot::pages::MemoryRecord;
 use crate::snapshot::remote::{file_offset, RemoteRecord, KEY, RECORD, REMOTE_PAGES};
-use crate::snapshot::SnapshotError;
+use crate::snapshot::{listed_page, SnapshotError};
 use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
 
@@ -385,10 +385,18 @@ fn final_phase(
     let (mut written, mut remote_pages) = (0u64, 0u64);
     let (mut drops, mut remote) = (Vec::new(), Vec::new());
     let mut resident = 0u64;
+    let mut from_old_file = vec![0u8; PAGE];
     saving
         .engine
         .save_pages(|p, what| -> Result<(), ListFailure> {
             let held = sent.hash.get(p as usize).copied().unwrap_or(0) != 0;
+            let what = listed_page(
+                saving.snapshot_pages.as_deref(),
+                p,
+                what,
+                &mut from_old_file,
+            )
+            .map_err(|e| ListFailure::Migration(MigrationError::Snapshot(e)))?;
             match what {
                 SavedPage::Resident(data) => {
                     resident += 1;

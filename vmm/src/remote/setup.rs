@@ -25,6 +25,7 @@ use super::local_server::LocalServer;
 use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
 use crate::devices::pvctl::PvCtl;
+use crate::snapshot::{PageFileStore, SnapshotPageFile};
 use crate::vstate::memory::{GuestRam, MemError};
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
@@ -134,6 +135,9 @@ pub struct RemoteSpec {
     pub memory_key_file: Option<PathBuf>,
     /// Restoring a pool VM's snapshot: take its namespace back instead of being admitted.
     pub pool_restore: Option<super::PoolRestore>,
+    /// A lazy restore (`farvm run --restore-pages`): the snapshot's page file, which serves
+    /// the resident pages on the guest's first touch.
+    pub snapshot_pages: Option<Arc<SnapshotPageFile>>,
 }
 
 impl RemoteSpec {
@@ -160,6 +164,7 @@ impl RemoteSpec {
             page_encryption: true,
             memory_key_file: None,
             pool_restore: None,
+            snapshot_pages: None,
         }
     }
 }
@@ -292,6 +297,9 @@ pub struct RemoteStats {
     pub remote: RemoteHealth,
     /// Whether stage-2 pre-fault is on, off or unsupported.
     pub stage2_prefault: Stage2Prefault,
+    /// A lazy restore's reads from its snapshot's page file (absent for any other VM).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lazy_restore: Option<crate::snapshot::LazyRestoreStats>,
 }
 
 /// Where stats come from, without keeping the engine alive (for the control socket and the
@@ -304,6 +312,7 @@ pub struct StatsSource {
     embedded: bool,
     pool_vm: Option<String>,
     stage2_prefault: bool,
+    snapshot_pages: Option<Arc<SnapshotPageFile>>,
 }
 
 impl StatsSource {
@@ -311,14 +320,16 @@ impl StatsSource {
     pub fn stats(&self) -> Option<RemoteStats> {
         let engine = self.engine.upgrade()?;
         let store = self.store.upgrade()?;
-        Some(collect(
+        let mut stats = collect(
             &engine,
             &store,
             &self.servers,
             self.embedded,
             self.pool_vm.clone(),
             self.stage2_prefault,
-        ))
+        );
+        stats.lazy_restore = self.snapshot_pages.as_ref().map(|f| f.stats());
+        Some(stats)
     }
 
     /// The engine, while it runs (per-process statistics, agent-slot changes).
@@ -393,6 +404,7 @@ fn collect(
             (true, false) => Stage2Prefault::Unsupported,
         },
         engine,
+        lazy_restore: None,
         remote: RemoteHealth {
             servers: servers.iter().map(|s| s.to_string()).collect(),
             embedded,
@@ -472,6 +484,11 @@ pub struct RemoteMemory {
     stage2_prefault: bool,
     watcher_stop: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
+    /// A lazy restore's page file (its pages not yet written back are served from it).
+    snapshot_pages: Option<Arc<SnapshotPageFile>>,
+    /// A working set fetched behind the running guest (`restore-ws`), stopped by
+    /// `watcher_stop` and joined before the engine stops.
+    background_fetch: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for RemoteMemory {
@@ -673,7 +690,12 @@ impl RemoteMemory {
             cfg.guest_memory = g;
         }
         let stage2 = Arc::new(LateStageTwo::default());
-        let mut parts = EngineParts::new(store.clone(), prefetcher);
+        // A lazy restore serves the snapshot's resident pages from its page file.
+        let engine_store: Arc<dyn farvm_ept::store::RemoteStore> = match &spec.snapshot_pages {
+            Some(file) => Arc::new(PageFileStore::new(file.clone(), store.clone())),
+            None => store.clone(),
+        };
+        let mut parts = EngineParts::new(engine_store, prefetcher);
         parts.stage2 = Box::new(SharedStageTwo(stage2.clone()));
         let guest_paging = Arc::new(GuestPaging::new(spec.linux_guest));
         if spec.page_space == PageSpace::Virtual {
@@ -702,6 +724,8 @@ impl RemoteMemory {
             stage2_prefault: spec.stage2_prefault,
             watcher_stop: Arc::new(AtomicBool::new(false)),
             watcher: None,
+            snapshot_pages: spec.snapshot_pages.clone(),
+            background_fetch: std::sync::Mutex::new(None),
         };
         if let Some(cpu) = spec.fault_path_cpu {
             // The fault handler now; the local server pinned its connection threads itself
@@ -723,7 +747,24 @@ impl RemoteMemory {
             namespace: self.namespace,
             keys: self.store.client().keys().cloned(),
             pool: pool.snapshot_handle(),
+            snapshot_pages: self.snapshot_pages.clone(),
         })
+    }
+
+    /// Fetches `pages` (a restored snapshot's working set) in their order on a thread of its
+    /// own while the guest runs; [`RemoteMemory::shutdown`] stops and joins it.
+    pub fn fetch_in_background(&self, pages: Vec<u64>) -> std::io::Result<()> {
+        let h = crate::snapshot::fetch_in_background(
+            self.engine.clone(),
+            pages,
+            self.snapshot_pages.clone(),
+            self.watcher_stop.clone(),
+        )?;
+        *self
+            .background_fetch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(h);
+        Ok(())
     }
 
     /// The engine (guest RAM, stats).
@@ -888,14 +929,16 @@ impl RemoteMemory {
 
     /// Engine and memserver statistics.
     pub fn stats(&self) -> RemoteStats {
-        collect(
+        let mut stats = collect(
             &self.engine,
             &self.store,
             &self.servers,
             self.local.is_some(),
             self.pool.as_ref().map(|p| p.vm().to_string()),
             self.stage2_prefault,
-        )
+        );
+        stats.lazy_restore = self.snapshot_pages.as_ref().map(|f| f.stats());
+        stats
     }
 
     /// A handle for reading stats later without keeping the engine alive.
@@ -907,6 +950,7 @@ impl RemoteMemory {
             embedded: self.local.is_some(),
             pool_vm: self.pool.as_ref().map(|p| p.vm().to_string()),
             stage2_prefault: self.stage2_prefault,
+            snapshot_pages: self.snapshot_pages.clone(),
         }
     }
 
@@ -923,6 +967,14 @@ impl RemoteMemory {
     pub fn shutdown(mut self) {
         self.watcher_stop.store(true, Ordering::Release);
         if let Some(h) = self.watcher.take() {
+            let _ = h.join();
+        }
+        let fetch = self
+            .background_fetch
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = fetch {
             let _ = h.join();
         }
         let Self {

@@ -19,14 +19,19 @@
 
 pub mod machine;
 pub mod manifest;
+mod page_file_store;
+pub mod page_lists;
 pub mod pages;
 pub mod remote;
 mod restore;
+mod restore_pages;
 mod save;
 
 use std::path::{Path, PathBuf};
 
+pub use page_file_store::{listed_page, LazyRestoreStats, PageFileStore, SnapshotPageFile};
 pub use restore::Snapshot;
+pub use restore_pages::{fetch_in_background, RestorePages};
 pub(crate) use save::machine_state;
 pub use save::{save, Saved};
 
@@ -85,6 +90,14 @@ pub enum SnapshotError {
     Exists {
         /// The directory.
         dir: PathBuf,
+    },
+    /// The snapshot cannot be restored the way asked (`farvm run --restore-pages`).
+    #[error("--restore-pages {mode}: {why}")]
+    RestoreMode {
+        /// The mode asked for.
+        mode: &'static str,
+        /// Why not.
+        why: String,
     },
     /// A device whose state farvm cannot save yet.
     #[error("cannot save {0} yet: the VM is left running")]

@@ -16,6 +16,8 @@ use farvm_ept::{Engine, EngineError, SavedPage};
 use serde::{Deserialize, Serialize};
 use twox_hash::XxHash3_128;
 
+use super::page_file_store::listed_page;
+use super::page_lists::{ListWriter, RESIDENT_PAGES, WORKING_SET};
 use super::pages::MemoryRecord;
 use super::SnapshotError;
 use crate::remote::RemoteSaving;
@@ -91,9 +93,19 @@ pub fn save(
     let mut remote = BufWriter::new(File::create(&remote_path).map_err(&remote_io)?);
     let (mut hasher, mut remote_hasher) = (XxHash3_128::new(), XxHash3_128::new());
     let (mut written, mut remote_pages) = (0u64, 0u64);
+    let mut resident_list = ListWriter::create(dir, RESIDENT_PAGES)?;
+    let mut in_file = vec![0u64; (bytes / PAGE).div_ceil(64) as usize + 1];
+    let mut from_old_file = vec![0u8; PAGE as usize];
     let listed = saving
         .engine
         .save_pages(|p, what| -> Result<(), SaveFailure> {
+            let what = listed_page(
+                saving.snapshot_pages.as_deref(),
+                p,
+                what,
+                &mut from_old_file,
+            )
+            .map_err(SaveFailure::Snapshot)?;
             match what {
                 SavedPage::Resident(data) => {
                     if data.iter().all(|&b| b == 0) {
@@ -106,6 +118,12 @@ pub fn save(
                     hasher.write(data);
                     file.write_all_at(data, at)
                         .map_err(|e| SaveFailure::Snapshot(io(e)))?;
+                    resident_list
+                        .resident(p, XxHash3_128::oneshot(data))
+                        .map_err(SaveFailure::Snapshot)?;
+                    if let Some(w) = in_file.get_mut((p / 64) as usize) {
+                        *w |= 1 << (p % 64);
+                    }
                     written += 1;
                 }
                 SavedPage::Remote(fp) => {
@@ -128,6 +146,8 @@ pub fn save(
     }
     file.set_len(bytes).map_err(&io)?;
     file.sync_all().map_err(&io)?;
+    resident_list.finish()?;
+    write_working_set(&saving.engine, dir, &mut in_file)?;
     let remote = remote.into_inner().map_err(|e| remote_io(e.into_error()))?;
     remote.sync_all().map_err(&remote_io)?;
     let key = saving
@@ -164,6 +184,37 @@ pub fn save(
             key_file,
         },
     ))
+}
+
+/// Writes the working set (`working-set.pages`): the pages of the page file (`in_file`, one
+/// bit per page, cleared here) in the order the engine's touch log has them, then those it
+/// did not log, in page order.
+fn write_working_set(
+    engine: &Engine,
+    dir: &Path,
+    in_file: &mut [u64],
+) -> Result<(), SnapshotError> {
+    let mut list = ListWriter::create(dir, WORKING_SET)?;
+    let pages = in_file.len() as u64 * 64;
+    let mut take = |p: u64| -> Option<u64> {
+        let w = in_file.get_mut((p / 64) as usize)?;
+        let bit = 1 << (p % 64);
+        let had = *w & bit != 0;
+        *w &= !bit;
+        had.then_some(p)
+    };
+    for p in engine.touch_order() {
+        if let Some(p) = take(p) {
+            list.page(p)?;
+        }
+    }
+    for i in 0..pages {
+        if let Some(p) = take(i) {
+            list.page(p)?;
+        }
+    }
+    list.finish()?;
+    Ok(())
 }
 
 /// Reads the remote pages file of `rec` in `dir` and takes each page back as remote in

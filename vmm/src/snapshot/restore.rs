@@ -6,7 +6,13 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
 use super::manifest::{Manifest, MANIFEST};
+use super::page_file_store::SnapshotPageFile;
+use super::page_lists::{self, RESIDENT_PAGES, WORKING_SET};
+use super::restore_pages::{self, RestorePages};
 use super::{pages, remote, SnapshotError};
 use crate::spec::VmSpec;
 use crate::vm::Vm;
@@ -18,6 +24,12 @@ pub struct Snapshot {
     manifest: Manifest,
     /// Received by a live migration: the fence its pool VM's takeover commits on.
     takeover_fence: Option<i64>,
+    /// How the resident pages come back.
+    restore_pages: RestorePages,
+    /// A lazy restore's resident pages and fingerprints, read by [`Snapshot::prepare`].
+    resident: OnceLock<Vec<(u64, u128)>>,
+    /// A working-set restore's pages in recorded order, read by [`Snapshot::prepare`].
+    working_set: OnceLock<Vec<u64>>,
 }
 
 impl Snapshot {
@@ -47,7 +59,18 @@ impl Snapshot {
             dir: dir.to_path_buf(),
             manifest,
             takeover_fence: None,
+            restore_pages: RestorePages::Eager,
+            resident: OnceLock::new(),
+            working_set: OnceLock::new(),
         })
+    }
+
+    /// Restores the resident pages as `mode` says (default [`RestorePages::Eager`]); a
+    /// mode other than eager needs a pool VM's snapshot that lists its resident pages
+    /// (checked by [`Snapshot::prepare`]).
+    pub fn restore_pages(mut self, mode: RestorePages) -> Self {
+        self.restore_pages = mode;
+        self
     }
 
     /// Marks the snapshot as a live migration's arrival: its pool VM takes the namespace
@@ -80,7 +103,16 @@ impl Snapshot {
     pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
         // Every page the guest had comes from the snapshot: the build leaves guest RAM alone.
         cfg.restoring = true;
+        let mode = self.restore_pages;
         let Some(rec) = &self.manifest.pool else {
+            if !mode.is_eager() {
+                return Err(SnapshotError::RestoreMode {
+                    mode: mode.name(),
+                    why: "the snapshot holds every page (its VM was not on a memory pool): \
+                          it restores eagerly only"
+                        .into(),
+                });
+            }
             return Ok(());
         };
         let path = self.dir.join(MANIFEST);
@@ -102,6 +134,63 @@ impl Snapshot {
             key_file: rec.key_file.as_ref().map(|k| self.dir.join(k)),
             takeover_fence: self.takeover_fence,
         });
+        if mode.is_eager() {
+            return Ok(());
+        }
+        let resident =
+            page_lists::read_resident(&self.dir)?.ok_or_else(|| SnapshotError::RestoreMode {
+                mode: mode.name(),
+                why: format!(
+                    "{} has no {RESIDENT_PAGES} (written by a farvm without lazy restores): \
+                     restore it eagerly",
+                    self.dir.display()
+                ),
+            })?;
+        let mem = &self.manifest.memory;
+        if resident.len() as u64 != mem.pages_written {
+            return Err(SnapshotError::corrupt(
+                &self.dir.join(RESIDENT_PAGES),
+                format!(
+                    "{} pages listed, the page file holds {}",
+                    resident.len(),
+                    mem.pages_written
+                ),
+            ));
+        }
+        let file_path = self.dir.join(&mem.file);
+        let len = std::fs::metadata(&file_path)
+            .map_err(SnapshotError::read(&file_path))?
+            .len();
+        if len != mem.bytes {
+            return Err(SnapshotError::corrupt(
+                &file_path,
+                format!("{len} bytes, the manifest says {}", mem.bytes),
+            ));
+        }
+        let file = SnapshotPageFile::open(&file_path, &mem.regions, resident.iter().map(|r| r.0))?;
+        remote.snapshot_pages = Some(Arc::new(file));
+        if mode == RestorePages::Lazy {
+            remote.prefetcher = "none".into();
+        }
+        if mode.uses_working_set() {
+            let ws = page_lists::read_working_set(&self.dir)?.ok_or_else(|| {
+                SnapshotError::RestoreMode {
+                    mode: mode.name(),
+                    why: format!(
+                        "{} has no {WORKING_SET}: restore it with lazy-prefetch",
+                        self.dir.display()
+                    ),
+                }
+            })?;
+            if let Some(&p) = ws.iter().find(|&&p| !remote_holds(&resident, p)) {
+                return Err(SnapshotError::corrupt(
+                    &self.dir.join(WORKING_SET),
+                    format!("page {p:#x} of the working set is not in the page file"),
+                ));
+            }
+            let _ = self.working_set.set(ws);
+        }
+        let _ = self.resident.set(resident);
         Ok(())
     }
 
@@ -118,15 +207,32 @@ impl Snapshot {
                 ),
             ));
         }
-        pages::load(vm.ram(), &self.dir.join(&m.memory.file), &m.memory)?;
-        if let Some(rec) = &m.pool {
-            let saving = vm.shared().remote_saving().ok_or_else(|| {
-                SnapshotError::State(
-                    "the snapshot's remote pages are in a memory pool, and the VM is not on one"
+        let saving = match &m.pool {
+            Some(rec) => {
+                let saving = vm.shared().remote_saving().ok_or_else(|| {
+                    SnapshotError::State(
+                        "the snapshot's remote pages are in a memory pool, and the VM is not on \
+                         one"
                         .into(),
-                )
-            })?;
-            remote::adopt(&saving.engine, &self.dir, rec)?;
+                    )
+                })?;
+                remote::adopt(&saving.engine, &self.dir, rec)?;
+                Some(saving)
+            }
+            None => None,
+        };
+        match (self.resident.get(), saving) {
+            // Lazy: the page file's pages are read on first touch (`PageFileStore`), checked
+            // against the fingerprints the save recorded.
+            (Some(resident), Some(saving)) if !self.restore_pages.is_eager() => {
+                for &(p, fp) in resident {
+                    saving
+                        .engine
+                        .adopt_remote(p, fp)
+                        .map_err(|e| SnapshotError::Memory(e.to_string()))?;
+                }
+            }
+            _ => pages::load(vm.ram(), &self.dir.join(&m.memory.file), &m.memory)?,
         }
         m.kvm.apply(vm.kvm_vm())?;
         for (state, fd) in m.vcpus.iter().zip(vm.vcpus()) {
@@ -150,7 +256,43 @@ impl Snapshot {
                 .pool
                 .restore_done()
                 .map_err(|e| SnapshotError::Pool(format!("taking the VM's namespace over: {e}")))?;
+            // From here the log is the guest's touches, not what the restore loaded.
+            saving.engine.restart_touch_log();
         }
+        self.fetch_working_set(vm)
+    }
+
+    /// A working-set restore's fetch: before the guest runs, or started behind it.
+    fn fetch_working_set(&self, vm: &Vm) -> Result<(), SnapshotError> {
+        let (Some(ws), Some(saving)) = (self.working_set.get(), vm.shared().remote_saving()) else {
+            return Ok(());
+        };
+        if self.restore_pages == RestorePages::WorkingSetAsync {
+            let remote = vm.remote().ok_or_else(|| {
+                SnapshotError::State("a working-set restore needs remote memory".into())
+            })?;
+            return remote
+                .fetch_in_background(ws.clone())
+                .map_err(|e| SnapshotError::State(format!("starting the working-set fetch: {e}")));
+        }
+        let started = std::time::Instant::now();
+        let n = restore_pages::fetch(
+            &saving.engine,
+            ws,
+            saving.snapshot_pages.as_deref(),
+            &AtomicBool::new(false),
+        )
+        .map_err(|e| SnapshotError::Memory(format!("fetching the working set: {e}")))?;
+        tracing::info!(
+            pages = n,
+            secs = started.elapsed().as_secs_f64(),
+            "working set fetched before the guest runs"
+        );
         Ok(())
     }
+}
+
+/// Whether `p` is among `resident` (sorted by page, as the save writes them).
+fn remote_holds(resident: &[(u64, u128)], p: u64) -> bool {
+    resident.binary_search_by_key(&p, |r| r.0).is_ok()
 }

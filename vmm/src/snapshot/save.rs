@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::machine::{check_saveable, DeviceState, KvmState};
 use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, POOL_VERSION, VERSION};
+use super::page_lists::{RESIDENT_PAGES, WORKING_SET};
 use super::pages::{self, MemoryRecord};
 use super::remote::{self, RemoteRecord, KEY, REMOTE_PAGES};
 use super::SnapshotError;
@@ -99,6 +100,8 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
                 MANIFEST.to_string(),
                 REMOTE_PAGES.to_string(),
                 KEY.to_string(),
+                RESIDENT_PAGES.to_string(),
+                WORKING_SET.to_string(),
             ] {
                 let _ = std::fs::remove_file(dir.join(f));
             }
