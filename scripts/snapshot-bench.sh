@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # Measures save and restore of a VM on remote memory, as a markdown table: a pool VM's
-# snapshot (resident pages only; its remote pages stay on the pool's memory servers) against
-# the full-copy snapshot of the same VM on an embedded memory server (every page written).
+# snapshot (resident pages only; its remote pages stay on the pool's memory servers) restored
+# in each mode of `farvm run --restore-pages` (eager, lazy, lazy-prefetch, working-set,
+# working-set-async), against the full-copy snapshot of the same VM on an embedded memory
+# server (every page written; restored eagerly, the only way it can be).
 #
-# Per variant: a test guest of --memory SIZE at 25% local runs a read-modify-write scan over
-# a working set that fills its RAM; once the scan runs its measured phase the VM is saved
-# (`farvm snapshot`), then restored (`farvm run --restore`) and run to the end. Columns:
+# Per row: a test guest of --memory SIZE at 25% local runs a read-modify-write scan that
+# verifies every word it reads, over a working set of --ws SIZE; once the scan runs its
+# measured phase the VM is saved (`farvm snapshot`), then restored (`farvm run --restore`)
+# and run to the end. A pool snapshot is restored once, so each row saves a VM of its own.
+# Columns:
 #   bytes written   the snapshot directory's allocated bytes (du; the page file is sparse)
 #   save s          how long the VM was paused for the save (`farvm snapshot`'s own count)
 #   restore→run s   from starting `farvm run --restore` to its vCPUs starting (its log line
 #                   "snapshot loaded; resuming the VM")
 #   finish s        from starting `farvm run --restore` to the workload's end (the run's exit)
+#   × eager         finish s over the pool snapshot's eager row's
+#   file pages      pages read from the page file (eager: all it holds; the other modes: the
+#                   restore's `paging.lazy_restore.page_file_reads`)
+#   pool pages      pages read from the memory servers after the restore (demand and
+#                   prefetch reads, less those the page file served)
 #
 # The pool is local: a private etcd and two `farvm-memserver --pool` processes on loopback,
-# one rack each (replication 2). Needs /dev/kvm, etcd (Debian's etcd-server) and a release
-# build (`cargo build --release -p farvm-vmm -p farvm-memserver`).
+# one rack each (replication 2). Needs /dev/kvm, etcd (Debian's etcd-server), jq and a
+# release build (`cargo build --release -p farvm-vmm -p farvm-memserver`).
 #
-# Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N]
-#        (defaults: --memory 1G --ws 900M --passes 4)
+# Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N] [--rows LIST]
+#        (defaults: --memory 1G --ws 900M --passes 4 --rows all; LIST is a comma-separated
+#        choice of full, eager, lazy, lazy-prefetch, working-set, working-set-async)
 set -euo pipefail
 
-memory=1G ws=900M passes=4
+memory=1G ws=900M passes=4 rows=full,eager,lazy,lazy-prefetch,working-set,working-set-async
 while [ $# -gt 0 ]; do
     case "$1" in
         --memory) memory=$2; shift 2 ;;
         --ws) ws=$2; shift 2 ;;
         --passes) passes=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --rows) [ "$2" = all ] || rows=$2; shift 2 ;;
+        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "snapshot-bench: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -35,6 +46,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${CARGO_TARGET_DIR:-$root/target}/release
 farvm=$bin/farvm
 memserver=$bin/farvm-memserver
+for r in ${rows//,/ }; do
+    case "$r" in
+        full|eager|lazy|lazy-prefetch|working-set|working-set-async) ;;
+        *) echo "snapshot-bench: unknown row $r (see --help)" >&2; exit 64 ;;
+    esac
+done
 for b in "$farvm" "$memserver"; do
     [ -x "$b" ] || { echo "snapshot-bench: $b missing: cargo build --release -p farvm-vmm -p farvm-memserver" >&2; exit 66; }
 done
@@ -62,7 +79,7 @@ url=http://127.0.0.1:$cport
 for _ in $(seq 100); do "$farvm" pool --etcd "$url" status >/dev/null 2>&1 && break; sleep 0.1; done
 "$farvm" pool --etcd "$url" racks add r1 r2 >/dev/null
 for r in r1 r2; do
-    "$memserver" --listen 127.0.0.1:0 --capacity 4G --pool "$url" --rack "$r" --pool-id "ms-$r" \
+    "$memserver" --listen 127.0.0.1:0 --capacity 8G --pool "$url" --rack "$r" --pool-id "ms-$r" \
         >"$work/ms-$r.out" 2>"$work/ms-$r.log" &
     pids+=($!)
 done
@@ -73,9 +90,12 @@ done
 
 workload="seq:ws=$ws,passes=$passes,write=1,verify=1"
 
-# Runs one variant ($1: pool|full); prints its table row.
+# Runs one row ($1: full, or the pool snapshot's restore mode); prints its table row.
+eager_finish=
 variant() {
-    local kind=$1 dir=$work/$1 name=snapbench-$1
+    local row=$1 kind=pool mode=$1
+    [ "$row" = full ] && kind=full mode=eager
+    local dir=$work/$row name=snapbench-$row
     mkdir -p "$dir"
     local args=(run --name "$name" --memory "$memory" --local-memory 25% --workload "$workload"
                 --serial none --json --control-socket "$dir/vm.sock")
@@ -85,7 +105,7 @@ variant() {
     # Wait for the measured phase (the working set is resident or remote by then).
     until "$farvm" stats --socket "$dir/vm.sock" --json 2>/dev/null \
         | jq -e '.processes[0].phase == 2' >/dev/null 2>&1; do
-        kill -0 "$vm" 2>/dev/null || { echo "snapshot-bench: the $kind VM exited early" >&2; cat "$dir/first.log" >&2; exit 70; }
+        kill -0 "$vm" 2>/dev/null || { echo "snapshot-bench: the $row VM exited early" >&2; cat "$dir/first.log" >&2; exit 70; }
         sleep 0.2
     done
     local saved
@@ -96,7 +116,8 @@ variant() {
     save_s=$(jq -r '.paused_secs' <<<"$saved")
     local t0 t_run t_end
     t0=$(date +%s.%N)
-    "$farvm" --log info run --restore "$dir/snap" --serial none --json --no-control-socket \
+    "$farvm" --log info run --restore "$dir/snap" --restore-pages "$mode" --serial none --json \
+        --no-control-socket \
         2> >(while IFS= read -r l; do echo "$(date +%s.%N) $l"; done >"$dir/restore.log") \
         >"$dir/restore.json"
     t_end=$(date +%s.%N)
@@ -105,14 +126,27 @@ variant() {
     local checksum
     # The raw digits: jq reads a u64 as a double.
     checksum=$(grep -oE '"checksum": ?[0-9]+' "$dir/restore.json" | head -1 | grep -oE '[0-9]+$')
-    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s |\n' "$kind" "$memory" \
+    local finish file_pages pool_pages ratio
+    finish=$(echo "$t_end - $t0" | bc)
+    file_pages=$(jq -r --argjson written "$(jq '.memory.pages_written' "$dir/snap/manifest.json")" \
+        '.paging.lazy_restore.page_file_reads // $written' "$dir/restore.json")
+    pool_pages=$(jq -r '.paging.engine.counters as $c
+        | $c.remote_reads_demand + $c.remote_reads_prefetch
+          - (.paging.lazy_restore.page_file_reads // 0)' "$dir/restore.json")
+    [ "$row" = eager ] && eager_finish=$finish
+    ratio=-
+    [ -n "$eager_finish" ] && ratio=$(printf '%.2f' "$(echo "$finish / $eager_finish" | bc -l)")
+    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n' "$kind" "$mode" \
         "$(numfmt --to=iec-i --suffix=B "$bytes")" "$save_s" \
-        "$(echo "$t_run - $t0" | bc)" "$(echo "$t_end - $t0" | bc)" "$checksum"
+        "$(echo "$t_run - $t0" | bc)" "$finish" "$ratio" "$file_pages" "$pool_pages" "$checksum"
 }
 
 echo "VM: --memory $memory --local-memory 25%, workload $workload"
 echo
-echo "| snapshot | guest RAM | bytes written | save s | restore→run s | finish s | checksum |"
-echo "|---|---|---|---|---|---|---|"
-variant pool
-variant full
+echo "| snapshot | restore | bytes written | save s | restore→run s | finish s | × eager | file pages | pool pages | checksum |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+# The pool's eager row first: the others' ratios are against it.
+order=$(tr ',' '\n' <<<"$rows" | awk '$0 == "eager" { print; next } { rest = rest $0 "\n" } END { printf "%s", rest }')
+for r in $order; do
+    variant "$r"
+done

@@ -85,6 +85,9 @@ pub(crate) fn list(class: ThreadClass) -> BuildResult<List> {
             // A tap's or the console input's reads, the guest's interrupt eventfd writes.
             any(&mut r, SOCKET_IO);
             any(&mut r, &[libc::SYS_ioctl]);
+            // A received packet written into a page of a lazily restored VM that is still in
+            // the snapshot's page file brings it in from there (the file already open).
+            any(&mut r, &[libc::SYS_pread64]);
         }
         ThreadClass::Metrics => {
             thread_runtime(&mut r)?;

@@ -9,14 +9,21 @@
 //! - [`saving`]: what a snapshot of a pool VM needs of its remote memory, and what its
 //!   restore brings back.
 //! - [`stage2`]: KVM_PRE_FAULT_MEMORY injection with feature detection (`StageTwo`).
+//! - [`page_file`]: a lazily restored VM's store, serving its snapshot's page file.
+//! - [`working_set`]: fetching a restored snapshot's recorded working set, in order.
 
 pub mod local_server;
+pub mod page_file;
 pub mod pool;
 pub mod saving;
 pub mod setup;
 pub mod stage2;
+pub mod working_set;
 
 pub use farvm_ept::{Budget, DEFAULT_PROBE_EVERY};
+pub use page_file::{
+    file_offset, LazyRestoreStats, PageFileError, PageFileStore, SnapshotPageFile,
+};
 pub use pool::{PoolAdmission, PoolSpec, PoolVm};
 pub use saving::{PoolRestore, RemoteSaving};
 pub use setup::{

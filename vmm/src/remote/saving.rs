@@ -28,7 +28,7 @@ pub struct RemoteSaving {
     pub pool: PoolHandoff,
     /// A lazy restore's page file: pages it still holds are listed remote by the engine
     /// but are not on the servers, so a save or a migration copies them from it.
-    pub snapshot_pages: Option<Arc<crate::snapshot::SnapshotPageFile>>,
+    pub snapshot_pages: Option<Arc<super::page_file::SnapshotPageFile>>,
 }
 
 /// A restore of a pool VM's snapshot (set by `crate::snapshot::Snapshot::prepare` on the

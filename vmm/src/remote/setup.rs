@@ -22,10 +22,10 @@ use farvm_memproto::auth::load_token_file;
 use serde::Serialize;
 
 use super::local_server::LocalServer;
+use super::page_file::{PageFileStore, SnapshotPageFile};
 use super::pool::{PoolSpec, PoolVm};
 use super::stage2::KvmPreFault;
 use crate::devices::pvctl::PvCtl;
-use crate::snapshot::{PageFileStore, SnapshotPageFile};
 use crate::vstate::memory::{GuestRam, MemError};
 use crate::vstate::outcome::{OutcomeLatch, VmOutcome};
 
@@ -299,7 +299,7 @@ pub struct RemoteStats {
     pub stage2_prefault: Stage2Prefault,
     /// A lazy restore's reads from its snapshot's page file (absent for any other VM).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lazy_restore: Option<crate::snapshot::LazyRestoreStats>,
+    pub lazy_restore: Option<super::page_file::LazyRestoreStats>,
 }
 
 /// Where stats come from, without keeping the engine alive (for the control socket and the
@@ -754,7 +754,7 @@ impl RemoteMemory {
     /// Fetches `pages` (a restored snapshot's working set) in their order on a thread of its
     /// own while the guest runs; [`RemoteMemory::shutdown`] stops and joins it.
     pub fn fetch_in_background(&self, pages: Vec<u64>) -> std::io::Result<()> {
-        let h = crate::snapshot::fetch_in_background(
+        let h = super::working_set::fetch_in_background(
             self.engine.clone(),
             pages,
             self.snapshot_pages.clone(),

@@ -19,7 +19,6 @@
 
 pub mod machine;
 pub mod manifest;
-mod page_file_store;
 pub mod page_lists;
 pub mod pages;
 pub mod remote;
@@ -29,9 +28,9 @@ mod save;
 
 use std::path::{Path, PathBuf};
 
-pub use page_file_store::{listed_page, LazyRestoreStats, PageFileStore, SnapshotPageFile};
+pub use remote::listed_page;
 pub use restore::Snapshot;
-pub use restore_pages::{fetch_in_background, RestorePages};
+pub use restore_pages::RestorePages;
 pub(crate) use save::machine_state;
 pub use save::{save, Saved};
 
@@ -120,6 +119,19 @@ pub enum SnapshotError {
     /// The memory pool refused or did not answer (etcd).
     #[error("memory pool: {0}")]
     Pool(String),
+}
+
+impl From<crate::remote::PageFileError> for SnapshotError {
+    fn from(e: crate::remote::PageFileError) -> Self {
+        use crate::remote::PageFileError;
+        match e {
+            PageFileError::Read { path, source } => SnapshotError::Read { path, source },
+            PageFileError::OutsideRam { path, page } => SnapshotError::Corrupt {
+                path,
+                reason: format!("page {page:#x} listed in it lies outside guest RAM"),
+            },
+        }
+    }
 }
 
 impl SnapshotError {

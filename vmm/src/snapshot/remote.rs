@@ -16,11 +16,10 @@ use farvm_ept::{Engine, EngineError, SavedPage};
 use serde::{Deserialize, Serialize};
 use twox_hash::XxHash3_128;
 
-use super::page_file_store::listed_page;
 use super::page_lists::{ListWriter, RESIDENT_PAGES, WORKING_SET};
 use super::pages::MemoryRecord;
 use super::SnapshotError;
-use crate::remote::RemoteSaving;
+use crate::remote::{RemoteSaving, SnapshotPageFile};
 use crate::vstate::memory::GuestRam;
 
 /// The remote pages file's name in a snapshot's directory.
@@ -48,17 +47,24 @@ pub struct RemoteRecord {
     pub key_file: Option<String>,
 }
 
-/// Where guest-physical page `page` lies in the page file (regions back to back).
-pub(crate) fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
-    let gpa = page * PAGE;
-    let mut off = 0;
-    for &(start, len) in regions {
-        if gpa >= start && gpa < start + len {
-            return Some(off + gpa - start);
+pub(crate) use crate::remote::file_offset;
+
+/// What a save or a migration should take page `p` for: a page the engine lists remote but
+/// that `file` (a lazy restore's) still serves is on no server, so its bytes are read from
+/// the file into `buf` and it counts as resident; any other page is as the engine listed it.
+pub fn listed_page<'a>(
+    file: Option<&SnapshotPageFile>,
+    p: u64,
+    listed: SavedPage<'a>,
+    buf: &'a mut [u8],
+) -> Result<SavedPage<'a>, SnapshotError> {
+    match (listed, file) {
+        (SavedPage::Remote(_), Some(file)) if file.holds(p) => {
+            file.read_page(p, buf)?;
+            Ok(SavedPage::Resident(buf))
         }
-        off += len;
+        (listed, _) => Ok(listed),
     }
-    None
 }
 
 /// An error of the engine's listing, or of writing what it lists.

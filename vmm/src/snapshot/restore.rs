@@ -10,10 +10,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use super::manifest::{Manifest, MANIFEST};
-use super::page_file_store::SnapshotPageFile;
 use super::page_lists::{self, RESIDENT_PAGES, WORKING_SET};
-use super::restore_pages::{self, RestorePages};
+use super::restore_pages::RestorePages;
 use super::{pages, remote, SnapshotError};
+use crate::remote::{working_set, SnapshotPageFile};
 use crate::spec::VmSpec;
 use crate::vm::Vm;
 use crate::vstate::vcpu::VcpuExits;
@@ -276,7 +276,7 @@ impl Snapshot {
                 .map_err(|e| SnapshotError::State(format!("starting the working-set fetch: {e}")));
         }
         let started = std::time::Instant::now();
-        let n = restore_pages::fetch(
+        let n = working_set::fetch(
             &saving.engine,
             ws,
             saving.snapshot_pages.as_deref(),

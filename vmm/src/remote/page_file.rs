@@ -21,12 +21,43 @@ use farvm_ept::store::{
     Completion, CompletionSink, GuestPage, Op, ReadReq, RemoteStore, Replica, Status, StoreError,
     Version, WriteReq,
 };
-use farvm_ept::SavedPage;
-
-use super::remote::file_offset;
-use super::SnapshotError;
 
 const PAGE: usize = 4096;
+
+/// A snapshot's page file that cannot serve a page.
+#[derive(Debug, thiserror::Error)]
+pub enum PageFileError {
+    /// The file cannot be opened or read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The page file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A page listed in it lies outside guest RAM.
+    #[error("the page file {} lists page {page:#x}, outside guest RAM", path.display())]
+    OutsideRam {
+        /// The page file.
+        path: PathBuf,
+        /// The page.
+        page: u64,
+    },
+}
+
+/// Where guest-physical page `page` lies in a snapshot's page file (guest RAM's `regions`,
+/// `(gpa, len)`, back to back).
+pub fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
+    let gpa = page * PAGE as u64;
+    let mut off = 0;
+    for &(start, len) in regions {
+        if gpa >= start && gpa < start + len {
+            return Some(off + gpa - start);
+        }
+        off += len;
+    }
+    None
+}
 
 /// A snapshot's page file, read page by page while the restored VM runs.
 pub struct SnapshotPageFile {
@@ -66,8 +97,12 @@ impl SnapshotPageFile {
         path: &Path,
         regions: &[(u64, u64)],
         pages: impl Iterator<Item = u64>,
-    ) -> Result<Self, SnapshotError> {
-        let file = File::open(path).map_err(SnapshotError::read(path))?;
+    ) -> Result<Self, PageFileError> {
+        let read = |source| PageFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(read)?;
         let span = regions
             .iter()
             .map(|&(gpa, len)| gpa + len)
@@ -78,10 +113,10 @@ impl SnapshotPageFile {
             .collect();
         for p in pages {
             if file_offset(regions, p).is_none() {
-                return Err(SnapshotError::corrupt(
-                    path,
-                    format!("page {p:#x} is listed resident but lies outside guest RAM"),
-                ));
+                return Err(PageFileError::OutsideRam {
+                    path: path.to_path_buf(),
+                    page: p,
+                });
             }
             held[(p / 64) as usize].fetch_or(1 << (p % 64), Ordering::Relaxed);
         }
@@ -115,13 +150,17 @@ impl SnapshotPageFile {
     }
 
     /// Reads page `p` from the file into `buf` (4 KiB).
-    pub fn read_page(&self, p: u64, buf: &mut [u8]) -> Result<(), SnapshotError> {
-        let at = file_offset(&self.regions, p).ok_or_else(|| {
-            SnapshotError::corrupt(&self.path, format!("page {p:#x} is outside guest RAM"))
+    pub fn read_page(&self, p: u64, buf: &mut [u8]) -> Result<(), PageFileError> {
+        let at = file_offset(&self.regions, p).ok_or_else(|| PageFileError::OutsideRam {
+            path: self.path.clone(),
+            page: p,
         })?;
         self.file
             .read_exact_at(&mut buf[..PAGE], at)
-            .map_err(SnapshotError::read(&self.path))
+            .map_err(|source| PageFileError::Read {
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// What was read so far.
@@ -135,24 +174,6 @@ impl SnapshotPageFile {
     /// Counts `n` pages of the working set fetched.
     pub(crate) fn working_set_fetched(&self, n: u64) {
         self.working_set_fetched.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-/// What a save or a migration should take page `p` for: a page the engine lists remote but
-/// that `file` (a lazy restore's) still serves is on no server, so its bytes are read from
-/// the file into `buf` and it counts as resident; any other page is as the engine listed it.
-pub fn listed_page<'a>(
-    file: Option<&SnapshotPageFile>,
-    p: u64,
-    listed: SavedPage<'a>,
-    buf: &'a mut [u8],
-) -> Result<SavedPage<'a>, SnapshotError> {
-    match (listed, file) {
-        (SavedPage::Remote(_), Some(file)) if file.holds(p) => {
-            file.read_page(p, buf)?;
-            Ok(SavedPage::Resident(buf))
-        }
-        (listed, _) => Ok(listed),
     }
 }
 
