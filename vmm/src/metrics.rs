@@ -78,6 +78,18 @@ fn label_value(name: &str) -> String {
 /// The paging engine's and the memory servers' series.
 pub fn encode_paging(f: &mut Families<'_>, s: &RemoteStats) -> fmt::Result {
     encode_engine(f, &s.engine)?;
+    if let Some(r) = &s.lazy_restore {
+        f.counter(
+            "farvm_restore_page_file_reads",
+            "Pages a lazily restored VM read from its snapshot's page file.",
+            r.page_file_reads,
+        )?;
+        f.counter(
+            "farvm_restore_working_set_fetched",
+            "Pages of the snapshot's recorded working set fetched (--restore-pages working-set).",
+            r.working_set_fetched,
+        )?;
+    }
     encode_health(f, &s.remote)
 }
 
@@ -377,7 +389,10 @@ mod tests {
                 failed_requests: 0,
             },
             stage2_prefault: Stage2Prefault::On,
-            lazy_restore: None,
+            lazy_restore: Some(crate::remote::LazyRestoreStats {
+                page_file_reads: 7,
+                working_set_fetched: 5,
+            }),
         };
         let mut e = Exposition::new();
         e.register_collector(Paging(stats, "vm\"1".into()));
@@ -393,6 +408,8 @@ mod tests {
             "farvm_memserver_taken_out_of_service_total{vm=\"vm_1\"} 2",
             "farvm_memserver_requests_total{vm=\"vm_1\"} 9",
             "farvm_remote_pages_to_reseal{vm=\"vm_1\"} 12",
+            "farvm_restore_page_file_reads_total{vm=\"vm_1\"} 7",
+            "farvm_restore_working_set_fetched_total{vm=\"vm_1\"} 5",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }
