@@ -5,7 +5,8 @@
 //! the pool listing one VM on one host; a destination under another key is refused before
 //! anything moves; a destination that dies after receiving the VM (before it took the
 //! namespace over) leaves the VM running at the source, which finishes with the right
-//! checksum; and no page leaks.
+//! checksum; a VM migrated right after a lazy restore sends the pages still in its
+//! snapshot's page file; and no page leaks.
 
 mod common;
 #[path = "common/pool.rs"]
@@ -506,5 +507,62 @@ fn bad_migrations_are_refused_with_the_reason_and_the_vm_runs_on() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A VM restored with nothing local still has its resident pages in its snapshot's page
+/// file, on no server: migrated at once, it sends them from the file, and the destination
+/// finishes with the uninterrupted run's checksum (a page left behind would be read stale or
+/// absent from the pool, and the verifying workload, or the engine's check, would say so).
+#[test]
+fn a_lazily_restored_vm_migrates_with_the_pages_still_in_its_snapshot() {
+    if !kvm_available() {
+        return;
+    }
+    let (pool, dir, sock, key, src, _) = setup("lazy", "pmig-lazy", None);
+    let snap = dir.join("snap");
+    let o = farvm()
+        .args(["snapshot", "--socket"])
+        .arg(&sock)
+        .arg(&snap)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(src.wait_with_output().unwrap().status.success());
+    pool.wait("the snapshot record", |v| v.snapshots.len() == 1);
+
+    let sock2 = dir.join("restored.sock");
+    let mut restored = farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(&snap)
+        .args(["--restore-pages", "lazy", "--serial", "none", "--json"])
+        .arg("--control-socket")
+        .arg(&sock2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stats = loop {
+        if let Ok(v) = farvm_vmm::control::request(&sock2, "stats") {
+            break v;
+        }
+        assert!(restored.try_wait().unwrap().is_none(), "the restore exited");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    eprintln!(
+        "pages read from the page file before the migration: {}",
+        stats["paging"]["lazy_restore"]["page_file_reads"]
+    );
+    let (dst, addr) = start_destination("pmig-lazy-dst", &key, &dir);
+    let o = migrate(&sock2, &addr, &key);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = restored.wait_with_output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"]["kind"], "migrated", "{report}");
+    let out = dst.wait_with_output().unwrap();
+    let log = dest_log(&dir, "pmig-lazy-dst");
+    assert_finished_native(&out, &format!("the destination: {log}"));
+    assert_pool_empty(&pool, "the migrated VM's pages dropped at its exit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
