@@ -776,6 +776,41 @@ fn fetch_ahead_brings_remote_pages_in_before_the_copy() {
 }
 
 #[test]
+fn the_touch_log_keeps_first_touch_order_and_listed_pages_are_fetched() {
+    let vm = Vm::new(8, Budget::Bytes(1 << 20), none());
+    let (e, g) = (&vm.engine, vm.guest());
+    for p in 0..g.pages {
+        g.fill(p, 3);
+    }
+    vm.settle();
+    let page = PAGE_SIZE as u64;
+    for p in [20, 5, 7, 40] {
+        assert_eq!(e.page_state(p * page), Some(PageState::Remote), "page {p}");
+    }
+    // From a restart on, each page the guest touches is logged once, in order.
+    e.restart_touch_log();
+    assert!(e.touch_order().is_empty());
+    for p in [20, 5, 20, 7] {
+        assert_eq!(g.check(p, 3), None, "page {p}");
+    }
+    assert_eq!(e.touch_order(), vec![20, 5, 7]);
+
+    // Listed pages are read in one batch and installed; a page outside guest RAM is refused
+    // with nothing fetched.
+    assert!(matches!(
+        e.fetch_pages(&[40, g.pages]),
+        Err(EngineError::OutOfRange { .. })
+    ));
+    assert_eq!(e.page_state(40 * page), Some(PageState::Remote));
+    let before = vm.store.counts().reads_demand;
+    e.fetch_pages(&[40, 41]).unwrap();
+    e.ensure_resident(40 * page, 2 * page).unwrap();
+    assert_eq!(vm.store.counts().reads_demand - before, 2);
+    assert_eq!(e.touch_order()[3..], [40, 41]);
+    assert_eq!(g.check(41, 3), None);
+}
+
+#[test]
 fn faults_are_attributed_to_the_process_in_the_agent_slot() {
     let rec = Recorder::new(0, 0);
     let seen = rec.seen.clone();
