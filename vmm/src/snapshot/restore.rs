@@ -2,11 +2,15 @@
 //! gives the VM's description to build the VM from (the caller builds it, as for any boot),
 //! and [`Snapshot::restore_into`] loads guest RAM, KVM's VM-wide state, every vCPU's state and
 //! the devices' into that VM before it starts. Starting it resumes the guest where it was
-//! saved.
+//! saved. A sealed snapshot is checked under its key by [`Snapshot::unseal`] first, before
+//! anything is built or taken from the pool.
 
 use std::path::{Path, PathBuf};
 
+use farvm_seal::PageKey;
+
 use super::manifest::{Manifest, MANIFEST};
+use super::sealed::Unsealed;
 use super::{pages, remote, SnapshotError};
 use crate::spec::VmSpec;
 use crate::vm::Vm;
@@ -16,6 +20,10 @@ use crate::vstate::vcpu::VcpuExits;
 pub struct Snapshot {
     dir: PathBuf,
     manifest: Manifest,
+    /// The manifest file's bytes (a sealed snapshot's summary authenticates them).
+    text: Vec<u8>,
+    /// A sealed snapshot, checked under its key ([`Snapshot::unseal`]).
+    unsealed: Option<Unsealed>,
     /// Received by a live migration: the fence its pool VM's takeover commits on.
     takeover_fence: Option<i64>,
 }
@@ -35,7 +43,7 @@ impl Snapshot {
         if !path.exists() {
             return Err(not_found("the directory has no manifest.json"));
         }
-        let manifest = Manifest::read(&path)?;
+        let (manifest, text) = Manifest::read_text(&path)?;
         let file = &manifest.memory.file;
         if Path::new(file).file_name().and_then(|f| f.to_str()) != Some(file.as_str()) {
             return Err(SnapshotError::corrupt(
@@ -46,8 +54,52 @@ impl Snapshot {
         Ok(Snapshot {
             dir: dir.to_path_buf(),
             manifest,
+            text,
+            unsealed: None,
             takeover_fence: None,
         })
+    }
+
+    /// Checks a sealed snapshot under the snapshot key `key` (its id, the summary over the
+    /// manifest and the page tags, the wrapped page key): a sealed snapshot without a key or
+    /// with another key is refused here, before any VM is built. A key for a snapshot in the
+    /// clear is not needed, and said so.
+    pub fn unseal(mut self, key: Option<&PageKey>) -> Result<Self, SnapshotError> {
+        match (&self.manifest.sealed, key) {
+            (Some(rec), Some(key)) => {
+                self.unsealed = Some(Unsealed::check(
+                    &self.dir,
+                    &self.text,
+                    &self.manifest,
+                    rec,
+                    key,
+                )?);
+            }
+            (Some(rec), None) => {
+                return Err(SnapshotError::KeyMissing {
+                    dir: self.dir.clone(),
+                    key_id: rec.key_id.clone(),
+                })
+            }
+            (None, Some(_)) => tracing::warn!(
+                dir = %self.dir.display(),
+                "the snapshot is not sealed: the snapshot key given is not used"
+            ),
+            (None, None) => {}
+        }
+        Ok(self)
+    }
+
+    /// The checked seal of a sealed snapshot; refused while [`Snapshot::unseal`] has not
+    /// checked it under its key.
+    fn opened(&self) -> Result<Option<&Unsealed>, SnapshotError> {
+        match (&self.manifest.sealed, &self.unsealed) {
+            (Some(rec), None) => Err(SnapshotError::KeyMissing {
+                dir: self.dir.clone(),
+                key_id: rec.key_id.clone(),
+            }),
+            (_, u) => Ok(u.as_ref()),
+        }
     }
 
     /// Marks the snapshot as a live migration's arrival: its pool VM takes the namespace
@@ -78,6 +130,7 @@ impl Snapshot {
     /// snapshot: its build writes nothing into guest RAM, and a pool VM's takes the
     /// snapshot's namespace back (and its page key) instead of being admitted afresh.
     pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
+        let unsealed = self.opened()?;
         // Every page the guest had comes from the snapshot: the build leaves guest RAM alone.
         cfg.restoring = true;
         let Some(rec) = &self.manifest.pool else {
@@ -99,7 +152,11 @@ impl Snapshot {
             })?;
         remote.pool_restore = Some(crate::remote::PoolRestore {
             vm,
-            key_file: rec.key_file.as_ref().map(|k| self.dir.join(k)),
+            key: unsealed.and_then(|u| u.page_key().cloned()),
+            key_file: match unsealed {
+                Some(_) => None,
+                None => rec.key_file.as_ref().map(|k| self.dir.join(k)),
+            },
             takeover_fence: self.takeover_fence,
         });
         Ok(())
@@ -118,7 +175,13 @@ impl Snapshot {
                 ),
             ));
         }
-        pages::load(vm.ram(), &self.dir.join(&m.memory.file), &m.memory)?;
+        let unsealed = self.opened()?;
+        pages::load(
+            vm.ram(),
+            &self.dir.join(&m.memory.file),
+            &m.memory,
+            unsealed,
+        )?;
         if let Some(rec) = &m.pool {
             let saving = vm.shared().remote_saving().ok_or_else(|| {
                 SnapshotError::State(
@@ -126,7 +189,7 @@ impl Snapshot {
                         .into(),
                 )
             })?;
-            remote::adopt(&saving.engine, &self.dir, rec)?;
+            remote::adopt(&saving.engine, &self.dir, rec, unsealed)?;
         }
         m.kvm.apply(vm.kvm_vm())?;
         for (state, fd) in m.vcpus.iter().zip(vm.vcpus()) {
