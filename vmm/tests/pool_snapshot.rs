@@ -57,12 +57,7 @@ fn start_vm(pool: &Pool, name: &str, sock: &Path) -> Child {
 }
 
 fn snapshot(sock: &Path, dir: &Path, key: Option<&Path>) -> std::process::Output {
-    let mut c = farvm();
-    c.arg("snapshot").arg("--socket").arg(sock);
-    if let Some(k) = key {
-        c.arg("--key-file").arg(k);
-    }
-    c.arg(dir).output().unwrap()
+    sealed::snapshot(Path::new(env!("CARGO_BIN_EXE_farvm")), sock, dir, key)
 }
 
 /// Saves the VM into `snap` (sealed under the snapshot key `key`, if given) and waits for its

@@ -58,12 +58,7 @@ fn start_vm(tag: &str, sock: &Path) -> Child {
 
 /// `farvm snapshot --socket SOCK [--key-file KEY] DIR`.
 fn snapshot(sock: &Path, dir: &Path, key: Option<&Path>) -> std::process::Output {
-    let mut c = farvm();
-    c.arg("snapshot").arg("--socket").arg(sock);
-    if let Some(k) = key {
-        c.arg("--key-file").arg(k);
-    }
-    c.arg(dir).output().unwrap()
+    sealed::snapshot(Path::new(env!("CARGO_BIN_EXE_farvm")), sock, dir, key)
 }
 
 /// Waits for the saved VM's run to end as saved: status 0, the workload unfinished; returns

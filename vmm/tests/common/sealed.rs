@@ -113,6 +113,16 @@ pub fn swap_tags(snap: &Path, a: u64, b: u64) {
     f.write_all_at(&ta, b * TAG as u64).unwrap();
 }
 
+/// `farvm snapshot --socket SOCK [--key-file KEY] DIR` (the binary `farvm`).
+pub fn snapshot(farvm: &Path, sock: &Path, dir: &Path, key: Option<&Path>) -> std::process::Output {
+    let mut c = std::process::Command::new(farvm);
+    c.arg("snapshot").arg("--socket").arg(sock);
+    if let Some(k) = key {
+        c.arg("--key-file").arg(k);
+    }
+    c.arg(dir).output().unwrap()
+}
+
 /// `farvm run --restore SNAP [--snapshot-key-file KEY]` (the binary `farvm`), JSON report,
 /// no console or control socket.
 pub fn restore(farvm: &Path, snap: &Path, key: Option<&Path>) -> std::process::Output {
