@@ -1,5 +1,5 @@
 //! Sealing a snapshot at rest under a snapshot key: the pages of its page file, its page key
-//! (wrapped), its other records, and a summary that binds them together.
+//! (wrapped), its other records, its machine state, and a summary that binds them together.
 //!
 //! Every snapshot draws a random 32-byte salt (its identity, kept in its manifest) and runs
 //! AES-256-GCM under its own subkey HKDF-SHA256(snapshot key, salt, info "farvm-seal v1
@@ -40,9 +40,10 @@ enum Kind {
     Key = 2,
     Records = 3,
     Summary = 4,
+    Machine = 5,
 }
 
-const KINDS: usize = 4;
+const KINDS: usize = 5;
 
 /// Why a [`SnapshotSealer`] refused to seal: sealing it would use a nonce a second time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +70,9 @@ pub enum SnapshotOpenError {
     /// A chunk of records.
     #[error("records chunk {0} does not open (altered, moved or from another snapshot)")]
     Records(u64),
+    /// The machine state.
+    #[error("the machine state does not open (altered, or from another snapshot)")]
+    Machine,
     /// The summary.
     #[error(
         "the summary does not open (another snapshot key, or the snapshot's files or \
@@ -226,6 +230,18 @@ impl SnapshotSealer {
         ))
     }
 
+    /// Encrypts `data` (the machine state: registers, devices; once per snapshot) in place
+    /// and appends its tag.
+    pub fn seal_machine(&mut self, data: &mut Vec<u8>) -> Result<(), SnapshotSealError> {
+        self.take(Kind::Machine, "machine state", 0)?;
+        let s = &self.sealed;
+        let tag = s
+            .cipher
+            .seal_slice(&nonce(Kind::Machine, 0), &s.aad(Kind::Machine, 0), data);
+        data.extend_from_slice(&tag);
+        Ok(())
+    }
+
     /// The summary's tag over `summary` and every page sealed (module doc); ends the sealer.
     pub fn finish(self, summary: &[u8]) -> [u8; TAG_LEN] {
         let aad = self.sealed.summary_aad(summary, &self.pages.finish());
@@ -313,6 +329,28 @@ impl SnapshotOpener {
         Ok(PageKey::from_bytes(*bytes))
     }
 
+    /// Authenticates and decrypts what [`SnapshotSealer::seal_machine`] sealed, in place,
+    /// leaving the plaintext.
+    pub fn open_machine(&self, data: &mut Vec<u8>) -> Result<(), SnapshotOpenError> {
+        let Some(body) = data.len().checked_sub(TAG_LEN) else {
+            return Err(SnapshotOpenError::Machine);
+        };
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&data[body..]);
+        data.truncate(body);
+        let s = &self.sealed;
+        if !s.cipher.open_slice(
+            &nonce(Kind::Machine, 0),
+            &s.aad(Kind::Machine, 0),
+            data,
+            &tag,
+        ) {
+            data.fill(0);
+            return Err(SnapshotOpenError::Machine);
+        }
+        Ok(())
+    }
+
     /// Authenticates and decrypts chunk `chunk` of a records file in place.
     pub fn open_records(
         &self,
@@ -358,6 +396,9 @@ mod tests {
         let wrapped = s.wrap_key(&key(7)).unwrap();
         let mut rec = b"twenty-four byte records".to_vec();
         let tr = s.seal_records(0, &mut rec).unwrap();
+        let mut machine = b"registers".to_vec();
+        s.seal_machine(&mut machine).unwrap();
+        assert!(s.seal_machine(&mut b"again".to_vec()).is_err());
         let salt = *s.salt();
         let summary = s.finish(b"2 pages");
         let o = SnapshotOpener::new(&k, &salt);
@@ -392,6 +433,15 @@ mod tests {
         assert_eq!(o.unwrap_key(&wrapped).unwrap().id(), key(7).id());
         o.open_records(0, &mut rec, &tr).unwrap();
         assert_eq!(rec, b"twenty-four byte records");
+        let mut flipped = machine.clone();
+        flipped[0] ^= 1;
+        assert_eq!(
+            o.open_machine(&mut flipped),
+            Err(SnapshotOpenError::Machine)
+        );
+        assert!(o.open_machine(&mut vec![1, 2]).is_err());
+        o.open_machine(&mut machine).unwrap();
+        assert_eq!(machine, b"registers");
         // Another key, another snapshot's salt: nothing opens.
         let wrong = SnapshotOpener::new(&key(2), &salt);
         assert_eq!(

@@ -233,6 +233,14 @@ fn a_sealed_snapshot_hides_the_guest_refuses_a_wrong_key_or_tampering_and_resume
         serde_json::from_slice(&std::fs::read(snap.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["version"], 3, "{manifest}");
     assert!(manifest["sealed"]["key_id"].is_string(), "{manifest}");
+    // The machine state (registers, devices) is sealed too.
+    assert!(manifest["machine"].is_string(), "{manifest}");
+    for clear in ["vcpus", "kvm", "devices"] {
+        assert!(
+            manifest.get(clear).is_none(),
+            "{clear} in the clear: {manifest}"
+        );
+    }
     let pages = sealed::sealed_pages(&snap);
     assert_eq!(
         pages.len() as u64,
@@ -281,6 +289,15 @@ fn a_sealed_snapshot_hides_the_guest_refuses_a_wrong_key_or_tampering_and_resume
         refused("a page removed");
         f.write_all_at(&saved_page, a * 4096).unwrap();
     }
+
+    // A manifest field changed (the VM's description is readable, not writable).
+    let manifest_path = snap.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    let edited = text.replacen("\"vcpus\":1", "\"vcpus\":2", 1);
+    assert_ne!(edited, text, "the description names its vCPUs: {text}");
+    std::fs::write(&manifest_path, edited).unwrap();
+    refused("the manifest edited");
+    std::fs::write(&manifest_path, &text).unwrap();
 
     // With its key, intact again: the VM finishes with the native checksum.
     restore_to_native(&snap, Some(&key));

@@ -427,9 +427,7 @@ impl ApiState {
             reason,
         };
         let key = self.snapshot_key("restore")?;
-        let snap = Snapshot::open(&dir)
-            .and_then(|s| s.unseal(key.as_ref()))
-            .map_err(|e| failed(e.to_string()))?;
+        let snap = Snapshot::open(&dir, key.as_ref()).map_err(|e| failed(e.to_string()))?;
         self.adopt(&mut slot, snap.spec(), "restore", |cfg| {
             snap.prepare(cfg).map_err(|e| e.to_string())
         })?;

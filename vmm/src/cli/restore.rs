@@ -25,9 +25,7 @@ pub fn open(dir: &Path, key_file: Option<&Path>) -> Result<Snapshot, Failure> {
                 .map_err(|e| Failure::new(exit_code::USAGE, format!("--snapshot-key-file: {e}")))
         })
         .transpose()?;
-    Snapshot::open(dir)
-        .and_then(|s| s.unseal(key.as_ref()))
-        .map_err(failure)
+    Snapshot::open(dir, key.as_ref()).map_err(failure)
 }
 
 /// The VM to build: the snapshot's, with this run's console, name, metrics and log echo.

@@ -40,13 +40,14 @@ hex digits, mode 0600 or 0400; `head -c32 /dev/urandom > FILE` makes one): every
 DIR/memory.pages is encrypted and authenticated (AES-256-GCM under a key derived for this
 snapshot, bound to the page's place and the snapshot), the tags go into DIR/memory.tags, a
 pool VM's page key is stored wrapped in DIR/page.key.sealed instead of DIR/page.key and its
-DIR/remote.pages is sealed too, and the manifest (format version 3) records how, under which
-key id, and a tag over itself and every page tag; it never holds the key. `farvm run
+DIR/remote.pages is sealed too, and the manifest (format version 3) holds the machine state
+(registers, devices) sealed and records how, under which key id, and a tag over itself and
+every page tag; it never holds the key. `farvm run
 --restore DIR --snapshot-key-file FILE` opens it; without the key it is refused. Without
 --key-file the files are written in the clear (mode 0600) and the VMM warns so: whoever can
 read DIR can read the guest's memory, and for a pool VM the pool's copy of it.
-docs/sealing.md says what a sealed snapshot still reveals (which pages are zero, the VM's
-description and vCPU registers, which stay readable in the manifest).
+docs/sealing.md says what a sealed snapshot still reveals (which pages are zero, and the
+VM's description, which stays readable in the manifest).
 
 The test guest can be saved; a VM with a virtio disk or network device, or a Linux guest (its
 agent device), is refused before it is paused. DIR is created if missing; a directory that

@@ -165,7 +165,7 @@ impl Arriving {
 impl Arrival {
     /// The snapshot to load into the VM: it takes the namespace over on the source's fence.
     pub fn snapshot(&self) -> Result<Snapshot, MigrationError> {
-        Ok(Snapshot::open(&self.dir)?.arriving(self.fence))
+        Ok(Snapshot::open(&self.dir, None)?.arriving(self.fence))
     }
 
     /// The directory the stream was laid out in.

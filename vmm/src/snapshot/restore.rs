@@ -2,14 +2,14 @@
 //! gives the VM's description to build the VM from (the caller builds it, as for any boot),
 //! and [`Snapshot::restore_into`] loads guest RAM, KVM's VM-wide state, every vCPU's state and
 //! the devices' into that VM before it starts. Starting it resumes the guest where it was
-//! saved. A sealed snapshot is checked under its key by [`Snapshot::unseal`] first, before
-//! anything is built or taken from the pool.
+//! saved. A sealed snapshot is checked under its key when it is opened, before anything is
+//! built or taken from the pool.
 
 use std::path::{Path, PathBuf};
 
 use farvm_seal::PageKey;
 
-use super::manifest::{Manifest, MANIFEST};
+use super::manifest::{self, Manifest, MANIFEST};
 use super::sealed::Unsealed;
 use super::{pages, remote, SnapshotError};
 use crate::spec::VmSpec;
@@ -20,9 +20,7 @@ use crate::vstate::vcpu::VcpuExits;
 pub struct Snapshot {
     dir: PathBuf,
     manifest: Manifest,
-    /// The manifest file's bytes (a sealed snapshot's summary authenticates them).
-    text: Vec<u8>,
-    /// A sealed snapshot, checked under its key ([`Snapshot::unseal`]).
+    /// A sealed snapshot, checked under its key.
     unsealed: Option<Unsealed>,
     /// Received by a live migration: the fence its pool VM's takeover commits on.
     takeover_fence: Option<i64>,
@@ -30,8 +28,11 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads the snapshot in `dir` (its manifest; the page file is read by
-    /// [`Snapshot::restore_into`]).
-    pub fn open(dir: &Path) -> Result<Self, SnapshotError> {
+    /// [`Snapshot::restore_into`]). A sealed snapshot is checked under the snapshot key `key`
+    /// (its id, the summary over the manifest and the page tags, its machine state, the
+    /// wrapped page key): without a key or with another key it is refused here, before any VM
+    /// is built. A key for a snapshot in the clear is not needed, and said so.
+    pub fn open(dir: &Path, key: Option<&PageKey>) -> Result<Self, SnapshotError> {
         let not_found = |why| SnapshotError::NotFound {
             dir: dir.to_path_buf(),
             why,
@@ -43,7 +44,28 @@ impl Snapshot {
         if !path.exists() {
             return Err(not_found("the directory has no manifest.json"));
         }
-        let (manifest, text) = Manifest::read_text(&path)?;
+        let (mut v, text) = manifest::read_value(&path)?;
+        let sealed_under = v
+            .get("sealed")
+            .map(|s| s["key_id"].as_str().unwrap_or("?").to_string());
+        let unsealed = match (sealed_under, key) {
+            (Some(_), Some(key)) => Some(Unsealed::check(dir, &text, &mut v, key)?),
+            (Some(key_id), None) => {
+                return Err(SnapshotError::KeyMissing {
+                    dir: dir.to_path_buf(),
+                    key_id,
+                })
+            }
+            (None, Some(_)) => {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "the snapshot is not sealed: the snapshot key given is not used"
+                );
+                None
+            }
+            (None, None) => None,
+        };
+        let manifest = Manifest::from_value(&path, v)?;
         let file = &manifest.memory.file;
         if Path::new(file).file_name().and_then(|f| f.to_str()) != Some(file.as_str()) {
             return Err(SnapshotError::corrupt(
@@ -54,52 +76,9 @@ impl Snapshot {
         Ok(Snapshot {
             dir: dir.to_path_buf(),
             manifest,
-            text,
-            unsealed: None,
+            unsealed,
             takeover_fence: None,
         })
-    }
-
-    /// Checks a sealed snapshot under the snapshot key `key` (its id, the summary over the
-    /// manifest and the page tags, the wrapped page key): a sealed snapshot without a key or
-    /// with another key is refused here, before any VM is built. A key for a snapshot in the
-    /// clear is not needed, and said so.
-    pub fn unseal(mut self, key: Option<&PageKey>) -> Result<Self, SnapshotError> {
-        match (&self.manifest.sealed, key) {
-            (Some(rec), Some(key)) => {
-                self.unsealed = Some(Unsealed::check(
-                    &self.dir,
-                    &self.text,
-                    &self.manifest,
-                    rec,
-                    key,
-                )?);
-            }
-            (Some(rec), None) => {
-                return Err(SnapshotError::KeyMissing {
-                    dir: self.dir.clone(),
-                    key_id: rec.key_id.clone(),
-                })
-            }
-            (None, Some(_)) => tracing::warn!(
-                dir = %self.dir.display(),
-                "the snapshot is not sealed: the snapshot key given is not used"
-            ),
-            (None, None) => {}
-        }
-        Ok(self)
-    }
-
-    /// The checked seal of a sealed snapshot; refused while [`Snapshot::unseal`] has not
-    /// checked it under its key.
-    fn opened(&self) -> Result<Option<&Unsealed>, SnapshotError> {
-        match (&self.manifest.sealed, &self.unsealed) {
-            (Some(rec), None) => Err(SnapshotError::KeyMissing {
-                dir: self.dir.clone(),
-                key_id: rec.key_id.clone(),
-            }),
-            (_, u) => Ok(u.as_ref()),
-        }
     }
 
     /// Marks the snapshot as a live migration's arrival: its pool VM takes the namespace
@@ -130,7 +109,7 @@ impl Snapshot {
     /// snapshot: its build writes nothing into guest RAM, and a pool VM's takes the
     /// snapshot's namespace back (and its page key) instead of being admitted afresh.
     pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
-        let unsealed = self.opened()?;
+        let unsealed = self.unsealed.as_ref();
         // Every page the guest had comes from the snapshot: the build leaves guest RAM alone.
         cfg.restoring = true;
         let Some(rec) = &self.manifest.pool else {
@@ -175,7 +154,7 @@ impl Snapshot {
                 ),
             ));
         }
-        let unsealed = self.opened()?;
+        let unsealed = self.unsealed.as_ref();
         pages::load(
             vm.ram(),
             &self.dir.join(&m.memory.file),

@@ -6,11 +6,13 @@
 //! file and to the snapshot; its 16-byte tag is at `i * 16` in [`TAGS`] (holes elsewhere). A
 //! pool snapshot's `remote.pages` is sealed in chunks of [`CHUNK_RECORDS`] records, each
 //! followed by its tag, and its page key is stored wrapped in [`SEALED_KEY`] instead of
-//! `page.key`. The manifest's [`SealRecord`] says how (scheme, the snapshot key's public id,
-//! the salt) and holds the summary tag, over the manifest's own bytes and every page's index
-//! and tag: a restore checks it before it opens anything, so a page added, removed, swapped
-//! or replayed, or a manifest field changed, is refused. The manifest is authenticated, not
-//! encrypted.
+//! `page.key`. The manifest's machine state (every vCPU's registers, KVM's interrupt
+//! controllers and clock, the devices' state) is sealed into its `machine` field. Its
+//! [`SealRecord`] says how (scheme, the snapshot key's public id, the salt) and holds the
+//! summary tag, over the manifest file's own bytes and every page's index and tag: a restore
+//! checks it before it opens anything, so a page added, removed, swapped or replayed, or a
+//! manifest field changed, is refused. The rest of the manifest (the VM's description, the
+//! page file's record) is authenticated, not encrypted.
 
 use std::fs::File;
 use std::io::Write;
@@ -22,7 +24,9 @@ use farvm_seal::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::manifest::{Manifest, MANIFEST};
+use serde_json::Value;
+
+use super::manifest::{self, Manifest, MANIFEST};
 use super::remote::RECORD;
 use super::SnapshotError;
 
@@ -41,6 +45,8 @@ const TAG: usize = SNAPSHOT_TAG_LEN;
 const TAG_WINDOW: u64 = (PAGE / TAG) as u64;
 /// The summary's value while the manifest's bytes are authenticated.
 const UNSET: &str = "00000000000000000000000000000000";
+/// The manifest's fields sealed into its `machine` field.
+const MACHINE: [&str; 3] = ["vcpus", "kvm", "devices"];
 
 /// The manifest's record of a sealed snapshot: never the key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,8 +185,8 @@ impl Sealing {
         Ok(SEALED_KEY.to_string())
     }
 
-    /// Writes the last tags, then `manifest` into `dir` with its [`SealRecord`], whose summary
-    /// authenticates the manifest's bytes and every page sealed.
+    /// Writes the last tags, then `manifest` into `dir` with its [`SealRecord`]: its machine
+    /// state sealed, and a summary that authenticates the file's bytes and every page sealed.
     pub fn write_manifest(
         mut self,
         manifest: &mut Manifest,
@@ -197,13 +203,31 @@ impl Sealing {
             tags: TAGS.into(),
             summary: UNSET.into(),
         });
-        let mut text = manifest.to_bytes(dir)?;
+        let path = dir.join(MANIFEST);
+        let json = |e: serde_json::Error| SnapshotError::Write {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        };
+        let mut v = serde_json::to_value(&*manifest).map_err(json)?;
+        let fields = v
+            .as_object_mut()
+            .ok_or_else(|| SnapshotError::State("the manifest is not a JSON object".into()))?;
+        let machine: serde_json::Map<String, Value> = MACHINE
+            .iter()
+            .filter_map(|&k| fields.remove(k).map(|x| (k.to_string(), x)))
+            .collect();
+        let mut sealed = serde_json::to_vec(&machine).map_err(json)?;
+        self.sealer
+            .seal_machine(&mut sealed)
+            .map_err(|e| SnapshotError::State(e.to_string()))?;
+        fields.insert("machine".into(), Value::String(hex(&sealed)));
+        let mut text = serde_json::to_vec(&v).map_err(json)?;
         let at = summary_at(&text, UNSET).ok_or_else(|| {
             SnapshotError::State("the manifest's summary field was not written".into())
         })?;
         let summary = hex(&self.sealer.finish(&text));
         text[at..at + UNSET.len()].copy_from_slice(summary.as_bytes());
-        manifest.write_bytes(dir, &text)
+        manifest::write_bytes(dir, &text)
     }
 }
 
@@ -227,15 +251,19 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N || !s.is_ascii() {
+/// The bytes of the hex string `s`.
+fn unhex_vec(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+/// The `N` bytes of the hex string `s`.
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    unhex_vec(s)?.try_into().ok()
 }
 
 /// The restore side: a sealed snapshot whose summary checked under the key given, ready to
@@ -256,18 +284,20 @@ impl std::fmt::Debug for Unsealed {
 }
 
 impl Unsealed {
-    /// Checks the sealed snapshot in `dir` (manifest `m`, read from the bytes `text`) under
-    /// `key`: the key's id, then the summary over the manifest and the page tags, then the
-    /// page key's wrapping. Nothing is loaded yet.
+    /// Checks the sealed manifest `v` (read from the bytes `text`) of the snapshot in `dir`
+    /// under `key`: the key's id, then the summary over the manifest and the page tags, then
+    /// the machine state (opened into `v`) and the page key's wrapping. Nothing is loaded
+    /// yet.
     pub fn check(
         dir: &Path,
         text: &[u8],
-        m: &Manifest,
-        rec: &SealRecord,
+        v: &mut Value,
         key: &PageKey,
     ) -> Result<Self, SnapshotError> {
         let path = dir.join(MANIFEST);
         let corrupt = |reason: String| SnapshotError::corrupt(&path, reason);
+        let rec: SealRecord = serde_json::from_value(v["sealed"].clone())
+            .map_err(|e| corrupt(format!("its seal record: {e}")))?;
         if rec.scheme != SCHEME {
             return Err(corrupt(format!(
                 "sealed with `{}`; this farvm reads `{SCHEME}`",
@@ -295,7 +325,10 @@ impl Unsealed {
                 rec.tags
             )));
         }
-        let tags = read_tags(&dir.join(&rec.tags), m.memory.bytes)?;
+        let bytes = v["memory"]["bytes"]
+            .as_u64()
+            .ok_or_else(|| corrupt("no page file length".into()))?;
+        let tags = read_tags(&dir.join(&rec.tags), bytes)?;
         let opener = SnapshotOpener::new(key, &salt);
         opener
             .check_summary(&unset, tags.iter().map(|(i, t)| (*i, t)), &summary)
@@ -305,7 +338,21 @@ impl Unsealed {
                     rec.tags
                 ))
             })?;
-        let page_key = match m.pool.as_ref().and_then(|p| p.key_file.as_ref()) {
+        // Authentic from here: the machine state goes back where the manifest keeps it.
+        let fields = v
+            .as_object_mut()
+            .ok_or_else(|| corrupt("not a JSON object".into()))?;
+        let mut machine = fields
+            .remove("machine")
+            .and_then(|m| m.as_str().and_then(unhex_vec))
+            .ok_or_else(|| corrupt("no sealed machine state".into()))?;
+        opener
+            .open_machine(&mut machine)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let machine: serde_json::Map<String, Value> = serde_json::from_slice(&machine)
+            .map_err(|e| corrupt(format!("its machine state: {e}")))?;
+        fields.extend(machine);
+        let page_key = match v["pool"]["key_file"].as_str() {
             Some(file) if file == SEALED_KEY => {
                 let kpath = dir.join(file);
                 let data = std::fs::read(&kpath).map_err(SnapshotError::read(&kpath))?;
