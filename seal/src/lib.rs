@@ -6,7 +6,8 @@
 //! 40-byte trailer stored next to the page) and the sealer ([`PageSealer`]) that seals a
 //! 4096-byte page in place and opens it in place; a snapshot at rest is sealed under a
 //! snapshot key by [`SnapshotSealer`] and opened by [`SnapshotOpener`]. It depends on nothing
-//! of farvm's; the wire protocol, the store and the engine carry seals and versions (docs/sealing.md).
+//! of farvm's; the wire protocol, the store and the engine carry seals and versions
+//! (docs/sealing.md).
 //!
 //! # What a tag binds
 //! The associated data is the page's [`PageAddr`]: the VM's namespace, the guest page number

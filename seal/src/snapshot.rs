@@ -47,7 +47,10 @@ const KINDS: usize = 5;
 
 /// Why a [`SnapshotSealer`] refused to seal: sealing it would use a nonce a second time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("snapshot sealing: {what} {index} after {after}: items are sealed once each, in increasing order")]
+#[error(
+    "snapshot sealing: {what} {index} after {after}: items are sealed once each, in increasing \
+     order"
+)]
 pub struct SnapshotSealError {
     /// What was to be sealed.
     pub what: &'static str,

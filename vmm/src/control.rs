@@ -267,8 +267,8 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             rotate-key, history, history global, history per-process, snapshot DIR [--key-file KEYFILE], \
-             migrate HOST:PORT KEYFILE)"
+             rotate-key, history, history global, history per-process, snapshot DIR \
+             [--key-file KEYFILE], migrate HOST:PORT KEYFILE)"
         )),
     }
 }
