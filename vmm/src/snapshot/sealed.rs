@@ -286,8 +286,8 @@ impl std::fmt::Debug for Unsealed {
 impl Unsealed {
     /// Checks the sealed manifest `v` (read from the bytes `text`) of the snapshot in `dir`
     /// under `key`: the key's id, then the summary over the manifest and the page tags, then
-    /// the machine state (opened into `v`) and the page key's wrapping. Nothing is loaded
-    /// yet.
+    /// the machine state (opened into `v`), the page key's wrapping and a pool snapshot's
+    /// remote-page list. Nothing is loaded yet.
     pub fn check(
         dir: &Path,
         text: &[u8],
@@ -373,11 +373,21 @@ impl Unsealed {
             }
             None => None,
         };
-        Ok(Self {
+        let unsealed = Self {
             opener,
             tags,
             page_key,
-        })
+        };
+        // A pool snapshot's remote-page list is checked now too (and opened again when it is
+        // adopted), so an altered one is refused before the VM is built.
+        if let (Some(file), Some(records)) =
+            (v["pool"]["file"].as_str(), v["pool"]["pages"].as_u64())
+        {
+            let rpath = dir.join(file);
+            let data = std::fs::read(&rpath).map_err(SnapshotError::read(&rpath))?;
+            unsealed.open_records(&rpath, data, records)?;
+        }
+        Ok(unsealed)
     }
 
     /// The pool snapshot's page key, unwrapped.
