@@ -156,7 +156,9 @@ fn a_pool_vm_saved_mid_run_keeps_its_remote_pages_in_the_pool_and_resumes_once()
     // Past the lease TTL (2 s) and the servers' collection grace (0 s), with several of
     // their sweeps, the servers still hold the pages: the snapshot owns them.
     std::thread::sleep(Duration::from_secs(8));
-    let v = pool.dir.view().unwrap();
+    // Read through `wait`: etcd may have closed the test's idle connection meanwhile (its
+    // keepalive pings, every 2 s, are more than etcd allows an idle client: "too_many_pings").
+    let v = pool.wait("the pool after the sleep", |_| true);
     assert!(
         v.snapshots.contains_key(&id) && v.gc_marks.is_empty(),
         "{v:#?}"
@@ -253,11 +255,9 @@ fn a_sealed_pool_snapshot_is_refused_without_its_key_and_stays_in_the_pool_until
     // Refused before anything is taken from the pool: the snapshot stays listed.
     let bin = Path::new(env!("CARGO_BIN_EXE_farvm"));
     let still_listed = |what: &str| {
-        let v = pool.dir.view().unwrap();
-        assert!(
-            v.snapshots.contains_key(&id) && v.vms.is_empty(),
-            "{what}: {v:#?}"
-        );
+        pool.wait(&format!("the snapshot still listed ({what})"), |v| {
+            v.snapshots.contains_key(&id) && v.vms.is_empty()
+        });
     };
     let (code, err) = sealed::refused_restore(bin, &snap, None);
     assert_eq!(code, Some(64), "{err}");
