@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Measures save and restore of a VM on remote memory, as a markdown table: a pool VM's
 # snapshot (resident pages only; its remote pages stay on the pool's memory servers) against
-# the full-copy snapshot of the same VM on an embedded memory server (every page written).
+# the full-copy snapshot of the same VM on an embedded memory server (every page written),
+# each in the clear and sealed under a snapshot key (`farvm snapshot --key-file`, restored
+# with `--snapshot-key-file`; the key is drawn into the work directory for the run).
 #
 # Per variant: a test guest of --memory SIZE at 25% local runs a read-modify-write scan over
 # a working set that fills its RAM; once the scan runs its measured phase the VM is saved
@@ -18,15 +20,17 @@
 #
 # Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N]
 #        (defaults: --memory 1G --ws 900M --passes 4)
+#        [--variants "pool pool+sealed full full+sealed"] (the rows to run, in order)
 set -euo pipefail
 
-memory=1G ws=900M passes=4
+memory=1G ws=900M passes=4 variants="pool pool+sealed full full+sealed"
 while [ $# -gt 0 ]; do
     case "$1" in
         --memory) memory=$2; shift 2 ;;
         --ws) ws=$2; shift 2 ;;
         --passes) passes=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --variants) variants=$2; shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "snapshot-bench: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -72,10 +76,17 @@ for _ in $(seq 100); do
 done
 
 workload="seq:ws=$ws,passes=$passes,write=1,verify=1"
+# The snapshot key of the sealed variants.
+key=$work/snapshot.key
+(umask 077; head -c32 /dev/urandom >"$key")
 
-# Runs one variant ($1: pool|full); prints its table row.
+# Runs one variant ($1: pool|full, +sealed for a sealed snapshot); prints its table row.
 variant() {
-    local kind=$1 dir=$work/$1 name=snapbench-$1
+    local row=$1 kind=${1%+sealed} dir=$work/${1/+/-} name=snapbench-${1/+/-}
+    local save_key=() restore_key=()
+    if [ "$kind" != "$row" ]; then
+        save_key=(--key-file "$key") restore_key=(--snapshot-key-file "$key")
+    fi
     mkdir -p "$dir"
     local args=(run --name "$name" --memory "$memory" --local-memory 25% --workload "$workload"
                 --serial none --json --control-socket "$dir/vm.sock")
@@ -89,14 +100,15 @@ variant() {
         sleep 0.2
     done
     local saved
-    saved=$("$farvm" snapshot --socket "$dir/vm.sock" --json "$dir/snap")
+    saved=$("$farvm" snapshot --socket "$dir/vm.sock" --json "${save_key[@]}" "$dir/snap")
     wait "$vm"
     local bytes save_s
     bytes=$(du -sB1 "$dir/snap" | cut -f1)
     save_s=$(jq -r '.paused_secs' <<<"$saved")
     local t0 t_run t_end
     t0=$(date +%s.%N)
-    "$farvm" --log info run --restore "$dir/snap" --serial none --json --no-control-socket \
+    "$farvm" --log info run --restore "$dir/snap" "${restore_key[@]}" --serial none --json \
+        --no-control-socket \
         2> >(while IFS= read -r l; do echo "$(date +%s.%N) $l"; done >"$dir/restore.log") \
         >"$dir/restore.json"
     t_end=$(date +%s.%N)
@@ -105,7 +117,7 @@ variant() {
     local checksum
     # The raw digits: jq reads a u64 as a double.
     checksum=$(grep -oE '"checksum": ?[0-9]+' "$dir/restore.json" | head -1 | grep -oE '[0-9]+$')
-    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s |\n' "$kind" "$memory" \
+    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s |\n' "$row" "$memory" \
         "$(numfmt --to=iec-i --suffix=B "$bytes")" "$save_s" \
         "$(echo "$t_run - $t0" | bc)" "$(echo "$t_end - $t0" | bc)" "$checksum"
 }
@@ -114,5 +126,9 @@ echo "VM: --memory $memory --local-memory 25%, workload $workload"
 echo
 echo "| snapshot | guest RAM | bytes written | save s | restore→run s | finish s | checksum |"
 echo "|---|---|---|---|---|---|---|"
-variant pool
-variant full
+for v in $variants; do
+    case "$v" in
+        pool|full|pool+sealed|full+sealed) variant "$v" ;;
+        *) echo "snapshot-bench: unknown variant $v (pool, full, pool+sealed, full+sealed)" >&2; exit 64 ;;
+    esac
+done

@@ -4,7 +4,8 @@
 //! namespace derives from it), every remote page's number and the fingerprint of the content
 //! the servers hold (`remote.pages`: 24-byte records, page u64 and fingerprint u128, both
 //! little-endian, in page order; its low 64 bits are the page's write version), and the page
-//! key (`page.key`, mode 0600) that sealed them. A restore takes the remote pages back as
+//! key (`page.key`, mode 0600) that sealed them. In a sealed snapshot ([`super::sealed`]) the
+//! records are sealed in chunks and the key is stored wrapped. A restore takes the remote pages back as
 //! remote, the engine reading each from the servers on the guest's first touch.
 
 use std::fs::File;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use twox_hash::XxHash3_128;
 
 use super::pages::MemoryRecord;
+use super::sealed::{self, Sealing, Unsealed};
 use super::SnapshotError;
 use crate::remote::RemoteSaving;
 use crate::vstate::memory::GuestRam;
@@ -59,6 +61,24 @@ pub(crate) fn file_offset(regions: &[(u64, u64)], page: u64) -> Option<u64> {
     None
 }
 
+/// A writer that hashes what it writes (the remote pages file's digest is of its bytes).
+struct Hashed<W> {
+    out: W,
+    hasher: XxHash3_128,
+}
+
+impl<W: Write> Write for Hashed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hasher.write(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 /// An error of the engine's listing, or of writing what it lists.
 enum SaveFailure {
     Engine(EngineError),
@@ -73,23 +93,28 @@ impl From<EngineError> for SaveFailure {
 
 /// Writes the resident pages of the pool VM `saving` (RAM `ram`) into `dir`'s page file,
 /// its remote pages' record into [`REMOTE_PAGES`] and its key into [`KEY`]; reads nothing
-/// back from the servers. The VM is paused.
+/// back from the servers. The VM is paused. With `seal`, pages, records and key are sealed.
 pub fn save(
     saving: &RemoteSaving,
     ram: &GuestRam,
     dir: &Path,
     pages_file: &str,
     pool_vm: &str,
+    mut seal: Option<&mut Sealing>,
 ) -> Result<(MemoryRecord, RemoteRecord), SnapshotError> {
     let path = dir.join(pages_file);
     let io = SnapshotError::write(&path);
-    let file = File::create(&path).map_err(&io)?;
+    let file = sealed::create_private(&path)?;
     let regions: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
     let bytes: u64 = regions.iter().map(|r| r.1).sum();
     let remote_path = dir.join(REMOTE_PAGES);
     let remote_io = SnapshotError::write(&remote_path);
-    let mut remote = BufWriter::new(File::create(&remote_path).map_err(&remote_io)?);
-    let (mut hasher, mut remote_hasher) = (XxHash3_128::new(), XxHash3_128::new());
+    let mut remote = Hashed {
+        out: BufWriter::new(sealed::create_private(&remote_path)?),
+        hasher: XxHash3_128::new(),
+    };
+    let mut sealed_page = [0u8; PAGE as usize];
+    let mut hasher = XxHash3_128::new();
     let (mut written, mut remote_pages) = (0u64, 0u64);
     let listed = saving
         .engine
@@ -102,6 +127,15 @@ pub fn save(
                     let Some(at) = file_offset(&regions, p) else {
                         return Ok(()); // the MMIO hole: no RAM, never written by the guest
                     };
+                    let data = match seal.as_deref_mut() {
+                        Some(s) => {
+                            sealed_page.copy_from_slice(data);
+                            s.page(at / PAGE, &mut sealed_page)
+                                .map_err(SaveFailure::Snapshot)?;
+                            &sealed_page[..]
+                        }
+                        None => data,
+                    };
                     hasher.write(&(at / PAGE).to_le_bytes());
                     hasher.write(data);
                     file.write_all_at(data, at)
@@ -112,10 +146,11 @@ pub fn save(
                     let mut rec = [0u8; RECORD];
                     rec[..8].copy_from_slice(&p.to_le_bytes());
                     rec[8..].copy_from_slice(&fp.to_le_bytes());
-                    remote_hasher.write(&rec);
-                    remote
-                        .write_all(&rec)
-                        .map_err(|e| SaveFailure::Snapshot(remote_io(e)))?;
+                    match seal.as_deref_mut() {
+                        Some(s) => s.record(&rec, &mut remote),
+                        None => remote.write_all(&rec),
+                    }
+                    .map_err(|e| SaveFailure::Snapshot(remote_io(e)))?;
                     remote_pages += 1;
                 }
             }
@@ -128,7 +163,14 @@ pub fn save(
     }
     file.set_len(bytes).map_err(&io)?;
     file.sync_all().map_err(&io)?;
-    let remote = remote.into_inner().map_err(|e| remote_io(e.into_error()))?;
+    if let Some(s) = seal.as_deref_mut() {
+        s.flush_records(&mut remote).map_err(&remote_io)?;
+    }
+    let remote_digest = remote.hasher.finish_128();
+    let remote = remote
+        .out
+        .into_inner()
+        .map_err(|e| remote_io(e.into_error()))?;
     remote.sync_all().map_err(&remote_io)?;
     let key = saving
         .keys
@@ -136,8 +178,9 @@ pub fn save(
         .map(|k| k.settled_key())
         .transpose()
         .map_err(|e| SnapshotError::State(e.to_string()))?;
-    let key_file = match &key {
-        Some(key) => {
+    let key_file = match (&key, seal) {
+        (Some(key), Some(s)) => Some(s.wrap_key(dir, key)?),
+        (Some(key), None) => {
             let path = dir.join(KEY);
             key.write_file(&path).map_err(|e| SnapshotError::Write {
                 path,
@@ -145,7 +188,7 @@ pub fn save(
             })?;
             Some(KEY.to_string())
         }
-        None => None,
+        (None, _) => None,
     };
     Ok((
         MemoryRecord {
@@ -160,22 +203,37 @@ pub fn save(
             namespace: saving.namespace,
             file: REMOTE_PAGES.to_string(),
             pages: remote_pages,
-            digest: format!("{:032x}", remote_hasher.finish_128()),
+            digest: format!("{remote_digest:032x}"),
             key_file,
         },
     ))
 }
 
-/// Reads the remote pages file of `rec` in `dir` and takes each page back as remote in
-/// `engine` (a fresh VM's, before it runs). The file must match the record.
-pub fn adopt(engine: &Engine, dir: &Path, rec: &RemoteRecord) -> Result<(), SnapshotError> {
+/// Reads the remote pages file of `rec` in `dir` (opened by `sealed` in a sealed snapshot)
+/// and takes each page back as remote in `engine` (a fresh VM's, before it runs). The file
+/// must match the record.
+pub fn adopt(
+    engine: &Engine,
+    dir: &Path,
+    rec: &RemoteRecord,
+    sealed: Option<&Unsealed>,
+) -> Result<(), SnapshotError> {
     let path = dir.join(&rec.file);
     let mut data = Vec::new();
     File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut data))
         .map_err(SnapshotError::read(&path))?;
     let digest = format!("{:032x}", XxHash3_128::oneshot(&data));
-    if data.len() as u64 != rec.pages * RECORD as u64 || digest != rec.digest {
+    if digest != rec.digest {
+        return Err(SnapshotError::corrupt(
+            &path,
+            format!("digest {digest}; the manifest says {}", rec.digest),
+        ));
+    }
+    if let Some(s) = sealed {
+        data = s.open_records(&path, data, rec.pages)?;
+    }
+    if data.len() as u64 != rec.pages * RECORD as u64 {
         return Err(SnapshotError::corrupt(
             &path,
             format!(
