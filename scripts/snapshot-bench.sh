@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Measures save and restore of a VM on remote memory, as a markdown table: a pool VM's
-# snapshot (resident pages only; its remote pages stay on the pool's memory servers) restored
-# in each mode of `farvm run --restore-pages` (eager, lazy, lazy-prefetch, working-set,
-# working-set-async), against the full-copy snapshot of the same VM on an embedded memory
-# server (every page written; restored eagerly, the only way it can be).
+# snapshot (resident pages only; its remote pages stay on the pool's memory servers) against
+# the full-copy snapshot of the same VM on an embedded memory server (every page written),
+# each in the clear and sealed under a snapshot key (`farvm snapshot --key-file`, restored
+# with `--snapshot-key-file`; the key is drawn into the work directory for the run), and the
+# clear pool snapshot restored in each mode of `farvm run --restore-pages`.
 #
-# Per row: a test guest of --memory SIZE at 25% local runs a read-modify-write scan that
+# Per variant: a test guest of --memory SIZE at 25% local runs a read-modify-write scan that
 # verifies every word it reads, over a working set of --ws SIZE; once the scan runs its
 # measured phase the VM is saved (`farvm snapshot`), then restored (`farvm run --restore`)
-# and run to the end. A pool snapshot is restored once, so each row saves a VM of its own.
-# Columns:
+# and run to the end. A pool snapshot is restored once, so each variant saves a VM of its
+# own. Variants: pool, pool+sealed, full, full+sealed (restored eagerly), pool:MODE (the
+# clear pool snapshot restored with --restore-pages MODE: lazy, lazy-prefetch, working-set,
+# working-set-async). Columns:
 #   bytes written   the snapshot directory's allocated bytes (du; the page file is sparse)
 #   save s          how long the VM was paused for the save (`farvm snapshot`'s own count)
 #   restore→run s   from starting `farvm run --restore` to its vCPUs starting (its log line
 #                   "snapshot loaded; resuming the VM")
 #   finish s        from starting `farvm run --restore` to the workload's end (the run's exit)
-#   × eager         finish s over the pool snapshot's eager row's
+#   × pool          finish s over the `pool` row's (eager, clear), when that row ran first
 #   file pages      pages read from the page file (eager: all it holds; the other modes: the
 #                   restore's `paging.lazy_restore.page_file_reads`)
 #   pool pages      pages read from the memory servers after the restore (demand and
@@ -25,20 +28,30 @@
 # one rack each (replication 2). Needs /dev/kvm, etcd (Debian's etcd-server), jq and a
 # release build (`cargo build --release -p farvm-vmm -p farvm-memserver`).
 #
-# Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N] [--rows LIST]
-#        (defaults: --memory 1G --ws 900M --passes 4 --rows all; LIST is a comma-separated
-#        choice of full, eager, lazy, lazy-prefetch, working-set, working-set-async)
+# Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N]
+#        (defaults: --memory 1G --ws 900M --passes 4)
+#        [--variants "pool pool+sealed full full+sealed pool:lazy ..."] (the rows to run, in
+#        order; default: every variant)
 set -euo pipefail
 
-memory=1G ws=900M passes=4 rows=full,eager,lazy,lazy-prefetch,working-set,working-set-async
+memory=1G ws=900M passes=4
+variants="pool pool+sealed full full+sealed pool:lazy pool:lazy-prefetch pool:working-set pool:working-set-async"
 while [ $# -gt 0 ]; do
     case "$1" in
         --memory) memory=$2; shift 2 ;;
         --ws) ws=$2; shift 2 ;;
         --passes) passes=$2; shift 2 ;;
-        --rows) [ "$2" = all ] || rows=$2; shift 2 ;;
-        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --variants) variants=$2; shift 2 ;;
+        -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "snapshot-bench: unknown argument $1 (see --help)" >&2; exit 64 ;;
+    esac
+done
+
+for v in $variants; do
+    case "$v" in
+        pool|full|pool+sealed|full+sealed) ;;
+        pool:eager|pool:lazy|pool:lazy-prefetch|pool:working-set|pool:working-set-async) ;;
+        *) echo "snapshot-bench: unknown variant $v (pool, full, pool+sealed, full+sealed, pool:MODE)" >&2; exit 64 ;;
     esac
 done
 
@@ -46,12 +59,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${CARGO_TARGET_DIR:-$root/target}/release
 farvm=$bin/farvm
 memserver=$bin/farvm-memserver
-for r in ${rows//,/ }; do
-    case "$r" in
-        full|eager|lazy|lazy-prefetch|working-set|working-set-async) ;;
-        *) echo "snapshot-bench: unknown row $r (see --help)" >&2; exit 64 ;;
-    esac
-done
 for b in "$farvm" "$memserver"; do
     [ -x "$b" ] || { echo "snapshot-bench: $b missing: cargo build --release -p farvm-vmm -p farvm-memserver" >&2; exit 66; }
 done
@@ -89,13 +96,23 @@ for _ in $(seq 100); do
 done
 
 workload="seq:ws=$ws,passes=$passes,write=1,verify=1"
+# The snapshot key of the sealed variants.
+key=$work/snapshot.key
+(umask 077; head -c32 /dev/urandom >"$key")
 
-# Runs one row ($1: full, or the pool snapshot's restore mode); prints its table row.
-eager_finish=
+# Runs one variant ($1: pool|full, +sealed for a sealed snapshot, :MODE for a restore mode);
+# prints its table row.
+pool_finish=
 variant() {
-    local row=$1 kind=pool mode=$1
-    [ "$row" = full ] && kind=full mode=eager
-    local dir=$work/$row name=snapbench-$row
+    local row=$1 mode=eager
+    case "$row" in *:*) mode=${row#*:} ;; esac
+    local base=${row%%:*}
+    local kind=${base%+sealed} tag=${row//[+:]/-}
+    local dir=$work/$tag name=snapbench-$tag
+    local save_key=() restore_key=()
+    if [ "$kind" != "$base" ]; then
+        save_key=(--key-file "$key") restore_key=(--snapshot-key-file "$key")
+    fi
     mkdir -p "$dir"
     local args=(run --name "$name" --memory "$memory" --local-memory 25% --workload "$workload"
                 --serial none --json --control-socket "$dir/vm.sock")
@@ -109,15 +126,15 @@ variant() {
         sleep 0.2
     done
     local saved
-    saved=$("$farvm" snapshot --socket "$dir/vm.sock" --json "$dir/snap")
+    saved=$("$farvm" snapshot --socket "$dir/vm.sock" --json "${save_key[@]}" "$dir/snap")
     wait "$vm"
     local bytes save_s
     bytes=$(du -sB1 "$dir/snap" | cut -f1)
     save_s=$(jq -r '.paused_secs' <<<"$saved")
     local t0 t_run t_end
     t0=$(date +%s.%N)
-    "$farvm" --log info run --restore "$dir/snap" --restore-pages "$mode" --serial none --json \
-        --no-control-socket \
+    "$farvm" --log info run --restore "$dir/snap" "${restore_key[@]}" --restore-pages "$mode" \
+        --serial none --json --no-control-socket \
         2> >(while IFS= read -r l; do echo "$(date +%s.%N) $l"; done >"$dir/restore.log") \
         >"$dir/restore.json"
     t_end=$(date +%s.%N)
@@ -133,20 +150,18 @@ variant() {
     pool_pages=$(jq -r '.paging.engine.counters as $c
         | $c.remote_reads_demand + $c.remote_reads_prefetch
           - (.paging.lazy_restore.page_file_reads // 0)' "$dir/restore.json")
-    [ "$row" = eager ] && eager_finish=$finish
+    [ "$row" = pool ] && pool_finish=$finish
     ratio=-
-    [ -n "$eager_finish" ] && ratio=$(printf '%.2f' "$(echo "$finish / $eager_finish" | bc -l)")
-    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n' "$kind" "$mode" \
+    [ -n "$pool_finish" ] && ratio=$(printf '%.2f' "$(echo "$finish / $pool_finish" | bc -l)")
+    printf '| %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n' "$base" "$mode" \
         "$(numfmt --to=iec-i --suffix=B "$bytes")" "$save_s" \
         "$(echo "$t_run - $t0" | bc)" "$finish" "$ratio" "$file_pages" "$pool_pages" "$checksum"
 }
 
 echo "VM: --memory $memory --local-memory 25%, workload $workload"
 echo
-echo "| snapshot | restore | bytes written | save s | restore→run s | finish s | × eager | file pages | pool pages | checksum |"
+echo "| snapshot | restore | bytes written | save s | restore→run s | finish s | × pool | file pages | pool pages | checksum |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
-# The pool's eager row first: the others' ratios are against it.
-order=$(tr ',' '\n' <<<"$rows" | awk '$0 == "eager" { print; next } { rest = rest $0 "\n" } END { printf "%s", rest }')
-for r in $order; do
-    variant "$r"
+for v in $variants; do
+    variant "$v"
 done

@@ -4,8 +4,10 @@
 //! It owns the page key ([`PageKey`]: generated from the OS RNG or loaded from a key file,
 //! zeroized on drop, never printed; its public [`KeyId`]), the seal of one page ([`Seal`], the
 //! 40-byte trailer stored next to the page) and the sealer ([`PageSealer`]) that seals a
-//! 4096-byte page in place and opens it in place. It depends on nothing of farvm's; the wire
-//! protocol, the store and the engine carry seals and versions (docs/sealing.md).
+//! 4096-byte page in place and opens it in place; a snapshot at rest is sealed under a
+//! snapshot key by [`SnapshotSealer`] and opened by [`SnapshotOpener`]. It depends on nothing
+//! of farvm's; the wire protocol, the store and the engine carry seals and versions
+//! (docs/sealing.md).
 //!
 //! # What a tag binds
 //! The associated data is the page's [`PageAddr`]: the VM's namespace, the guest page number
@@ -56,11 +58,16 @@ mod derive;
 mod key;
 mod ring;
 mod sealer;
+mod snapshot;
 mod stream;
 
 pub use key::{KeyError, KeyId, PageKey, KEY_ID_LEN, KEY_LEN};
 pub use ring::{KeyRing, RingSealer, RingState, RotateError};
 pub use sealer::{OpenError, PageAddr, PageSealer, Seal, SealError, SALT_LEN, SEAL_LEN};
+pub use snapshot::{
+    SnapshotOpenError, SnapshotOpener, SnapshotSealError, SnapshotSealer, SNAPSHOT_SALT_LEN,
+    SNAPSHOT_TAG_LEN, WRAPPED_KEY_LEN,
+};
 pub use stream::{
     stream_salt, Direction, StreamOpenError, StreamOpener, StreamSealer, STREAM_OVERHEAD,
     STREAM_SALT_LEN,

@@ -11,6 +11,7 @@
 //! token_file = "/etc/farvm/tokens/default"
 //! memory_key_file = "/etc/farvm/keys/default"   # the page key, mode 0600 (docs/sealing.md)
 //! migration_key_file = "/etc/farvm/keys/migration"  # shared by the hosts a VM migrates between
+//! snapshot_key_file = "/etc/farvm/keys/snapshot"  # seals the API's vm.snapshot (docs/sealing.md)
 //! page_space = "virtual"          # or physical
 //! probe_every = 64
 //! metrics = "127.0.0.1:9300"
@@ -60,6 +61,7 @@ struct LayerRaw {
     token_file: Option<PathBuf>,
     memory_key_file: Option<PathBuf>,
     migration_key_file: Option<PathBuf>,
+    snapshot_key_file: Option<PathBuf>,
     page_space: Option<Spanned<String>>,
     probe_every: Option<u32>,
     metrics: Option<Spanned<String>>,
@@ -155,6 +157,7 @@ fn convert(raw: LayerRaw) -> Result<Overrides, (usize, String)> {
         token_file: raw.token_file,
         memory_key_file: raw.memory_key_file,
         migration_key_file: raw.migration_key_file,
+        snapshot_key_file: raw.snapshot_key_file,
         probe_every: raw.probe_every,
         ..Default::default()
     };

@@ -191,6 +191,10 @@ pub struct Overrides {
     /// between share (mode 0600 or 0400); a host-config setting only, read by the API
     /// server's `vm.send-migration` and `vm.receive-migration`.
     pub migration_key_file: Option<PathBuf>,
+    /// The snapshot key (mode 0600 or 0400) that seals the snapshots the API server's
+    /// `vm.snapshot` writes and opens those `vm.restore` reads (`virsh save` / `virsh
+    /// restore`); a host-config setting only. Unset: snapshots are written in the clear.
+    pub snapshot_key_file: Option<PathBuf>,
     /// Page numbers the prefetcher learns from (`--page-space`).
     pub page_space: Option<PageSpace>,
     /// Every N-th prefetched page left unmapped to measure prefetch hits (`--probe-every`).
@@ -217,6 +221,10 @@ impl Overrides {
                 .migration_key_file
                 .clone()
                 .or_else(|| lower.migration_key_file.clone()),
+            snapshot_key_file: self
+                .snapshot_key_file
+                .clone()
+                .or_else(|| lower.snapshot_key_file.clone()),
             page_space: self.page_space.or(lower.page_space),
             probe_every: self.probe_every.or(lower.probe_every),
             metrics: self.metrics.clone().or_else(|| lower.metrics.clone()),

@@ -31,6 +31,7 @@ replicas = 2
 token_file = "/etc/farvm/tokens/default"
 memory_key_file = "/etc/farvm/keys/default"
 migration_key_file = "/etc/farvm/keys/migration"
+snapshot_key_file = "/etc/farvm/keys/snapshot"
 page_space = "virtual"
 probe_every = 64
 metrics = "127.0.0.1:9300"
@@ -77,6 +78,10 @@ fn sections_fall_back_to_defaults() {
     assert_eq!(
         web.migration_key_file.as_deref(),
         Some(Path::new("/etc/farvm/keys/migration"))
+    );
+    assert_eq!(
+        web.snapshot_key_file.as_deref(),
+        Some(Path::new("/etc/farvm/keys/snapshot"))
     );
     let batch = h.for_domain("batch");
     assert!(

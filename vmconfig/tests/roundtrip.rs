@@ -102,6 +102,7 @@ fn overrides() -> impl Strategy<Value = Overrides> {
                     token_file,
                     memory_key_file: None,
                     migration_key_file: None,
+                    snapshot_key_file: None,
                     page_space,
                     probe_every,
                     metrics,

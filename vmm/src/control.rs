@@ -6,7 +6,8 @@
 //! `{"cmd":"history global"}` / `{"cmd":"history
 //! per-process"}` (one prefetch history for the guest, or one per guest process, from the next
 //! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
-//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]),
+//! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]; `snapshot /DIR
+//! --key-file /KEYFILE` seals it under the snapshot key in KEYFILE),
 //! `{"cmd":"migrate HOST:PORT /KEYFILE"}` (live-migrate the VM to the farvm waiting at
 //! HOST:PORT, the stream sealed with the key in KEYFILE: [`crate::migration`]); a bare word
 //! works too) and answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
@@ -192,7 +193,26 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
     if let Some(args) = cmd.strip_prefix("migrate ") {
         return migrate(args, vm, spec);
     }
-    if let Some(dir) = cmd.strip_prefix("snapshot ") {
+    if let Some(args) = cmd.strip_prefix("snapshot ") {
+        // `snapshot /DIR` or `snapshot /DIR --key-file /KEYFILE` (a sealed snapshot).
+        let (dir, key) = match args.rsplit_once(" --key-file ") {
+            Some((dir, key)) => (dir, Some(key.trim())),
+            None => (args, None),
+        };
+        let key = match key.map(Path::new) {
+            Some(k) if !k.is_absolute() => {
+                return Err(format!(
+                    "snapshot: the key file `{}` is not an absolute path (the VMM's working \
+                     directory is not the client's)",
+                    k.display()
+                ))
+            }
+            Some(k) => Some(
+                farvm_seal::PageKey::from_file(k)
+                    .map_err(|e| crate::snapshot::SnapshotError::Key(e.to_string()).to_string())?,
+            ),
+            None => None,
+        };
         let dir = Path::new(dir.trim());
         if !dir.is_absolute() {
             return Err(format!(
@@ -202,7 +222,7 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
             ));
         }
         let spec = spec.ok_or_else(|| crate::snapshot::SnapshotError::NoDescription.to_string())?;
-        return crate::snapshot::save(vm, spec, dir)
+        return crate::snapshot::save(vm, spec, dir, key.as_ref())
             .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
             .map_err(|e| e.to_string());
     }
@@ -247,7 +267,8 @@ fn answer(cmd: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, Stri
         }
         other => Err(format!(
             "unknown command `{other}` (known: status, stats, processes, vcpus, shutdown, \
-             rotate-key, history, history global, history per-process, snapshot DIR, migrate HOST:PORT KEYFILE)"
+             rotate-key, history, history global, history per-process, snapshot DIR \
+             [--key-file KEYFILE], migrate HOST:PORT KEYFILE)"
         )),
     }
 }

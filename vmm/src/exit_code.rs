@@ -105,6 +105,7 @@ pub fn for_snapshot_error(e: &crate::snapshot::SnapshotError) -> i32 {
         NotFound { .. } | Read { .. } => NO_INPUT,
         Corrupt { .. } | Version { .. } => BAD_KERNEL,
         Unsupported(_) | NoDescription | Exists { .. } | RestoreMode { .. } => USAGE,
+        Key(_) | KeyMissing { .. } | KeyWrong { .. } => USAGE,
         Write { .. } | State(_) | Kvm(_) | Memory(_) | Device(_) | Pool(_) => HOST_ERROR,
     }
 }

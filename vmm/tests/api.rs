@@ -654,7 +654,22 @@ fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
     let dir = scratch_dir("snapshot");
     let kernel = export_guest(&dir);
     let config = dir.join("farvm.toml");
-    std::fs::write(&config, "[defaults]\nlocal_memory = \"25%\"\n").unwrap();
+    // The host's snapshot key seals what vm.snapshot writes (`virsh save`).
+    let key = dir.join("snapshot.key");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .unwrap();
+        f.write_all(&[0x5a; 32]).unwrap();
+    }
+    let plain = "[defaults]\nlocal_memory = \"25%\"\n";
+    let keyed = format!("{plain}snapshot_key_file = \"{}\"\n", key.display());
+    std::fs::write(&config, &keyed).unwrap();
     let snap = dir.join("saved");
     let url = json!({ "destination_url": format!("file://{}", snap.display()) });
     let workload = "seq:ws=32M,passes=40,write=1,verify=1";
@@ -701,13 +716,26 @@ fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
         "{ev:?}"
     );
 
-    // Another VMM restores it, paused, under its own name; resumed, the guest finishes.
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(snap.join("manifest.json")).unwrap()).unwrap();
+    assert!(manifest["sealed"]["key_id"].is_string(), "{manifest}");
+
+    // Another VMM restores it, paused, under its own name; resumed, the guest finishes. A
+    // host without the snapshot key cannot.
+    std::fs::write(&config, plain).unwrap();
     let log = dir.join("events-2");
     let api = Api::start(&dir, "web-3", &config, Some(&log));
     let from = json!({ "source_url": format!("file://{}", snap.display()) });
     let missing = json!({ "source_url": format!("file://{}", dir.join("none").display()) });
     let m = error_messages(&api.put("vm.restore", Some(&missing), 500));
     assert!(m.iter().any(|m| m.contains("no snapshot at")), "{m:?}");
+    let m = error_messages(&api.put("vm.restore", Some(&from), 500));
+    assert!(
+        m.iter()
+            .any(|m| m.contains("is sealed") && m.contains("snapshot_key_file")),
+        "{m:?}"
+    );
+    std::fs::write(&config, &keyed).unwrap();
     api.put("vm.restore", Some(&from), 204);
     assert_eq!(api.state(), "Paused");
     api.put("vm.restore", Some(&from), 405);

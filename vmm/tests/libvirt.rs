@@ -21,6 +21,8 @@
 mod common;
 #[path = "common/guest_console.rs"]
 mod guest_console;
+#[path = "common/libvirt.rs"]
+mod libvirt_harness;
 #[path = "common/pool.rs"]
 mod pool_harness;
 
@@ -32,6 +34,7 @@ use std::time::{Duration, Instant};
 use common::{alive, kvm_available, memserver_children};
 use farvm_httpd::client::get;
 use farvm_httpd::BoundAddr;
+use libvirt_harness::{metric, require_libvirt_built, Libvirt};
 
 /// How long the guest may take to finish its workload on remote memory.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
@@ -39,181 +42,9 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 /// Back-to-back `virsh start` + `virsh destroy` cycles of a domain that serves metrics.
 const DESTROY_START_CYCLES: u32 = 50;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn script() -> PathBuf {
-    repo_root().join("scripts/libvirt-ch.sh")
-}
-
-/// Panics unless scripts/libvirt-ch.sh has built libvirt (its `status`); returns what it built.
-fn require_libvirt_built() -> String {
-    let out = Command::new("bash")
-        .arg(script())
-        .arg("status")
-        .output()
-        .expect("run scripts/libvirt-ch.sh status");
-    let status = String::from_utf8_lossy(&out.stdout).into_owned();
-    let built = status
-        .lines()
-        .find_map(|l| l.strip_prefix("built: "))
-        .unwrap_or_else(|| {
-            panic!(
-                "libvirt with the Cloud Hypervisor driver is not built: run `scripts/libvirt-ch.sh \
-                 build` once (about 10 minutes; .ci/run does it when the cache is missing)\n{status}"
-            )
-        });
-    built.to_string()
-}
-
-/// A virtchd started by scripts/libvirt-ch.sh for this test alone; stopped on drop (which
-/// destroys the domains still running).
-struct Libvirt {
-    state: PathBuf,
-    config: PathBuf,
-    /// What scripts/libvirt-ch.sh built (version, source, date).
-    built: String,
-    /// `FARVM_LOG` for the daemon and so for every VMM it starts (`None`: farvm's default).
-    log: Option<&'static str>,
-}
-
-impl Libvirt {
-    fn script(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new("bash");
-        cmd.arg(script())
-            .args(args)
-            .env("FARVM_LIBVIRT_STATE", &self.state)
-            .env("FARVM_BIN", env!("CARGO_BIN_EXE_farvm"))
-            .env("FARVM_CONFIG", &self.config);
-        match self.log {
-            Some(level) => cmd.env("FARVM_LOG", level),
-            None => cmd.env_remove("FARVM_LOG"),
-        };
-        cmd.output().expect("run scripts/libvirt-ch.sh")
-    }
-
-    fn start(dir: &Path, config: &Path, built: String) -> Libvirt {
-        Self::start_logging(dir, config, built, Some("info"))
-    }
-
-    /// A daemon whose VMMs log at `log` (`None`: farvm's default level).
-    fn start_logging(
-        dir: &Path,
-        config: &Path,
-        built: String,
-        log: Option<&'static str>,
-    ) -> Libvirt {
-        let lv = Libvirt {
-            state: dir.join("libvirt-session"),
-            config: config.to_path_buf(),
-            built,
-            log,
-        };
-        let out = lv.script(&["start"]);
-        assert!(
-            out.status.success(),
-            "scripts/libvirt-ch.sh start: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        lv
-    }
-
-    /// `virsh ARGS`, which must succeed; its stdout.
-    fn virsh(&self, args: &[&str]) -> String {
-        let out = self.script(&[&["virsh"], args].concat());
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        eprintln!("$ virsh {}\n{}", args.join(" "), stdout.trim_end());
-        assert!(
-            out.status.success(),
-            "virsh {}: {}{}\nvirtchd log:\n{}",
-            args.join(" "),
-            stdout,
-            String::from_utf8_lossy(&out.stderr),
-            self.daemon_log()
-        );
-        stdout
-    }
-
-    fn daemon_log(&self) -> String {
-        let runtime = std::fs::read_to_string(&self.state).unwrap_or_default();
-        std::fs::read_to_string(Path::new(runtime.trim()).join("virtchd.log")).unwrap_or_default()
-    }
-
-    /// The runtime directory of the daemon (its state dir holds the API sockets).
-    fn runtime(&self) -> PathBuf {
-        PathBuf::from(std::fs::read_to_string(&self.state).unwrap().trim())
-    }
-
-    fn domstate(&self, name: &str) -> String {
-        self.virsh(&["domstate", name]).trim().to_string()
-    }
-
-    /// Waits for `virsh domstate --reason NAME` to be `want` (libvirt changes it when farvm's
-    /// event monitor reports the VM's end).
-    fn wait_domstate(&self, name: &str, want: &str) {
-        let t0 = Instant::now();
-        loop {
-            let state = self
-                .virsh(&["domstate", "--reason", name])
-                .trim()
-                .to_string();
-            if state == want {
-                return;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "{name} is `{state}`, never `{want}` (libvirt {}: a ch driver older than \
-                 libvirt 11 does not follow its VMM's events)\nVMM log:\n{}\nvirtchd log:\n{}",
-                self.built,
-                self.domain_log(name),
-                self.daemon_log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// What the domain's VMM wrote on its standard output and error (libvirt's domain log).
-    fn domain_log(&self, name: &str) -> String {
-        std::fs::read_to_string(
-            self.runtime()
-                .join(format!("cache/libvirt/ch/log/{name}.log")),
-        )
-        .unwrap_or_default()
-    }
-
-    /// The field `key` of `virsh dominfo`.
-    fn dominfo(&self, name: &str, key: &str) -> String {
-        let info = self.virsh(&["dominfo", name]);
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}:")))
-            .unwrap_or_else(|| panic!("no `{key}` in dominfo:\n{info}"))
-            .trim()
-            .to_string()
-    }
-
-    /// The console pty libvirt read from the VMM's vm.info (`virsh dumpxml`).
-    fn console_pty(&self, name: &str) -> PathBuf {
-        let xml = self.virsh(&["dumpxml", name]);
-        let at = xml
-            .find("<console type='pty' tty='")
-            .unwrap_or_else(|| panic!("no pty console in:\n{xml}"));
-        let rest = &xml[at + "<console type='pty' tty='".len()..];
-        PathBuf::from(&rest[..rest.find('\'').unwrap()])
-    }
-}
-
-impl Drop for Libvirt {
-    fn drop(&mut self) {
-        let out = self.script(&["stop"]);
-        if !out.status.success() {
-            eprintln!(
-                "scripts/libvirt-ch.sh stop: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
+/// This build's farvm, which the daemon runs as `cloud-hypervisor`.
+fn farvm() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_farvm"))
 }
 
 /// A fresh directory for one test, readable by the daemon's (unprivileged) user, which reads
@@ -242,20 +73,6 @@ fn free_port() -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-/// The value of the sample `name` (whatever its labels) in a Prometheus text exposition.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let rest = match rest.strip_prefix('{') {
-                Some(labels) => &labels[labels.find('}')? + 1..],
-                None => rest,
-            };
-            rest.strip_prefix(' ')?.trim().parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))
 }
 
 fn domain_xml(name: &str, kernel: &Path, memory_mib: u64, workloads: &[&str]) -> String {
@@ -314,7 +131,7 @@ fn virsh_runs_the_test_guest_on_remote_memory() {
         ),
     )
     .unwrap();
-    let lv = Libvirt::start(&dir, &config, built);
+    let lv = Libvirt::start(farvm(), &dir, &config, built);
 
     // lv-a: long enough to be suspended mid-run; remote memory, 48 MiB working set in 128 MiB.
     let workloads_a = ["seq:ws=48M,passes=12"];
@@ -509,7 +326,7 @@ fn virsh_starts_a_domain_whose_interface_is_the_tap_libvirt_created() {
     std::fs::write(&kernel, common::bzimage(4, 0x1000, 5 * 512 + 0x10000)).unwrap();
     let config = dir.join("farvm.toml");
     std::fs::write(&config, "[defaults]\nlocal_memory = \"50%\"\n").unwrap();
-    let lv = Libvirt::start(&dir, &config, built);
+    let lv = Libvirt::start(farvm(), &dir, &config, built);
     let xml = dir.join("lv-net.xml");
     std::fs::write(
         &xml,
@@ -579,7 +396,7 @@ fn virsh_start_refusals_say_why_at_the_default_log_level() {
     let config = dir.join("farvm.toml");
     let good_config = "[defaults]\nlocal_memory = \"50%\"\n";
     std::fs::write(&config, good_config).unwrap();
-    let lv = Libvirt::start_logging(&dir, &config, built, None);
+    let lv = Libvirt::start_logging(farvm(), &dir, &config, built, None);
 
     let define = |name: &str, os: &str, devices: &str| {
         let xml = dir.join(format!("{name}.xml"));
@@ -810,7 +627,7 @@ fn virsh_save_and_managedsave_of_a_pool_domain_keep_the_checksum() {
         <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o777),
     )
     .unwrap();
-    let lv = Libvirt::start(&dir, &config, built);
+    let lv = Libvirt::start(farvm(), &dir, &config, built);
     // Read-modify-write passes that check every word they read, 48 MiB in 128 MiB.
     let workload = "seq:ws=48M,passes=16,write=1,verify=1";
     let define = |name: &str| {

@@ -4,11 +4,16 @@
 //! `farvm pool status` lists and that outlives the saving VMM past its lease and the
 //! collectors' grace; the restored VM finishes with the uninterrupted run's checksum; a
 //! second restore is refused; deleting a snapshot empties the servers; a save that fails
-//! leaves the VM running and owning its namespace.
+//! leaves the VM running and owning its namespace. A snapshot sealed under a snapshot key
+//! holds no byte string of the guest's RAM nor its page key in the clear; restored without
+//! the key, with another key, or altered, it is refused and stays in the pool, restorable with
+//! its key.
 
 mod common;
 #[path = "common/pool.rs"]
 mod pool_harness;
+#[path = "common/sealed.rs"]
+mod sealed;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -22,6 +27,8 @@ use pool_harness::Pool;
 /// Read-modify-write passes over 96 MiB that check every word they read: a page restored
 /// wrong (or read back stale from a server) fails the run, naming the word.
 const WORKLOAD: &str = "seq:ws=96M,passes=6,write=1,verify=1";
+/// [`WORKLOAD`] with more passes, for a test that saves and restores the VM three times.
+const LONG_WORKLOAD: &str = "seq:ws=96M,passes=24,write=1,verify=1";
 /// The VM's resident budget: 25% of 128 MiB.
 const LOCAL_BYTES: u64 = 32 << 20;
 
@@ -38,11 +45,16 @@ fn scratch(tag: &str) -> PathBuf {
 
 /// A 128 MiB test guest at 25% local on `pool`, running [`WORKLOAD`], controlled at `sock`.
 fn start_vm(pool: &Pool, name: &str, sock: &Path) -> Child {
+    start_vm_running(pool, name, sock, WORKLOAD)
+}
+
+/// [`start_vm`] running `workload`.
+fn start_vm_running(pool: &Pool, name: &str, sock: &Path, workload: &str) -> Child {
     farvm()
         .args(["run", "--name", name, "--pool", &pool.url()])
         .args(["--pool-lease-ttl", "2", "--pool-slab", "32M"])
         .args(["--memory", "128M", "--local-memory", "25%"])
-        .args(["--workload", WORKLOAD, "--serial", "none", "--json"])
+        .args(["--workload", workload, "--serial", "none", "--json"])
         .arg("--control-socket")
         .arg(sock)
         .stdout(Stdio::piped())
@@ -51,19 +63,14 @@ fn start_vm(pool: &Pool, name: &str, sock: &Path) -> Child {
         .unwrap()
 }
 
-fn snapshot(sock: &Path, dir: &Path) -> std::process::Output {
-    farvm()
-        .arg("snapshot")
-        .arg("--socket")
-        .arg(sock)
-        .arg(dir)
-        .output()
-        .unwrap()
+fn snapshot(sock: &Path, dir: &Path, key: Option<&Path>) -> std::process::Output {
+    sealed::snapshot(Path::new(env!("CARGO_BIN_EXE_farvm")), sock, dir, key)
 }
 
-/// Saves the VM into `snap` and waits for its VMM to exit as saved; returns the VM's pool id.
-fn save(pool: &Pool, sock: &Path, snap: &Path, vm: Child) -> VmId {
-    let o = snapshot(sock, snap);
+/// Saves the VM into `snap` (sealed under the snapshot key `key`, if given) and waits for its
+/// VMM to exit as saved; returns the VM's pool id.
+fn save(pool: &Pool, sock: &Path, snap: &Path, vm: Child, key: Option<&Path>) -> VmId {
+    let o = snapshot(sock, snap, key);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "farvm snapshot: {err}");
     let said = String::from_utf8_lossy(&o.stdout);
@@ -79,13 +86,7 @@ fn save(pool: &Pool, sock: &Path, snap: &Path, vm: Child) -> VmId {
 }
 
 fn restore(snap: &Path) -> std::process::Output {
-    farvm()
-        .arg("run")
-        .arg("--restore")
-        .arg(snap)
-        .args(["--serial", "none", "--json", "--no-control-socket"])
-        .output()
-        .unwrap()
+    sealed::restore(Path::new(env!("CARGO_BIN_EXE_farvm")), snap, None)
 }
 
 #[test]
@@ -106,7 +107,7 @@ fn a_pool_vm_saved_mid_run_keeps_its_remote_pages_in_the_pool_and_resumes_once()
     // namespace its own.
     let blocked = dir.join("blocked");
     std::fs::create_dir_all(blocked.join("memory.pages")).unwrap();
-    let o = snapshot(&sock, &blocked);
+    let o = snapshot(&sock, &blocked, None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(71), "{err}");
     assert!(err.contains("memory.pages"), "{err}");
@@ -118,7 +119,7 @@ fn a_pool_vm_saved_mid_run_keeps_its_remote_pages_in_the_pool_and_resumes_once()
     assert!(!blocked.join("remote.pages").exists() && !blocked.join("page.key").exists());
 
     assert_eq!(
-        save(&pool, &sock, &snap, vm),
+        save(&pool, &sock, &snap, vm, None),
         id,
         "the snapshot is the VM's id"
     );
@@ -162,7 +163,9 @@ fn a_pool_vm_saved_mid_run_keeps_its_remote_pages_in_the_pool_and_resumes_once()
     // Past the lease TTL (2 s) and the servers' collection grace (0 s), with several of
     // their sweeps, the servers still hold the pages: the snapshot owns them.
     std::thread::sleep(Duration::from_secs(8));
-    let v = pool.dir.view().unwrap();
+    // Read through `wait`: etcd may have closed the test's idle connection meanwhile (its
+    // keepalive pings, every 2 s, are more than etcd allows an idle client: "too_many_pings").
+    let v = pool.wait("the pool after the sleep", |_| true);
     assert!(
         v.snapshots.contains_key(&id) && v.gc_marks.is_empty(),
         "{v:#?}"
@@ -206,7 +209,7 @@ fn deleting_a_pool_snapshot_empties_the_servers() {
     let snap = dir.join("snap");
     let mut vm = start_vm(&pool, &format!("psdel-{}", std::process::id()), &sock);
     wait_for_measured_phase(&sock, &mut vm);
-    let id = save(&pool, &sock, &snap, vm);
+    let id = save(&pool, &sock, &snap, vm, None);
     assert!(Pool::used(&pool.dir.view().unwrap()) > 0);
     let delete = || {
         farvm()
@@ -226,6 +229,98 @@ fn deleting_a_pool_snapshot_empties_the_servers() {
     assert_eq!(o.status.code(), Some(1));
     let o = restore(&snap);
     assert_eq!(o.status.code(), Some(66));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_sealed_pool_snapshot_is_refused_without_its_key_and_stays_in_the_pool_until_restored_with_it()
+{
+    if !kvm_available() {
+        return;
+    }
+    let pool = Pool::start(&["r1", "r2"], "512M");
+    let dir = scratch("sealed");
+    let sock = dir.join("vm.sock");
+    let snap = dir.join("snap");
+    let key = sealed::key_file(&dir, "snapshot.key", 0x5a);
+    let wrong = sealed::key_file(&dir, "other.key", 0x33);
+    let mut vm = start_vm(&pool, &format!("pseal-{}", std::process::id()), &sock);
+    wait_for_measured_phase(&sock, &mut vm);
+    let id = save(&pool, &sock, &snap, vm, Some(&key));
+
+    // The page key is stored wrapped only; nothing of the guest's RAM or of the snapshot key
+    // is readable in the directory.
+    assert!(!snap.join("page.key").exists());
+    let wrapped = std::fs::metadata(snap.join("page.key.sealed")).unwrap();
+    assert_eq!(wrapped.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        sealed::files_holding(&snap, &sealed::marker()),
+        Vec::<String>::new()
+    );
+    assert!(sealed::files_holding(&snap, &[0x5a; 32]).is_empty());
+
+    // Refused before anything is taken from the pool: the snapshot stays listed.
+    let bin = Path::new(env!("CARGO_BIN_EXE_farvm"));
+    let still_listed = |what: &str| {
+        pool.wait(&format!("the snapshot still listed ({what})"), |v| {
+            v.snapshots.contains_key(&id) && v.vms.is_empty()
+        });
+    };
+    let (code, err) = sealed::refused_restore(bin, &snap, None);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("is sealed") && err.contains("--snapshot-key-file"),
+        "{err}"
+    );
+    still_listed("no key");
+    let (code, err) = sealed::refused_restore(bin, &snap, Some(&wrong));
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("not under the key"), "{err}");
+    still_listed("another key");
+    for file in ["page.key.sealed", "remote.pages"] {
+        let path = snap.join(file);
+        sealed::flip_bit(&path, 5, 0);
+        let (code, err) = sealed::refused_restore(bin, &snap, Some(&key));
+        assert_eq!(code, Some(65), "{file} altered: {err}");
+        assert!(
+            err.contains("corrupt") && err.contains(file),
+            "{file} altered: {err}"
+        );
+        still_listed(file);
+        sealed::flip_bit(&path, 5, 0);
+    }
+    // A sealed snapshot keeps no clear list of its pages' fingerprints: it restores eagerly
+    // only, and a lazy mode is refused before anything is taken from the pool.
+    assert!(!snap.join("resident.pages").exists() && !snap.join("working-set.pages").exists());
+    let o = farvm()
+        .arg("run")
+        .arg("--restore")
+        .arg(&snap)
+        .arg("--snapshot-key-file")
+        .arg(&key)
+        .args(["--restore-pages", "lazy", "--serial", "none"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("is sealed") && err.contains("eagerly only"),
+        "{err}"
+    );
+    still_listed("a lazy mode");
+
+    // With its key the VM finishes with the uninterrupted run's checksum.
+    let o = sealed::restore(bin, &snap, Some(&key));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "farvm run --restore --snapshot-key-file: {err}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_native_report(&report, WORKLOAD);
+    pool.wait("the restored VM's pages dropped at its exit", |v| {
+        v.vms.is_empty() && v.snapshots.is_empty() && Pool::used(v) == 0
+    });
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -292,10 +387,16 @@ fn lazy_restores_fault_the_resident_pages_from_the_page_file_and_fetch_the_worki
     let pool = Pool::start(&["r1", "r2"], "512M");
     let dir = scratch("lazy");
     let sock = dir.join("vm.sock");
-    let mut vm = start_vm(&pool, &format!("pslazy-{}", std::process::id()), &sock);
+    // Long enough that three saves and restores happen well before its end.
+    let mut vm = start_vm_running(
+        &pool,
+        &format!("pslazy-{}", std::process::id()),
+        &sock,
+        LONG_WORKLOAD,
+    );
     wait_for_measured_phase(&sock, &mut vm);
     let first = dir.join("first");
-    save(&pool, &sock, &first, vm);
+    save(&pool, &sock, &first, vm, None);
     let resident = std::fs::read(first.join("resident.pages")).unwrap();
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(first.join("manifest.json")).unwrap()).unwrap();
@@ -337,7 +438,7 @@ fn lazy_restores_fault_the_resident_pages_from_the_page_file_and_fetch_the_worki
         "prefetcher off: {c}"
     );
     let second = dir.join("second");
-    let o = snapshot(&sock2, &second);
+    let o = snapshot(&sock2, &second, None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let report = finished_report(vm);
     assert_eq!(report["outcome"]["kind"], "snapshotted", "{report}");
@@ -354,7 +455,7 @@ fn lazy_restores_fault_the_resident_pages_from_the_page_file_and_fetch_the_worki
     let fetched = v["paging"]["lazy_restore"]["working_set_fetched"].as_u64();
     assert_eq!(fetched, Some(ws_pages), "{v}");
     let third = dir.join("third");
-    let o = snapshot(&sock3, &third);
+    let o = snapshot(&sock3, &third, None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(finished_report(vm)["outcome"]["kind"], "snapshotted");
     pool.wait("the third snapshot record", |v| v.snapshots.len() == 1);
@@ -362,7 +463,7 @@ fn lazy_restores_fault_the_resident_pages_from_the_page_file_and_fetch_the_worki
     // Behind the running guest, to the end of the workload.
     let sock4 = dir.join("vm4.sock");
     let report = finished_report(restore_running(&third, "working-set-async", &sock4));
-    assert_native_report(&report, WORKLOAD);
+    assert_native_report(&report, LONG_WORKLOAD);
     let lazy = &report["paging"]["lazy_restore"];
     assert!(
         lazy["working_set_fetched"].as_u64().unwrap() > 0,

@@ -222,6 +222,9 @@ impl std::fmt::Debug for Directory {
     }
 }
 
+/// Interval of the HTTP/2 pings on the connection to etcd (at least etcd's minimum, 5 s).
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+
 impl Directory {
     /// A directory on `cfg.endpoints`. Does not wait for etcd: the first requests fail with
     /// [`PoolError::Unreachable`] while it does not answer ([`Directory::ping`] checks).
@@ -238,8 +241,13 @@ impl Directory {
         let opts = ConnectOptions::new()
             .with_connect_timeout(cfg.connect_timeout)
             .with_timeout(cfg.request_timeout)
-            .with_keep_alive(Duration::from_secs(2), cfg.request_timeout)
-            .with_keep_alive_while_idle(true);
+            // HTTP/2 pings no more often than etcd allows: its server (--grpc-keepalive-min-time,
+            // 5 s by default, and no pings without a stream) answers more frequent ones, or any
+            // on an idle connection, with GOAWAY "too_many_pings" and closes the connection,
+            // failing the calls in flight on it. Calls have their own timeout; the pings only
+            // find a dead etcd under a long-lived stream (a lease keep-alive, a watch).
+            .with_keep_alive(KEEP_ALIVE_EVERY, cfg.request_timeout)
+            .with_keep_alive_while_idle(false);
         let client = rt
             .block_on(Client::connect(&cfg.endpoints, Some(opts)))
             .map_err(|e| PoolError::Config(format!("etcd endpoints {:?}: {e}", cfg.endpoints)))?;

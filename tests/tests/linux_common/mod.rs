@@ -155,29 +155,19 @@ impl Farvm {
         deadline: Instant,
         pick: impl Fn(&str) -> Option<T>,
     ) -> T {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    eprintln!("| {line}");
-                    let got = pick(&line);
-                    self.transcript.push(line);
-                    if let Some(v) = got {
-                        return v;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    let vcpus = self.vcpu_states();
-                    let _ = self.child.kill();
-                    panic!(
-                        "timed out waiting for {what}; the console's last lines:\n{}\n{vcpus}",
-                        self.tail()
-                    );
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.child.wait().ok();
-                    panic!("farvm ended ({status:?}) before {what}:\n{}", self.tail());
-                }
+        match next_picked(&self.lines, &mut self.transcript, deadline, pick) {
+            Ok(v) => v,
+            Err(RecvTimeoutError::Timeout) => {
+                let vcpus = self.vcpu_states();
+                let _ = self.child.kill();
+                panic!(
+                    "timed out waiting for {what}; the console's last lines:\n{}\n{vcpus}",
+                    self.tail()
+                );
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().ok();
+                panic!("farvm ended ({status:?}) before {what}:\n{}", self.tail());
             }
         }
     }
@@ -246,6 +236,26 @@ impl Farvm {
 
 /// farvm's `--json` report: the last line of `rest` (what [`Farvm::finish`] returns) that is
 /// JSON.
+/// The value of the next line of `lines` that `pick` accepts, every line read echoed and kept
+/// in `transcript`; the channel's error if none comes before `deadline`.
+pub fn next_picked<T>(
+    lines: &Receiver<String>,
+    transcript: &mut Vec<String>,
+    deadline: Instant,
+    pick: impl Fn(&str) -> Option<T>,
+) -> Result<T, RecvTimeoutError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines.recv_timeout(left)?;
+        eprintln!("| {line}");
+        let got = pick(&line);
+        transcript.push(line);
+        if let Some(v) = got {
+            return Ok(v);
+        }
+    }
+}
+
 pub fn json_report(rest: &[String]) -> serde_json::Value {
     rest.iter()
         .rev()

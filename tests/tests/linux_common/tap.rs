@@ -1,6 +1,6 @@
 //! A host tap for the Linux-guest network tests (`linux_net.rs`, `linux_debian.rs`, which
-//! include this file): created with an address on the host side, removed on drop; and an HTTP
-//! GET to the guest on it.
+//! include this file): created with an address on the host side, removed on drop, or one
+//! libvirt created given its address; and an HTTP GET to the guest on it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,19 +13,13 @@ pub struct HostTap(String);
 impl HostTap {
     pub fn create(name: &str, host_cidr: &str) -> HostTap {
         let _ = ip(&["link", "del", name]);
-        for args in [
-            vec!["tuntap", "add", "dev", name, "mode", "tap"],
-            vec!["addr", "add", host_cidr, "dev", name],
-            vec!["link", "set", name, "up"],
-        ] {
-            let out = ip(&args);
-            assert!(
-                out.status.success(),
-                "ip {}: {} (the test needs root and the tun module)",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let out = ip(&["tuntap", "add", "dev", name, "mode", "tap"]);
+        assert!(
+            out.status.success(),
+            "ip tuntap add dev {name} mode tap: {} (the test needs root and the tun module)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        address_tap(name, host_cidr);
         HostTap(name.to_string())
     }
 }
@@ -33,6 +27,23 @@ impl HostTap {
 impl Drop for HostTap {
     fn drop(&mut self) {
         let _ = ip(&["link", "del", &self.0]);
+    }
+}
+
+/// Gives the existing tap `name` (ours, or one libvirt created for a domain) the host-side address
+/// `host_cidr` and brings it up.
+pub fn address_tap(name: &str, host_cidr: &str) {
+    for args in [
+        vec!["addr", "add", host_cidr, "dev", name],
+        vec!["link", "set", name, "up"],
+    ] {
+        let out = ip(&args);
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

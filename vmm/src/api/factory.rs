@@ -42,11 +42,11 @@ pub struct HostFactory;
 
 impl VmFactory for HostFactory {
     fn migration_key_file(&self, name: &str) -> Result<Option<std::path::PathBuf>, ApiError> {
-        let host = HostConfig::load_default().map_err(|e| ApiError::Failed {
-            action: "migrate",
-            reason: format!("the host config: {e}"),
-        })?;
-        Ok(host.for_domain(name).migration_key_file)
+        Ok(host_config("migrate")?.for_domain(name).migration_key_file)
+    }
+
+    fn snapshot_key_file(&self, name: &str) -> Result<Option<std::path::PathBuf>, ApiError> {
+        Ok(host_config("snapshot")?.for_domain(name).snapshot_key_file)
     }
 
     fn prepare(&self, name: &str, body: &CreateSpec) -> Result<Prepared, ApiError> {
@@ -92,6 +92,14 @@ impl VmFactory for HostFactory {
             spec,
         })
     }
+}
+
+/// The host config, read now (for `action`'s error).
+fn host_config(action: &'static str) -> Result<HostConfig, ApiError> {
+    HostConfig::load_default().map_err(|e| ApiError::Failed {
+        action,
+        reason: format!("the host config: {e}"),
+    })
 }
 
 #[cfg(test)]

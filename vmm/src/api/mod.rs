@@ -56,6 +56,13 @@ pub trait VmFactory: Send + Sync {
         let _ = name;
         Ok(None)
     }
+
+    /// The file holding the snapshot key that seals `vm.snapshot`'s snapshots of the VM named
+    /// `name` and opens them for `vm.restore`; `None`: snapshots are written in the clear.
+    fn snapshot_key_file(&self, name: &str) -> Result<Option<PathBuf>, ApiError> {
+        let _ = name;
+        Ok(None)
+    }
 }
 
 /// A running API server.

@@ -71,14 +71,23 @@ async fn handle(
 /// pool VM's etcd directory drives a runtime of its own and blocks on it (building, saving or
 /// restoring the VM), which tokio refuses on a runtime's thread. The server's one thread waits,
 /// so requests still run one at a time. A panic in `op` is the handler's, as before.
+///
+/// The answer goes out only once the thread is gone from `/proc/self/task`: libvirt's ch
+/// driver lists the VMM's threads right after `vm.boot` answers and pins each one, and a
+/// thread still exiting (joined, but not yet reaped) made `virsh start` fail with "cannot set
+/// CPU affinity on process N: No such process" (seen on a slow host).
 fn run_outside_runtime(
     op: impl FnOnce() -> Result<Option<Value>, ApiError> + Send,
 ) -> Result<Option<Value>, ApiError> {
-    std::thread::scope(|scope| {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let answer = std::thread::scope(|scope| {
         match std::thread::Builder::new()
             .name("api-request".into())
-            .spawn_scoped(scope, op)
-        {
+            .spawn_scoped(scope, move || {
+                // SAFETY: gettid has no preconditions.
+                let _ = tid_tx.send(unsafe { libc::gettid() });
+                op()
+            }) {
             Ok(thread) => thread
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
@@ -87,7 +96,20 @@ fn run_outside_runtime(
                 reason: format!("cannot start a thread for it: {e}"),
             }),
         }
-    })
+    });
+    if let Ok(tid) = tid_rx.try_recv() {
+        wait_task_gone(tid);
+    }
+    answer
+}
+
+/// Waits (up to a second) until thread `tid` of this process is no longer listed.
+fn wait_task_gone(tid: libc::pid_t) {
+    let task = std::path::PathBuf::from(format!("/proc/self/task/{tid}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while task.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 fn json(status: StatusCode, body: String) -> Response {

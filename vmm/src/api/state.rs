@@ -372,7 +372,8 @@ impl ApiState {
 
     /// `vm.snapshot`: saves the running or paused VM into the body's directory
     /// ([`crate::snapshot::save`]); once saved the VM stops (`vm:snapshotted` is its last
-    /// event, as with Cloud Hypervisor). A save that fails leaves the VM as it was.
+    /// event, as with Cloud Hypervisor). A save that fails leaves the VM as it was. Sealed
+    /// under the host config's `snapshot_key_file` if it sets one.
     pub fn snapshot(&self, body: &[u8]) -> Result<(), ApiError> {
         let dir = farvm_chapi::snapshot::destination(body)?;
         let slot = lock(&self.slot);
@@ -383,13 +384,30 @@ impl ApiState {
             .ok_or(ApiError::NotCreated { action: "snapshot" })?
             .prepared
             .spec;
+        let key = self.snapshot_key("snapshot")?;
         self.emit(Source::Vm, "snapshotting");
-        crate::snapshot::save(vm.shared(), spec, &dir).map_err(|e| ApiError::Failed {
-            action: "snapshot",
-            reason: e.to_string(),
+        crate::snapshot::save(vm.shared(), spec, &dir, key.as_ref()).map_err(|e| {
+            ApiError::Failed {
+                action: "snapshot",
+                reason: e.to_string(),
+            }
         })?;
         self.emit(Source::Vm, "snapshotted");
         Ok(())
+    }
+
+    /// The host config's snapshot key (`snapshot_key_file`), if it has one: it seals
+    /// `vm.snapshot`'s snapshots and opens `vm.restore`'s.
+    fn snapshot_key(&self, action: &'static str) -> Result<Option<farvm_seal::PageKey>, ApiError> {
+        let Some(path) = self.factory.snapshot_key_file(&self.name)? else {
+            return Ok(None);
+        };
+        farvm_seal::PageKey::from_file(&path)
+            .map(Some)
+            .map_err(|e| ApiError::Failed {
+                action,
+                reason: format!("the host config's snapshot_key_file: {e}"),
+            })
     }
 
     /// `vm.restore`: builds the VM saved in the body's directory, named as this server's VM,
@@ -408,7 +426,8 @@ impl ApiState {
             action: "restore",
             reason,
         };
-        let snap = Snapshot::open(&dir).map_err(|e| failed(e.to_string()))?;
+        let key = self.snapshot_key("restore")?;
+        let snap = Snapshot::open(&dir, key.as_ref()).map_err(|e| failed(e.to_string()))?;
         self.adopt(&mut slot, snap.spec(), "restore", |cfg| {
             snap.prepare(cfg).map_err(|e| e.to_string())
         })?;

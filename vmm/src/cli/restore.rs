@@ -16,9 +16,16 @@ fn failure(e: SnapshotError) -> Failure {
     Failure::new(exit_code::for_snapshot_error(&e), e.to_string())
 }
 
-/// Reads the snapshot in `dir`.
-pub fn open(dir: &Path) -> Result<Snapshot, Failure> {
-    Snapshot::open(dir).map_err(failure)
+/// Reads the snapshot in `dir`, checked under the snapshot key in `key_file` if it is sealed
+/// (`--snapshot-key-file`).
+pub fn open(dir: &Path, key_file: Option<&Path>) -> Result<Snapshot, Failure> {
+    let key = key_file
+        .map(|path| {
+            farvm_seal::PageKey::from_file(path)
+                .map_err(|e| Failure::new(exit_code::USAGE, format!("--snapshot-key-file: {e}")))
+        })
+        .transpose()?;
+    Snapshot::open(dir, key.as_ref()).map_err(failure)
 }
 
 /// The VM to build: the snapshot's, with this run's console, name, metrics and log echo.

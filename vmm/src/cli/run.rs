@@ -131,6 +131,14 @@ options, ...) are the snapshot's and may not be given; --name, --serial, --seria
 --guest-log, --metrics and the run's own options (--timeout, --json, --control-socket, ...)
 apply. A missing snapshot exits 66, a corrupt one or one of another format version 65.
 
+A snapshot sealed under a snapshot key (`farvm snapshot --key-file`) needs the same key:
+--snapshot-key-file FILE. Its page file's pages, its pool page key and its remote-page list
+are opened with it, and its manifest, page tags and holes are checked against the seal's
+summary before anything is built: a sealed snapshot restored without the key or with another
+one exits 64 and names the flag, and one whose files were altered (a flipped bit, pages
+swapped or moved, a page removed) exits 65; either way a pool snapshot stays in the pool,
+restorable with the right key. docs/sealing.md says what a sealed snapshot still reveals.
+
 RESTORE MODES
 --restore-pages chooses how a pool VM's snapshot brings back its resident pages (its remote
 pages are always read from the pool on the guest's first touch). eager (the default) loads
@@ -144,8 +152,9 @@ working-set fetches the pages listed in working-set.pages (the resident pages in
 saved run first touched them) in that order, 256 pages per batch, before the first
 instruction; working-set-async starts the guest at once and fetches them on a thread of its
 own (restore-ws) behind it; both run the VM's prefetcher. A snapshot without resident.pages
-(an older farvm's) or a full-copy snapshot (no pool) restores eagerly only: another mode is
-refused before the VM is built (exit 64).
+(an older farvm's), a sealed snapshot (no clear list of its pages' fingerprints) or a
+full-copy snapshot (no pool) restores eagerly only: another mode is refused before the VM is
+built (exit 64).
 docs/snapshot.md compares the modes.
 
 LIVE MIGRATION
@@ -196,9 +205,11 @@ EXIT STATUS
            shut down through its control socket, or saved by `farvm snapshot`
   1-63     the guest's own non-zero shutdown status (test guest: 1 = a process failed,
            2 = bad boot info, 3 = out of memory, 4 = bad user image)
-  64       bad command-line arguments
+  64       bad command-line arguments; a sealed --restore snapshot without its
+           --snapshot-key-file, or with another key
   65       the kernel or initrd is malformed or does not fit in guest memory; the
-           --restore snapshot is corrupt or of another format version
+           --restore snapshot is corrupt or of another format version (or, sealed, was
+           altered)
   66       the kernel, initrd, a disk image or the --restore snapshot cannot be read (or a
            disk is in use)
   69       the memory pool cannot take the VM: no room for its replicas on distinct racks
@@ -435,6 +446,13 @@ pub struct RunArgs {
         default_value_t
     )]
     pub restore_pages: farvm_vmm::snapshot::RestorePages,
+    /// The snapshot key a sealed --restore snapshot was sealed under (`farvm snapshot
+    /// --key-file`): a file of 32 raw bytes or 64 hex digits, readable by its owner only (mode
+    /// 0600 or 0400). A sealed snapshot without it, or with another key, is refused (exit 64)
+    /// before the VM is built, and a pool snapshot stays in the pool, restorable with the
+    /// right key (see SNAPSHOTS).
+    #[arg(long, value_name = "FILE", requires = "restore")]
+    pub snapshot_key_file: Option<PathBuf>,
     /// Wait on HOST:PORT for a VM that `farvm migrate` sends from another host, and run it
     /// (see LIVE MIGRATION).
     #[arg(long, value_name = "HOST:PORT", requires = "migration_key_file", conflicts_with_all = [
@@ -753,7 +771,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
             let snapshot = a
                 .restore
                 .as_deref()
-                .map(super::restore::open)
+                .map(|dir| super::restore::open(dir, a.snapshot_key_file.as_deref()))
                 .transpose()?
                 .map(|snap| snap.restore_pages(a.restore_pages));
             let cfg = match (&snapshot, &a.domain) {

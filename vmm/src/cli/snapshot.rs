@@ -35,6 +35,20 @@ Once saved, the VM stops and its `farvm run` exits 0. A save that fails (a full 
 device that cannot be saved yet, etcd not answering) removes what it wrote, leaves the
 namespace with the VM and the VM running, with the reason.
 
+With --key-file FILE the snapshot is sealed under that snapshot key (32 raw bytes or 64
+hex digits, mode 0600 or 0400; `head -c32 /dev/urandom > FILE` makes one): every page of
+DIR/memory.pages is encrypted and authenticated (AES-256-GCM under a key derived for this
+snapshot, bound to the page's place and the snapshot), the tags go into DIR/memory.tags, a
+pool VM's page key is stored wrapped in DIR/page.key.sealed instead of DIR/page.key and its
+DIR/remote.pages is sealed too, and the manifest (format version 3) holds the machine state
+(registers, devices) sealed and records how, under which key id, and a tag over itself and
+every page tag; it never holds the key. `farvm run
+--restore DIR --snapshot-key-file FILE` opens it; without the key it is refused. Without
+--key-file the files are written in the clear (mode 0600) and the VMM warns so: whoever can
+read DIR can read the guest's memory, and for a pool VM the pool's copy of it.
+docs/sealing.md says what a sealed snapshot still reveals (which pages are zero, and the
+VM's description, which stays readable in the manifest).
+
 The test guest can be saved; a VM with a virtio disk or network device, or a Linux guest (its
 agent device), is refused before it is paused. DIR is created if missing; a directory that
 already holds a snapshot is refused.
@@ -42,9 +56,12 @@ already holds a snapshot is refused.
 EXAMPLE
   farvm snapshot --vm test1 /var/lib/farvm/snap/test1
   farvm run --restore /var/lib/farvm/snap/test1 --serial none
+  farvm snapshot --vm test1 --key-file /etc/farvm/keys/snapshot /var/lib/farvm/snap/t1s
+  farvm run --restore /var/lib/farvm/snap/t1s --snapshot-key-file /etc/farvm/keys/snapshot
 
 EXIT STATUS
   0   saved; the VM has stopped
+  64  the --key-file cannot be read, is readable by others, or is not a key
   71  the control socket cannot be reached, or the VM refused or failed the save (the
       message says why; the VM is still running)";
 
@@ -59,12 +76,27 @@ pub struct SnapshotArgs {
     /// its own).
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub wait: u64,
+    /// Seal the snapshot under the snapshot key in FILE: 32 raw bytes or 64 hex digits,
+    /// readable by its owner only (mode 0600 or 0400). The VMM reads the file itself (it must
+    /// be able to). Without it the snapshot is written in the clear.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 pub fn run(a: SnapshotArgs) -> Result<()> {
     let host = |m: String| Failure::new(exit_code::HOST_ERROR, m);
     let dir = std::path::absolute(&a.dir).map_err(|e| host(format!("{}: {e}", a.dir.display())))?;
-    let cmd = format!("snapshot {}", dir.display());
+    let cmd = match &a.key_file {
+        Some(key) => {
+            // Checked here first, so a bad key file is the flag's error, not the VMM's.
+            farvm_seal::PageKey::from_file(key)
+                .map_err(|e| Failure::new(exit_code::USAGE, format!("--key-file: {e}")))?;
+            let key = std::path::absolute(key)
+                .map_err(|e| Failure::new(exit_code::USAGE, format!("--key-file: {e}")))?;
+            format!("snapshot {} --key-file {}", dir.display(), key.display())
+        }
+        None => format!("snapshot {}", dir.display()),
+    };
     let v = request_within(&a.target.path(), &cmd, Duration::from_secs(a.wait))
         .map_err(|e| host(e.to_string()))?;
     if a.target.json {
@@ -79,9 +111,13 @@ pub fn run(a: SnapshotArgs) -> Result<()> {
         ),
         None => "every page written (no memory pool)".to_owned(),
     };
+    let sealed = match v["sealed_under"].as_str() {
+        Some(id) => format!(", sealed under snapshot key {id}"),
+        None => " (in the clear)".to_owned(),
+    };
     println!(
-        "saved to {}: {} of guest RAM, {} pages written, {kept}, paused {:.2} s; the VM has \
-         stopped",
+        "saved to {}{sealed}: {} of guest RAM, {} pages written, {kept}, paused {:.2} s; the VM \
+         has stopped",
         dir.display(),
         format_size(v["memory_bytes"].as_u64().unwrap_or(0)),
         v["pages_written"].as_u64().unwrap_or(0),

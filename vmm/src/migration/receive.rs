@@ -1,11 +1,11 @@
 //! The destination of a live migration (module doc of [`super`]): waits for the source on a
 //! TCP address, receives the stream into a snapshot directory (the page file filled as pages
-//! arrive, the remote-page list, the page key, the manifest), and answers the source once
+//! arrive, the remote-page list, the manifest; the page key stays in memory, never on disk),
+//! and answers the source once
 //! the VM it builds from that directory is loaded and owns the namespace
 //! ([`Arrival::answer`]). The VM is built while the pre-copy arrives ([`Arriving`]), so the
 //! guest's pause holds only its load.
 
-use std::fs::File;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::FileExt;
@@ -18,7 +18,7 @@ use super::send::{Finish, Outcome, Start};
 use super::wire::{Channel, Kind};
 use super::{io, MigrationError};
 use crate::snapshot::manifest::PAGES;
-use crate::snapshot::remote::{file_offset, KEY, REMOTE_PAGES};
+use crate::snapshot::remote::{file_offset, REMOTE_PAGES};
 use crate::snapshot::Snapshot;
 
 const PAGE: usize = 4096;
@@ -37,6 +37,8 @@ pub struct Arriving {
     dir: PathBuf,
     ch: Channel,
     start: Start,
+    /// The page key the pool's pages are sealed under, if they are.
+    key: Option<PageKey>,
 }
 
 /// A migration received: the snapshot directory it was laid out in, and the stream to
@@ -80,9 +82,10 @@ impl Incoming {
                 .map_err(|e| MigrationError::Protocol(format!("the start frame: {e}")))?,
             k => return Err(MigrationError::Protocol(format!("first frame {k:?}"))),
         };
+        let mut page_key = None;
         if start.sealed {
             match ch.recv(&mut buf)? {
-                Kind::Key => write_key(dir, &mut buf)?,
+                Kind::Key => page_key = Some(read_key(&mut buf)?),
                 k => {
                     return Err(MigrationError::Protocol(format!(
                         "expected the page key, got {k:?}"
@@ -94,6 +97,7 @@ impl Incoming {
             dir: dir.to_path_buf(),
             ch,
             start,
+            key: page_key,
         })
     }
 }
@@ -131,7 +135,8 @@ impl Arriving {
             })?;
         remote.pool_restore = Some(crate::remote::PoolRestore {
             vm,
-            key_file: self.start.sealed.then(|| self.dir.join(KEY)),
+            key: self.key.clone(),
+            key_file: None,
             // Set from the source's last frame (`Snapshot::restore_into`).
             takeover_fence: Some(0),
         });
@@ -160,7 +165,7 @@ impl Arriving {
 impl Arrival {
     /// The snapshot to load into the VM: it takes the namespace over on the source's fence.
     pub fn snapshot(&self) -> Result<Snapshot, MigrationError> {
-        Ok(Snapshot::open(&self.dir)?.arriving(self.fence))
+        Ok(Snapshot::open(&self.dir, None)?.arriving(self.fence))
     }
 
     /// The directory the stream was laid out in.
@@ -180,15 +185,14 @@ impl Arrival {
     }
 }
 
-/// Writes the page key received in `buf` (then wiped) into `dir`.
-fn write_key(dir: &Path, buf: &mut [u8]) -> Result<(), MigrationError> {
+/// The page key received in `buf` (then wiped): kept in memory only, so the incoming
+/// directory never holds it.
+fn read_key(buf: &mut [u8]) -> Result<PageKey, MigrationError> {
     let bytes: [u8; 32] = (&*buf)
         .try_into()
         .map_err(|_| MigrationError::Protocol(format!("a page key of {} bytes", buf.len())))?;
     buf.fill(0);
-    PageKey::from_bytes(bytes)
-        .write_file(&dir.join(KEY))
-        .map_err(|e| MigrationError::Key(e.to_string()))
+    Ok(PageKey::from_bytes(bytes))
 }
 
 /// Receives frames until the source's last; returns the fence and the bytes received.
@@ -205,10 +209,10 @@ fn receive_into(ch: &mut Channel, dir: &Path, start: &Start) -> Result<(i64, u64
             })
         }
     };
-    let pages = File::create(&pages_path).map_err(write(&pages_path))?;
+    let pages = crate::snapshot::sealed::create_private(&pages_path)?;
     pages.set_len(start.bytes).map_err(write(&pages_path))?;
     let remote_path = dir.join(REMOTE_PAGES);
-    let mut remote = File::create(&remote_path).map_err(write(&remote_path))?;
+    let mut remote = crate::snapshot::sealed::create_private(&remote_path)?;
     let zero = [0u8; PAGE];
     let at = |p: u64| {
         file_offset(&start.regions, p)
@@ -238,7 +242,6 @@ fn receive_into(ch: &mut Channel, dir: &Path, start: &Start) -> Result<(i64, u64
                 }
             }
             Kind::Remote => remote.write_all(&buf).map_err(write(&remote_path))?,
-            Kind::Key => write_key(dir, &mut buf)?,
             Kind::Finish => {
                 let fin: Finish = serde_json::from_slice(&buf)
                     .map_err(|e| MigrationError::Protocol(format!("the last frame: {e}")))?;

@@ -475,6 +475,7 @@ fn final_phase(
             digest: format!("{:032x}", remote_hasher.finish_128()),
             key_file,
         }),
+        sealed: None,
     };
     let mut fin = serde_json::to_vec(&Finish { manifest, fence })
         .map_err(|e| MigrationError::Protocol(e.to_string()))?;

@@ -38,7 +38,11 @@ pub struct RemoteSaving {
 pub struct PoolRestore {
     /// The saved VM's id in the pool (its namespace derives from it).
     pub vm: VmId,
-    /// The snapshot's key file, if its pages are sealed.
+    /// The page key that sealed the pool's pages, if they are sealed and the key is at hand
+    /// (unwrapped from a sealed snapshot, received by a live migration); wins over
+    /// `key_file`.
+    pub key: Option<farvm_seal::PageKey>,
+    /// The snapshot's key file, if its pages are sealed and the key is in the clear.
     pub key_file: Option<PathBuf>,
     /// A live migration's destination: the fence its takeover of the namespace commits on
     /// (instead of restoring a snapshot record). None: a snapshot's restore.

@@ -435,9 +435,13 @@ fn collect(
 }
 
 /// The VM's page key if pages are sealed (`RemoteSpec::page_encryption`): loaded from
-/// `--memory-key-file`, else drawn for this run. Sealing is implemented on TCP links only, so
-/// an RDMA server is refused with the way out named.
-fn page_key(spec: &RemoteSpec, servers: &[Endpoint]) -> Result<Option<PageKey>, RemoteError> {
+/// `--memory-key-file`, else drawn for this run; `given` (a restored VM's) wins. Sealing is
+/// implemented on TCP links only, so an RDMA server is refused with the way out named.
+fn page_key(
+    spec: &RemoteSpec,
+    servers: &[Endpoint],
+    given: Option<PageKey>,
+) -> Result<Option<PageKey>, RemoteError> {
     if !spec.page_encryption {
         if spec.memory_key_file.is_some() {
             return Err(RemoteError::Config(
@@ -458,12 +462,13 @@ fn page_key(spec: &RemoteSpec, servers: &[Endpoint]) -> Result<Option<PageKey>, 
              the clear)"
         )));
     }
-    let key = match &spec.memory_key_file {
-        Some(path) => PageKey::from_file(path).map_err(|e| RemoteError::Key {
+    let key = match (given, &spec.memory_key_file) {
+        (Some(key), _) => key,
+        (None, Some(path)) => PageKey::from_file(path).map_err(|e| RemoteError::Key {
             path: path.clone(),
             msg: e.to_string(),
         })?,
-        None => PageKey::generate().map_err(|e| RemoteError::Config(e.to_string()))?,
+        (None, None) => PageKey::generate().map_err(|e| RemoteError::Config(e.to_string()))?,
     };
     tracing::info!(key = %key.id(), "guest pages are sealed (AES-256-GCM) before they leave the VMM");
     Ok(Some(key))
@@ -602,7 +607,10 @@ impl RemoteMemory {
             }
             None => spec,
         };
-        ccfg.page_key = match page_key(spec, &servers) {
+        // A key at hand (unwrapped from a sealed snapshot, received by a migration) is the
+        // one the pool's pages are sealed under; the checks of `page_key` still apply.
+        let restored_key = spec.pool_restore.as_ref().and_then(|r| r.key.clone());
+        ccfg.page_key = match page_key(spec, &servers, restored_key) {
             Ok(k) => k,
             Err(e) => {
                 if let Some((member, _)) = pool {
@@ -1017,8 +1025,8 @@ mod tests {
         let tcp = [Endpoint::tcp(([127, 0, 0, 1], 7070).into())];
         let mut spec = RemoteSpec::new("t");
         assert!(spec.page_encryption);
-        let drawn = page_key(&spec, &tcp).unwrap().expect("a key per run");
-        let again = page_key(&spec, &tcp).unwrap().expect("a key per run");
+        let drawn = page_key(&spec, &tcp, None).unwrap().expect("a key per run");
+        let again = page_key(&spec, &tcp, None).unwrap().expect("a key per run");
         assert_ne!(drawn.id(), again.id(), "each run draws its own key");
 
         let dir = std::env::temp_dir().join(format!("farvm-key-{}", std::process::id()));
@@ -1028,13 +1036,15 @@ mod tests {
         spec.memory_key_file = Some(file.clone());
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = page_key(&spec, &tcp).unwrap_err().to_string();
+        let e = page_key(&spec, &tcp, None).unwrap_err().to_string();
         assert!(e.contains("must be readable by its owner only"), "{e}");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let loaded = page_key(&spec, &tcp).unwrap().expect("the file's key");
+        let loaded = page_key(&spec, &tcp, None)
+            .unwrap()
+            .expect("the file's key");
         assert_eq!(loaded.id(), PageKey::from_bytes([0x42; 32]).id());
         std::fs::write(&file, "not a key").unwrap();
-        let e = page_key(&spec, &tcp).unwrap_err();
+        let e = page_key(&spec, &tcp, None).unwrap_err();
         assert!(
             matches!(&e, RemoteError::Key { path, .. } if *path == file),
             "{e}"
@@ -1046,13 +1056,13 @@ mod tests {
             addr: ([10, 0, 0, 5], 7071).into(),
             transport: Transport::Rdma { one_sided: true },
         }];
-        let e = page_key(&spec, &rdma).unwrap_err().to_string();
+        let e = page_key(&spec, &rdma, None).unwrap_err().to_string();
         assert!(e.contains("--page-encryption off"), "{e}");
 
         spec.page_encryption = false;
-        assert!(page_key(&spec, &rdma).unwrap().is_none());
+        assert!(page_key(&spec, &rdma, None).unwrap().is_none());
         spec.memory_key_file = Some(file);
-        let e = page_key(&spec, &tcp).unwrap_err().to_string();
+        let e = page_key(&spec, &tcp, None).unwrap_err().to_string();
         assert!(
             e.contains("--memory-key-file needs --page-encryption on"),
             "{e}"

@@ -4,7 +4,9 @@
 //! a directory with a manifest holds a complete snapshot.
 //!
 //! Version 1 holds every page in the page file; version 2 is a pool VM's snapshot, whose
-//! remote pages stayed on the memory servers ([`Manifest::pool`]). Reading checks the format
+//! remote pages stayed on the memory servers ([`Manifest::pool`]); version 3 is either, sealed
+//! under a snapshot key ([`Manifest::sealed`], [`super::sealed`]: its machine state is sealed
+//! too, and the rest authenticated). Reading checks the format
 //! and version before the rest, so a manifest of another version is
 //! [`SnapshotError::Version`], not a parse error.
 
@@ -16,6 +18,7 @@ use serde_json::Value;
 use super::machine::{DeviceState, KvmState};
 use super::pages::MemoryRecord;
 use super::remote::RemoteRecord;
+use super::sealed::SealRecord;
 use super::SnapshotError;
 use crate::spec::VmSpec;
 use crate::vstate::vcpu::VcpuState;
@@ -32,6 +35,9 @@ pub const VERSION: u32 = 1;
 /// ([`Manifest::pool`]): a farvm that reads only [`VERSION`] refuses it rather than restore
 /// the remote pages as zeros.
 pub const POOL_VERSION: u32 = 2;
+/// The version of a sealed snapshot ([`Manifest::sealed`]), of either kind: a farvm that
+/// cannot open it refuses it rather than load its sealed pages as guest RAM.
+pub const SEALED_VERSION: u32 = 3;
 
 /// A snapshot's manifest (module doc).
 #[derive(Serialize, Deserialize)]
@@ -56,48 +62,82 @@ pub struct Manifest {
     /// memory servers. None: the page file holds every page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<RemoteRecord>,
+    /// How the snapshot is sealed (format [`SEALED_VERSION`]); never the key. None: its files
+    /// are in the clear. A sealed manifest file holds `vcpus`, `kvm` and `devices` sealed, as
+    /// one hex string `machine` ([`super::sealed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<SealRecord>,
 }
 
 impl Manifest {
-    /// Reads and checks the manifest at `path`.
+    /// Reads and checks the manifest at `path` (one in the clear: a sealed manifest is read
+    /// by [`read_value`], opened, then [`Manifest::from_value`]).
     pub fn read(path: &Path) -> Result<Self, SnapshotError> {
-        let text = std::fs::read(path).map_err(SnapshotError::read(path))?;
-        let v: Value = serde_json::from_slice(&text)
-            .map_err(|e| SnapshotError::corrupt(path, format!("not JSON: {e}")))?;
-        match v.get("format").and_then(Value::as_str) {
-            Some(FORMAT) => {}
-            other => {
-                return Err(SnapshotError::corrupt(
-                    path,
-                    format!("format {other:?}, expected \"{FORMAT}\""),
-                ))
-            }
+        read_value(path).and_then(|(v, _)| Self::from_value(path, v))
+    }
+
+    /// The manifest in `v`, read from `path` by [`read_value`] (and, sealed, opened).
+    pub fn from_value(path: &Path, v: Value) -> Result<Self, SnapshotError> {
+        let m: Self =
+            serde_json::from_value(v).map_err(|e| SnapshotError::corrupt(path, e.to_string()))?;
+        if (m.version == SEALED_VERSION) != m.sealed.is_some() {
+            return Err(SnapshotError::corrupt(
+                path,
+                format!(
+                    "version {} with a seal record: {}",
+                    m.version,
+                    m.sealed.is_some()
+                ),
+            ));
         }
-        match v.get("version").and_then(Value::as_u64) {
-            Some(n) if (u64::from(VERSION)..=u64::from(POOL_VERSION)).contains(&n) => {}
-            Some(n) => {
-                return Err(SnapshotError::Version {
-                    path: path.to_path_buf(),
-                    found: n,
-                    supported: POOL_VERSION,
-                })
-            }
-            None => return Err(SnapshotError::corrupt(path, "no version number".into())),
-        }
-        serde_json::from_value(v).map_err(|e| SnapshotError::corrupt(path, e.to_string()))
+        Ok(m)
     }
 
     /// Writes the manifest into `dir` (to a temporary name, then renamed).
     pub fn write(&self, dir: &Path) -> Result<(), SnapshotError> {
-        let tmp = dir.join(format!("{MANIFEST}.tmp"));
         let text = serde_json::to_vec(self).map_err(|e| SnapshotError::Write {
-            path: tmp.clone(),
+            path: dir.join(MANIFEST),
             source: std::io::Error::other(e),
         })?;
-        std::fs::write(&tmp, text).map_err(SnapshotError::write(&tmp))?;
-        let path = dir.join(MANIFEST);
-        std::fs::rename(&tmp, &path).map_err(SnapshotError::write(&path))
+        write_bytes(dir, &text)
     }
+}
+
+/// Reads the manifest file at `path` and checks its format and version; returns it as JSON,
+/// with the file's bytes (which a sealed snapshot's summary authenticates).
+pub fn read_value(path: &Path) -> Result<(Value, Vec<u8>), SnapshotError> {
+    let text = std::fs::read(path).map_err(SnapshotError::read(path))?;
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| SnapshotError::corrupt(path, format!("not JSON: {e}")))?;
+    match v.get("format").and_then(Value::as_str) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(SnapshotError::corrupt(
+                path,
+                format!("format {other:?}, expected \"{FORMAT}\""),
+            ))
+        }
+    }
+    match v.get("version").and_then(Value::as_u64) {
+        Some(n) if (u64::from(VERSION)..=u64::from(SEALED_VERSION)).contains(&n) => {}
+        Some(n) => {
+            return Err(SnapshotError::Version {
+                path: path.to_path_buf(),
+                found: n,
+                supported: SEALED_VERSION,
+            })
+        }
+        None => return Err(SnapshotError::corrupt(path, "no version number".into())),
+    }
+    Ok((v, text))
+}
+
+/// Writes `text`, a manifest's bytes, into `dir` (to a temporary name, then renamed).
+pub fn write_bytes(dir: &Path, text: &[u8]) -> Result<(), SnapshotError> {
+    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    std::fs::write(&tmp, text).map_err(SnapshotError::write(&tmp))?;
+    let path = dir.join(MANIFEST);
+    std::fs::rename(&tmp, &path).map_err(SnapshotError::write(&path))
 }
 
 #[cfg(test)]

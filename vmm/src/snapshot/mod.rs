@@ -25,6 +25,7 @@ pub mod remote;
 mod restore;
 mod restore_pages;
 mod save;
+pub mod sealed;
 
 use std::path::{Path, PathBuf};
 
@@ -119,6 +120,38 @@ pub enum SnapshotError {
     /// The memory pool refused or did not answer (etcd).
     #[error("memory pool: {0}")]
     Pool(String),
+    /// The snapshot key could not be loaded (its file is missing, exposed or malformed).
+    #[error(
+        "snapshot key (farvm snapshot --key-file, farvm run --snapshot-key-file, or \
+         snapshot_key_file in the host config): {0}"
+    )]
+    Key(String),
+    /// The snapshot is sealed and no snapshot key was given.
+    #[error(
+        "the snapshot {} is sealed under snapshot key {key_id}: give its key with farvm run \
+         --snapshot-key-file PATH (the API's vm.restore: snapshot_key_file in the host config)",
+        dir.display()
+    )]
+    KeyMissing {
+        /// The snapshot's directory.
+        dir: PathBuf,
+        /// The public id of the key it was sealed under.
+        key_id: String,
+    },
+    /// The key given is not the one the snapshot was sealed under.
+    #[error(
+        "the snapshot {} is sealed under snapshot key {sealed}, not under the key {given} \
+         given (farvm run --snapshot-key-file, or snapshot_key_file in the host config)",
+        dir.display()
+    )]
+    KeyWrong {
+        /// The snapshot's directory.
+        dir: PathBuf,
+        /// The public id of the key it was sealed under.
+        sealed: String,
+        /// The public id of the key given.
+        given: String,
+    },
 }
 
 impl From<crate::remote::PageFileError> for SnapshotError {

@@ -1,7 +1,8 @@
 //! A snapshot's page file: guest RAM, every region in order, page `i` of RAM at offset
 //! `i * 4 KiB`. Pages of zeros are holes (the file is sparse), so untouched RAM costs no disk.
 //! The manifest keeps the file's length, how many pages were written and an XXH3-128 digest of
-//! those pages with their numbers, which a restore checks.
+//! those pages (as stored: sealed, in a sealed snapshot) with their numbers, which a restore
+//! checks. A sealed snapshot's pages are sealed and opened by [`super::sealed`].
 //!
 //! Pages are read and written through [`GuestRam`], so on remote memory every page — resident
 //! or on a memory server — is copied by the paging engine (a remote page is read back from its
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use twox_hash::XxHash3_128;
 use vm_memory::{Bytes, GuestAddress};
 
+use super::sealed::{self, Sealing, Unsealed};
 use super::SnapshotError;
 use crate::vstate::memory::{GuestRam, MemError};
 
@@ -43,10 +45,16 @@ fn is_zero(page: &[u8]) -> bool {
     page.iter().all(|&b| b == 0)
 }
 
-/// Writes the pages of `ram` to `path` (created); returns their record.
-pub fn save(ram: &GuestRam, path: &Path, file_name: &str) -> Result<MemoryRecord, SnapshotError> {
+/// Writes the pages of `ram` to `path` (created, mode 0600), sealed by `seal` if given;
+/// returns their record.
+pub fn save(
+    ram: &GuestRam,
+    path: &Path,
+    file_name: &str,
+    mut seal: Option<&mut Sealing>,
+) -> Result<MemoryRecord, SnapshotError> {
     let io = SnapshotError::write(path);
-    let file = File::create(path).map_err(&io)?;
+    let file = sealed::create_private(path)?;
     let mut hasher = XxHash3_128::new();
     let mut buf = vec![0u8; CHUNK];
     let (mut offset, mut written) = (0u64, 0u64);
@@ -60,11 +68,14 @@ pub fn save(ram: &GuestRam, path: &Path, file_name: &str) -> Result<MemoryRecord
             ram.fetch_ahead(r.gpa() + done, n as u64).map_err(mem)?;
             ram.read_slice(&mut buf[..n], GuestAddress(r.gpa() + done))
                 .map_err(mem)?;
-            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+            for (i, page) in buf[..n].chunks_mut(PAGE).enumerate() {
                 if is_zero(page) {
                     continue;
                 }
                 let at = offset + done + (i * PAGE) as u64;
+                if let Some(s) = seal.as_deref_mut() {
+                    s.page(at / PAGE as u64, page)?;
+                }
                 hasher.write(&(at / PAGE as u64).to_le_bytes());
                 hasher.write(page);
                 file.write_all_at(page, at).map_err(&io)?;
@@ -89,8 +100,14 @@ pub fn save(ram: &GuestRam, path: &Path, file_name: &str) -> Result<MemoryRecord
 /// `VmConfig::restoring`, so its guest RAM is untouched): only the file's data extents are
 /// read (`SEEK_DATA`), so a restore costs time in the pages the file holds, not in guest
 /// RAM's size; a zero page inside an extent is left alone. The digest is checked over what
-/// was read; a mismatch is [`SnapshotError::Corrupt`].
-pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), SnapshotError> {
+/// was read; a mismatch is [`SnapshotError::Corrupt`]. A sealed snapshot's pages are opened
+/// by `sealed` once hashed.
+pub fn load(
+    ram: &GuestRam,
+    path: &Path,
+    rec: &MemoryRecord,
+    sealed: Option<&Unsealed>,
+) -> Result<(), SnapshotError> {
     let have: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
     if have != rec.regions {
         return Err(SnapshotError::corrupt(
@@ -124,13 +141,16 @@ pub fn load(ram: &GuestRam, path: &Path, rec: &MemoryRecord) -> Result<(), Snaps
                 let n = CHUNK.min((to - pos) as usize);
                 file.read_exact_at(&mut buf[..n], pos)
                     .map_err(SnapshotError::read(path))?;
-                for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                for (i, page) in buf[..n].chunks_mut(PAGE).enumerate() {
                     if is_zero(page) {
                         continue;
                     }
                     let file_at = pos + (i * PAGE) as u64;
                     hasher.write(&(file_at / PAGE as u64).to_le_bytes());
                     hasher.write(page);
+                    if let Some(s) = sealed {
+                        s.open_page(path, file_at / PAGE as u64, page)?;
+                    }
                     ram.write_slice(page, GuestAddress(gpa + file_at - offset))
                         .map_err(mem)?;
                     written += 1;

@@ -4,8 +4,10 @@
 //! namespace derives from it), every remote page's number and the fingerprint of the content
 //! the servers hold (`remote.pages`: 24-byte records, page u64 and fingerprint u128, both
 //! little-endian, in page order; its low 64 bits are the page's write version), and the page
-//! key (`page.key`, mode 0600) that sealed them. A restore takes the remote pages back as
-//! remote, the engine reading each from the servers on the guest's first touch.
+//! key (`page.key`, mode 0600) that sealed them. In a sealed snapshot ([`super::sealed`]) the
+//! records are sealed in chunks and the key is stored wrapped. A restore takes the remote pages back as
+//! remote, the engine reading each from the servers on the guest's first touch. A clear
+//! snapshot also lists its resident pages for a lazy restore ([`super::page_lists`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -18,6 +20,7 @@ use twox_hash::XxHash3_128;
 
 use super::page_lists::{ListWriter, RESIDENT_PAGES, WORKING_SET};
 use super::pages::MemoryRecord;
+use super::sealed::{self, Sealing, Unsealed};
 use super::SnapshotError;
 use crate::remote::{RemoteSaving, SnapshotPageFile};
 use crate::vstate::memory::GuestRam;
@@ -67,6 +70,24 @@ pub fn listed_page<'a>(
     }
 }
 
+/// A writer that hashes what it writes (the remote pages file's digest is of its bytes).
+struct Hashed<W> {
+    out: W,
+    hasher: XxHash3_128,
+}
+
+impl<W: Write> Write for Hashed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hasher.write(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 /// An error of the engine's listing, or of writing what it lists.
 enum SaveFailure {
     Engine(EngineError),
@@ -81,25 +102,36 @@ impl From<EngineError> for SaveFailure {
 
 /// Writes the resident pages of the pool VM `saving` (RAM `ram`) into `dir`'s page file,
 /// its remote pages' record into [`REMOTE_PAGES`] and its key into [`KEY`]; reads nothing
-/// back from the servers. The VM is paused.
+/// back from the servers. The VM is paused. With `seal`, pages, records and key are sealed.
 pub fn save(
     saving: &RemoteSaving,
     ram: &GuestRam,
     dir: &Path,
     pages_file: &str,
     pool_vm: &str,
+    mut seal: Option<&mut Sealing>,
 ) -> Result<(MemoryRecord, RemoteRecord), SnapshotError> {
     let path = dir.join(pages_file);
     let io = SnapshotError::write(&path);
-    let file = File::create(&path).map_err(&io)?;
+    let file = sealed::create_private(&path)?;
     let regions: Vec<(u64, u64)> = ram.regions().iter().map(|r| (r.gpa(), r.len())).collect();
     let bytes: u64 = regions.iter().map(|r| r.1).sum();
     let remote_path = dir.join(REMOTE_PAGES);
     let remote_io = SnapshotError::write(&remote_path);
-    let mut remote = BufWriter::new(File::create(&remote_path).map_err(&remote_io)?);
-    let (mut hasher, mut remote_hasher) = (XxHash3_128::new(), XxHash3_128::new());
+    let mut remote = Hashed {
+        out: BufWriter::new(sealed::create_private(&remote_path)?),
+        hasher: XxHash3_128::new(),
+    };
+    let mut sealed_page = [0u8; PAGE as usize];
+    let mut hasher = XxHash3_128::new();
     let (mut written, mut remote_pages) = (0u64, 0u64);
-    let mut resident_list = ListWriter::create(dir, RESIDENT_PAGES)?;
+    // A sealed snapshot keeps no page lists: the fingerprints would be a clear record of
+    // its pages' content (it restores eagerly only).
+    let mut resident_list = if seal.is_none() {
+        Some(ListWriter::create(dir, RESIDENT_PAGES)?)
+    } else {
+        None
+    };
     let mut in_file = vec![0u64; (bytes / PAGE).div_ceil(64) as usize + 1];
     let mut from_old_file = vec![0u8; PAGE as usize];
     let listed = saving
@@ -120,13 +152,23 @@ pub fn save(
                     let Some(at) = file_offset(&regions, p) else {
                         return Ok(()); // the MMIO hole: no RAM, never written by the guest
                     };
+                    if let Some(list) = resident_list.as_mut() {
+                        list.resident(p, XxHash3_128::oneshot(data))
+                            .map_err(SaveFailure::Snapshot)?;
+                    }
+                    let data = match seal.as_deref_mut() {
+                        Some(s) => {
+                            sealed_page.copy_from_slice(data);
+                            s.page(at / PAGE, &mut sealed_page)
+                                .map_err(SaveFailure::Snapshot)?;
+                            &sealed_page[..]
+                        }
+                        None => data,
+                    };
                     hasher.write(&(at / PAGE).to_le_bytes());
                     hasher.write(data);
                     file.write_all_at(data, at)
                         .map_err(|e| SaveFailure::Snapshot(io(e)))?;
-                    resident_list
-                        .resident(p, XxHash3_128::oneshot(data))
-                        .map_err(SaveFailure::Snapshot)?;
                     if let Some(w) = in_file.get_mut((p / 64) as usize) {
                         *w |= 1 << (p % 64);
                     }
@@ -136,10 +178,11 @@ pub fn save(
                     let mut rec = [0u8; RECORD];
                     rec[..8].copy_from_slice(&p.to_le_bytes());
                     rec[8..].copy_from_slice(&fp.to_le_bytes());
-                    remote_hasher.write(&rec);
-                    remote
-                        .write_all(&rec)
-                        .map_err(|e| SaveFailure::Snapshot(remote_io(e)))?;
+                    match seal.as_deref_mut() {
+                        Some(s) => s.record(&rec, &mut remote),
+                        None => remote.write_all(&rec),
+                    }
+                    .map_err(|e| SaveFailure::Snapshot(remote_io(e)))?;
                     remote_pages += 1;
                 }
             }
@@ -152,9 +195,18 @@ pub fn save(
     }
     file.set_len(bytes).map_err(&io)?;
     file.sync_all().map_err(&io)?;
-    resident_list.finish()?;
-    write_working_set(&saving.engine, dir, &mut in_file)?;
-    let remote = remote.into_inner().map_err(|e| remote_io(e.into_error()))?;
+    if let Some(list) = resident_list {
+        list.finish()?;
+        write_working_set(&saving.engine, dir, &mut in_file)?;
+    }
+    if let Some(s) = seal.as_deref_mut() {
+        s.flush_records(&mut remote).map_err(&remote_io)?;
+    }
+    let remote_digest = remote.hasher.finish_128();
+    let remote = remote
+        .out
+        .into_inner()
+        .map_err(|e| remote_io(e.into_error()))?;
     remote.sync_all().map_err(&remote_io)?;
     let key = saving
         .keys
@@ -162,8 +214,9 @@ pub fn save(
         .map(|k| k.settled_key())
         .transpose()
         .map_err(|e| SnapshotError::State(e.to_string()))?;
-    let key_file = match &key {
-        Some(key) => {
+    let key_file = match (&key, seal) {
+        (Some(key), Some(s)) => Some(s.wrap_key(dir, key)?),
+        (Some(key), None) => {
             let path = dir.join(KEY);
             key.write_file(&path).map_err(|e| SnapshotError::Write {
                 path,
@@ -171,7 +224,7 @@ pub fn save(
             })?;
             Some(KEY.to_string())
         }
-        None => None,
+        (None, _) => None,
     };
     Ok((
         MemoryRecord {
@@ -186,7 +239,7 @@ pub fn save(
             namespace: saving.namespace,
             file: REMOTE_PAGES.to_string(),
             pages: remote_pages,
-            digest: format!("{:032x}", remote_hasher.finish_128()),
+            digest: format!("{remote_digest:032x}"),
             key_file,
         },
     ))
@@ -223,16 +276,31 @@ fn write_working_set(
     Ok(())
 }
 
-/// Reads the remote pages file of `rec` in `dir` and takes each page back as remote in
-/// `engine` (a fresh VM's, before it runs). The file must match the record.
-pub fn adopt(engine: &Engine, dir: &Path, rec: &RemoteRecord) -> Result<(), SnapshotError> {
+/// Reads the remote pages file of `rec` in `dir` (opened by `sealed` in a sealed snapshot)
+/// and takes each page back as remote in `engine` (a fresh VM's, before it runs). The file
+/// must match the record.
+pub fn adopt(
+    engine: &Engine,
+    dir: &Path,
+    rec: &RemoteRecord,
+    sealed: Option<&Unsealed>,
+) -> Result<(), SnapshotError> {
     let path = dir.join(&rec.file);
     let mut data = Vec::new();
     File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut data))
         .map_err(SnapshotError::read(&path))?;
     let digest = format!("{:032x}", XxHash3_128::oneshot(&data));
-    if data.len() as u64 != rec.pages * RECORD as u64 || digest != rec.digest {
+    if digest != rec.digest {
+        return Err(SnapshotError::corrupt(
+            &path,
+            format!("digest {digest}; the manifest says {}", rec.digest),
+        ));
+    }
+    if let Some(s) = sealed {
+        data = s.open_records(&path, data, rec.pages)?;
+    }
+    if data.len() as u64 != rec.pages * RECORD as u64 {
         return Err(SnapshotError::corrupt(
             &path,
             format!(

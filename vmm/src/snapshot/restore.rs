@@ -2,16 +2,20 @@
 //! gives the VM's description to build the VM from (the caller builds it, as for any boot),
 //! and [`Snapshot::restore_into`] loads guest RAM, KVM's VM-wide state, every vCPU's state and
 //! the devices' into that VM before it starts. Starting it resumes the guest where it was
-//! saved.
+//! saved. A sealed snapshot is checked under its key when it is opened, before anything is
+//! built or taken from the pool.
 
 use std::path::{Path, PathBuf};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
-use super::manifest::{Manifest, MANIFEST};
+use farvm_seal::PageKey;
+
+use super::manifest::{self, Manifest, MANIFEST};
 use super::page_lists::{self, RESIDENT_PAGES, WORKING_SET};
 use super::restore_pages::RestorePages;
+use super::sealed::Unsealed;
 use super::{pages, remote, SnapshotError};
 use crate::remote::{working_set, SnapshotPageFile};
 use crate::spec::VmSpec;
@@ -22,6 +26,8 @@ use crate::vstate::vcpu::VcpuExits;
 pub struct Snapshot {
     dir: PathBuf,
     manifest: Manifest,
+    /// A sealed snapshot, checked under its key.
+    unsealed: Option<Unsealed>,
     /// Received by a live migration: the fence its pool VM's takeover commits on.
     takeover_fence: Option<i64>,
     /// How the resident pages come back.
@@ -34,8 +40,11 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads the snapshot in `dir` (its manifest; the page file is read by
-    /// [`Snapshot::restore_into`]).
-    pub fn open(dir: &Path) -> Result<Self, SnapshotError> {
+    /// [`Snapshot::restore_into`]). A sealed snapshot is checked under the snapshot key `key`
+    /// (its id, the summary over the manifest and the page tags, its machine state, the
+    /// wrapped page key): without a key or with another key it is refused here, before any VM
+    /// is built. A key for a snapshot in the clear is not needed, and said so.
+    pub fn open(dir: &Path, key: Option<&PageKey>) -> Result<Self, SnapshotError> {
         let not_found = |why| SnapshotError::NotFound {
             dir: dir.to_path_buf(),
             why,
@@ -47,7 +56,28 @@ impl Snapshot {
         if !path.exists() {
             return Err(not_found("the directory has no manifest.json"));
         }
-        let manifest = Manifest::read(&path)?;
+        let (mut v, text) = manifest::read_value(&path)?;
+        let sealed_under = v
+            .get("sealed")
+            .map(|s| s["key_id"].as_str().unwrap_or("?").to_string());
+        let unsealed = match (sealed_under, key) {
+            (Some(_), Some(key)) => Some(Unsealed::check(dir, &text, &mut v, key)?),
+            (Some(key_id), None) => {
+                return Err(SnapshotError::KeyMissing {
+                    dir: dir.to_path_buf(),
+                    key_id,
+                })
+            }
+            (None, Some(_)) => {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "the snapshot is not sealed: the snapshot key given is not used"
+                );
+                None
+            }
+            (None, None) => None,
+        };
+        let manifest = Manifest::from_value(&path, v)?;
         let file = &manifest.memory.file;
         if Path::new(file).file_name().and_then(|f| f.to_str()) != Some(file.as_str()) {
             return Err(SnapshotError::corrupt(
@@ -58,6 +88,7 @@ impl Snapshot {
         Ok(Snapshot {
             dir: dir.to_path_buf(),
             manifest,
+            unsealed,
             takeover_fence: None,
             restore_pages: RestorePages::Eager,
             resident: OnceLock::new(),
@@ -101,9 +132,18 @@ impl Snapshot {
     /// snapshot: its build writes nothing into guest RAM, and a pool VM's takes the
     /// snapshot's namespace back (and its page key) instead of being admitted afresh.
     pub fn prepare(&self, cfg: &mut crate::builder::VmConfig) -> Result<(), SnapshotError> {
+        let unsealed = self.unsealed.as_ref();
         // Every page the guest had comes from the snapshot: the build leaves guest RAM alone.
         cfg.restoring = true;
         let mode = self.restore_pages;
+        if !mode.is_eager() && unsealed.is_some() {
+            return Err(SnapshotError::RestoreMode {
+                mode: mode.name(),
+                why: "the snapshot is sealed: it keeps no clear list of its pages' \
+                      fingerprints, and restores eagerly only"
+                    .into(),
+            });
+        }
         let Some(rec) = &self.manifest.pool else {
             if !mode.is_eager() {
                 return Err(SnapshotError::RestoreMode {
@@ -131,7 +171,11 @@ impl Snapshot {
             })?;
         remote.pool_restore = Some(crate::remote::PoolRestore {
             vm,
-            key_file: rec.key_file.as_ref().map(|k| self.dir.join(k)),
+            key: unsealed.and_then(|u| u.page_key().cloned()),
+            key_file: match unsealed {
+                Some(_) => None,
+                None => rec.key_file.as_ref().map(|k| self.dir.join(k)),
+            },
             takeover_fence: self.takeover_fence,
         });
         if mode.is_eager() {
@@ -207,20 +251,8 @@ impl Snapshot {
                 ),
             ));
         }
-        let saving = match &m.pool {
-            Some(rec) => {
-                let saving = vm.shared().remote_saving().ok_or_else(|| {
-                    SnapshotError::State(
-                        "the snapshot's remote pages are in a memory pool, and the VM is not on \
-                         one"
-                        .into(),
-                    )
-                })?;
-                remote::adopt(&saving.engine, &self.dir, rec)?;
-                Some(saving)
-            }
-            None => None,
-        };
+        let unsealed = self.unsealed.as_ref();
+        let saving = vm.shared().remote_saving();
         match (self.resident.get(), saving) {
             // Lazy: the page file's pages are read on first touch (`PageFileStore`), checked
             // against the fingerprints the save recorded.
@@ -232,7 +264,21 @@ impl Snapshot {
                         .map_err(|e| SnapshotError::Memory(e.to_string()))?;
                 }
             }
-            _ => pages::load(vm.ram(), &self.dir.join(&m.memory.file), &m.memory)?,
+            _ => pages::load(
+                vm.ram(),
+                &self.dir.join(&m.memory.file),
+                &m.memory,
+                unsealed,
+            )?,
+        }
+        if let Some(rec) = &m.pool {
+            let saving = saving.ok_or_else(|| {
+                SnapshotError::State(
+                    "the snapshot's remote pages are in a memory pool, and the VM is not on one"
+                        .into(),
+                )
+            })?;
+            remote::adopt(&saving.engine, &self.dir, rec, unsealed)?;
         }
         m.kvm.apply(vm.kvm_vm())?;
         for (state, fd) in m.vcpus.iter().zip(vm.vcpus()) {

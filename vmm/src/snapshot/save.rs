@@ -4,16 +4,20 @@
 //! pages, and the record of its remote ones, [`super::remote`]), write the manifest last, hand
 //! a pool VM's namespace to the snapshot, then stop the VM ([`VmOutcome::Snapshotted`]). On
 //! any failure the files written so far are removed, the namespace stays the VM's, and the VM
-//! runs on (unless it was paused before the save).
+//! runs on (unless it was paused before the save). Given a snapshot key, every file that holds
+//! guest data is sealed ([`super::sealed`]); without one the save warns what is in the clear.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::machine::{check_saveable, DeviceState, KvmState};
-use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, POOL_VERSION, VERSION};
+use farvm_seal::PageKey;
+
+use super::manifest::{Manifest, FORMAT, MANIFEST, PAGES, POOL_VERSION, SEALED_VERSION, VERSION};
 use super::page_lists::{RESIDENT_PAGES, WORKING_SET};
 use super::pages::{self, MemoryRecord};
 use super::remote::{self, RemoteRecord, KEY, REMOTE_PAGES};
+use super::sealed::{Sealing, SEALED_KEY, TAGS};
 use super::SnapshotError;
 use crate::spec::VmSpec;
 use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
@@ -37,11 +41,18 @@ pub struct Saved {
     pub pool_snapshot: Option<String>,
     /// How long the VM was paused for the save, seconds.
     pub paused_secs: f64,
+    /// The public id of the snapshot key the snapshot is sealed under (None: in the clear).
+    pub sealed_under: Option<String>,
 }
 
 /// Saves `vm`, made from the description `spec`, into `dir` (created if missing; a directory
-/// holding a snapshot is refused) and stops it (module doc).
-pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotError> {
+/// holding a snapshot is refused), sealed under `key` if given, and stops it (module doc).
+pub fn save(
+    vm: &VmShared,
+    spec: &VmSpec,
+    dir: &Path,
+    key: Option<&PageKey>,
+) -> Result<Saved, SnapshotError> {
     check_saveable(spec, vm.board.agent().is_some())?;
     let was_paused = match vm.state() {
         VmState::Running => false,
@@ -59,10 +70,19 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
         keys.settled_key()
             .map_err(|e| SnapshotError::State(e.to_string()))?;
     }
+    if key.is_none() {
+        tracing::warn!(
+            dir = %dir.display(),
+            "the snapshot is not sealed: its page file holds the guest's pages in the clear \
+             (and a pool VM's page.key the key to the pool's copy of every other page), \
+             protected by file mode 0600 only; give a snapshot key to seal it (farvm snapshot \
+             --key-file, or snapshot_key_file in the host config for the API's vm.snapshot)"
+        );
+    }
     vm.pause(PAUSE_TIMEOUT)
         .map_err(|e| SnapshotError::State(e.to_string()))?;
     let started = Instant::now();
-    match write_snapshot(vm, spec, dir) {
+    match write_snapshot(vm, spec, dir, key) {
         Ok((memory, pool)) => {
             let saved = Saved {
                 dir: dir.to_path_buf(),
@@ -71,6 +91,7 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
                 remote_pages: pool.as_ref().map_or(0, |p| p.pages),
                 pool_snapshot: pool.map(|p| p.pool_vm),
                 paused_secs: started.elapsed().as_secs_f64(),
+                sealed_under: key.map(|k| k.id().to_string()),
             };
             match &saved.pool_snapshot {
                 Some(id) => tracing::info!(
@@ -100,6 +121,8 @@ pub fn save(vm: &VmShared, spec: &VmSpec, dir: &Path) -> Result<Saved, SnapshotE
                 MANIFEST.to_string(),
                 REMOTE_PAGES.to_string(),
                 KEY.to_string(),
+                TAGS.to_string(),
+                SEALED_KEY.to_string(),
                 RESIDENT_PAGES.to_string(),
                 WORKING_SET.to_string(),
             ] {
@@ -138,23 +161,35 @@ fn write_snapshot(
     vm: &VmShared,
     spec: &VmSpec,
     dir: &Path,
+    key: Option<&PageKey>,
 ) -> Result<(MemoryRecord, Option<RemoteRecord>), SnapshotError> {
     let (vcpus, kvm, devices) = machine_state(vm)?;
+    let mut sealing = key.map(|k| Sealing::create(dir, k)).transpose()?;
     let saving = vm.remote_saving();
     let pool_vm = saving.and_then(|s| s.pool.vm());
     let (memory, pool) = match (saving, pool_vm) {
         (Some(saving), Some(id)) => {
-            let (memory, rec) = remote::save(saving, &vm.ram, dir, PAGES, &id.to_string())?;
+            let (memory, rec) = remote::save(
+                saving,
+                &vm.ram,
+                dir,
+                PAGES,
+                &id.to_string(),
+                sealing.as_mut(),
+            )?;
             (memory, Some(rec))
         }
-        _ => (pages::save(&vm.ram, &dir.join(PAGES), PAGES)?, None),
+        _ => (
+            pages::save(&vm.ram, &dir.join(PAGES), PAGES, sealing.as_mut())?,
+            None,
+        ),
     };
-    Manifest {
+    let mut manifest = Manifest {
         format: FORMAT.into(),
-        version: if pool.is_some() {
-            POOL_VERSION
-        } else {
-            VERSION
+        version: match (&sealing, &pool) {
+            (Some(_), _) => SEALED_VERSION,
+            (None, Some(_)) => POOL_VERSION,
+            (None, None) => VERSION,
         },
         farvm_version: env!("CARGO_PKG_VERSION").into(),
         vm: spec.clone(),
@@ -163,8 +198,12 @@ fn write_snapshot(
         kvm,
         devices,
         pool: pool.clone(),
+        sealed: None,
+    };
+    match sealing {
+        Some(s) => s.write_manifest(&mut manifest, dir)?,
+        None => manifest.write(dir)?,
     }
-    .write(dir)?;
     if let (Some(saving), Some(rec)) = (saving, &pool) {
         saving
             .pool
