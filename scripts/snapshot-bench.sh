@@ -30,12 +30,13 @@
 #
 # Usage: scripts/snapshot-bench.sh [--memory SIZE] [--ws SIZE] [--passes N]
 #        (defaults: --memory 1G --ws 900M --passes 4)
-#        [--variants "pool pool+sealed full full+sealed pool:lazy ..."] (the rows to run, in
-#        order; default: every variant)
+#        [--variants "pool pool+sealed full full+sealed"] (the rows to run, in order; add
+#        pool:lazy, pool:lazy-prefetch, pool:working-set, pool:working-set-async for the
+#        restore modes)
 set -euo pipefail
 
 memory=1G ws=900M passes=4
-variants="pool pool+sealed full full+sealed pool:lazy pool:lazy-prefetch pool:working-set pool:working-set-async"
+variants="pool pool+sealed full full+sealed"
 while [ $# -gt 0 ]; do
     case "$1" in
         --memory) memory=$2; shift 2 ;;
