@@ -753,8 +753,11 @@ pub fn run_vm(
     };
     let running = vm.start().map_err(|e| host(e.to_string()))?;
     let outcome = running.wait(timeout, true);
-    let report = running.finish(outcome);
+    // The control server holds the VM's shared state, and through it the paging engine: it
+    // goes before the VM's end, which stops the engine and leaves the pool only when it holds
+    // the last reference (else a pool VM's pages waited for its lease to expire).
     drop(server);
+    let report = running.finish(outcome);
     Ok(report)
 }
 

@@ -102,11 +102,12 @@ impl Libvirt {
         eprintln!("$ virsh {}\n{}", args.join(" "), stdout.trim_end());
         assert!(
             out.status.success(),
-            "virsh {}: {}{}\nvirtchd log:\n{}",
+            "virsh {}: {}{}\nvirtchd log:\n{}\ndomain logs:\n{}",
             args.join(" "),
             stdout,
             String::from_utf8_lossy(&out.stderr),
-            self.daemon_log()
+            self.daemon_log(),
+            self.domain_logs()
         );
         stdout
     }
@@ -156,6 +157,17 @@ impl Libvirt {
                 .join(format!("cache/libvirt/ch/log/{name}.log")),
         )
         .unwrap_or_default()
+    }
+
+    /// Every domain's log (what each VMM wrote), for a failure's message.
+    pub fn domain_logs(&self) -> String {
+        let dir = self.runtime().join("cache/libvirt/ch/log");
+        let mut text = String::new();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            text.push_str(&format!("== {}\n{log}", entry.path().display()));
+        }
+        text
     }
 
     /// The field `key` of `virsh dominfo`.
