@@ -627,6 +627,21 @@ fn vm_add_net_takes_the_tap_descriptor_libvirt_sends_before_boot_and_refuses_the
     );
 }
 
+/// Process 1 of the API's VM finished its workload `workload` with the native checksum.
+fn assert_finished_natively(api: &Api, workload: &str) {
+    let (_, c) = api.get("vm.counters");
+    assert_eq!(
+        c["process.1"]["state"],
+        farvm_guest_agent::pv::state::DONE,
+        "{c}"
+    );
+    assert_eq!(
+        c["process.1"]["checksum"].as_u64(),
+        Some(common::native_checksum(workload)),
+        "{c}"
+    );
+}
+
 /// Waits (bounded) until process 1 of the API's VM runs its measured phase.
 fn wait_for_measured_phase(api: &Api) {
     let t0 = Instant::now();
@@ -741,17 +756,7 @@ fn vm_snapshot_and_vm_restore_resume_the_guest_in_another_vmm() {
     api.put("vm.restore", Some(&from), 405);
     api.put("vm.resume", None, 204);
     api.wait_state("Shutdown", Duration::from_secs(300));
-    let (_, c) = api.get("vm.counters");
-    assert_eq!(
-        c["process.1"]["state"],
-        farvm_guest_agent::pv::state::DONE,
-        "{c}"
-    );
-    assert_eq!(
-        c["process.1"]["checksum"].as_u64(),
-        Some(common::native_checksum(workload)),
-        "{c}"
-    );
+    assert_finished_natively(&api, workload);
     api.put("vmm.shutdown", None, 204);
     drop(api);
     let ev = events(&std::fs::read_to_string(&log).unwrap());
@@ -899,17 +904,7 @@ fn vm_send_migration_moves_a_pool_vm_to_the_api_server_receiving_it() {
     // A second VM is not received on top of it.
     dst.put("vm.receive-migration", Some(&at), 405);
     dst.wait_state("Shutdown", Duration::from_secs(300));
-    let (_, c) = dst.get("vm.counters");
-    assert_eq!(
-        c["process.1"]["state"],
-        farvm_guest_agent::pv::state::DONE,
-        "{c}"
-    );
-    assert_eq!(
-        c["process.1"]["checksum"].as_u64(),
-        Some(common::native_checksum(workload)),
-        "{c}"
-    );
+    assert_finished_natively(&dst, workload);
     src.put("vmm.shutdown", None, 204);
     dst.put("vmm.shutdown", None, 204);
     drop((src, dst));

@@ -15,19 +15,15 @@ mod pool_harness;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use common::{assert_native_report, kvm_available, wait_for_measured_phase};
+use common::{assert_native_report, farvm, kvm_available, refusal, wait_for_measured_phase};
 use pool_harness::Pool;
 
 /// Read-modify-write passes over 96 MiB that check every word they read.
 const WORKLOAD: &str = "seq:ws=96M,passes=6,write=1,verify=1";
 /// The VM's resident budget: 25% of 128 MiB.
 const LOCAL_BYTES: u64 = 32 << 20;
-
-fn farvm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farvm"))
-}
 
 fn scratch(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("farvm-migrate-{tag}-{}", std::process::id()));
@@ -461,13 +457,12 @@ fn bad_migrations_are_refused_with_the_reason_and_the_vm_runs_on() {
     let open = dir.join("open.key");
     std::fs::write(&open, [1u8; 32]).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let o = farvm()
-        .args(["run", "--incoming", "127.0.0.1:0", "--migration-key-file"])
-        .arg(&open)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(64), "{err}");
+    let err = refusal(
+        farvm()
+            .args(["run", "--incoming", "127.0.0.1:0", "--migration-key-file"])
+            .arg(&open),
+        64,
+    );
     assert!(
         err.contains("--migration-key-file") && err.contains("open.key"),
         "{err}"

@@ -17,10 +17,10 @@ mod sealed;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{assert_native_report, kvm_available, wait_for_measured_phase};
+use common::{assert_native_report, farvm, kvm_available, refusal, wait_for_measured_phase};
 use farvm_pool::VmId;
 use pool_harness::Pool;
 
@@ -31,10 +31,6 @@ const WORKLOAD: &str = "seq:ws=96M,passes=6,write=1,verify=1";
 const LONG_WORKLOAD: &str = "seq:ws=96M,passes=24,write=1,verify=1";
 /// The VM's resident budget: 25% of 128 MiB.
 const LOCAL_BYTES: u64 = 32 << 20;
-
-fn farvm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farvm"))
-}
 
 fn scratch(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("farvm-poolsnap-{tag}-{}", std::process::id()));
@@ -292,17 +288,16 @@ fn a_sealed_pool_snapshot_is_refused_without_its_key_and_stays_in_the_pool_until
     // A sealed snapshot keeps no clear list of its pages' fingerprints: it restores eagerly
     // only, and a lazy mode is refused before anything is taken from the pool.
     assert!(!snap.join("resident.pages").exists() && !snap.join("working-set.pages").exists());
-    let o = farvm()
-        .arg("run")
-        .arg("--restore")
-        .arg(&snap)
-        .arg("--snapshot-key-file")
-        .arg(&key)
-        .args(["--restore-pages", "lazy", "--serial", "none"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(64), "{err}");
+    let err = refusal(
+        farvm()
+            .arg("run")
+            .arg("--restore")
+            .arg(&snap)
+            .arg("--snapshot-key-file")
+            .arg(&key)
+            .args(["--restore-pages", "lazy", "--serial", "none"]),
+        64,
+    );
     assert!(
         err.contains("is sealed") && err.contains("eagerly only"),
         "{err}"

@@ -17,16 +17,12 @@ mod common;
 mod pool_harness;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_native_report, kvm_available};
+use common::{assert_native_report, farvm, kvm_available};
 use farvm_pool::{PoolStatus, PoolView, ServerHealth, ServerId, VmId};
 use pool_harness::{memserver, Member, Pool, PATIENCE};
-
-fn farvm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farvm"))
-}
 
 /// `farvm run --pool` of a 128 MiB test guest at 25% local running `workload`.
 fn run_args(pool: &Pool, workload: &str) -> Vec<String> {

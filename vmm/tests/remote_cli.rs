@@ -5,14 +5,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{alive, assert_native_report, kvm_available, memserver_children};
-
-fn farvm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farvm"))
-}
+use common::{alive, assert_native_report, farvm, kvm_available, memserver_children};
 
 #[test]
 fn bad_remote_arguments_are_usage_errors() {

@@ -11,17 +11,13 @@ mod common;
 mod sealed;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use common::{assert_native_report, kvm_available, wait_for_measured_phase};
+use common::{assert_native_report, farvm, kvm_available, refusal, wait_for_measured_phase};
 
 /// Read-modify-write passes that check every word they read: a page restored wrong fails the
 /// run, naming the word.
 const WORKLOAD: &str = "seq:ws=32M,passes=80,write=1,verify=1";
-
-fn farvm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farvm"))
-}
 
 /// A fresh scratch directory for one test.
 fn scratch(tag: &str) -> PathBuf {
@@ -134,15 +130,15 @@ fn a_vm_saved_mid_run_resumes_and_finishes_with_the_native_checksum() {
 
     // A full copy (no pool) restores eagerly only: a lazy mode is refused before the VM is
     // built, naming the flag.
-    let o = farvm()
-        .arg("run")
-        .arg("--restore")
-        .arg(&snap)
-        .args(["--restore-pages", "lazy", "--serial", "none"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(64), "{err}");
+    let err = refusal(
+        farvm().arg("run").arg("--restore").arg(&snap).args([
+            "--restore-pages",
+            "lazy",
+            "--serial",
+            "none",
+        ]),
+        64,
+    );
     assert!(
         err.contains("--restore-pages lazy") && err.contains("eagerly only"),
         "{err}"

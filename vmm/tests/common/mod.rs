@@ -223,3 +223,17 @@ pub fn wait_for_measured_phase(sock: &std::path::Path, vm: &mut std::process::Ch
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// This build's `farvm`.
+pub fn farvm() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_farvm"))
+}
+
+/// Runs `cmd`, which must exit with status `code` (a refusal); returns what it wrote on its
+/// standard error (the reason).
+pub fn refusal(cmd: &mut std::process::Command, code: i32) -> String {
+    let o = cmd.output().expect("run farvm");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    err
+}
