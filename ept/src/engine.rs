@@ -235,6 +235,11 @@ impl Engine {
         self.access.ensure_resident(gpa, len)
     }
 
+    /// Pages resident now (one atomic load: cheap enough to ask per batch of a pre-copy).
+    pub fn resident_pages(&self) -> u64 {
+        self.parts.frames().resident()
+    }
+
     /// A snapshot of the counters, latency summaries and page states.
     pub fn stats(&self) -> Stats {
         let p = &self.parts;

@@ -8,7 +8,7 @@
 //! fault on; `history` alone says which), `{"cmd":"snapshot /DIR"}` (save the VM into the
 //! snapshot directory DIR, an absolute path, and stop it: [`crate::snapshot`]; `snapshot /DIR
 //! --key-file /KEYFILE` seals it under the snapshot key in KEYFILE),
-//! `{"cmd":"migrate HOST:PORT /KEYFILE"}` (live-migrate the VM to the farvm waiting at
+//! `{"cmd":"migrate HOST:PORT /KEYFILE [DOWNTIME_MS]"}` (live-migrate the VM to the farvm waiting at
 //! HOST:PORT, the stream sealed with the key in KEYFILE: [`crate::migration`]); a bare word
 //! works too) and answering one JSON line (`{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`).
 //!
@@ -376,11 +376,24 @@ pub fn request_within(path: &Path, cmd: &str, timeout: Duration) -> Result<Value
     }
 }
 
-/// `migrate HOST:PORT /KEYFILE`: live-migrates the VM (it stops here once it runs there).
+/// `migrate HOST:PORT /KEYFILE [DOWNTIME_MS]`: live-migrates the VM (it stops here once it
+/// runs there), the pre-copy aiming for a pause of DOWNTIME_MS on this side (default
+/// [`crate::migration::DEFAULT_DOWNTIME_LIMIT`]).
 fn migrate(args: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, String> {
     let mut words = args.split_whitespace();
-    let (Some(to), Some(key), None) = (words.next(), words.next(), words.next()) else {
-        return Err("migrate: expected `migrate HOST:PORT /KEYFILE`".into());
+    let (Some(to), Some(key), limit, None) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err("migrate: expected `migrate HOST:PORT /KEYFILE [DOWNTIME_MS]`".into());
+    };
+    let limit = match limit {
+        None => crate::migration::DEFAULT_DOWNTIME_LIMIT,
+        Some(ms) => ms
+            .parse::<u64>()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| {
+                format!("migrate: the downtime limit `{ms}` is not a whole number of milliseconds")
+            })?,
     };
     let key = Path::new(key);
     if !key.is_absolute() {
@@ -392,7 +405,7 @@ fn migrate(args: &str, vm: &VmShared, spec: Option<&VmSpec>) -> Result<Value, St
     }
     let key = farvm_seal::PageKey::from_file(key).map_err(|e| format!("migration key: {e}"))?;
     let spec = spec.ok_or_else(|| crate::snapshot::SnapshotError::NoDescription.to_string())?;
-    crate::migration::migrate(vm, spec, to, &key)
+    crate::migration::migrate(vm, spec, to, &key, limit)
         .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
         .map_err(|e| e.to_string())
 }

@@ -19,6 +19,10 @@ pub mod counter {
     pub const DIVERGED_EXPECTED: usize = 5;
     /// ... and what it read.
     pub const DIVERGED_FOUND: usize = 6;
+    /// The longest a sequential scan's measured phase went from one page to the next, in ns
+    /// of the guest's clock (seq): a remote fault, or the whole VM paused (a live migration's
+    /// pause, when the destination keeps the guest's clock running across it).
+    pub const LONGEST_STALL_NS: usize = 7;
 }
 
 /// Sub-buckets per power of two: values are kept to within 1/8 (12.5%).

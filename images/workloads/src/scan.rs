@@ -59,25 +59,56 @@ impl Verify {
         k: u64,
         first: &mut Option<Divergence>,
         mismatches: &mut u64,
+        stalls: &mut Stalls,
+        env: &mut dyn Env,
     ) -> u64 {
         let mut a = 0u64;
         let mut x = self.base;
-        for (i, w) in heap.iter_mut().enumerate() {
-            x = x.wrapping_add(GOLDEN);
-            let expected = mix64(x).wrapping_add(self.added);
-            if *w != expected {
-                *mismatches += 1;
-                first.get_or_insert(Divergence {
-                    word: i as u64,
-                    pass: self.pass,
-                    expected,
-                    found: *w,
-                });
+        for (n, page) in heap.chunks_mut(PAGE_WORDS).enumerate() {
+            stalls.tick(env);
+            for (j, w) in page.iter_mut().enumerate() {
+                x = x.wrapping_add(GOLDEN);
+                let expected = mix64(x).wrapping_add(self.added);
+                if *w != expected {
+                    *mismatches += 1;
+                    first.get_or_insert(Divergence {
+                        word: (n * PAGE_WORDS + j) as u64,
+                        pass: self.pass,
+                        expected,
+                        found: *w,
+                    });
+                }
+                a = a.wrapping_add(*w);
+                *w = w.wrapping_add(k);
             }
-            a = a.wrapping_add(*w);
-            *w = w.wrapping_add(k);
         }
         a
+    }
+}
+
+/// Words in a 4 KiB page.
+const PAGE_WORDS: usize = 512;
+
+/// The longest time a scan took from one page to the next ([`counter::LONGEST_STALL_NS`]).
+struct Stalls {
+    last: u64,
+    longest: u64,
+}
+
+impl Stalls {
+    fn new(env: &mut dyn Env) -> Self {
+        Stalls {
+            last: env.now_ns(),
+            longest: 0,
+        }
+    }
+
+    /// The scan reached its next page.
+    #[inline]
+    fn tick(&mut self, env: &mut dyn Env) {
+        let now = env.now_ns();
+        self.longest = self.longest.max(now.saturating_sub(self.last));
+        self.last = now;
     }
 }
 
@@ -113,32 +144,43 @@ pub(crate) fn seq(
     let base = Rng::new(seed, 1).next_u64();
     let mut first: Option<Divergence> = None;
     let mut mismatches = 0u64;
-    let (s, ns) = measured(env, || {
-        let mut s = 0u64;
-        // What every word was raised by so far (the fill's pattern plus this).
-        let mut added = 0u64;
-        for pass in 0..passes {
-            let p = if write == 1 {
-                let k = pass.wrapping_mul(GOLDEN) | 1;
-                let mut a = 0u64;
-                if verify == 1 {
-                    let v = Verify { base, added, pass };
-                    a = v.pass(heap, k, &mut first, &mut mismatches);
-                } else {
-                    for w in heap.iter_mut() {
+    // Timed here, not through `measured`: the scan reads the clock at every page.
+    env.phase(phase::MEASURE);
+    let t0 = env.now_ns();
+    let mut stalls = Stalls::new(env);
+    let mut s = 0u64;
+    // What every word was raised by so far (the fill's pattern plus this).
+    let mut added = 0u64;
+    for pass in 0..passes {
+        let p = if write == 1 {
+            let k = pass.wrapping_mul(GOLDEN) | 1;
+            let mut a = 0u64;
+            if verify == 1 {
+                let v = Verify { base, added, pass };
+                a = v.pass(heap, k, &mut first, &mut mismatches, &mut stalls, env);
+            } else {
+                for page in heap.chunks_mut(PAGE_WORDS) {
+                    stalls.tick(env);
+                    for w in page.iter_mut() {
                         a = a.wrapping_add(*w);
                         *w = w.wrapping_add(k);
                     }
                 }
-                added = added.wrapping_add(k);
-                a
-            } else {
-                sum(heap)
-            };
-            s = combine(s, p);
-        }
-        s
-    });
+            }
+            added = added.wrapping_add(k);
+            a
+        } else {
+            // A wrapping sum page by page is the same sum.
+            heap.chunks(PAGE_WORDS).fold(0u64, |a, page| {
+                stalls.tick(env);
+                a.wrapping_add(sum(page))
+            })
+        };
+        s = combine(s, p);
+    }
+    let ns = env.now_ns().saturating_sub(t0);
+    env.phase(phase::MEASURED);
+    env.counter(counter::LONGEST_STALL_NS, stalls.longest);
     if let Some(d) = first {
         env.counter(counter::DIVERGED_WORD, d.word);
         env.counter(counter::DIVERGED_PASS, d.pass);
@@ -308,11 +350,54 @@ mod tests {
             pass: 1,
         };
         let (mut first, mut bad) = (None, 0);
-        v.pass(&mut h, GOLDEN | 1, &mut first, &mut bad);
+        let mut env = Fake::default();
+        let mut stalls = Stalls::new(&mut env);
+        v.pass(
+            &mut h,
+            GOLDEN | 1,
+            &mut first,
+            &mut bad,
+            &mut stalls,
+            &mut env,
+        );
         assert_eq!(bad, 2);
         let d = first.unwrap();
         assert_eq!((d.word, d.pass, d.found), (700, 1, before));
         assert_eq!(d.expected, before.wrapping_add(k0));
+    }
+
+    /// The longest step from one page to the next is reported: a clock that jumps once (a
+    /// VM paused and resumed with its clock moved forward) gives that jump.
+    #[test]
+    fn seq_reports_its_longest_step_between_pages() {
+        struct Jumps {
+            t: u64,
+            reads: u64,
+            longest: u64,
+        }
+        impl crate::Env for Jumps {
+            fn now_ns(&mut self) -> u64 {
+                self.reads += 1;
+                // 1 µs a read, and 30 ms once, mid-way through the measured phase.
+                self.t += if self.reads == 20 { 30_000_000 } else { 1000 };
+                self.t
+            }
+            fn counter(&mut self, index: usize, value: u64) {
+                if index == counter::LONGEST_STALL_NS {
+                    self.longest = value;
+                }
+            }
+        }
+        for write in [0, 1] {
+            let mut h = vec![0u64; 512 * 16];
+            let mut e = Jumps {
+                t: 0,
+                reads: 0,
+                longest: 0,
+            };
+            seq(&mut h, 3, 3, write, write, &mut e).unwrap();
+            assert_eq!(e.longest, 30_000_000, "write={write}");
+        }
     }
 
     #[test]

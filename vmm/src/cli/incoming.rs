@@ -66,10 +66,26 @@ pub fn arrive(addr: SocketAddr, a: &RunArgs) -> Result<(VmSpec, VmConfig, Vm), F
         tracing::warn!("FARVM_MIGRATION_FAULT=stall-before-takeover: waiting 2 s before the load");
         std::thread::sleep(std::time::Duration::from_secs(2));
     }
-    let loaded = arrival
-        .snapshot()
-        .map_err(failure)
-        .and_then(|snap| super::restore::load(&snap, &vm));
+    let loaded = arrival.snapshot().map_err(failure).and_then(|snap| {
+        super::restore::load(&snap, &vm)?;
+        // Last, just before the guest runs: its clocks move forward by the pause.
+        match arrival.paused_for() {
+            Some(gap) => snap.advance_clocks(&vm, gap).map_err(|e| {
+                Failure::new(
+                    exit_code::for_snapshot_error(&e),
+                    format!("moving the guest's clocks forward: {e}"),
+                )
+            }),
+            None => {
+                tracing::warn!(
+                    "migration: the source's and this host's wall clocks disagree (or the \
+                     source did not say when it paused the VM): the guest's clocks resume \
+                     where they stopped"
+                );
+                Ok(())
+            }
+        }
+    });
     match loaded {
         Ok(()) => arrived(arrival),
         Err(f) => Err(refuse(arrival, f)),

@@ -6,7 +6,8 @@
 //! the guest runs, round after round, each round sending the pages whose content changed
 //! since they were sent (a content fingerprint per page, the engine's own dirty check:
 //! it sees writes by the guest and by the VMM's devices alike, where KVM's dirty log sees the
-//! guest's only), until a round is small or stops shrinking. It then pauses the guest, sends
+//! guest's only), until what is left fits the downtime limit at the measured rate
+//! ([`precopy`]) or the rounds stop shrinking. It then pauses the guest, sends
 //! the pages still changed, the list of remote pages with their fingerprints, the page key,
 //! the machine state and the handover fence (`farvm_pool`'s handover), and waits. The
 //! destination ([`receive`], `farvm run --incoming`) lays what it received out as a
@@ -18,10 +19,12 @@
 //! The stream is sealed with a key both hosts hold ([`wire`]): a migration carries guest
 //! memory and the page key, and nobody on the way may read or alter it.
 
+mod precopy;
 pub mod receive;
 pub mod send;
 mod wire;
 
+pub use precopy::DEFAULT_DOWNTIME_LIMIT;
 pub use receive::{Arrival, Arriving, Incoming};
 pub use send::{migrate, Migrated};
 

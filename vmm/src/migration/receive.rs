@@ -48,6 +48,8 @@ pub struct Arrival {
     /// When the source's last frame arrived.
     at: std::time::Instant,
     fence: i64,
+    /// The source's wall clock when it read the paused VM's state (ns since the Unix epoch).
+    state_read_at_ns: Option<u64>,
     ch: Channel,
     /// Bytes received (the resident pages, the remote list, the state).
     pub bytes_received: u64,
@@ -146,11 +148,12 @@ impl Arriving {
     /// Receives the rest of the stream (the pre-copy, the last changes, the state and the
     /// fence) into the directory.
     pub fn receive(mut self) -> Result<Arrival, MigrationError> {
-        let (fence, received) = receive_into(&mut self.ch, &self.dir, &self.start)?;
+        let (fin, received) = receive_into(&mut self.ch, &self.dir, &self.start)?;
         Ok(Arrival {
             dir: self.dir,
             at: std::time::Instant::now(),
-            fence,
+            fence: fin.fence,
+            state_read_at_ns: fin.state_read_at_ns,
             ch: self.ch,
             bytes_received: received,
         })
@@ -171,6 +174,13 @@ impl Arrival {
     /// The directory the stream was laid out in.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// How long ago the source read the paused VM's state (its wall clock against this
+    /// host's): what the guest's clocks move forward by before it runs here. None if the
+    /// source did not say, or the two clocks disagree (a negative gap, or over an hour).
+    pub fn paused_for(&self) -> Option<std::time::Duration> {
+        crate::snapshot::clock::since(self.state_read_at_ns?)
     }
 
     /// Tells the source how it ended: Ok once the VM is loaded and owns the namespace (the
@@ -195,8 +205,13 @@ fn read_key(buf: &mut [u8]) -> Result<PageKey, MigrationError> {
     Ok(PageKey::from_bytes(bytes))
 }
 
-/// Receives frames until the source's last; returns the fence and the bytes received.
-fn receive_into(ch: &mut Channel, dir: &Path, start: &Start) -> Result<(i64, u64), MigrationError> {
+/// Receives frames until the source's last; returns it (the manifest written) and the bytes
+/// received.
+fn receive_into(
+    ch: &mut Channel,
+    dir: &Path,
+    start: &Start,
+) -> Result<(Finish, u64), MigrationError> {
     let mut buf = Vec::new();
     let mut received = 0u64;
     let pages_path = dir.join(PAGES);
@@ -248,7 +263,7 @@ fn receive_into(ch: &mut Channel, dir: &Path, start: &Start) -> Result<(i64, u64
                 // No fsync: the directory is read back at once and removed (a crash here
                 // leaves the VM with its source, which cancels the handover).
                 fin.manifest.write(dir)?;
-                return Ok((fin.fence, received));
+                return Ok((fin, received));
             }
             k => return Err(MigrationError::Protocol(format!("unexpected frame {k:?}"))),
         }

@@ -9,6 +9,7 @@ use farvm_ept::SavedPage;
 use farvm_seal::PageKey;
 use twox_hash::{XxHash3_128, XxHash3_64};
 
+use super::precopy::Precopy;
 use super::wire::{Channel, Kind};
 use super::MigrationError;
 use crate::snapshot::machine::check_saveable;
@@ -22,10 +23,6 @@ use crate::vm::{VmOutcome, VmShared, VmState, PAUSE_TIMEOUT};
 const PAGE: usize = 4096;
 /// Pages per frame.
 const BATCH: usize = 64;
-/// Pre-copy rounds at most.
-const MAX_ROUNDS: u32 = 10;
-/// A round that sends at most this many pages ends the pre-copy.
-const SMALL_ROUND: u64 = 256;
 /// How long the destination may take from the last frame to its answer (it builds and loads
 /// the VM).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -42,6 +39,11 @@ pub struct Migrated {
     pub rounds: u32,
     /// Pages sent in each round (the last entry: while paused).
     pub pages_per_round: Vec<u64>,
+    /// The downtime limit the pre-copy aimed for (the source's part of the pause), seconds.
+    pub downtime_limit_secs: f64,
+    /// What the pre-copy estimated, when it paused the guest, the source's part of the pause
+    /// would take, seconds.
+    pub pause_estimate_secs: f64,
     /// Resident pages at the pause (the local memory that had to move).
     pub resident_pages: u64,
     /// Pages left in the pool (not sent).
@@ -104,15 +106,17 @@ impl Batch {
         }
     }
 
-    fn push(&mut self, ch: &mut Channel, page: u64, data: &[u8]) -> Result<(), MigrationError> {
+    /// Adds a page; true when that filled a frame and it went out.
+    fn push(&mut self, ch: &mut Channel, page: u64, data: &[u8]) -> Result<bool, MigrationError> {
         self.buf.extend_from_slice(&page.to_le_bytes());
         self.buf.extend_from_slice(data);
         self.pages += 1;
         self.total += 1;
         if self.pages == BATCH {
             self.flush(ch)?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     fn flush(&mut self, ch: &mut Channel) -> Result<(), MigrationError> {
@@ -125,7 +129,8 @@ impl Batch {
 }
 
 /// Migrates `vm` (made from `spec`, on a memory pool) to the farvm waiting at `to`
-/// (`farvm run --incoming`), over a stream sealed with `key`. On success the VM stops here
+/// (`farvm run --incoming`), over a stream sealed with `key`, its pre-copy aiming for a pause
+/// of `downtime_limit` on the source's side ([`super::precopy`]). On success the VM stops here
 /// ([`VmOutcome::Migrated`]); on failure it runs on here (resumed unless it was paused
 /// before) and the error says why.
 pub fn migrate(
@@ -133,6 +138,7 @@ pub fn migrate(
     spec: &VmSpec,
     to: &str,
     key: &PageKey,
+    downtime_limit: Duration,
 ) -> Result<Migrated, MigrationError> {
     let started = Instant::now();
     check_saveable(spec, vm.board.agent().is_some())?;
@@ -208,28 +214,58 @@ pub fn migrate(
         to: to.to_string(),
         ..Migrated::default()
     };
-    // Pre-copy: the guest runs.
+    // Pre-copy: the guest runs, until what is left fits the downtime limit.
+    let mut precopy = Precopy::new(downtime_limit);
     loop {
+        precopy.begin_round(engine.resident_pages());
         let before = batch.total;
-        engine.copy_resident_pages(|p, data| -> Result<(), MigrationError> {
+        let round = engine.copy_resident_pages(|p, data| -> Result<(), RoundEnd> {
             if (p as usize) < sent.hash.len() {
                 if let Some(h) = sent.changed(p, data) {
-                    batch.push(&mut ch, p, data)?;
+                    let frame_out = batch.push(&mut ch, p, data)?;
                     sent.hash[p as usize] = h;
+                    if frame_out && precopy.sent(BATCH as u64, || engine.resident_pages()) {
+                        return Err(RoundEnd::Fits);
+                    }
                 }
             }
             Ok(())
-        })?;
+        });
+        let cut_short = match round {
+            Ok(()) => false,
+            Err(RoundEnd::Fits) => true,
+            Err(RoundEnd::Failed(e)) => return Err(e),
+        };
         batch.flush(&mut ch)?;
         let n = batch.total - before;
         out.rounds += 1;
-        let last = out.pages_per_round.last().copied();
         out.pages_per_round.push(n);
-        tracing::info!(round = out.rounds, pages = n, "migration: pre-copy round");
-        let shrinking = last.is_none_or(|l| n * 10 < l * 9);
-        if n <= SMALL_ROUND || out.rounds >= MAX_ROUNDS || !shrinking {
+        tracing::info!(
+            round = out.rounds,
+            pages = n,
+            cut_short,
+            "migration: pre-copy round"
+        );
+        if cut_short {
             break;
         }
+        // The last frame of a round counts too.
+        precopy.sent(n % BATCH as u64, || engine.resident_pages());
+        if !precopy.another_round(n) {
+            break;
+        }
+    }
+    let pending = precopy.pending_now();
+    let estimate = precopy.pause_estimate(pending);
+    out.downtime_limit_secs = precopy.limit().as_secs_f64();
+    out.pause_estimate_secs = estimate.as_secs_f64();
+    if estimate > precopy.limit() {
+        tracing::warn!(
+            pending,
+            estimate_ms = estimate.as_secs_f64() * 1e3,
+            limit_ms = precopy.limit().as_secs_f64() * 1e3,
+            "migration: the pre-copy stopped converging; the pause will exceed the downtime limit"
+        );
     }
 
     if std::env::var("FARVM_MIGRATION_FAULT").as_deref() == Ok("source-crash-before-pause") {
@@ -343,6 +379,11 @@ pub(crate) struct Finish {
     pub manifest: Manifest,
     /// The handover fence.
     pub fence: i64,
+    /// The source's wall clock when it read the paused VM's state, in ns since the Unix epoch
+    /// (`snapshot::clock`): the destination moves the guest's clocks forward by the time
+    /// since.
+    #[serde(default)]
+    pub state_read_at_ns: Option<u64>,
 }
 
 /// The destination's answer.
@@ -376,6 +417,7 @@ fn final_phase(
     pool_vm: &str,
     namespace: u64,
 ) -> Result<LastRound, MigrationError> {
+    let state_read_at_ns = crate::snapshot::clock::realtime_ns();
     let (vcpus, kvm, devices) = crate::snapshot::machine_state(vm)?;
     let saving = vm
         .remote_saving()
@@ -477,14 +519,32 @@ fn final_phase(
         }),
         sealed: None,
     };
-    let mut fin = serde_json::to_vec(&Finish { manifest, fence })
-        .map_err(|e| MigrationError::Protocol(e.to_string()))?;
+    let mut fin = serde_json::to_vec(&Finish {
+        manifest,
+        fence,
+        state_read_at_ns: Some(state_read_at_ns),
+    })
+    .map_err(|e| MigrationError::Protocol(e.to_string()))?;
     ch.send(Kind::Finish, &mut fin)?;
     Ok(LastRound {
         sent: batch.total - before,
         resident,
         remote: remote_pages,
     })
+}
+
+/// Why a pre-copy round ended before its last page.
+enum RoundEnd {
+    /// What is left fits the downtime limit: pause now.
+    Fits,
+    /// Sending failed.
+    Failed(MigrationError),
+}
+
+impl From<MigrationError> for RoundEnd {
+    fn from(e: MigrationError) -> Self {
+        RoundEnd::Failed(e)
+    }
 }
 
 /// An error of the engine's listing, or of sending what it lists.

@@ -17,6 +17,7 @@
 //! shared state; [`Snapshot`] ([`restore`]) reads a snapshot and loads it into a VM built from
 //! its description, before the VM starts.
 
+pub mod clock;
 pub mod machine;
 pub mod manifest;
 pub mod page_lists;

@@ -25,7 +25,7 @@ use crate::vstate::vcpu::VcpuExits;
 /// A snapshot read from its directory.
 pub struct Snapshot {
     dir: PathBuf,
-    manifest: Manifest,
+    pub(super) manifest: Manifest,
     /// A sealed snapshot, checked under its key.
     unsealed: Option<Unsealed>,
     /// Received by a live migration: the fence its pool VM's takeover commits on.

@@ -62,11 +62,16 @@ impl ApiState {
             .prepared
             .spec;
         self.emit(Source::Vm, "migration-started");
-        let migrated = crate::migration::migrate(vm.shared(), spec, &to, &key).map_err(|e| {
-            ApiError::Failed {
-                action: SEND,
-                reason: e.to_string(),
-            }
+        let migrated = crate::migration::migrate(
+            vm.shared(),
+            spec,
+            &to,
+            &key,
+            crate::migration::DEFAULT_DOWNTIME_LIMIT,
+        )
+        .map_err(|e| ApiError::Failed {
+            action: SEND,
+            reason: e.to_string(),
         })?;
         tracing::info!(
             vm = self.name,

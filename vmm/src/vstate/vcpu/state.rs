@@ -96,7 +96,7 @@ fn read_msrs(fd: &VcpuFd, indices: &[u32]) -> Result<Vec<(u32, u64)>, KvmError> 
 }
 
 /// Writes `msrs`; one KVM refuses is skipped (logged) and the write goes on after it.
-fn write_msrs(fd: &VcpuFd, msrs: &[(u32, u64)]) -> Result<(), KvmError> {
+pub(crate) fn write_msrs(fd: &VcpuFd, msrs: &[(u32, u64)]) -> Result<(), KvmError> {
     let mut rest = msrs;
     while !rest.is_empty() {
         let entries: Vec<kvm_msr_entry> = rest
