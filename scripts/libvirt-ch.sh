@@ -12,8 +12,10 @@
 # Usage: scripts/libvirt-ch.sh build | start | env | virsh ARGS... | stop | status
 #
 #   build   fetch Debian's libvirt source (apt-get source, through a private deb-src list derived
-#           from this machine's apt configuration), install the build dependencies, build with the
-#           ch driver and install it under the cache. Does nothing when the cache is complete.
+#           from this machine's apt configuration), apply farvm's fixes to the ch driver
+#           (scripts/libvirt-ch.d/patches/, each patch's header says what it fixes), install the
+#           build dependencies, build with the ch driver and install it under the cache. Does
+#           nothing when the cache is complete and built with the current patches.
 #   start   start virtchd in session mode under a new temporary runtime directory, with farvm on
 #           its PATH as `cloud-hypervisor`; print the URI and environment to use.
 #   env     print the URI and environment of the running daemon again (shell `export` lines).
@@ -52,6 +54,11 @@ suite=${FARVM_LIBVIRT_SUITE:-trixie}
 cache=${FARVM_LIBVIRT_CACHE:-$HOME/.cache/farvm/libvirt-ch-$suite}
 prefix=$cache/prefix
 stamp=$cache/built.stamp
+# Fixes to libvirt's ch driver that farvm carries on top of Debian's source (each patch's header
+# says what and why), applied in name order; the build records their digest in its stamp, and
+# a build made without the current set is rebuilt.
+patch_dir=$repo/scripts/libvirt-ch.d/patches
+patch_set=$(cat "$patch_dir"/*.patch 2>/dev/null | sha256sum | cut -c1-12)
 state=${FARVM_LIBVIRT_STATE:-$cache/session} # path of the running session's runtime directory
 
 die() {
@@ -177,11 +184,30 @@ fetch_source() {
     fi
 }
 
+# Is the cache built, with the current patch set?
+built_current() {
+    [[ -f $stamp ]] && grep -q "farvm patches $patch_set" "$stamp"
+}
+
+# Applies farvm's patches to the unpacked source "$1" and marks it so.
+apply_patches() {
+    local src=$1 p
+    for p in "$patch_dir"/*.patch; do
+        [[ -f $p ]] || continue
+        note "applying $(basename "$p")"
+        patch -d "$src" -p1 -s --no-backup-if-mismatch <"$p" ||
+            die "farvm's patch $(basename "$p") does not apply to $(basename "$src")"
+    done
+    echo "$patch_set" >"$src/.farvm-patches"
+}
+
 cmd_build() {
-    if [[ -f $stamp ]]; then
+    if built_current; then
         note "already built: $prefix ($(cat "$stamp"))"
         return 0
     fi
+    [[ -f $stamp ]] && note "rebuilding: the cache was built without farvm's current patches ($(cat "$stamp"))"
+    rm -f "$stamp"
     command -v apt-get >/dev/null || die "apt-get not found: this script builds Debian's libvirt source"
     install_build_deps
     local work=$cache/work src started
@@ -190,11 +216,17 @@ cmd_build() {
     rm -rf "$work/build" "$prefix"
     mkdir -p "$work"
     src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' -print -quit)
+    # A source patched with another set (or interrupted mid-patch) is unpacked again.
+    if [[ -n $src && $(cat "$src/.farvm-patches" 2>/dev/null) != "$patch_set" ]]; then
+        rm -rf "$src"
+        src=""
+    fi
     if [[ -z $src ]]; then
         fetch_source "$work"
         src=$(find "$work" -maxdepth 1 -type d -name 'libvirt-[0-9]*' -print -quit)
+        [[ -n $src ]] || die "no unpacked libvirt source under $work"
+        apply_patches "$src"
     fi
-    [[ -n $src ]] || die "no unpacked libvirt source under $work"
     [[ -f $src/src/ch/ch_conf.c ]] || die "$src has no ch driver sources"
     note "configuring $(basename "$src") with the ch driver into $prefix"
     meson setup "$work/build" "$src" --prefix="$prefix" --libdir=lib --buildtype=release \
@@ -213,7 +245,7 @@ cmd_build() {
     mkdir -p "$cache/logs"
     cp "$work"/*.log "$work"/apt/*.log "$cache/logs/"
     rm -rf "$work"
-    echo "$(basename "$src") (Debian $suite source) built in $(($(date +%s) - started)) s on $(date -u +%FT%TZ)" >"$stamp"
+    echo "$(basename "$src") (Debian $suite source, farvm patches $patch_set) built in $(($(date +%s) - started)) s on $(date -u +%FT%TZ)" >"$stamp"
     note "built: $(cat "$stamp"); installed tree $(du -sh "$prefix" | cut -f1)"
 }
 
@@ -221,6 +253,7 @@ cmd_build() {
 
 require_built() {
     [[ -f $stamp ]] || die "libvirt with the ch driver is not built yet; run: $0 build"
+    built_current || die "libvirt with the ch driver was built without farvm's current patches; run: $0 build"
 }
 
 find_farvm() {
@@ -408,7 +441,13 @@ cmd_stop() {
 }
 
 cmd_status() {
-    if [[ -f $stamp ]]; then echo "built: $(cat "$stamp") in $prefix"; else echo "not built ($cache)"; fi
+    if built_current; then
+        echo "built: $(cat "$stamp") in $prefix"
+    elif [[ -f $stamp ]]; then
+        echo "out of date: $(cat "$stamp"), without farvm's current patches ($patch_set); run: $0 build"
+    else
+        echo "not built ($cache)"
+    fi
     local dir
     if dir=$(session_dir) && kill -0 "$(cat "$dir/virtchd.pid")" 2>/dev/null; then
         echo "running: pid $(cat "$dir/virtchd.pid"), runtime directory $dir"

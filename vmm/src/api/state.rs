@@ -463,7 +463,9 @@ impl ApiState {
             kernel: spec.kernel.clone().unwrap_or_default(),
             cmdline: spec.cmdline.clone(),
             initramfs: spec.initrd.clone(),
-            console: ConsoleConfig::mode(ConsoleMode::Off),
+            // The one pty reported as both: after a restore, libvirt reads the `file` of the
+            // console or of the serial port, whichever its domain has.
+            console: ConsoleConfig::mode(ConsoleMode::Pty),
             serial: ConsoleConfig::mode(ConsoleMode::Pty),
             disks: Vec::new(),
             net: Vec::new(),

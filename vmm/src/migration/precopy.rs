@@ -95,6 +95,9 @@ impl Precopy {
     pub fn another_round(&mut self, n: u64) -> bool {
         let shrinking = self.last_round.is_none_or(|l| n * 10 < l * 9);
         self.last_round = Some(n);
+        // What a pause now would send: about what the round found changed.
+        self.expected = n;
+        self.in_round = 0;
         !self.fits(n) && shrinking && self.rounds < MAX_ROUNDS
     }
 
@@ -105,10 +108,7 @@ impl Precopy {
 
     /// The pages a pause now would send, as the pre-copy estimates them.
     pub fn pending_now(&self) -> u64 {
-        match self.last_round {
-            Some(n) if self.in_round == 0 => n,
-            _ => self.pending(),
-        }
+        self.pending()
     }
 
     /// The limit it aims for.
