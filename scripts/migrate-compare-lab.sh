@@ -6,11 +6,11 @@
 #         seq:ws=48M,passes=W,write=1,verify=1 and a read-heavy seq:ws=48M,passes=R,write=0.
 #         QEMU: `farvm-lab bench qemu-migrate --mode live` (all guest RAM local, pre-copy to a
 #         second QEMU over loopback TCP, QMP's query-migrate). farvm: the same guest at 25%
-#         local on a pool inside the lab (a private etcd, two farvm-memserver --pool, one rack
+#         local on a pool on loopback (a private etcd, two farvm-memserver --pool, one rack
 #         each), `farvm run --pool --control-socket` to `farvm run --incoming 127.0.0.1:PORT`
-#         by `farvm migrate --json`. The migration starts --settle seconds after the guest
-#         booted (QEMU) or after its workload entered its measured phase (farvm).
-#   save  a guest of --save-memory (default 512 MiB) running
+#         by `farvm migrate --json`. Both migrations start --settle seconds into the
+#         workload's measured phase (QEMU: its third mailbox doorbell; farvm: `farvm stats`).
+#   save  a guest of --save-memory (default 256 MiB) running
 #         seq:ws=--save-ws,passes=--save-passes,write=1,verify=1. QEMU: `farvm-lab bench
 #         qemu-migrate --mode save` (stop, migrate to exec:cat > FILE, a new QEMU -incoming
 #         from it, cont). farvm: scripts/snapshot-bench.sh --variants "pool full" (a pool
@@ -25,14 +25,14 @@
 #     --out DIR            where migrate-compare.md and the raw outputs go
 #                          [docs/bench/migrate-compare-lab]
 #     --live-memory SIZE   the live-migration guest's RAM [64M]
-#     --write-passes N     passes of the write-heavy live workload [60]
-#     --read-passes N      passes of the read-heavy live workload [200]
-#     --save-memory SIZE   the save/restore guest's RAM [512M]
-#     --save-ws SIZE       its working set [256M]
+#     --write-passes N     passes of the write-heavy live workload [10]
+#     --read-passes N      passes of the read-heavy live workload [10]
+#     --save-memory SIZE   the save/restore guest's RAM [256M]
+#     --save-ws SIZE       its working set [128M]
 #     --save-passes N      its passes [2]
-#     --settle SECS        seconds the live guests run before the migration [5]
-#     --save-settle SECS   seconds QEMU's save guest runs after booting before the save (long
-#                          enough for its working set to be written once) [30]
+#     --settle SECS        seconds into the measured phase the live migrations start [1]
+#     --save-settle SECS   seconds into the measured phase QEMU's save starts (farvm's
+#                          snapshot-bench.sh saves as the phase starts) [1]
 #     --mem SIZE           the lab's memory (L1) [6G]
 #     --timeout SECS       the lab's time bound [3600]
 #     --boot-timeout SECS  how long the lab may take to boot on a loaded host [1200]
@@ -65,6 +65,8 @@ inside() {
     }
     trap cleanup EXIT
     "$bin/farvm-lab" bench qemu-migrate --version >/dev/null
+    # The lab's /dev has no /dev/fd, which snapshot-bench.sh's process substitution needs.
+    [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
     qemu-system-x86_64 --version | head -1 >"$out/versions.txt"
 
     echo "migrate-compare: QEMU live migration" >&2
@@ -76,25 +78,9 @@ inside() {
         --workload "$save" --work "$work" --out "$out/qemu-save" >"$out/qemu-save.md" || true
 
     echo "migrate-compare: farvm live migration" >&2
-    local cport pport url
-    cport=$(free_port) pport=$(free_port)
-    etcd --name migcmp --data-dir "$work/etcd" \
-        --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
-        --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-        --initial-cluster "migcmp=http://127.0.0.1:$pport" >"$work/etcd.log" 2>&1 &
-    pids+=($!)
-    url=http://127.0.0.1:$cport
-    for _ in $(seq 300); do "$bin/farvm" pool --etcd "$url" status >/dev/null 2>&1 && break; sleep 0.2; done
-    "$bin/farvm" pool --etcd "$url" racks add r1 r2 >/dev/null
-    for r in r1 r2; do
-        "$bin/farvm-memserver" --listen 127.0.0.1:0 --capacity 2G --pool "$url" --rack "$r" \
-            --pool-id "migcmp-$r" >"$work/ms-$r.out" 2>"$work/ms-$r.log" &
-        pids+=($!)
-    done
-    for _ in $(seq 300); do
-        [ "$("$bin/farvm" pool --etcd "$url" status --json | jq '.fleet.servers')" = 2 ] && break
-        sleep 0.2
-    done
+    local url
+    local_pool_up migcmp "$work" "$bin" 2G
+    url=$pool_url
     local key=$work/migration.key
     (umask 077; head -c32 /dev/urandom >"$key")
     : >"$out/farvm-live.jsonl"
@@ -114,7 +100,8 @@ inside() {
         --ws "$save_ws" --passes "$save_passes" --variants "pool full" >"$out/farvm-save.md" || true
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=scripts/local-pool.sh
+. "$(dirname "$0")/local-pool.sh"
 
 # One farvm live migration on the lab's loopback; prints one JSON line: the workload, `farvm
 # migrate --json`'s report, the seconds from the migration's start to the destination's end,
@@ -162,9 +149,9 @@ fi
 
 cd "$(dirname "$0")/.."
 out=docs/bench/migrate-compare-lab
-live_mem=64M wpasses=60 rpasses=200
-save_mem=512M save_ws=256M save_passes=2
-settle=5 save_settle=30
+live_mem=64M wpasses=10 rpasses=10
+save_mem=256M save_ws=128M save_passes=2
+settle=1 save_settle=1
 lab_mem=6G timeout=3600 boot_timeout=1200 where=lab
 while (($#)); do
     case "$1" in

@@ -31,8 +31,10 @@ one vCPU, --memory of guest frames plus 8 MiB for QEMU's firmware tables, transp
 pages off); its result comes from its serial console and must be the workload's native
 checksum (computed here, natively, before the runs). Before a migration QEMU's bandwidth cap is
 lifted (migrate-set-parameters max-bandwidth 1 TiB/s: QEMU's default is 32 MiB/s and farvm's
-stream has none); the downtime limit stays QEMU's default (300 ms). Each procedure starts once
-the guest has booted and its workload has run for --settle seconds.
+stream has none); the downtime limit stays QEMU's default (300 ms). Each procedure starts
+--settle seconds into the workload's measured phase, as farvm's side does (`farvm stats`): an
+isa-debugcon on the guest's mailbox port counts its doorbells, and every workload rings SETUP,
+WARMUP, then MEASURE.
 
   live   a second QEMU waits with -incoming tcp:127.0.0.1:PORT; `migrate` on the source; once
          query-migrate says completed the source quits and the destination's guest runs the
@@ -69,7 +71,7 @@ pub struct QemuMigrateArgs {
     /// Procedures: live (pre-copy to a second QEMU), save (to a file and back), or both.
     #[arg(long, value_name = "live|save|both", default_value = "both")]
     pub mode: String,
-    /// Seconds the workload runs after the guest booted before the migration or save starts.
+    /// Seconds into the workload's measured phase the migration or save starts.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub settle: f64,
     /// Seconds each step (boot, migration, the workload's end) may take.
