@@ -103,9 +103,10 @@ inside() {
 # shellcheck source=scripts/local-pool.sh
 . "$(dirname "$0")/local-pool.sh"
 
-# One farvm live migration on the lab's loopback; prints one JSON line: the workload, `farvm
-# migrate --json`'s report, the seconds from the migration's start to the destination's end,
-# and the destination's checksum (the raw digits: jq reads a u64 as a double).
+# One farvm live migration on loopback (in the lab or on this host); prints one JSON line: the
+# workload, `farvm migrate --json`'s report, the seconds from the migration's start to the
+# destination's end, and the destination's checksum (the raw digits: jq reads a u64 as a
+# double); or, when the destination's guest failed, the workload and `failed`.
 farvm_live() {
     local bin=$1 url=$2 key=$3 mem=$4 tag=$5 w=$6 settle=$7 work=$8
     local sock=$work/$tag.sock port
@@ -133,7 +134,13 @@ farvm_live() {
     report=$("$bin/farvm" migrate --json --socket "$sock" --to "127.0.0.1:$port" --key-file "$key") \
         || { echo "farvm migrate failed" >&2; kill "$src" "$dst" 2>/dev/null; return 1; }
     wait "$src" || true
-    wait "$dst" || { cat "$work/$tag-dst.log" >&2; return 1; }
+    if ! wait "$dst"; then
+        cat "$work/$tag-dst.log" >&2
+        # The destination's own account of the failure, for the table.
+        jq -cn --arg w "$w" --arg why "$(grep -m1 -E 'killed|failed|error' "$work/$tag-dst.log")" \
+            '{workload: $w, failed: ("the destination: " + $why)}'
+        return 1
+    fi
     t_end=$(date +%s.%N)
     checksum=$(grep -oE '"checksum": ?[0-9]+' "$work/$tag-dst.json" | head -1 | grep -oE '[0-9]+$')
     jq -cn --arg w "$w" --argjson m "$report" --argjson finish "$(echo "$t_end - $t0" | bc)" \

@@ -19,6 +19,11 @@ def mib(b):
     return f"{b / 2**20:.1f} MiB"
 
 
+def failed(row):
+    """A failure's text for a table cell (the guest's console lines joined)."""
+    return " / ".join(line.strip() for line in str(row.get("failed")).splitlines())
+
+
 def ratio(a, b):
     return f"{a / b:.2f}×" if a is not None and b else "-"
 
@@ -71,9 +76,11 @@ for q in (qlive or {}).get("live", []):
               f"{s['dirty_syncs']} | {s['total_secs']:.2f} | {s['downtime_secs'] * 1e3:.0f} | "
               f"{qr['finish_secs']:.1f} | native |")
     else:
-        print(f"| `{w}` | QEMU pre-copy | failed: {q.get('failed')} | | | | | | |")
+        print(f"| `{w}` | QEMU pre-copy | failed: {failed(q)} | | | | | | |")
     f = flive.get(w)
-    if f:
+    if f and "failed" in f:
+        print(f"| | farvm | failed: {failed(f)} | | | | | | |")
+    elif f:
         m = f["migrate"]
         ok = "native" if f["checksum"] == str(native) else f"WRONG ({f['checksum']})"
         rounds = len(m.get("pages_per_round") or [])
@@ -107,7 +114,7 @@ if qs:
               f"{qr['restore_to_run_secs']:.2f} | {qr['finish_secs']:.1f} | 1.00× | 1.00× | "
               "native |")
     else:
-        print(f"| `{w}` | QEMU | failed: {qs.get('failed')} | | | | | | |")
+        print(f"| `{w}` | QEMU | failed: {failed(qs)} | | | | | | |")
     path = os.path.join(out, "farvm-save.md")
     rows = [ln for ln in open(path)] if os.path.exists(path) else []
     for ln in rows:

@@ -52,6 +52,7 @@ impl Setup<'_> {
         let mut src = self.start(&[], name)?;
         src.wait_measuring(self.timeout)?;
         std::thread::sleep(self.settle);
+        src.ensure_running("the migration")?;
         unthrottle(&mut src.qmp)?;
         Ok(src)
     }

@@ -209,6 +209,11 @@ pub fn run(a: QemuMigrateArgs) -> Result<()> {
     Ok(())
 }
 
+/// A failure's text for a table cell (the guest's console lines joined).
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).collect::<Vec<_>>().join(" / ")
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
@@ -240,7 +245,7 @@ fn print_markdown(r: &Report) {
                 (None, f) => println!(
                     "| `{}` | failed: {} | | | | | | | |",
                     o.workload,
-                    f.as_deref().unwrap_or_default()
+                    one_line(f.as_deref().unwrap_or_default())
                 ),
             }
         }
@@ -263,7 +268,7 @@ fn print_markdown(r: &Report) {
                 (None, f) => println!(
                     "| `{}` | failed: {} | | | | |",
                     o.workload,
-                    f.as_deref().unwrap_or_default()
+                    one_line(f.as_deref().unwrap_or_default())
                 ),
             }
         }

@@ -130,6 +130,19 @@ impl QemuVm {
         }
     }
 
+    /// Fails if QEMU has already exited (its guest's workload ended before the step that needs
+    /// it running).
+    pub fn ensure_running(&mut self, step: &str) -> Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(st) => bail!(
+                "{} exited {st} before {step}: the workload had ended (more passes or a shorter \
+                 --settle)",
+                self.what
+            ),
+        }
+    }
+
     /// Waits for QEMU to exit (killing it after `timeout`).
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
         let deadline = Instant::now() + timeout;
