@@ -74,27 +74,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # The pool: etcd, two racks, two memory servers.
-cport=$(free_port) pport=$(free_port)
-etcd --name snapbench --data-dir "$work/etcd" \
-    --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
-    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-    --initial-cluster "snapbench=http://127.0.0.1:$pport" >"$work/etcd.log" 2>&1 &
-pids+=($!)
-url=http://127.0.0.1:$cport
-for _ in $(seq 100); do "$farvm" pool --etcd "$url" status >/dev/null 2>&1 && break; sleep 0.1; done
-"$farvm" pool --etcd "$url" racks add r1 r2 >/dev/null
-for r in r1 r2; do
-    "$memserver" --listen 127.0.0.1:0 --capacity 8G --pool "$url" --rack "$r" --pool-id "ms-$r" \
-        >"$work/ms-$r.out" 2>"$work/ms-$r.log" &
-    pids+=($!)
-done
-for _ in $(seq 100); do
-    [ "$("$farvm" pool --etcd "$url" status --json | jq '.fleet.servers')" = 2 ] && break
-    sleep 0.2
-done
+# shellcheck source=scripts/local-pool.sh
+. "$root/scripts/local-pool.sh"
+local_pool_up snapbench "$work" "$bin" 8G
+url=$pool_url
 
 workload="seq:ws=$ws,passes=$passes,write=1,verify=1"
 # The snapshot key of the sealed variants.

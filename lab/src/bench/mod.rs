@@ -10,6 +10,7 @@ mod page_cycle;
 mod page_space;
 mod placement;
 mod pool;
+mod qemu_migrate;
 mod remote;
 mod stage2;
 
@@ -51,6 +52,9 @@ pub enum BenchCmd {
     /// A memory pool: 1..8 concurrent VMs on 1..4 memory servers, paging rate and latency.
     #[command(long_about = pool::POOL_ABOUT)]
     Pool(pool::PoolArgs),
+    /// QEMU's pre-copy live migration and save to a file of the test guest, through QMP.
+    #[command(name = "qemu-migrate", long_about = qemu_migrate::QEMU_MIGRATE_ABOUT)]
+    QemuMigrate(qemu_migrate::QemuMigrateArgs),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -64,5 +68,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchCmd::Compare(c) => compare::run(c),
         BenchCmd::Pool(p) => pool::run(p),
         BenchCmd::Memserver(m) => memserver::run(m),
+        BenchCmd::QemuMigrate(q) => qemu_migrate::run(q),
     }
 }

@@ -9,7 +9,7 @@
 mod failure;
 mod guest_rss;
 mod host;
-mod qemu;
+pub(crate) mod qemu;
 mod report;
 
 use std::path::{Path, PathBuf};

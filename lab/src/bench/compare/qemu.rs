@@ -70,15 +70,16 @@ impl Qemu {
         })
     }
 
-    /// One QEMU run of `w` (in `cgroup` if given, its limit steered by `steer` if given) to its
-    /// power-off; the result parsed from its console.
-    pub fn run(
+    /// The QEMU command booting the test guest with `w` alone (on vCPU 0) on `mem` bytes of
+    /// guest frames (QEMU's RAM is `mem` + [`pvh::TOP_RESERVE`]), in `cgroup` if given, with
+    /// transparent huge pages off; its console is its stdout. Arguments may be added (QMP,
+    /// `-incoming`); its standard streams are the caller's to set.
+    pub(crate) fn command(
         &self,
-        spec: &str,
         w: &PlacedWorkload,
+        mem: u64,
         cgroup: Option<&MemCgroup>,
-        steer: Option<Steer>,
-    ) -> Result<RunResult> {
+    ) -> Result<Command> {
         let mut one = *w;
         one.cpu = 0;
         let plan = TestPlan {
@@ -90,10 +91,12 @@ impl Qemu {
             // The PVH boot module carries no boot blob: replayed traces run under farvm only.
             blob: Vec::new(),
         };
-        let mem = guest_mem(w);
+        // Written beside and renamed over the last one: a QEMU started before (a migration's
+        // source) may still be mapping the old file, which must not change under it (SIGBUS).
         let module = self.dir.join("bootinfo.bin");
+        let fresh = self.dir.join("bootinfo.bin.new");
         std::fs::write(
-            &module,
+            &fresh,
             pvh::boot_module(
                 farvm_vmm::builtin::test_guest_elf(),
                 mem,
@@ -101,7 +104,9 @@ impl Qemu {
                 &plan,
             )?,
         )
-        .with_context(|| format!("writing {}", module.display()))?;
+        .with_context(|| format!("writing {}", fresh.display()))?;
+        std::fs::rename(&fresh, &module)
+            .with_context(|| format!("renaming {} to {}", fresh.display(), module.display()))?;
         let mut cmd = match cgroup {
             Some(cg) => cg.command(&self.exe),
             None => Command::new(&self.exe),
@@ -119,8 +124,22 @@ impl Qemu {
                 Ok(())
             });
         }
-        cmd.args(pvh::qemu_args(&self.kernel, &module, mem))
-            .stdin(Stdio::null())
+        cmd.args(pvh::qemu_args(&self.kernel, &module, mem));
+        Ok(cmd)
+    }
+
+    /// One QEMU run of `w` (in `cgroup` if given, its limit steered by `steer` if given) to its
+    /// power-off; the result parsed from its console.
+    pub fn run(
+        &self,
+        spec: &str,
+        w: &PlacedWorkload,
+        cgroup: Option<&MemCgroup>,
+        steer: Option<Steer>,
+    ) -> Result<RunResult> {
+        let mem = guest_mem(w);
+        let mut cmd = self.command(w, mem, cgroup)?;
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let what = format!("QEMU --workload {spec}");
