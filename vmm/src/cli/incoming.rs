@@ -69,22 +69,7 @@ pub fn arrive(addr: SocketAddr, a: &RunArgs) -> Result<(VmSpec, VmConfig, Vm), F
     let loaded = arrival.snapshot().map_err(failure).and_then(|snap| {
         super::restore::load(&snap, &vm)?;
         // Last, just before the guest runs: its clocks move forward by the pause.
-        match arrival.paused_for() {
-            Some(gap) => snap.advance_clocks(&vm, gap).map_err(|e| {
-                Failure::new(
-                    exit_code::for_snapshot_error(&e),
-                    format!("moving the guest's clocks forward: {e}"),
-                )
-            }),
-            None => {
-                tracing::warn!(
-                    "migration: the source's and this host's wall clocks disagree (or the \
-                     source did not say when it paused the VM): the guest's clocks resume \
-                     where they stopped"
-                );
-                Ok(())
-            }
-        }
+        arrival.resume_clocks(&snap, &vm).map_err(failure)
     });
     match loaded {
         Ok(()) => arrived(arrival),

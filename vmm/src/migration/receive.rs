@@ -183,6 +183,23 @@ impl Arrival {
         crate::snapshot::clock::since(self.state_read_at_ns?)
     }
 
+    /// Moves the guest's clocks of `vm`, loaded from `snap` (this arrival's snapshot), forward
+    /// by the time it was paused ([`Arrival::paused_for`]); call last before the guest runs.
+    /// When the hosts' clocks disagree, says so and leaves them where they stopped.
+    pub fn resume_clocks(&self, snap: &Snapshot, vm: &crate::vm::Vm) -> Result<(), MigrationError> {
+        match self.paused_for() {
+            Some(gap) => Ok(snap.advance_clocks(vm, gap)?),
+            None => {
+                tracing::warn!(
+                    "migration: the source's and this host's wall clocks disagree (or the source \
+                     did not say when it paused the VM): the guest's clocks resume where they \
+                     stopped"
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// Tells the source how it ended: Ok once the VM is loaded and owns the namespace (the
     /// source stops), or why it failed (the source runs on).
     pub fn answer(mut self, result: Result<(), String>) -> Result<(), MigrationError> {

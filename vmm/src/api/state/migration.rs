@@ -230,7 +230,13 @@ pub(super) fn load(
         "migration: the VM's state has arrived; loading it"
     );
     let snapshot = arrived.snapshot().map_err(|e| failed(e.to_string()))?;
-    snapshot.restore_into(vm).map_err(|e| failed(e.to_string()))
+    snapshot
+        .restore_into(vm)
+        .map_err(|e| failed(e.to_string()))?;
+    // Last, just before the guest runs: its clocks move forward by the pause.
+    arrived
+        .resume_clocks(&snapshot, vm)
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// Tells the source the VM is loaded here and owns its namespace (it stops there).
