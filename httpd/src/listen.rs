@@ -11,6 +11,7 @@ use std::os::fd::{BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::HttpError;
 
@@ -148,9 +149,20 @@ impl Listen {
                     // A stale socket of a process that died: replace it.
                     std::fs::remove_file(path).map_err(bind_err)?;
                 }
-                UnixListener::bind(path)
-                    .map(|l| Bound::Unix(l, Some(path.clone())))
-                    .map_err(bind_err)
+                // Bound and listening under a temporary name in the same directory, then
+                // renamed into place: bind(2) creates the file before listen(2) makes it
+                // answer, and a client that waits for the path to appear (libvirt, a test)
+                // would be refused in between.
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                let n = NEXT.fetch_add(1, Ordering::Relaxed);
+                let tmp = path.with_file_name(format!(".farvm-{}-{n}.sock", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                let l = UnixListener::bind(&tmp).map_err(bind_err)?;
+                if let Err(e) = std::fs::rename(&tmp, path) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(bind_err(e));
+                }
+                Ok(Bound::Unix(l, Some(path.clone())))
             }
             Listen::Fd(fd) => take_listener(*fd),
         }
@@ -224,6 +236,25 @@ mod tests {
             assert!(e.contains("HOST:PORT, unix:PATH or fd:N"), "{bad}: {e}");
         }
         assert_eq!(Listen::Unix("/a".into()).to_string(), "unix:/a");
+    }
+
+    /// The path appears only once it answers, and nothing else is left in its directory.
+    #[test]
+    fn a_unix_socket_answers_once_its_path_exists() {
+        let dir = std::env::temp_dir().join(format!("farvm-listen-new-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("api.sock");
+        let bound = Listen::Unix(path.clone()).bind().unwrap();
+        assert!(UnixStream::connect(&path).is_ok());
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["api.sock"]);
+        assert_eq!(bound.addr().unwrap(), BoundAddr::Unix(path));
+        drop(bound);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
