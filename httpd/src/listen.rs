@@ -157,7 +157,17 @@ impl Listen {
                 let n = NEXT.fetch_add(1, Ordering::Relaxed);
                 let tmp = path.with_file_name(format!(".farvm-{}-{n}.sock", std::process::id()));
                 let _ = std::fs::remove_file(&tmp);
-                let l = UnixListener::bind(&tmp).map_err(bind_err)?;
+                let l = match UnixListener::bind(&tmp) {
+                    Ok(l) => l,
+                    // The temporary name does not fit a socket address where the path does:
+                    // bound in place, as before.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                        return UnixListener::bind(path)
+                            .map(|l| Bound::Unix(l, Some(path.clone())))
+                            .map_err(bind_err);
+                    }
+                    Err(e) => return Err(bind_err(e)),
+                };
                 if let Err(e) = std::fs::rename(&tmp, path) {
                     let _ = std::fs::remove_file(&tmp);
                     return Err(bind_err(e));
@@ -253,6 +263,15 @@ mod tests {
             .collect();
         assert_eq!(names, ["api.sock"]);
         assert_eq!(bound.addr().unwrap(), BoundAddr::Unix(path));
+        drop(bound);
+        // A path that fits a socket address (107 bytes) while the temporary name beside it
+        // would not: bound in place.
+        let deep = dir.join("d".repeat(98 - dir.as_os_str().len().min(97)));
+        std::fs::create_dir_all(&deep).unwrap();
+        let short = deep.join("a.sock");
+        assert!(short.as_os_str().len() < 108, "{}", short.display());
+        let bound = Listen::Unix(short.clone()).bind().unwrap();
+        assert!(UnixStream::connect(&short).is_ok());
         drop(bound);
         let _ = std::fs::remove_dir_all(&dir);
     }
