@@ -13,7 +13,7 @@
 #
 #   build   fetch Debian's libvirt source (apt-get source, through a private deb-src list derived
 #           from this machine's apt configuration), apply farvm's fixes to the ch driver
-#           (scripts/libvirt-ch.d/patches/, each patch's header says what it fixes), install the
+#           (scripts/libvirt-ch.d/patches/SUITE/, each patch's header says what it fixes), install the
 #           build dependencies, build with the ch driver and install it under the cache. Does
 #           nothing when the cache is complete and built with the current patches.
 #   start   start virtchd in session mode under a new temporary runtime directory, with farvm on
@@ -54,11 +54,12 @@ suite=${FARVM_LIBVIRT_SUITE:-trixie}
 cache=${FARVM_LIBVIRT_CACHE:-$HOME/.cache/farvm/libvirt-ch-$suite}
 prefix=$cache/prefix
 stamp=$cache/built.stamp
-# Fixes to libvirt's ch driver that farvm carries on top of Debian's source (each patch's header
-# says what and why), applied in name order; the build records their digest in its stamp, and
-# a build made without the current set is rebuilt.
-patch_dir=$repo/scripts/libvirt-ch.d/patches
-patch_set=$(cat "$patch_dir"/*.patch 2>/dev/null | sha256sum | cut -c1-12)
+# Fixes to libvirt's ch driver that farvm carries on top of Debian's source, one directory per
+# suite (each patch's header says what and why; bookworm's libvirt 9.0 has none), applied in
+# name order; the build records their digest in its stamp, and a build made without the
+# current set is rebuilt.
+patch_dir=$repo/scripts/libvirt-ch.d/patches/$suite
+patch_set=$({ cat "$patch_dir"/*.patch 2>/dev/null || true; } | sha256sum | cut -c1-12)
 state=${FARVM_LIBVIRT_STATE:-$cache/session} # path of the running session's runtime directory
 
 die() {

@@ -12,7 +12,7 @@
 //! farvm at its default log level, a refused start says why where the operator looks. `virsh
 //! save` and `virsh managedsave` of a domain on a memory pool mid-run, then `virsh restore` and
 //! `virsh start`, finish with the native checksum; a failed save leaves the domain running
-//! (libvirt 11.3 with farvm's two fixes to its ch driver, scripts/libvirt-ch.d/patches); a
+//! (libvirt 11.3 with farvm's two fixes to its ch driver, scripts/libvirt-ch.d/patches/trixie); a
 //! domain without a pool saves a full copy (docs/libvirt.md).
 //!
 //! libvirt with the ch driver must have been built once (`scripts/libvirt-ch.sh build`, about
@@ -557,7 +557,7 @@ fn vmms_of(config: &Path, name: &str) -> Vec<u32> {
 /// mid-run: farvm saves a pool snapshot into the directory libvirt names (next to libvirt's
 /// own header), the domain is shut off (saved); `virsh restore` of the save, and `virsh start`
 /// after the managed save, run it on through libvirt to the checksum of an uninterrupted
-/// (native) run (libvirt 11.3 with farvm's fix to its restore, scripts/libvirt-ch.d/patches).
+/// (native) run (libvirt 11.3 with farvm's fix to its restore, scripts/libvirt-ch.d/patches/trixie).
 /// A save that fails (its directory cannot be created; the disk fills while farvm writes)
 /// leaves the domain running (with farvm's fix to libvirt's failed save), and it finishes
 /// with the same checksum. A domain without a pool is saved as a full copy, which `farvm run
