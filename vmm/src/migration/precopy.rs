@@ -65,13 +65,13 @@ impl Precopy {
     }
 
     /// How long sending `pages` more would take at the measured rate.
-    pub fn estimate(&self, pages: u64) -> Option<Duration> {
+    fn estimate(&self, pages: u64) -> Option<Duration> {
         self.per_page()
             .map(|p| p.saturating_mul(pages.min(u32::MAX as u64) as u32))
     }
 
     /// Pages left to send if the guest were paused now (an estimate).
-    fn pending(&self) -> u64 {
+    pub fn pending(&self) -> u64 {
         self.expected.saturating_sub(self.in_round)
     }
 
@@ -104,11 +104,6 @@ impl Precopy {
     /// The pause's estimated length for `pages` left to send (0 when no rate was measured).
     pub fn pause_estimate(&self, pages: u64) -> Duration {
         self.estimate(pages).unwrap_or_default()
-    }
-
-    /// The pages a pause now would send, as the pre-copy estimates them.
-    pub fn pending_now(&self) -> u64 {
-        self.pending()
     }
 
     /// The limit it aims for.
@@ -156,7 +151,7 @@ mod tests {
         // 1 ms fits 100 pages.
         assert!(p.another_round(5_000), "first round: 5,000 left");
         p.begin_round(0);
-        assert_eq!(p.pending_now(), 5_000);
+        assert_eq!(p.pending(), 5_000);
         assert!(!p.another_round(4_800), "4% fewer: not converging");
         let mut q = measured(1, 5_000, Duration::from_micros(10));
         assert!(q.another_round(5_000));

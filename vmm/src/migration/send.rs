@@ -255,7 +255,7 @@ pub fn migrate(
             break;
         }
     }
-    let pending = precopy.pending_now();
+    let pending = precopy.pending();
     let estimate = precopy.pause_estimate(pending);
     out.downtime_limit_secs = precopy.limit().as_secs_f64();
     out.pause_estimate_secs = estimate.as_secs_f64();
