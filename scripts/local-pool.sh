@@ -5,9 +5,26 @@
 #     starts etcd (data and logs in WORK, member NAME) and the two servers (BIN/farvm-memserver,
 #     --capacity CAPACITY each, pool ids NAME-r1 and NAME-r2), waits until both are in the
 #     pool; appends their process ids to the caller's `pids` array and sets `pool_url`.
+#   local_pool_down
+#     kills the processes in `pids` (the pool's and any the caller added), waits for them and
+#     empties `pids`.
+#   local_pool_on_exit WORK
+#     starts `pids` empty and sets the EXIT trap: local_pool_down, then WORK removed.
 #   free_port  prints a free TCP port on 127.0.0.1.
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+local_pool_down() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    pids=()
+}
+
+local_pool_on_exit() {
+    local_pool_work=$1
+    pids=()
+    trap 'local_pool_down; rm -rf "$local_pool_work"' EXIT
+}
 
 local_pool_up() {
     local name=$1 work=$2 bin=$3 capacity=$4 cport pport r

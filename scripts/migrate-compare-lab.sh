@@ -56,14 +56,7 @@ inside() {
     local write="seq:ws=48M,passes=$wpasses,write=1,verify=1"
     local read="seq:ws=48M,passes=$rpasses,write=0"
     local save="seq:ws=$save_ws,passes=$save_passes,write=1,verify=1"
-    pids=()
-    # shellcheck disable=SC2317 # called by the trap
-    cleanup() {
-        for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-        wait 2>/dev/null || true
-        rm -rf "$work"
-    }
-    trap cleanup EXIT
+    local_pool_on_exit "$work"
     "$bin/farvm-lab" bench qemu-migrate --version >/dev/null
     # The lab's /dev has no /dev/fd, which snapshot-bench.sh's process substitution needs.
     [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
@@ -91,9 +84,7 @@ inside() {
         farvm_live "$bin" "$url" "$key" "$live_mem" "$tag" "$w" "$settle" "$work" \
             >>"$out/farvm-live.jsonl" || echo "migrate-compare: farvm $tag-heavy failed" >&2
     done
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    pids=()
+    local_pool_down
 
     echo "migrate-compare: farvm save and restore" >&2
     CARGO_TARGET_DIR=$(dirname "$bin") "$(dirname "$0")/snapshot-bench.sh" --memory "$save_mem" \

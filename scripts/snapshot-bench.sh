@@ -66,17 +66,11 @@ done
 command -v etcd >/dev/null || { echo "snapshot-bench: etcd not found (apt install etcd-server)" >&2; exit 69; }
 
 work=$(mktemp -d /tmp/farvm-snapbench.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# The pool: etcd, two racks, two memory servers.
 # shellcheck source=scripts/local-pool.sh
 . "$root/scripts/local-pool.sh"
+local_pool_on_exit "$work"
+
+# The pool: etcd, two racks, two memory servers.
 local_pool_up snapbench "$work" "$bin" 8G
 url=$pool_url
 
