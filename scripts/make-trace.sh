@@ -7,15 +7,17 @@
 # Usage:
 #   scripts/make-trace.sh WORKLOAD... [--out DIR]
 #     WORKLOAD: the original tuning set sqlite redis numpy sort xz mix; the first test set (seen,
-#     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the test set gawk gzip zstd
-#     sqlite-range pyheap bfs lua jq; or tuning, test (the first test set), fresh (the test set),
-#     all (traces/README.md)
+#     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the second test set (seen,
+#     now tuning data) gawk gzip zstd sqlite-range pyheap bfs lua jq; the test set ruby ocaml
+#     lame x264 magick cxxmap xmllint brotli; or tuning, test (the first test set), fresh
+#     (the second), third (the test set), all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
 # batch up in the server's event loop). Needs: valgrind, zstd, python3, and per workload
 # sqlite3, redis-server, python3-numpy (Debian's /usr/bin/python3), coreutils sort, xz-utils,
-# gawk, gzip, zstd, gcc, lua5.4, jq;
+# gawk, gzip, zstd, gcc, lua5.4, jq, ruby, ocaml-nox, lame, x264, imagemagick (6), g++,
+# libxml2-utils, brotli; LACKEY_SECONDS stops a capture after that many seconds;
 # farvm-lab is taken from $FARVM_LAB or target/release/farvm-lab. Valgrind runs under
 # `nice -n 10`.
 set -euo pipefail
@@ -40,6 +42,7 @@ max_for() {
     zstd) default=472436 ;;
     jq) default=219300 ;;
     gawk | gzip | sqlite-range | pyheap | bfs | lua) default=1000000 ;;
+    ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -76,11 +79,17 @@ lackey_start() {
     CONV=$!
 }
 
-# lackey_finish NAME: waits until the program ends or the converter has its records, then
-# compresses the trace into $OUT.
+# lackey_finish NAME: waits until the program ends, the converter has its records or
+# LACKEY_SECONDS (if set) have passed under lackey, then compresses the trace into $OUT.
 lackey_finish() {
-    local name=$1
-    while kill -0 "$VG" 2>/dev/null && kill -0 "$CONV" 2>/dev/null; do sleep 1; done
+    local name=$1 deadline=$((SECONDS + ${LACKEY_SECONDS:-1000000000}))
+    while kill -0 "$VG" 2>/dev/null && kill -0 "$CONV" 2>/dev/null; do
+        ((SECONDS < deadline)) || {
+            echo "make-trace: $name: stopped after ${LACKEY_SECONDS}s under lackey" >&2
+            break
+        }
+        sleep 1
+    done
     # The trace is complete: stop the program at once (a SIGTERM handler could run on for long
     # under valgrind).
     kill -KILL "$VG" 2>/dev/null || true
@@ -405,7 +414,7 @@ EOF
     trace_run bzip2 "$(max_for bzip2)" bzip2 -9 -c "$WORK/bz.in"
 }
 
-# Two processes of the test set: the Python dict program and the graph computation,
+# Two processes of the first test set: the Python dict program and the graph computation,
 # interleaved 100 records at a time.
 trace_mix2() {
     for t in pydict pagerank; do
@@ -417,8 +426,8 @@ trace_mix2() {
     echo "make-trace: $OUT/mix-pydict-pagerank.trace.zst ($(stat -c %s "$OUT/mix-pydict-pagerank.trace.zst") bytes)"
 }
 
-# --- The fresh test set (traces/README.md): captured after the first test set's results were
-# seen; never used to tune the prefetchers. ---
+# --- The second test set (traces/README.md): captured after the first test set's results were
+# seen; tuning data since its own results were seen. ---
 
 # Text processing with an associative array: GNU awk counts the words of 3 MB of generated
 # text (Zipf-like vocabulary of 40,000 words), then prints them in sorted order.
@@ -634,6 +643,217 @@ EOF
     trace_run jq "$(max_for jq)" jq -c 'group_by(.user) | map({user: .[0].user, total: (map(.price * .qty) | add), n: length}) | sort_by(-.total) | .[:20]' "$WORK/jq.json"
 }
 
+# --- The test set (traces/README.md): captured after the second test set's results were seen;
+# never used to tune the prefetchers. They were captured with LACKEY_SECONDS=480: a program
+# still running after 8 minutes under lackey was stopped there, its trace the records so far. ---
+
+# Garbage-collected allocation in Ruby: binary trees of depth 4..16 built and checked, with a
+# long-lived tree kept alive beside them (Ruby 3.1's generational mark-and-sweep).
+trace_ruby() {
+    need ruby
+    trace_run ruby "$(max_for ruby)" ruby -e '
+Node = Struct.new(:left, :right)
+def make(d) = d.zero? ? Node.new(nil, nil) : Node.new(make(d - 1), make(d - 1))
+def check(n) = n.left ? 1 + check(n.left) + check(n.right) : 1
+long_lived = make(16)
+total = 0
+4.step(16, 2) do |d|
+  (1 << (16 - d + 4)).times { total += check(make(d)) }
+end
+puts total + check(long_lived)'
+}
+
+# A functional program in OCaml (native code, ocamlopt): a persistent balanced-tree map of
+# 200,000 integer keys built and updated at random, lists sorted and folded (OCaml's
+# generational collector: a bump-allocated minor heap, promotion into the major heap).
+trace_ocaml() {
+    need ocamlopt
+    cat >"$WORK/omap.ml" <<'EOF'
+module M = Map.Make (Int)
+
+let () =
+  Random.init 12;
+  let n = 200_000 in
+  let m = ref M.empty in
+  for i = 1 to n do
+    m := M.add (Random.int (4 * n)) (i, string_of_int i) !m
+  done;
+  for _ = 1 to 300_000 do
+    let k = Random.int (4 * n) in
+    m := M.update k (function None -> Some (k, "new") | Some (a, s) -> Some (a + 1, s)) !m
+  done;
+  let l = M.bindings !m |> List.map (fun (k, (a, _)) -> (a * 7919) mod 1_000_003 + k) in
+  let s = List.sort compare l in
+  Printf.printf "%d %d\n" (M.cardinal !m) (List.fold_left ( + ) 0 s)
+EOF
+    (cd "$WORK" && ocamlopt -O2 -o omap omap.ml 2>/dev/null || ocamlopt -o omap omap.ml)
+    trace_run ocaml "$(max_for ocaml)" "$WORK/omap"
+}
+
+# An audio encoder: LAME encodes 60 s of generated 44.1 kHz stereo (chords, noise bursts) to a
+# 192 kbit/s MP3 at its highest quality setting (-q 0).
+trace_lame() {
+    need lame python3
+    $PY - "$WORK/in.wav" <<'EOF'
+import math, random, struct, sys, wave
+r = random.Random(13)
+rate, secs = 44100, 60
+with wave.open(sys.argv[1], "wb") as w:
+    w.setnchannels(2); w.setsampwidth(2); w.setframerate(rate)
+    freqs = [220.0, 277.2, 329.6]
+    frames = bytearray()
+    for i in range(rate * secs):
+        if i % rate == 0:
+            freqs = [r.choice([110, 147, 196, 220, 262, 330, 392, 440]) * k for k in (1, 1.26, 1.5)]
+        t = i / rate
+        s = sum(math.sin(2 * math.pi * f * t) for f in freqs) / 3
+        if (i // 4410) % 7 == 3:
+            s += r.uniform(-0.3, 0.3)
+        v = int(12000 * s)
+        frames += struct.pack("<hh", v, int(v * 0.8))
+    w.writeframes(bytes(frames))
+EOF
+    trace_run lame "$(max_for lame)" lame --quiet -q 0 -b 192 "$WORK/in.wav" "$WORK/out.mp3"
+}
+
+# A video encoder: x264 (preset slow, one thread, no lookahead thread) encodes 40 generated
+# 480x272 frames (moving gradients and squares over noise) to H.264: motion search over
+# reference frames.
+trace_x264() {
+    need x264 python3
+    $PY - "$WORK/in.y4m" <<'EOF'
+import random, sys
+r = random.Random(14)
+w, h, n = 480, 272, 40
+noise = bytes(r.randrange(0, 24) for _ in range(w * h))
+with open(sys.argv[1], "wb") as f:
+    f.write(b"YUV4MPEG2 W%d H%d F25:1 Ip A1:1 C420jpeg\n" % (w, h))
+    for k in range(n):
+        y = bytearray(w * h)
+        for row in range(h):
+            base = row * w
+            for col in range(w):
+                y[base + col] = ((col + 3 * k) ^ (row - 2 * k)) & 0xFF
+        for (sx, sy, vx, vy) in ((40, 30, 5, 2), (300, 150, -4, 3), (200, 60, 2, -2)):
+            x0, y0 = (sx + vx * k) % (w - 48), (sy + vy * k) % (h - 48)
+            for row in range(y0, y0 + 48):
+                y[row * w + x0: row * w + x0 + 48] = bytes([200]) * 48
+        for i in range(0, w * h, 7):
+            y[i] = (y[i] + noise[i]) & 0xFF
+        f.write(b"FRAME\n" + bytes(y) + bytes([128]) * (w * h // 2))
+EOF
+    trace_run x264 "$(max_for x264)" x264 --quiet --preset slow --threads 1 --no-progress \
+        --log-level none -o "$WORK/out.264" "$WORK/in.y4m"
+}
+
+# Image processing: ImageMagick 6 (one thread) blurs, rotates and resizes a generated
+# 1200x1200 RGB image: separable filters, row and column passes.
+trace_magick() {
+    need convert-im6.q16 python3
+    $PY - "$WORK/in.ppm" <<'EOF'
+import random, sys
+r = random.Random(15)
+w = h = 1200
+with open(sys.argv[1], "wb") as f:
+    f.write(b"P6 %d %d 255\n" % (w, h))
+    row = bytearray(3 * w)
+    for y in range(h):
+        for x in range(w):
+            row[3 * x] = (x * 255 // w) & 0xFF
+            row[3 * x + 1] = (y * 255 // h) & 0xFF
+            row[3 * x + 2] = ((x ^ y) + r.randrange(16)) & 0xFF
+        f.write(bytes(row))
+EOF
+    MAGICK_THREAD_LIMIT=1 trace_run magick "$(max_for magick)" convert-im6.q16 -limit thread 1 \
+        "$WORK/in.ppm" -blur 0x4 -rotate 17 -resize 70% "$WORK/out.ppm"
+}
+
+# Pointer-chasing containers in C++ (g++ -O2, libstdc++): a std::map (red-black tree) of
+# 200,000 string values under random keys, lookups and erasures through it, a std::unordered_map
+# of the same keys, then a std::sort of a vector of records.
+trace_cxxmap() {
+    need g++
+    cat >"$WORK/cxxmap.cc" <<'EOF'
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct Rec { uint64_t key; double score; std::string name; };
+
+int main() {
+    std::mt19937_64 rng(16);
+    std::map<uint64_t, std::string> tree;
+    std::unordered_map<uint64_t, uint32_t> hash;
+    for (uint32_t i = 0; i < 200000; i++) {
+        uint64_t k = rng() % 1000000;
+        tree[k] = "value-" + std::to_string(i);
+        hash[k] = i;
+    }
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < 300000; i++) {
+        uint64_t k = rng() % 1000000;
+        auto it = tree.lower_bound(k);
+        if (it != tree.end()) { sum += it->second.size(); if (i % 3 == 0) tree.erase(it); }
+        auto h = hash.find(k);
+        if (h != hash.end()) sum += h->second;
+    }
+    std::vector<Rec> v;
+    for (auto &kv : tree) v.push_back({kv.first, double(rng() % 100000), kv.second});
+    std::sort(v.begin(), v.end(), [](const Rec &a, const Rec &b) { return a.score < b.score; });
+    std::printf("%zu %llu %s\n", v.size(), (unsigned long long)sum, v[0].name.c_str());
+    return 0;
+}
+EOF
+    g++ -O2 -o "$WORK/cxxmap" "$WORK/cxxmap.cc"
+    trace_run cxxmap "$(max_for cxxmap)" "$WORK/cxxmap"
+}
+
+# XML: libxml2's xmllint parses 3 MB of generated XML into a tree (40,000 elements with
+# attributes and text), then evaluates an XPath expression over it.
+trace_xmllint() {
+    need xmllint python3
+    $PY - "$WORK/in.xml" <<'EOF'
+import random, sys
+r = random.Random(17)
+with open(sys.argv[1], "w") as f:
+    f.write("<catalog>\n")
+    for i in range(40_000):
+        f.write('<item id="%d" cat="c%d" price="%.2f"><name>%s</name><tags>%s</tags></item>\n' % (
+            i, r.randrange(300), r.randrange(100, 100000) / 100,
+            "".join(r.choice("abcdefghijklmnop") for _ in range(r.randrange(5, 20))),
+            " ".join(r.choice(["red", "blue", "big", "small", "new", "old"]) for _ in range(r.randrange(1, 5)))))
+    f.write("</catalog>\n")
+EOF
+    trace_run xmllint "$(max_for xmllint)" xmllint --noout \
+        --xpath 'sum(//item[@cat="c7" or contains(tags, "big")]/@price)' "$WORK/in.xml"
+}
+
+# Brotli at quality 11 with a 4 MiB window (-w 22; its Zopfli-style optimal parsing and
+# hash-binary-tree match finder) on 6 MB of generated source-like text.
+trace_brotli() {
+    need brotli python3
+    $PY - "$WORK/brotli.in" <<'EOF'
+import random, sys
+r = random.Random(18)
+idents = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(r.randrange(3, 14)))
+          for _ in range(5000)]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 6_000_000:
+        a, b, c = r.choice(idents), r.choice(idents), r.choice(idents)
+        line = r.choice(["    let %s = %s(%s);\n", "    if %s > %s { return %s; }\n",
+                         "fn %s(%s: u64) -> %s {\n", "    %s.push(%s + %s);\n"]) % (a, b, c)
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run brotli "$(max_for brotli)" brotli -q 11 -w 22 -c "$WORK/brotli.in"
+}
+
 if [[ ${1:-} == run ]]; then
     [[ $# -ge 5 && $4 == -- ]] || die "usage: $0 run NAME MAX_RECORDS -- COMMAND [ARGS...]"
     name=$2 max=$3
@@ -648,8 +868,10 @@ while (($#)); do
     tuning) todo+=(sqlite redis numpy sort xz mix); shift ;;
     test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
     fresh) todo+=(gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
-    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
-    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq)
+    third) todo+=(ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
+    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
+    sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq | \
+        ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli)
         todo+=("$1")
         shift
         ;;
@@ -660,7 +882,7 @@ while (($#)); do
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first test set, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2; test set: gawk gzip zstd sqlite-range pyheap bfs lua jq; or tuning, test, fresh, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; test set: ruby ocaml lame x264 magick cxxmap xmllint brotli; or tuning, test, fresh, third, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done
