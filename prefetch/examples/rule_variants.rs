@@ -7,8 +7,8 @@
 //! ```
 //!
 //! With no option the model is `leap+stream`'s own decision (`prefetch/src/composite.rs`: same
-//! components, same arbitration), without the sandbox that may make a process follow `next-n`
-//! instead (`prefetch/src/sandbox.rs`): on a trace where no process switches, the same misses and
+//! components, same arbitration), without the sandbox that may widen a process with `next-n`'s
+//! pages (`prefetch/src/sandbox.rs`): on a trace where no process widens, the same misses and
 //! waste as `trace compare`.
 //! `--no-runahead` leaves out run-ahead (`prefetch/src/runahead.rs`): `leap+stream` as it was
 //! before it. The other options change the region read-around (`prefetch/src/region.rs`) into

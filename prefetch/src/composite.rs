@@ -1,11 +1,14 @@
 //! `leap+stream`: farvm's default prefetcher, the stream table in front of Leap, with region
-//! read-around behind both; per process, a sandbox ([`crate::sandbox`]) may follow `next-n`
-//! instead, when that process's own faults show it would do better.
+//! read-around behind both; per process, a sandbox ([`crate::sandbox`]) may widen it with the
+//! pages `next-n` proposes, when that process's own faults show they would save misses at
+//! little waste.
 //!
-//! Per fault, both arms decide: the one the process follows (the composite's own decision, the
-//! sandbox's home arm, or `next-n` with [`NEXT_N`] pages) fills the answer; the other's
-//! proposals are only scored against the faults that follow, never fetched. A marker hit is
-//! always the composite's (only it issues markers), whichever arm is followed.
+//! Per fault, the composite decides (the sandbox's home arm) and `next-n` proposes. At home,
+//! `next-n`'s proposals are only scored against the faults that follow, never fetched; on the
+//! wide arm they are added to the answer, a sample of them as markers whose hits the sandbox
+//! counts (a marker hit of the composite's own stays the composite's), except while the
+//! process is under memory pressure (below), where every extra page pushes out one about to be
+//! used.
 //!
 //! The composite's own decision, per fault:
 //! 1. The stream table sees the fault first. If it belongs to a *confirmed* stream, the
@@ -47,7 +50,7 @@ use crate::next_n::NextN;
 use crate::pressure::Pressure;
 use crate::region::{Region, RegionParams};
 use crate::runahead::RunAhead;
-use crate::sandbox::{Sandbox, HOME};
+use crate::sandbox::{Sandbox, HOME, WIDE};
 use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
 
@@ -56,7 +59,7 @@ pub const USED_PER_DEPTH: u64 = 16;
 /// Largest unequal gap that still confirms a stride-1 stream inside `leap+stream`.
 pub const DENSE_GAP: u64 = 4;
 
-/// Pages `next-n` proposes when a process follows it ([`crate::sandbox`]).
+/// Pages `next-n` proposes, added on the sandbox's wide arm ([`crate::sandbox`]).
 pub const NEXT_N: usize = 8;
 
 /// The components of the composite's own decision.
@@ -70,7 +73,8 @@ struct Own {
 
 impl Own {
     /// The composite's own decision (the sandbox's [`HOME`] arm).
-    fn decide(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+    /// Returns whether the process is under memory pressure.
+    fn decide(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) -> bool {
         let pressed = self.pressure.on_fault(key, page);
         self.stream.set_cautious(pressed);
         self.stream.on_fault(key, page, now, out);
@@ -85,16 +89,17 @@ impl Own {
             self.runahead.on_fault(key, page, out);
         }
         self.pressure.fetched(key, out.as_slice());
+        pressed
     }
 }
 
 /// Stream table first, Leap as fallback, region read-around last; per process, the sandbox may
-/// follow `next-n` instead.
+/// add `next-n`'s pages.
 pub struct LeapStream {
     own: Own,
     next_n: NextN,
     sandbox: Sandbox,
-    /// The proposals of the arm not followed (scored, never fetched).
+    /// `next-n`'s proposals (scored at home, added on the wide arm).
     shadow: Candidates,
 }
 
@@ -126,7 +131,7 @@ impl LeapStream {
         }
     }
 
-    /// How many times a process changed the prefetcher it follows.
+    /// How many times a process changed the arm it follows.
     pub fn switches(&self) -> u64 {
         self.sandbox.switches()
     }
@@ -139,17 +144,22 @@ impl Prefetcher for LeapStream {
 
     fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         let (slot, arm) = self.sandbox.on_fault(key, page, now);
-        // Both arms decide on every fault, so the one not followed keeps its history and its
-        // proposals can be scored.
-        if arm == HOME {
-            self.own.decide(key, page, now, out);
-            self.next_n.on_fault(key, page, now, &mut self.shadow);
+        let pressed = self.own.decide(key, page, now, out);
+        // `next-n` decides on every fault, so its proposals can be scored while home.
+        self.next_n.on_fault(key, page, now, &mut self.shadow);
+        if arm == WIDE && !pressed {
+            let from = out.len();
+            for &p in self.shadow.as_slice() {
+                out.push(p);
+            }
+            self.sandbox.mark_added(slot, out, from);
+            self.sandbox.fetched(slot, out.as_slice());
         } else {
-            self.own.decide(key, page, now, &mut self.shadow);
-            self.next_n.on_fault(key, page, now, out);
+            self.sandbox.fetched(slot, out.as_slice());
+            if arm == HOME {
+                self.sandbox.proposed(slot, self.shadow.as_slice());
+            }
         }
-        self.sandbox.fetched(slot, out.as_slice());
-        self.sandbox.proposed(slot, 1 - arm, self.shadow.as_slice());
     }
 
     fn on_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos) {
@@ -165,6 +175,10 @@ impl Prefetcher for LeapStream {
     }
 
     fn on_marker_hit(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
+        if self.sandbox.marker_hit(key, page) {
+            out.clear();
+            return;
+        }
         if !(self.own.stream.marker_hit(key, page, out)
             || self.own.runahead.marker_hit(key, page, out))
         {

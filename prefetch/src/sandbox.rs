@@ -1,109 +1,165 @@
-//! The sandbox that lets each process's own history choose which prefetcher `leap+stream`
-//! follows ([`crate::composite`]): it scores the proposals of the prefetchers that are not
-//! followed against the faults that come next, without fetching them, and switches a process
-//! to another *arm* when that arm would have saved more of its misses than the followed one.
+//! The sandbox that lets each process's own history choose how widely `leap+stream` fetches
+//! ([`crate::composite`]): its own decision alone (the *home* arm), or its own decision plus
+//! the pages `next-n` proposes (the *wide* arm). It scores `next-n`'s proposals against the
+//! faults that follow, without fetching them, and widens a process when they would have saved
+//! misses at little waste; while a process is wide, markers on a sample of the added pages
+//! measure what they are really worth, and the process goes back when they are wasted.
 //!
-//! Owns, per process (a [`SlotTable`] slot): which arm is followed, the scores of the current
-//! window, the hysteresis state, and one small direct-mapped filter per arm of the pages it
-//! proposed that the followed arm did not fetch, plus one of the pages made resident lately
-//! (demand-fetched or prefetched).
+//! Owns, per process (a [`SlotTable`] slot): the arm followed, the decayed scores, the
+//! hysteresis state, a direct-mapped filter of `next-n`'s exclusive proposals, one of the pages
+//! made resident lately (demand-fetched or prefetched), and a table of the trial's markers.
 //!
-//! Scoring (as in Sandbox Prefetching, Pugsley et al., HPCA 2014, on the miss stream): with
-//! injected hits only faults are visible, so an arm is credited with a *save* when the process
-//! faults on a page that arm proposed and the followed arm did not fetch: a miss it would have
-//! avoided. Every window of [`WINDOW`] faults the best other arm is a candidate when its saves
-//! reach [`GAIN_MIN_PER_WINDOW`] and its estimated waste (its exclusive proposals never faulted
-//! on, over what it would have fetched) is at most [`MAX_SHADOW_WASTE`]; a candidate in
-//! [`STREAK`] consecutive windows is followed on *trial*.
+//! Why a union and not a switch: a save is a fault on a page `next-n` proposed and the home arm
+//! had not fetched, so the score counts what `next-n` would add to the home arm, not what the
+//! home arm's own prefetches save (invisible with injected hits). Following `next-n` alone
+//! would give those up unseen; following both keeps them and adds what was scored.
 //!
-//! What the followed arm saves is invisible (its pages are injected), and so is the waste it
-//! causes, except as faults. A trial is therefore judged by the process's fault rate, a bandit's
-//! measure that counts both: a window is a fixed number of faults, so its length in time is the
-//! inverse of the rate (in a trace replay, time is the record index: accesses per fault). A
-//! trial goes on while its windows are at least [`TRIAL_MARGIN`] longer than the longer of the
-//! last two windows of the arm left behind; otherwise the process goes back, and the trial's
-//! arm waits a cool-down that doubles with every failed trial ([`MAX_BACKOFF`] windows at
-//! most). After [`LEASE`] windows the process goes back in any case, to measure the arm it
-//! left again under the program's current phase.
+//! Scoring (as in Sandbox Prefetching, Pugsley et al., HPCA 2014, on the miss stream), in
+//! sums that halve at the end of every window of [`WINDOW`] faults: saves; exclusive proposals
+//! (not resident lately); those the home arm fetched later (*covered*: used or not, unknown);
+//! and those forgotten unused (overwritten in the filter before the process faulted on them).
+//! The filter holds [`FILTER`] pages per process, so a proposal is remembered for thousands of
+//! faults: long enough to score a table filled in random order, whose neighbours are used long
+//! after they were proposed. The wide arm is a candidate in a window when its saves reach
+//! [`GAIN_MIN_PER_WINDOW`] per window and both estimates of its waste are at most
+//! [`MAX_SHADOW_WASTE`]: unused over resolved (unused + saves), and the proposals neither saved
+//! nor covered over the proposals not covered (the first lags when proposals are forgotten
+//! late, the second when saves come late; each alone let wasteful programs widen). A candidate
+//! in [`STREAK`] consecutive windows is followed on *trial*.
 //!
-//! Cost per decision: one slot lookup, one filter probe per arm and one filter write per
-//! proposed page; nothing is allocated after construction and no lock is taken.
+//! A trial is judged twice at the end of every window, and the process goes back home (the
+//! wide arm cools down for a number of windows that doubles with every failed trial, at most
+//! [`MAX_BACKOFF`]) when either fails:
+//! - *waste*: one added page in [`TRIAL_SAMPLE`] is a marker; a marker hit is a used page, a
+//!   marker not hit within [`MARKER_HORIZON`] faults an unused one; once [`TRIAL_MIN_SAMPLES`]
+//!   are resolved, more than [`MAX_TRIAL_WASTE`] unused ends the trial (a marker on a page
+//!   already resident is never staged, so never hit: it counts unused, which errs towards
+//!   going home);
+//! - *fault rate*: a window is a fixed number of faults, so its length in time is the inverse
+//!   of the rate (in a trace replay, time is the record index); the trial's windows must be
+//!   at least [`TRIAL_MARGIN`] longer than the longer of the last two windows at home.
+//!
+//! After [`LEASE`] windows the process goes back in any case, to score `next-n` again under the
+//! program's current phase.
+//!
+//! Cost per decision: one slot lookup, one filter probe per fault and one filter write per
+//! proposed page (an aging scan of the marker table once per window on trial); nothing is
+//! allocated after construction and no lock is taken.
 
 use crate::slots::SlotTable;
-use crate::{Nanos, PageNo, ProcessKey};
+use crate::{Candidates, Nanos, PageNo, ProcessKey};
 
-/// Arms a process can follow. Arm [`HOME`] is `leap+stream`'s own decision.
-pub const ARMS: usize = 2;
-/// The arm every process starts with.
+/// The arm every process starts with: `leap+stream`'s own decision.
 pub const HOME: usize = 0;
+/// The home arm's decision plus `next-n`'s pages.
+pub const WIDE: usize = 1;
 /// Faults per scoring window.
 pub const WINDOW: u32 = 64;
-/// Saves (misses another arm would have avoided) per window that make it a candidate: 1 in 8
-/// of the window's faults.
+/// Saves (misses the wide arm would have avoided) per window that make it a candidate: 1 in
+/// 8 of the window's faults.
 pub const GAIN_MIN_PER_WINDOW: u32 = WINDOW / 8;
-/// Largest estimated waste of a candidate (exclusive proposals never faulted on, over the pages
-/// it would have fetched).
+/// Largest estimated waste of `next-n`'s exclusive proposals for the wide arm to be a
+/// candidate.
 pub const MAX_SHADOW_WASTE: f64 = 0.10;
-/// Consecutive candidate windows before a switch.
-pub const STREAK: u8 = 2;
+/// Consecutive candidate windows before a trial.
+pub const STREAK: u8 = 3;
 /// How much longer in time (fewer faults per unit of time) a trial's windows must be than the
-/// longer of the last two windows of the arm left behind for the trial to go on: 10%.
+/// longer of the last two windows at home for the trial to go on: 10%.
 pub const TRIAL_MARGIN: f64 = 0.10;
-/// Windows a trial lasts at most before the process goes back to measure the arm it left.
+/// Windows a trial lasts at most before the process goes back to score `next-n` again.
 pub const LEASE: u32 = 8;
-/// Longest cool-down, in windows, of an arm whose trial failed.
+/// Longest cool-down, in windows, after a failed trial.
 pub const MAX_BACKOFF: u32 = 64;
-/// Filter entries per arm and process (direct-mapped by page number, so a run of pages never
-/// collides with itself).
-pub const FILTER: usize = 512;
-/// Filters per process: one per arm, then the resident filter.
-const FILTERS: usize = ARMS + 1;
-const RESIDENT: usize = ARMS;
+/// Filter entries per process (direct-mapped by page number, so a run of pages never collides
+/// with itself).
+pub const FILTER: usize = 4096;
+/// Trial markers per process (direct-mapped by page number); one overwritten unhit counts as
+/// unused.
+pub const MARKS: usize = 256;
+/// Faults after which a trial marker not hit counts as unused.
+pub const MARKER_HORIZON: u32 = 256;
+/// One page in this many that the wide arm adds is a marker.
+pub const TRIAL_SAMPLE: u32 = 8;
+/// Resolved trial markers needed before the trial's waste is judged.
+pub const TRIAL_MIN_SAMPLES: u32 = 16;
+/// Largest share of resolved trial markers unused for the trial to go on.
+pub const MAX_TRIAL_WASTE: f64 = 0.10;
+/// Filters per process: `next-n`'s exclusive proposals, then the pages resident lately.
+const FILTERS: usize = 2;
+const PROPOSED: usize = 0;
+const RESIDENT: usize = 1;
+
+/// Filter index and tag of a page (tag 0 = empty; pages 2^44 apart share a tag, which only
+/// blurs a score).
+#[inline]
+fn entry(page: PageNo) -> (usize, u32) {
+    let idx = (page % FILTER as u64) as usize;
+    let tag = ((page / FILTER as u64) as u32).wrapping_add(1).max(1);
+    (idx, tag)
+}
 
 /// Per-process scoring state.
 #[derive(Clone, Copy, Debug, Default)]
 struct Proc {
     /// The arm followed.
     active: u8,
-    /// The arm followed before the current trial, with the length in time of its last window
-    /// (`None` when no trial is under way).
-    trial: Option<(u8, Nanos, u32)>,
+    /// The current trial, if any: the length in time of the longer of the last two windows at
+    /// home, and the windows left in its lease.
+    trial: Option<(Nanos, u32)>,
     /// When the current window began.
     start: Nanos,
     /// Length in time of the previous window.
     last_span: Nanos,
     /// Faults in the current window.
     faults: u32,
-    /// Misses each arm would have avoided, this window.
-    saves: [u32; ARMS],
-    /// Exclusive proposals each arm made, this window.
-    proposed: [u32; ARMS],
-    /// Consecutive windows each arm was the candidate.
-    streak: [u8; ARMS],
-    /// Windows each arm must wait before its next trial.
-    cooldown: [u32; ARMS],
-    /// Cool-down after the next failed trial of each arm.
-    backoff: [u32; ARMS],
+    /// Faults since the process got its slot (the trial markers' clock).
+    clock: u32,
+    /// Decayed sums (halved every window) of `next-n`'s saves, exclusive proposals, covered
+    /// and forgotten unused proposals.
+    saves: u32,
+    proposed: u32,
+    covered: u32,
+    unused: u32,
+    /// Consecutive candidate windows.
+    streak: u8,
+    /// Windows to wait before the next trial.
+    cooldown: u32,
+    /// Cool-down after the next failed trial.
+    backoff: u32,
+    /// Trial markers hit, and aged out or overwritten unhit, since the trial began.
+    marks_used: u32,
+    marks_unused: u32,
+    /// Pages the wide arm added (every [`TRIAL_SAMPLE`]-th becomes a marker).
+    added: u32,
 }
 
 impl Proc {
     fn fresh() -> Self {
         Self {
             active: HOME as u8,
-            backoff: [1; ARMS],
+            backoff: 1,
             ..Self::default()
         }
     }
 }
 
-/// Per-process arm choice by sandboxed scoring (see the module documentation).
+/// A trial marker outstanding: `page + 1` (0 = none) and the process's clock when issued.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mark {
+    tag: u64,
+    issued: u32,
+}
+
+/// Per-process choice of how widely to fetch (see the module documentation).
 #[derive(Debug)]
 pub struct Sandbox {
     slots: SlotTable,
     procs: Box<[Proc]>,
-    /// `[slot][filter][FILTER]`: `page + 1`, 0 = empty.
-    filters: Box<[u64]>,
-    /// Processes switched away from [`HOME`] at least once (for reports and tests).
+    /// `[slot][filter][FILTER]`.
+    filters: Box<[u32]>,
+    /// `[slot][MARKS]`.
+    marks: Box<[Mark]>,
+    /// Switches of the followed arm (trials and returns), for reports and tests.
     switches: u64,
 }
 
@@ -115,6 +171,7 @@ impl Sandbox {
         Self {
             procs: vec![Proc::fresh(); n].into_boxed_slice(),
             filters: vec![0; n * FILTERS * FILTER].into_boxed_slice(),
+            marks: vec![Mark::default(); n * MARKS].into_boxed_slice(),
             slots,
             switches: 0,
         }
@@ -132,13 +189,13 @@ impl Sandbox {
             .map_or(HOME, |s| usize::from(self.procs[s].active))
     }
 
-    fn filter(&mut self, slot: usize, f: usize) -> &mut [u64] {
+    fn filter(&mut self, slot: usize, f: usize) -> &mut [u32] {
         let base = (slot * FILTERS + f) * FILTER;
         &mut self.filters[base..base + FILTER]
     }
 
-    /// A demand fault of `key` on `page` at `now`: credits the arms that proposed it, closes
-    /// the window if it is full, and returns `(slot, arm to follow for this fault)`.
+    /// A demand fault of `key` on `page` at `now`: credits `next-n` if it had proposed it,
+    /// closes the window if it is full, and returns `(slot, arm to follow for this fault)`.
     pub fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos) -> (usize, usize) {
         let s = self.slots.acquire(key);
         let slot = s.index;
@@ -146,19 +203,13 @@ impl Sandbox {
             self.procs[slot] = Proc::fresh();
             self.procs[slot].start = now;
             self.filters[slot * FILTERS * FILTER..(slot + 1) * FILTERS * FILTER].fill(0);
+            self.marks[slot * MARKS..(slot + 1) * MARKS].fill(Mark::default());
         }
-        let tag = page.wrapping_add(1);
-        let idx = (page % FILTER as u64) as usize;
-        let active = usize::from(self.procs[slot].active);
-        for arm in 0..ARMS {
-            if arm == active {
-                continue;
-            }
-            let f = self.filter(slot, arm);
-            if f[idx] == tag {
-                f[idx] = 0;
-                self.procs[slot].saves[arm] += 1;
-            }
+        let (idx, tag) = entry(page);
+        let f = self.filter(slot, PROPOSED);
+        if f[idx] == tag {
+            f[idx] = 0;
+            self.procs[slot].saves += 1;
         }
         self.filter(slot, RESIDENT)[idx] = tag;
         // This fault follows from the window's decisions (its save counted there); it closes a
@@ -166,102 +217,150 @@ impl Sandbox {
         if self.procs[slot].faults >= WINDOW && self.close_window(slot, now) {
             self.switches += 1;
         }
-        self.procs[slot].faults += 1;
-        (slot, usize::from(self.procs[slot].active))
+        let p = &mut self.procs[slot];
+        p.faults += 1;
+        p.clock = p.clock.wrapping_add(1);
+        (slot, usize::from(p.active))
     }
 
-    /// Pages the followed arm had fetched for the process in `slot`.
+    /// Pages the followed arm fetched for the process in `slot`: a proposal of `next-n`
+    /// among them is covered (whether it is used is not known).
     pub fn fetched(&mut self, slot: usize, pages: &[PageNo]) {
-        let f = self.filter(slot, RESIDENT);
-        for &p in pages {
-            f[(p % FILTER as u64) as usize] = p.wrapping_add(1);
+        let base = slot * FILTERS * FILTER;
+        for &page in pages {
+            let (idx, tag) = entry(page);
+            self.filters[base + RESIDENT * FILTER + idx] = tag;
+            let proposed = &mut self.filters[base + PROPOSED * FILTER + idx];
+            if *proposed == tag {
+                *proposed = 0;
+                self.procs[slot].covered += 1;
+            }
         }
     }
 
-    /// Pages `arm` (not followed) proposed for the process in `slot`: those not resident lately
-    /// are remembered as its exclusive proposals.
-    pub fn proposed(&mut self, slot: usize, arm: usize, pages: &[PageNo]) {
+    /// Pages `next-n` proposed (not fetched) for the process in `slot`: those not resident
+    /// lately are remembered as its exclusive proposals; one that overwrites an earlier
+    /// proposal forgets that one unused.
+    pub fn proposed(&mut self, slot: usize, pages: &[PageNo]) {
         let base = slot * FILTERS * FILTER;
-        let resident = base + RESIDENT * FILTER;
-        let own = base + arm * FILTER;
-        let mut exclusive = 0;
-        for &p in pages {
-            let idx = (p % FILTER as u64) as usize;
-            let tag = p.wrapping_add(1);
-            if self.filters[resident + idx] != tag && self.filters[own + idx] != tag {
-                self.filters[own + idx] = tag;
+        let (mut exclusive, mut unused) = (0, 0);
+        for &page in pages {
+            let (idx, tag) = entry(page);
+            let old = self.filters[base + PROPOSED * FILTER + idx];
+            if self.filters[base + RESIDENT * FILTER + idx] != tag && old != tag {
+                unused += u32::from(old != 0);
+                self.filters[base + PROPOSED * FILTER + idx] = tag;
                 exclusive += 1;
             }
         }
-        self.procs[slot].proposed[arm] += exclusive;
+        let p = &mut self.procs[slot];
+        p.proposed += exclusive;
+        p.unused += unused;
     }
 
-    /// Ends the window of `slot`: judges a trial, picks a candidate, resets the counts.
+    /// The wide arm added `out[from..]` to the home arm's pages for the process in `slot`:
+    /// every [`TRIAL_SAMPLE`]-th of them becomes a marker.
+    pub fn mark_added(&mut self, slot: usize, out: &mut Candidates, from: usize) {
+        for i in from..out.len() {
+            let p = &mut self.procs[slot];
+            p.added = p.added.wrapping_add(1);
+            if !p.added.is_multiple_of(TRIAL_SAMPLE) {
+                continue;
+            }
+            let page = out.as_slice()[i];
+            let m = &mut self.marks[slot * MARKS + (page % MARKS as u64) as usize];
+            p.marks_unused += u32::from(m.tag != 0);
+            *m = Mark {
+                tag: page.wrapping_add(1),
+                issued: p.clock,
+            };
+            out.set_marker(i);
+        }
+    }
+
+    /// A marker hit of `key` on `page`: whether it was one of the trial's markers (then it is
+    /// counted as used, and no other component owns it).
+    pub fn marker_hit(&mut self, key: ProcessKey, page: PageNo) -> bool {
+        let Some(slot) = self.slots.find(key) else {
+            return false;
+        };
+        let m = &mut self.marks[slot * MARKS + (page % MARKS as u64) as usize];
+        if m.tag != page.wrapping_add(1) {
+            return false;
+        }
+        m.tag = 0;
+        self.procs[slot].marks_used += 1;
+        true
+    }
+
+    /// Trial markers of `slot` not hit within [`MARKER_HORIZON`] faults are unused.
+    fn age_marks(&mut self, slot: usize) {
+        let p = &mut self.procs[slot];
+        for m in &mut self.marks[slot * MARKS..(slot + 1) * MARKS] {
+            if m.tag != 0 && p.clock.wrapping_sub(m.issued) > MARKER_HORIZON {
+                m.tag = 0;
+                p.marks_unused += 1;
+            }
+        }
+    }
+
+    /// Ends the window of `slot`: judges a trial or scores `next-n`, and decays the sums.
     /// Returns whether the followed arm changed.
     fn close_window(&mut self, slot: usize, now: Nanos) -> bool {
+        if self.procs[slot].trial.is_some() {
+            self.age_marks(slot);
+        }
         let p = &mut self.procs[slot];
         let span = now.saturating_sub(p.start);
-        let active = usize::from(p.active);
         let mut switched = false;
-        for c in p.cooldown.iter_mut() {
-            *c = c.saturating_sub(1);
-        }
-        if let Some((prev, before, left)) = p.trial {
-            let prev = usize::from(prev);
-            // Fewer faults per unit of time (a longer window) than the arm left behind had, or
-            // back; back anyway when the lease runs out, to measure that arm again.
-            if (span as f64) < (before as f64) * (1.0 + TRIAL_MARGIN) {
-                p.cooldown[active] = p.backoff[active];
-                p.backoff[active] = (p.backoff[active] * 2).min(MAX_BACKOFF);
-                p.active = prev as u8;
+        p.cooldown = p.cooldown.saturating_sub(1);
+        if let Some((before, left)) = p.trial {
+            let resolved = p.marks_used + p.marks_unused;
+            let wasteful = resolved >= TRIAL_MIN_SAMPLES
+                && f64::from(p.marks_unused) > MAX_TRIAL_WASTE * f64::from(resolved);
+            let slower = (span as f64) < (before as f64) * (1.0 + TRIAL_MARGIN);
+            if wasteful || slower {
+                p.cooldown = p.backoff;
+                p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
                 p.trial = None;
-                switched = true;
             } else if left <= 1 {
-                p.backoff[active] = 1;
-                p.active = prev as u8;
+                p.backoff = 1;
                 p.trial = None;
-                switched = true;
             } else {
-                p.trial = Some((prev as u8, before, left - 1));
+                p.trial = Some((before, left - 1));
             }
-            p.streak = [0; ARMS];
+            if p.trial.is_none() {
+                p.active = HOME as u8;
+                switched = true;
+                self.marks[slot * MARKS..(slot + 1) * MARKS].fill(Mark::default());
+            }
         } else {
-            let mut best: Option<(usize, u32)> = None;
-            for arm in 0..ARMS {
-                if arm == active {
-                    continue;
-                }
-                let (saves, proposed) = (p.saves[arm], p.proposed[arm]);
-                let unused = proposed.saturating_sub(saves);
-                let waste = f64::from(unused) / f64::from(p.faults + proposed);
-                let candidate = saves >= GAIN_MIN_PER_WINDOW
-                    && waste <= MAX_SHADOW_WASTE
-                    && p.cooldown[arm] == 0;
-                if candidate && best.is_none_or(|(_, g)| saves > g) {
-                    best = Some((arm, saves));
-                }
-            }
-            for arm in 0..ARMS {
-                if best.is_some_and(|(b, _)| b == arm) {
-                    p.streak[arm] = p.streak[arm].saturating_add(1);
-                } else {
-                    p.streak[arm] = 0;
-                }
-            }
-            if let Some((arm, _)) = best {
-                if p.streak[arm] >= STREAK {
-                    p.trial = Some((active as u8, span.max(p.last_span), LEASE));
-                    p.active = arm as u8;
-                    p.streak = [0; ARMS];
-                    switched = true;
-                }
+            let resolved = p.unused + p.saves;
+            let by_resolved = f64::from(p.unused) / f64::from(resolved.max(1));
+            let open = p.proposed.saturating_sub(p.covered);
+            let by_volume = f64::from(open.saturating_sub(p.saves)) / f64::from(open.max(1));
+            // The sums halve every window: twice a window's worth in steady state.
+            let candidate = p.saves / 2 >= GAIN_MIN_PER_WINDOW
+                && by_resolved <= MAX_SHADOW_WASTE
+                && by_volume <= MAX_SHADOW_WASTE
+                && p.cooldown == 0;
+            p.streak = if candidate { p.streak + 1 } else { 0 };
+            if p.streak >= STREAK {
+                p.trial = Some((span.max(p.last_span), LEASE));
+                p.active = WIDE as u8;
+                p.streak = 0;
+                p.marks_used = 0;
+                p.marks_unused = 0;
+                switched = true;
             }
         }
         p.faults = 0;
         p.start = now;
         p.last_span = span;
-        p.saves = [0; ARMS];
-        p.proposed = [0; ARMS];
+        p.saves /= 2;
+        p.proposed /= 2;
+        p.covered /= 2;
+        p.unused /= 2;
         switched
     }
 
@@ -282,24 +381,32 @@ impl Sandbox {
 mod tests {
     use super::*;
 
-    /// Drives one process that faults on every other page. The home arm proposes nothing
-    /// useful; arm 1 proposes the next fault. `faster` is how many time units pass per fault
-    /// while arm 1 is followed (1 while home is): above 1, following arm 1 lowers the fault rate.
-    fn drive(windows: u64, faster: u64) -> Vec<usize> {
+    /// One process faulting on every other page: `next-n` proposes the next fault, the home
+    /// arm something useless. `faster` is how many time units pass per fault while wide (1 at
+    /// home): above 1, widening lowers the fault rate. `used` says whether the pages the wide
+    /// arm adds are used (their markers hit).
+    fn drive(windows: u64, faster: u64, used: bool) -> Vec<usize> {
         let mut s = Sandbox::new(4);
         let mut followed = Vec::new();
         let mut now = 0;
+        let mut out = Candidates::new();
         for i in 0..(WINDOW as u64 * windows) {
             let page = 1000 + 2 * i;
             let (slot, arm) = s.on_fault(7, page, now);
             followed.push(arm);
+            out.clear();
+            out.push(1 << 40 | i);
             if arm == HOME {
-                s.fetched(slot, &[1 << 40 | i]);
-                s.proposed(slot, 1, &[page + 2]);
+                s.fetched(slot, out.as_slice());
+                s.proposed(slot, &[page + 2]);
                 now += 1;
             } else {
-                s.fetched(slot, &[page + 2]);
-                s.proposed(slot, HOME, &[1 << 40 | i]);
+                out.push(page + 2);
+                s.mark_added(slot, &mut out, 1);
+                s.fetched(slot, out.as_slice());
+                if used && out.is_marker(1) {
+                    assert!(s.marker_hit(7, page + 2));
+                }
                 now += faster;
             }
         }
@@ -315,50 +422,60 @@ mod tests {
     }
 
     #[test]
-    fn an_arm_that_lowers_the_fault_rate_is_followed_for_its_lease() {
-        let f = drive(30, 2);
+    fn a_useful_widening_is_followed_for_its_lease() {
+        let f = drive(40, 2, true);
         let w = WINDOW as usize;
-        let streak = usize::from(STREAK);
+        // The sums need a window to reach the gain; then STREAK candidate windows.
+        let start = first_window_of(&f, WIDE, 0).expect("widened");
+        assert!(
+            start <= usize::from(STREAK) + 1,
+            "widened at window {start}"
+        );
         let lease = LEASE as usize;
-        assert_eq!(
-            first_window_of(&f, 1, 0),
-            Some(streak),
-            "after STREAK windows"
-        );
-        assert!(f[streak * w..(streak + lease) * w].iter().all(|&a| a == 1));
-        // Back home to measure it again, then on trial again after STREAK windows.
-        assert_eq!(f[(streak + lease) * w], HOME);
-        assert_eq!(
-            first_window_of(&f, 1, streak + lease),
-            Some(2 * streak + lease)
+        assert!(f[start * w..(start + lease) * w].iter().all(|&a| a == WIDE));
+        // Home to score `next-n` again, then wide again.
+        assert_eq!(f[(start + lease) * w], HOME);
+        assert!(first_window_of(&f, WIDE, start + lease).is_some());
+    }
+
+    #[test]
+    fn a_widening_without_fewer_faults_goes_back_and_backs_off() {
+        let f = drive(20, 1, true);
+        let first = first_window_of(&f, WIDE, 0).expect("widened on trial");
+        let back = first_window_of(&f, HOME, first).unwrap();
+        assert_eq!(back, first + 1, "one window on trial");
+        let second = first_window_of(&f, WIDE, back).expect("tried again");
+        let back2 = first_window_of(&f, HOME, second).unwrap();
+        let third = first_window_of(&f, WIDE, back2).expect("and again");
+        assert!(
+            third - back2 > second - back,
+            "the cool-down grows: {back}..{second}, {back2}..{third}"
         );
     }
 
     #[test]
-    fn a_trial_without_fewer_faults_goes_back_and_backs_off() {
-        let f = drive(12, 1);
-        // Windows 0, 1 home (a candidate twice), 2 trial; no lower fault rate: home at 3,
-        // cool-down 1 window (3), candidate at 3 and 4, trial at 5; cool-down 2 (6, 7),
-        // candidate at 7 and 8, trial at 9.
-        assert_eq!(first_window_of(&f, 1, 0), Some(2));
-        assert_eq!(first_window_of(&f, HOME, 2), Some(3));
-        assert_eq!(first_window_of(&f, 1, 3), Some(5));
-        assert_eq!(first_window_of(&f, HOME, 5), Some(6));
-        assert_eq!(first_window_of(&f, 1, 6), Some(9));
+    fn a_widening_whose_added_pages_go_unused_ends() {
+        let f = drive(40, 2, false);
+        let first = first_window_of(&f, WIDE, 0).expect("widened on trial");
+        let back = first_window_of(&f, HOME, first).unwrap();
+        assert!(
+            back - first < LEASE as usize,
+            "unused markers end the trial before its lease: {first}..{back}"
+        );
     }
 
-    /// An arm whose proposals are mostly never used is not followed, however many misses it
-    /// would save.
+    /// Proposals never faulted on are forgotten unused when later ones take their entries:
+    /// `next-n` is not followed, however many misses it would save.
     #[test]
-    fn a_wasteful_arm_is_not_followed() {
+    fn a_wasteful_next_n_is_not_followed() {
         let mut s = Sandbox::new(4);
         for i in 0..(WINDOW as u64 * 8) {
             let page = 1000 + 2 * i;
             let (slot, arm) = s.on_fault(7, page, i);
             assert_eq!(arm, HOME);
-            let junk: [u64; 8] = std::array::from_fn(|k| 1 << 40 | (i * 8 + k as u64));
-            s.proposed(slot, 1, &junk);
-            s.proposed(slot, 1, &[page + 2]);
+            let junk: [u64; 8] = std::array::from_fn(|k| (1 << 40) + i * 8 + k as u64);
+            s.proposed(slot, &junk);
+            s.proposed(slot, &[page + 2]);
         }
         assert_eq!(s.switches(), 0);
     }
@@ -369,25 +486,28 @@ mod tests {
         let mut s = Sandbox::new(4);
         let (slot, _) = s.on_fault(7, 10, 0);
         s.fetched(slot, &[11]);
-        s.proposed(slot, 1, &[10, 11, 12]);
-        assert_eq!(s.procs[slot].proposed[1], 1, "only 12 is exclusive");
+        s.proposed(slot, &[10, 11, 12]);
+        assert_eq!(s.procs[slot].proposed, 1, "only 12 is exclusive");
         s.on_fault(7, 12, 1);
-        assert_eq!(s.procs[slot].saves[1], 1);
+        assert_eq!(s.procs[slot].saves, 1);
         s.on_fault(7, 12, 2);
-        assert_eq!(s.procs[slot].saves[1], 1, "a save is counted once");
+        assert_eq!(s.procs[slot].saves, 1, "a save is counted once");
+        s.proposed(slot, &[13]);
+        s.fetched(slot, &[13]);
+        assert_eq!(s.procs[slot].covered, 1, "fetched by the home arm later");
     }
 
     #[test]
     fn forgetting_a_process_resets_it() {
         let mut s = Sandbox::new(1);
         let (slot, _) = s.on_fault(1, 10, 0);
-        s.proposed(slot, 1, &[11]);
+        s.proposed(slot, &[11]);
         s.forget(1);
         assert_eq!(s.slot(1), None);
         assert_eq!(s.active(1), HOME);
         // Another key takes the slot with clean filters: page 11 is no save for it.
         let (slot2, _) = s.on_fault(2, 11, 1);
         assert_eq!(slot2, slot);
-        assert_eq!(s.procs[slot2].saves, [0; ARMS]);
+        assert_eq!(s.procs[slot2].saves, 0);
     }
 }
