@@ -9,15 +9,17 @@
 #     WORKLOAD: the original tuning set sqlite redis numpy sort xz mix; the first test set (seen,
 #     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the second test set (seen,
 #     now tuning data) gawk gzip zstd sqlite-range pyheap bfs lua jq; the test set ruby ocaml
-#     lame x264 magick cxxmap xmllint brotli; or tuning, test (the first test set), fresh
-#     (the second), third (the test set), all (traces/README.md)
+#     lame x264 magick cxxmap xmllint brotli; the held-out set (not yet run through any
+#     prefetcher; written to traces/held-out/) git php tcl pandoc gs cc1plus guile diff; or
+#     tuning, test (the first test set), fresh (the second), third (the test set), held-out,
+#     all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
 # batch up in the server's event loop). Needs: valgrind, zstd, python3, and per workload
 # sqlite3, redis-server, python3-numpy (Debian's /usr/bin/python3), coreutils sort, xz-utils,
 # gawk, gzip, zstd, gcc, lua5.4, jq, ruby, ocaml-nox, lame, x264, imagemagick (6), g++,
-# libxml2-utils, brotli; LACKEY_SECONDS stops a capture after that many seconds;
+# libxml2-utils, brotli, git, php-cli, tcl, pandoc, ghostscript, guile-3.0; LACKEY_SECONDS stops a capture after that many seconds;
 # farvm-lab is taken from $FARVM_LAB or target/release/farvm-lab. Valgrind runs under
 # `nice -n 10`.
 set -euo pipefail
@@ -43,6 +45,7 @@ max_for() {
     jq) default=219300 ;;
     gawk | gzip | sqlite-range | pyheap | bfs | lua) default=1000000 ;;
     ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli) default=1000000 ;;
+    git | php | tcl | pandoc | gs | cc1plus | guile | diff) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -854,6 +857,199 @@ EOF
     trace_run brotli "$(max_for brotli)" brotli -q 11 -w 22 -c "$WORK/brotli.in"
 }
 
+# --- The held-out set (traces/held-out/README.md): captured after the test set's results were
+# seen, and not run through any prefetcher: the next test set. Captured with LACKEY_SECONDS=480. ---
+
+# Delta compression in git: `git pack-objects` (one thread, window 50) packs every object of a
+# generated repository of 200 commits that edit 40 text files.
+trace_git() {
+    need git python3
+    local repo="$WORK/repo"
+    git init -q "$repo"
+    $PY - "$repo" <<'EOF'
+import os, random, subprocess, sys
+repo = sys.argv[1]
+r = random.Random(21)
+words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(3, 9))) for _ in range(3000)]
+files = {f"src/f{i:02}.txt": [" ".join(r.choice(words) for _ in range(12)) for _ in range(400)] for i in range(40)}
+env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t",
+           GIT_COMMITTER_EMAIL="t@e", GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
+           GIT_COMMITTER_DATE="2026-01-01T00:00:00Z")
+os.makedirs(os.path.join(repo, "src"), exist_ok=True)
+for c in range(200):
+    for name in r.sample(sorted(files), 6):
+        lines = files[name]
+        for _ in range(r.randrange(1, 12)):
+            lines[r.randrange(len(lines))] = " ".join(r.choice(words) for _ in range(12))
+        if r.random() < 0.3:
+            lines.insert(r.randrange(len(lines)), " ".join(r.choice(words) for _ in range(12)))
+    for name, lines in files.items():
+        with open(os.path.join(repo, name), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    subprocess.run(["git", "-C", repo, "add", "-A"], check=True, env=env)
+    subprocess.run(["git", "-C", repo, "commit", "-q", "-m", f"c{c}"], check=True, env=env)
+EOF
+    git -C "$repo" rev-list --objects --all >"$WORK/objects"
+    STDIN="$WORK/objects" trace_run git "$(max_for git)" git -C "$repo" pack-objects \
+        --threads=1 --window=50 --depth=50 -q "$WORK/pack"
+}
+
+# PHP arrays: PHP 8.2 builds an array of 200,000 records under string keys, sorts a copy with a
+# comparison function, then updates random keys.
+trace_php() {
+    need php
+    trace_run php "$(max_for php)" php -r '
+mt_srand(22);
+$t = [];
+for ($i = 0; $i < 200000; $i++) { $t["k$i"] = ["id" => $i, "score" => mt_rand() / mt_getrandmax(), "name" => "rec$i"]; }
+$a = array_values($t);
+usort($a, fn($x, $y) => $x["score"] <=> $y["score"]);
+$sum = 0;
+for ($i = 0; $i < 400000; $i++) { $k = "k" . mt_rand(0, 199999); $t[$k]["score"] += 1; $sum += $t[$k]["id"]; }
+echo $sum, " ", $a[0]["id"], "\n";'
+}
+
+# Tcl dictionaries: tclsh 8.6 builds a dict of 150,000 entries, sorts its keys by value, then
+# updates random keys.
+trace_tcl() {
+    need tclsh
+    cat >"$WORK/dict.tcl" <<'EOF'
+expr {srand(23)}
+set d [dict create]
+for {set i 0} {$i < 150000} {incr i} { dict set d "k$i" [expr {rand()}] }
+set sorted [lsort -real -stride 2 -index 1 $d]
+set sum 0.0
+for {set i 0} {$i < 300000} {incr i} {
+    set k "k[expr {int(rand() * 150000)}]"
+    dict set d $k [expr {[dict get $d $k] + 1.0}]
+    set sum [expr {$sum + [dict get $d $k]}]
+}
+puts "[llength $sorted] $sum"
+EOF
+    trace_run tcl "$(max_for tcl)" tclsh "$WORK/dict.tcl"
+}
+
+# A Haskell program: pandoc 2.17 converts 1 MB of generated Markdown (headings, lists, emphasis,
+# links, code) to HTML (GHC's generational copying collector).
+trace_pandoc() {
+    need pandoc python3
+    $PY - "$WORK/in.md" <<'EOF'
+import random, sys
+r = random.Random(24)
+words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(2, 10))) for _ in range(4000)]
+def sentence():
+    out = []
+    for _ in range(r.randrange(6, 18)):
+        w = r.choice(words)
+        x = r.random()
+        out.append(f"*{w}*" if x < 0.05 else f"[{w}](https://example.org/{w})" if x < 0.08 else f"`{w}`" if x < 0.1 else w)
+    return " ".join(out) + "."
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 1_000_000:
+        block = r.random()
+        if block < 0.1:
+            s = "\n## " + " ".join(r.choice(words) for _ in range(4)) + "\n\n"
+        elif block < 0.3:
+            s = "".join(f"- {sentence()}\n" for _ in range(r.randrange(2, 6))) + "\n"
+        else:
+            s = " ".join(sentence() for _ in range(r.randrange(2, 6))) + "\n\n"
+        f.write(s)
+        size += len(s)
+EOF
+    trace_run pandoc "$(max_for pandoc)" pandoc -f markdown -t html -o "$WORK/out.html" "$WORK/in.md"
+}
+
+# Rasterizing: Ghostscript 10 renders a generated PostScript page of 3,000 random filled and
+# stroked curves and 2,000 strings to a 200 dpi RGB image (one rendering thread).
+trace_gs() {
+    need gs python3
+    $PY - "$WORK/in.ps" <<'EOF'
+import random, sys
+r = random.Random(25)
+with open(sys.argv[1], "w") as f:
+    f.write("%!PS\n/Helvetica findfont 9 scalefont setfont\n")
+    for _ in range(3000):
+        pts = [(r.uniform(0, 612), r.uniform(0, 792)) for _ in range(4)]
+        f.write("%.3f %.3f %.3f setrgbcolor newpath %.1f %.1f moveto %.1f %.1f %.1f %.1f %.1f %.1f curveto closepath %s\n" % (
+            r.random(), r.random(), r.random(), *pts[0], *pts[1], *pts[2], *pts[3], r.choice(["fill", "stroke"])))
+    for i in range(2000):
+        f.write("0 setgray %.1f %.1f moveto (item %d) show\n" % (r.uniform(0, 560), r.uniform(0, 780), i))
+    f.write("showpage\n")
+EOF
+    trace_run gs "$(max_for gs)" gs -q -dSAFER -dBATCH -dNOPAUSE -dNumRenderingThreads=1 \
+        -sDEVICE=png16m -r200 -sOutputFile="$WORK/out.png" "$WORK/in.ps"
+}
+
+# A C++ compile: GCC 12's `cc1plus -O2` on a generated translation unit of 120 functions over
+# std::map, std::vector, std::string and std::sort (preprocessed natively first).
+trace_cc1plus() {
+    need g++ python3
+    $PY - "$WORK/gen.cc" <<'EOF'
+import random, sys
+r = random.Random(26)
+with open(sys.argv[1], "w") as f:
+    f.write("#include <algorithm>\n#include <map>\n#include <string>\n#include <vector>\n")
+    for i in range(120):
+        k = r.choice(["int", "long", "std::string"])
+        f.write(f"""
+std::vector<{k}> f{i}(const std::map<{k}, int> &m, int n) {{
+    std::vector<{k}> v;
+    for (auto &kv : m) if (kv.second % {r.randrange(2, 9)} == n) v.push_back(kv.first);
+    std::sort(v.begin(), v.end(), [](const {k} &a, const {k} &b) {{ return {'a > b' if r.random() < 0.5 else 'b > a'}; }});
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+}}
+""")
+EOF
+    g++ -O2 -E -o "$WORK/gen.ii" "$WORK/gen.cc"
+    trace_run cc1plus "$(max_for cc1plus)" "$(g++ -print-prog-name=cc1plus)" -quiet -O2 \
+        "$WORK/gen.ii" -o "$WORK/gen.s"
+}
+
+# Scheme: Guile 3.0 builds a hash table of 150,000 entries and a list of pairs, sorts the list,
+# then updates random keys (the Boehm-Demers-Weiser collector).
+trace_guile() {
+    need guile
+    trace_run guile "$(max_for guile)" guile --no-auto-compile -c '
+(use-modules (srfi srfi-1))
+(define state (seed->random-state 27))
+(define t (make-hash-table))
+(define l (list-tabulate 150000 (lambda (i) (cons i (random 1000000 state)))))
+(for-each (lambda (p) (hash-set! t (car p) (cdr p))) l)
+(define s (sort l (lambda (a b) (< (cdr a) (cdr b)))))
+(let loop ((i 0) (sum 0))
+  (if (< i 300000)
+      (let ((k (random 150000 state)))
+        (hash-set! t k (+ 1 (hash-ref t k 0)))
+        (loop (+ i 1) (+ sum (hash-ref t k 0))))
+      (begin (display (list (length s) sum)) (newline))))'
+}
+
+# Text differences: GNU diff compares two 18 MB generated files that differ in scattered lines.
+trace_diff() {
+    need diff python3
+    $PY - "$WORK/a.txt" "$WORK/b.txt" <<'EOF'
+import random, sys
+r = random.Random(28)
+words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(2, 9))) for _ in range(5000)]
+lines = [" ".join(r.choice(words) for _ in range(r.randrange(4, 12))) for _ in range(400_000)]
+b = list(lines)
+for _ in range(12000):
+    i = r.randrange(len(b))
+    x = r.random()
+    if x < 0.4:
+        b[i] = " ".join(r.choice(words) for _ in range(8))
+    elif x < 0.7:
+        del b[i]
+    else:
+        b.insert(i, " ".join(r.choice(words) for _ in range(6)))
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+open(sys.argv[2], "w").write("\n".join(b) + "\n")
+EOF
+    trace_run diff "$(max_for diff)" diff "$WORK/a.txt" "$WORK/b.txt"
+}
+
 if [[ ${1:-} == run ]]; then
     [[ $# -ge 5 && $4 == -- ]] || die "usage: $0 run NAME MAX_RECORDS -- COMMAND [ARGS...]"
     name=$2 max=$3
@@ -869,9 +1065,11 @@ while (($#)); do
     test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
     fresh) todo+=(gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
     third) todo+=(ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
+    held-out) todo+=(git php tcl pandoc gs cc1plus guile diff); shift ;;
     all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
     sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq | \
-        ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli)
+        ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli | \
+        git | php | tcl | pandoc | gs | cc1plus | guile | diff)
         todo+=("$1")
         shift
         ;;
@@ -882,7 +1080,7 @@ while (($#)); do
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; test set: ruby ocaml lame x264 magick cxxmap xmllint brotli; or tuning, test, fresh, third, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; test set: ruby ocaml lame x264 magick cxxmap xmllint brotli; held-out set (--out traces/held-out): git php tcl pandoc gs cc1plus guile diff; or tuning, test, fresh, third, held-out, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done
