@@ -462,6 +462,13 @@ impl Client {
         Ok(self.wait_completion(rx))
     }
 
+    /// Closes every connection now, as dropping the last handle does, while other holders
+    /// may still read the client's statistics: a server that goes away after this is not
+    /// taken for a failure (a VM's embedded memserver stopped at its teardown).
+    pub fn close_connections(&self) {
+        self.core.close_all();
+    }
+
     /// Takes every server out of service and stops the maintenance thread.
     pub fn close(mut self) {
         self.shutdown();

@@ -1001,8 +1001,12 @@ impl RemoteMemory {
                 return;
             }
         }
-        // Close the client first so the server going away is not seen as a failure.
+        // Close the client first so the server going away is not seen as a failure. Its
+        // connections are closed here, not when its last handle goes: a handle on the store
+        // may outlive this teardown (seen: a long-lived process logged the local server's
+        // stop as a server failure at every VM's end).
         store.stop();
+        store.client().close_connections();
         drop(store);
         if let Some(h) = local {
             h.shutdown();
