@@ -145,20 +145,22 @@ impl Prefetcher for LeapStream {
     fn on_fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         let (slot, arm) = self.sandbox.on_fault(key, page, now);
         let pressed = self.own.decide(key, page, now, out);
-        // `next-n` decides on every fault, so its proposals can be scored while home.
-        self.next_n.on_fault(key, page, now, &mut self.shadow);
-        if arm == WIDE && !pressed {
+        // At home `next-n`'s proposals are scored; on the wide arm they are added (nothing is
+        // added under memory pressure).
+        let widen = arm == WIDE && !pressed;
+        if arm == HOME || widen {
+            self.next_n.on_fault(key, page, now, &mut self.shadow);
+        }
+        if widen {
             let from = out.len();
             for &p in self.shadow.as_slice() {
                 out.push(p);
             }
             self.sandbox.mark_added(slot, out, from);
-            self.sandbox.fetched(slot, out.as_slice());
-        } else {
-            self.sandbox.fetched(slot, out.as_slice());
-            if arm == HOME {
-                self.sandbox.proposed(slot, self.shadow.as_slice());
-            }
+        }
+        self.sandbox.fetched(slot, out.as_slice());
+        if arm == HOME {
+            self.sandbox.proposed(slot, self.shadow.as_slice());
         }
     }
 
