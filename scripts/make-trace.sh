@@ -63,6 +63,9 @@ need() {
 [[ -x $LAB ]] || die "no $LAB: build it with \`cargo build --release -p farvm-lab\` or set FARVM_LAB"
 need valgrind zstd
 
+[[ -z ${LACKEY_SECONDS:-} || $LACKEY_SECONDS =~ ^[1-9][0-9]{0,8}$ ]] ||
+    die "LACKEY_SECONDS must be a whole number of seconds (1 or more), got \`$LACKEY_SECONDS\`"
+
 WORK=$(mktemp -d /tmp/farvm-make-trace.XXXXXX)
 trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
