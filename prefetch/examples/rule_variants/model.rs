@@ -1,54 +1,21 @@
-//! `leap+stream` and variants of its region read-around on traces of real programs, in the
-//! setting of `farvm-lab trace compare` (injected hits, marker continuation, LRU local memory of
-//! half the footprint), with each process's demand misses and each speculative source's pages.
-//!
-//! ```sh
-//! cargo run --release -p farvm-prefetch --example rule_variants -- [OPTIONS] TRACE...
-//! ```
-//!
-//! With no option the model is `leap+stream`'s own decision (`prefetch/src/composite.rs`: same
-//! components, same arbitration), without the sandbox that may widen a process with `next-n`'s
-//! pages (`prefetch/src/sandbox.rs`): on a trace where no process widens, the same misses and
-//! waste as `trace compare`.
-//! `--no-runahead` leaves out run-ahead (`prefetch/src/runahead.rs`): `leap+stream` as it was
-//! before it. The other options change the region read-around (`prefetch/src/region.rs`) into
-//! the variants measured in `docs/prefetch-real-traces.md`, *Feedback per source, region fill
-//! detection, hole avoidance*:
-//! - `--gate G` (with `--probe N`, default 8): feedback per source. Every read-around carries
-//!   one marker (the lowest page of the block not among the process's recent faults); a marker
-//!   hit scores +1, a marker that leaves the process's ring of 8 outstanding ones unhit −1
-//!   (score clamped to ±16); while the score is below −G only one read-around in N is issued.
-//! - `--fill F`: region fill detection. A per-process map of blocks and the pages faulted in
-//!   each; a block with F faulted pages besides the fault is read around once, however long
-//!   ago those faults were (the recent-faults test still applies too).
-//! - `--once`: hole avoidance. A block is read around at most once per process.
-//! - `--margin M`: a read-around sized to what the faults show: only the pages of the block
-//!   within M pages of the lowest and the highest of the process's recent faults in it.
-//! - `--next-k K`: the next K pages after a fault no component answered (not under pressure),
-//!   before run-ahead.
-//! - `--holes`: the never-touched holes of each trace's footprint: runs of touched pages per
-//!   process, and how many holes of 1 to 8 pages lie between them (pages in them).
-//! - `--by-source`: per-process misses and, per source, pages fetched, used, never touched by
-//!   the program, evicted before use and left unused at the end; `--baseline NAME` adds the
-//!   per-process misses of a registered prefetcher.
-//!
-//! A model to measure ideas before they go into the crate: it keeps its own state in hash maps
-//! and allocates, which the crate's prefetchers must not.
+//! The model of `leap+stream`'s own decision with the options' variants, and its replay: what
+//! every mode of the example runs.
 
 use std::collections::{HashMap, HashSet};
 
-use farvm_prefetch::compare::MAX_WASTE;
 use farvm_prefetch::eval::lru::{Evicted, Lru, Meta};
 use farvm_prefetch::leap::{Leap, LeapParams};
 use farvm_prefetch::pressure::Pressure;
 use farvm_prefetch::region::{RegionParams, RECENT};
 use farvm_prefetch::runahead::RunAhead;
 use farvm_prefetch::stream::{Stream, StreamParams};
-use farvm_prefetch::trace::{read_trace, Trace};
+use farvm_prefetch::trace::Trace;
 use farvm_prefetch::{build, composite, Candidates, Config, Nanos, PageNo, Prefetcher, ProcessKey};
 
+use crate::best_offset::OffsetTable;
+
 /// Where a candidate came from.
-const SOURCES: [&str; 8] = [
+pub(crate) const SOURCES: [&str; 9] = [
     "stream, at a fault",
     "stream, at its marker",
     "leap, at a fault",
@@ -57,6 +24,7 @@ const SOURCES: [&str; 8] = [
     "next-k",
     "run-ahead, at a fault",
     "run-ahead, at its marker",
+    "wide (next K after every fault) or best offsets",
 ];
 const STREAM_FAULT: u8 = 0;
 const STREAM_MARKER: u8 = 1;
@@ -66,22 +34,37 @@ const REGION: u8 = 4;
 const NEXT_K: u8 = 5;
 const RUNAHEAD_FAULT: u8 = 6;
 const RUNAHEAD_MARKER: u8 = 7;
+const WIDE: u8 = 8;
 /// Outstanding read-around markers remembered per process (`--gate`).
 const RING: usize = 8;
 /// Bound of the read-around score (`--gate`).
 const SCORE_MAX: i64 = 16;
 
+/// The waste controller that knows the replay's true waste (`--oracle-cap`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Oracle {
+    pub(crate) cap: f64,
+    pub(crate) keep: usize,
+    pub(crate) min_fetched: u64,
+}
+
 #[derive(Clone, Copy, Default)]
-struct Opts {
-    gate: Option<i64>,
-    probe: u64,
-    fill: Option<u32>,
-    once: bool,
-    margin: Option<u64>,
-    next_k: u64,
-    no_runahead: bool,
-    by_source: bool,
-    holes: bool,
+pub(crate) struct Opts {
+    pub(crate) gate: Option<i64>,
+    pub(crate) probe: u64,
+    pub(crate) fill: Option<u32>,
+    pub(crate) once: bool,
+    pub(crate) margin: Option<u64>,
+    pub(crate) next_k: u64,
+    pub(crate) no_runahead: bool,
+    pub(crate) no_region: bool,
+    pub(crate) depth_budget: u64,
+    pub(crate) wide: u64,
+    pub(crate) oracle: Option<Oracle>,
+    pub(crate) best_offset: Option<u32>,
+    pub(crate) best_offset_rounds: bool,
+    pub(crate) by_source: bool,
+    pub(crate) holes: bool,
 }
 
 /// Per-process read-around feedback (`--gate`).
@@ -191,7 +174,10 @@ struct Model {
     runahead: Option<RunAhead>,
     pressure: Pressure,
     sources: Vec<u8>,
-    next_k: u64,
+    opts: Opts,
+    /// Set by the replay before each fault (`--oracle-cap`).
+    throttled: bool,
+    offsets: HashMap<ProcessKey, OffsetTable>,
 }
 
 impl Model {
@@ -204,7 +190,7 @@ impl Model {
             }),
             stream: Stream::new(StreamParams {
                 dense_gap: composite::DENSE_GAP,
-                used_per_depth: composite::USED_PER_DEPTH,
+                used_per_depth: opts.depth_budget,
                 ..StreamParams::default()
             }),
             region: RegionModel {
@@ -217,13 +203,15 @@ impl Model {
             runahead: (!opts.no_runahead).then(|| RunAhead::new(lp.slots)),
             pressure: Pressure::new(lp.slots),
             sources: Vec::new(),
-            next_k: opts.next_k,
+            opts,
+            throttled: false,
+            offsets: HashMap::new(),
         }
     }
 
     fn fault(&mut self, key: ProcessKey, page: PageNo, now: Nanos, out: &mut Candidates) {
         self.sources.clear();
-        let pressed = self.pressure.on_fault(key, page);
+        let pressed = self.pressure.on_fault(key, page) || self.throttled;
         self.stream.set_cautious(pressed);
         self.stream.on_fault(key, page, now, out);
         let first = if out.is_empty() {
@@ -234,11 +222,11 @@ impl Model {
             STREAM_FAULT
         };
         let by_first = out.len();
-        self.region
-            .on_fault(key, page, out.is_empty() && !pressed, out);
+        let decide = out.is_empty() && !pressed && !self.opts.no_region;
+        self.region.on_fault(key, page, decide, out);
         let by_region = out.len();
         if out.is_empty() && !pressed {
-            for j in 1..=self.next_k {
+            for j in 1..=self.opts.next_k {
                 out.push(page.saturating_add(j));
             }
         }
@@ -250,12 +238,24 @@ impl Model {
         {
             r.on_fault(key, page, out);
         }
+        if let Some(threshold) = self.opts.best_offset {
+            let table = self.offsets.entry(key).or_default();
+            let out = (!pressed).then_some(&mut *out);
+            table.fault(page, threshold, self.opts.best_offset_rounds, out);
+        }
+        let by_runahead = out.len();
+        if !pressed {
+            for j in 1..=self.opts.wide {
+                out.push_distinct(page.saturating_add(j));
+            }
+        }
         for i in 0..out.len() {
             self.sources.push(match i {
                 _ if i < by_first => first,
                 _ if i < by_region => REGION,
                 _ if i < by_next_k => NEXT_K,
-                _ => RUNAHEAD_FAULT,
+                _ if i < by_runahead => RUNAHEAD_FAULT,
+                _ => WIDE,
             });
         }
         self.pressure.fetched(key, out.as_slice());
@@ -283,37 +283,41 @@ impl Model {
 }
 
 #[derive(Clone, Copy, Default)]
-struct SourceCounts {
-    fetched: u64,
-    used: u64,
-    never_touched: u64,
-    in_holes: u64,
-    evicted_before_use: u64,
+pub(crate) struct SourceCounts {
+    pub(crate) fetched: u64,
+    pub(crate) used: u64,
+    pub(crate) never_touched: u64,
+    pub(crate) in_holes: u64,
+    pub(crate) evicted_before_use: u64,
 }
 
 #[derive(Default)]
-struct Run {
-    misses: u64,
-    fetched: u64,
-    used: u64,
-    misses_by_process: HashMap<ProcessKey, u64>,
+pub(crate) struct Run {
+    pub(crate) misses: u64,
+    pub(crate) fetched: u64,
+    pub(crate) used: u64,
+    pub(crate) misses_by_process: HashMap<ProcessKey, u64>,
     /// Every demand miss: (process, page, first touch of the page).
-    miss_list: Vec<(ProcessKey, PageNo, bool)>,
-    sources: [SourceCounts; SOURCES.len()],
+    pub(crate) miss_list: Vec<(ProcessKey, PageNo, bool)>,
+    pub(crate) sources: [SourceCounts; SOURCES.len()],
 }
 
 impl Run {
-    fn waste(&self) -> f64 {
+    pub(crate) fn waste(&self) -> f64 {
         (self.fetched - self.used) as f64 / (self.fetched + self.misses).max(1) as f64
     }
 }
 
 /// Replays `t` through the model (`baseline` None) or a registered prefetcher.
-fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
+pub(crate) fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
     let footprint: HashSet<(ProcessKey, PageNo)> =
         t.records.iter().map(|r| (r.key, r.page)).collect();
     let mut lru = Lru::new((footprint.len() / 2).max(1));
-    let (_, _, hole_pages) = holes(t);
+    let hole_pages = if opts.by_source {
+        holes(t).2
+    } else {
+        HashSet::new()
+    };
     let mut model = Model::new(opts);
     let mut other: Option<Box<dyn Prefetcher>> =
         baseline.map(|n| build(n, &Config::default()).unwrap_or_else(|e| panic!("{n}: {e}")));
@@ -364,9 +368,25 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
                 run.miss_list.push((k, page, first_touch));
                 let ev = lru.insert(k, page, Meta::default());
                 evicted(&mut run, ev, &mut source_of);
+                model.throttled = opts.oracle.is_some_and(|o| {
+                    run.fetched + run.misses >= o.min_fetched && run.waste() > o.cap
+                });
                 match other.as_mut() {
                     Some(p) => p.on_fault(k, page, r.time, &mut out),
                     None => model.fault(k, page, r.time, &mut out),
+                }
+                if let Some(keep) = opts.oracle.map(|o| o.keep).filter(|&n| n > 0) {
+                    if model.throttled && out.len() > keep {
+                        let kept: Vec<(PageNo, bool)> = out.iter().take(keep).collect();
+                        out.clear();
+                        for (q, marker) in kept {
+                            if marker {
+                                out.push_marker(q);
+                            } else {
+                                out.push(q);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -394,54 +414,8 @@ fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
     run
 }
 
-/// The model's first-touch misses the baseline does not take, and how many of them are 1, or 2
-/// to 8, pages after one of the process's previous 64 misses.
-fn first_touches(name: &str, baseline: &str, run: &Run, base: &Run) -> String {
-    let theirs: HashSet<(ProcessKey, PageNo)> = base
-        .miss_list
-        .iter()
-        .filter(|m| m.2)
-        .map(|m| (m.0, m.1))
-        .collect();
-    let mut recent: HashMap<ProcessKey, Vec<PageNo>> = HashMap::new();
-    let (mut first, mut only, mut next, mut near) = (0, 0, 0, 0);
-    for &(k, p, first_touch) in &run.miss_list {
-        let r = recent.entry(k).or_default();
-        if first_touch {
-            first += 1;
-            if !theirs.contains(&(k, p)) {
-                only += 1;
-                let gap = r
-                    .iter()
-                    .filter_map(|&q| p.checked_sub(q))
-                    .filter(|&d| d >= 1)
-                    .min();
-                match gap {
-                    Some(1) => next += 1,
-                    Some(2..=8) => near += 1,
-                    _ => {}
-                }
-            }
-        }
-        r.push(p);
-        if r.len() > 64 {
-            r.remove(0);
-        }
-    }
-    format!("| {name} (vs {baseline}) | {first} | {only} | {next} | {near} |\n")
-}
-
-fn per_process(run: &Run) -> String {
-    let mut v: Vec<_> = run.misses_by_process.iter().collect();
-    v.sort();
-    v.iter()
-        .map(|(k, m)| format!("pid {k}: {m}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Runs of touched pages, holes of 1 to 8 pages between them and the pages in those holes.
-fn holes(t: &Trace) -> (usize, usize, HashSet<(ProcessKey, PageNo)>) {
+pub(crate) fn holes(t: &Trace) -> (usize, usize, HashSet<(ProcessKey, PageNo)>) {
     let mut pages: Vec<(ProcessKey, PageNo)> = t.records.iter().map(|r| (r.key, r.page)).collect();
     pages.sort_unstable();
     pages.dedup();
@@ -460,99 +434,4 @@ fn holes(t: &Trace) -> (usize, usize, HashSet<(ProcessKey, PageNo)>) {
         }
     }
     (runs, small, in_small)
-}
-
-fn main() {
-    let mut opts = Opts {
-        probe: 8,
-        ..Opts::default()
-    };
-    let mut baseline = None;
-    let mut files = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |what: &str| -> u64 {
-            args.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{a} needs a number ({what})"))
-        };
-        match a.as_str() {
-            "--gate" => opts.gate = Some(value("score") as i64),
-            "--probe" => opts.probe = value("one in N"),
-            "--fill" => opts.fill = Some(value("pages") as u32),
-            "--once" => opts.once = true,
-            "--margin" => opts.margin = Some(value("pages")),
-            "--next-k" => opts.next_k = value("pages"),
-            "--no-runahead" => opts.no_runahead = true,
-            "--by-source" => opts.by_source = true,
-            "--holes" => opts.holes = true,
-            "--baseline" => baseline = Some(args.next().expect("--baseline NAME")),
-            _ => files.push(a),
-        }
-    }
-    println!("| trace | demand misses | waste | per process |");
-    println!("|---|---:|---:|---|");
-    let mut detail = String::new();
-    let mut hole_rows = String::new();
-    let mut first_touch_rows = String::new();
-    for path in &files {
-        let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        let t = read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"));
-        let name = path.rsplit('/').next().unwrap_or(path);
-        let run = replay(&t, opts, None);
-        let flag = if run.waste() > MAX_WASTE {
-            " (> 10%)"
-        } else {
-            ""
-        };
-        println!(
-            "| {name} | {} | {:.1}%{flag} | {} |",
-            run.misses,
-            100.0 * run.waste(),
-            per_process(&run)
-        );
-        if let Some(b) = baseline.as_deref() {
-            let base = replay(&t, opts, Some(b));
-            println!(
-                "| {name}, {b} | {} | {:.1}% | {} |",
-                base.misses,
-                100.0 * base.waste(),
-                per_process(&base)
-            );
-            first_touch_rows += &first_touches(name, b, &run, &base);
-        }
-        if opts.holes {
-            let (runs, small, pages) = holes(&t);
-            hole_rows += &format!("| {name} | {runs} | {small} | {} |\n", pages.len());
-        }
-        if opts.by_source {
-            for (s, c) in SOURCES.iter().zip(run.sources) {
-                if c.fetched > 0 {
-                    let left = c.fetched - c.used - c.never_touched - c.evicted_before_use;
-                    detail += &format!(
-                        "| {name} | {s} | {} | {} | {} | {} | {} | {left} |\n",
-                        c.fetched, c.used, c.never_touched, c.in_holes, c.evicted_before_use
-                    );
-                }
-            }
-        }
-    }
-    if !first_touch_rows.is_empty() {
-        println!();
-        println!("| trace | first-touch misses | of them not the baseline's | one page after one of the process's last 64 misses | 2 to 8 pages after |");
-        println!("|---|---:|---:|---:|---:|");
-        print!("{first_touch_rows}");
-    }
-    if opts.holes {
-        println!();
-        println!("| trace | runs of touched pages | holes of 1–8 pages between them | pages in those holes |");
-        println!("|---|---:|---:|---:|");
-        print!("{hole_rows}");
-    }
-    if opts.by_source {
-        println!();
-        println!("| trace | source | fetched | used | never touched by the program | of them in holes of 1–8 pages | evicted before use | resident, unused at the end |");
-        println!("|---|---|---:|---:|---:|---:|---:|---:|");
-        print!("{detail}");
-    }
 }
