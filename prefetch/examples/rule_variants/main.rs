@@ -50,6 +50,11 @@
 //!   after one of the process's last 64 faults; the distances that scored on at least P% of the
 //!   round's faults are fetched after every fault of the next round (not under pressure).
 //!   `--best-offset-rounds` prints every round's scores to stderr.
+//! - `--footprint G` (with `--footprint-min N`, `--footprint-markers`, `--footprint-idle`):
+//!   spatial footprints (`footprint.rs`): a first fault in a 16-page block fetches the pages the
+//!   process's last generation of a block with the same first offset touched (a generation
+//!   lasts G faults), if they are at least N; with markers, every fetched page is a marker and
+//!   its use joins the footprint; with idle, only after faults no other component answered.
 //! - `--grid`: replays every trace under every combination of `--wide` {0, 1, 2, 8},
 //!   `--depth-budget` {4, 16, 32}, run-ahead on/off, region read-around on/off and four
 //!   controllers (none; the oracle at 9% keeping 1 page; at 10% keeping 1 after 300 pages; at
@@ -64,6 +69,7 @@
 //! and the tables.
 
 mod best_offset;
+mod footprint;
 mod grid;
 mod model;
 
@@ -74,7 +80,7 @@ use farvm_prefetch::composite;
 use farvm_prefetch::trace::read_trace;
 use farvm_prefetch::{PageNo, ProcessKey};
 
-use model::{holes, replay, Opts, Oracle, Run, SOURCES};
+use model::{holes, replay, FootprintOpts, Opts, Oracle, Run, SOURCES};
 
 /// The model's first-touch misses the baseline does not take, and how many of them are 1, or 2
 /// to 8, pages after one of the process's previous 64 misses.
@@ -129,6 +135,7 @@ fn main() {
         ..Opts::default()
     };
     let mut oracle = Oracle::default();
+    let mut footprint = FootprintOpts::default();
     let mut run_grid = false;
     let mut baseline = None;
     let mut files = Vec::new();
@@ -159,6 +166,13 @@ fn main() {
             "--grid" => run_grid = true,
             "--best-offset" => opts.best_offset = Some(value("percent") as u32),
             "--best-offset-rounds" => opts.best_offset_rounds = true,
+            "--footprint" => {
+                footprint.generation = value("faults");
+                opts.footprint = Some(footprint);
+            }
+            "--footprint-min" => footprint.min_pages = value("pages") as u32,
+            "--footprint-markers" => footprint.markers = true,
+            "--footprint-idle" => footprint.idle = true,
             "--by-source" => opts.by_source = true,
             "--holes" => opts.holes = true,
             "--baseline" => baseline = Some(args.next().expect("--baseline NAME")),
@@ -169,6 +183,10 @@ fn main() {
     opts.oracle = opts.oracle.map(|o| Oracle {
         cap: o.cap,
         ..oracle
+    });
+    opts.footprint = opts.footprint.map(|f| FootprintOpts {
+        generation: f.generation,
+        ..footprint
     });
     if run_grid {
         grid::grid(&files);

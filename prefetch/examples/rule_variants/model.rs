@@ -13,6 +13,7 @@ use farvm_prefetch::trace::Trace;
 use farvm_prefetch::{build, composite, Candidates, Config, Nanos, PageNo, Prefetcher, ProcessKey};
 
 use crate::best_offset::OffsetTable;
+use crate::footprint::Footprints;
 
 /// Where a candidate came from.
 pub(crate) const SOURCES: [&str; 9] = [
@@ -24,7 +25,7 @@ pub(crate) const SOURCES: [&str; 9] = [
     "next-k",
     "run-ahead, at a fault",
     "run-ahead, at its marker",
-    "wide (next K after every fault) or best offsets",
+    "wide (next K after every fault), best offsets or footprints",
 ];
 const STREAM_FAULT: u8 = 0;
 const STREAM_MARKER: u8 = 1;
@@ -39,6 +40,15 @@ const WIDE: u8 = 8;
 const RING: usize = 8;
 /// Bound of the read-around score (`--gate`).
 const SCORE_MAX: i64 = 16;
+
+/// Settings of the footprint table (`--footprint`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FootprintOpts {
+    pub(crate) generation: u64,
+    pub(crate) min_pages: u32,
+    pub(crate) markers: bool,
+    pub(crate) idle: bool,
+}
 
 /// The waste controller that knows the replay's true waste (`--oracle-cap`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -62,6 +72,7 @@ pub(crate) struct Opts {
     pub(crate) wide: u64,
     pub(crate) oracle: Option<Oracle>,
     pub(crate) best_offset: Option<u32>,
+    pub(crate) footprint: Option<FootprintOpts>,
     pub(crate) best_offset_rounds: bool,
     pub(crate) by_source: bool,
     pub(crate) holes: bool,
@@ -178,6 +189,7 @@ struct Model {
     /// Set by the replay before each fault (`--oracle-cap`).
     throttled: bool,
     offsets: HashMap<ProcessKey, OffsetTable>,
+    footprints: Option<Footprints>,
 }
 
 impl Model {
@@ -206,6 +218,9 @@ impl Model {
             opts,
             throttled: false,
             offsets: HashMap::new(),
+            footprints: opts
+                .footprint
+                .map(|f| Footprints::new(f.generation, f.min_pages, f.markers)),
         }
     }
 
@@ -237,6 +252,11 @@ impl Model {
             .filter(|_| out.is_empty() && !pressed)
         {
             r.on_fault(key, page, out);
+        }
+        if let Some(f) = self.footprints.as_mut() {
+            let decide =
+                !pressed && (out.is_empty() || !self.opts.footprint.is_some_and(|f| f.idle));
+            f.fault(key, page, decide.then_some(&mut *out));
         }
         if let Some(threshold) = self.opts.best_offset {
             let table = self.offsets.entry(key).or_default();
@@ -273,7 +293,12 @@ impl Model {
                 return;
             }
         }
-        if self.region.marker_hit(key, page) {
+        if self.region.marker_hit(key, page)
+            || self
+                .footprints
+                .as_mut()
+                .is_some_and(|f| f.marker_hit(key, page))
+        {
             out.clear();
             return;
         }
