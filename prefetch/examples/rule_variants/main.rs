@@ -65,8 +65,8 @@
 //!
 //! A model to measure ideas before they go into the crate: it keeps its own state in hash maps
 //! and allocates, which the crate's prefetchers must not. `model.rs` holds the model and its
-//! replay, `best_offset.rs` the best-offset table, `grid.rs` the bound; this file the options
-//! and the tables.
+//! replay, `best_offset.rs` the best-offset table, `footprint.rs` the footprint table, `grid.rs`
+//! the bound; this file the options and the tables.
 
 mod best_offset;
 mod footprint;

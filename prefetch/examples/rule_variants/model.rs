@@ -58,6 +58,7 @@ pub(crate) struct Oracle {
     pub(crate) min_fetched: u64,
 }
 
+/// The options of a replay (main.rs's module documentation says what each does).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Opts {
     pub(crate) gate: Option<i64>,
@@ -72,8 +73,8 @@ pub(crate) struct Opts {
     pub(crate) wide: u64,
     pub(crate) oracle: Option<Oracle>,
     pub(crate) best_offset: Option<u32>,
-    pub(crate) footprint: Option<FootprintOpts>,
     pub(crate) best_offset_rounds: bool,
+    pub(crate) footprint: Option<FootprintOpts>,
     pub(crate) by_source: bool,
     pub(crate) holes: bool,
 }
@@ -253,6 +254,7 @@ impl Model {
         {
             r.on_fault(key, page, out);
         }
+        let by_runahead = out.len();
         if let Some(f) = self.footprints.as_mut() {
             let decide =
                 !pressed && (out.is_empty() || !self.opts.footprint.is_some_and(|f| f.idle));
@@ -263,7 +265,6 @@ impl Model {
             let out = (!pressed).then_some(&mut *out);
             table.fault(page, threshold, self.opts.best_offset_rounds, out);
         }
-        let by_runahead = out.len();
         if !pressed {
             for j in 1..=self.opts.wide {
                 out.push_distinct(page.saturating_add(j));
