@@ -52,6 +52,14 @@ pub struct Verdict {
     pub pass: bool,
 }
 
+impl Verdict {
+    /// Whether a prefetcher with `misses` demand misses at `waste` would meet the rule against
+    /// this comparison's baselines (see the module documentation).
+    pub fn met_by(&self, misses: u64, waste: f64) -> bool {
+        misses <= self.best_baseline_misses && misses <= self.none_misses && waste <= MAX_WASTE
+    }
+}
+
 impl Comparison {
     /// The replay of `name`.
     pub fn stats(&self, name: &str) -> Option<&Stats> {
@@ -69,17 +77,16 @@ impl Comparison {
         let d = self.stats(DEFAULT);
         let default_misses = d.map_or(u64::MAX, |s| s.demand_misses);
         let default_waste = d.and_then(|s| s.waste).unwrap_or(0.0);
-        let none_misses = misses("none");
-        Verdict {
+        let mut v = Verdict {
             best_baseline: best.to_string(),
             best_baseline_misses: best_misses,
             default_misses,
             default_waste,
-            none_misses,
-            pass: default_misses <= best_misses
-                && default_misses <= none_misses
-                && default_waste <= MAX_WASTE,
-        }
+            none_misses: misses("none"),
+            pass: false,
+        };
+        v.pass = v.met_by(default_misses, default_waste);
+        v
     }
 }
 

@@ -1,11 +1,10 @@
 //! `--grid`: every trace under every combination of the whole-model options, and what a perfect
 //! choice per trace could reach.
 
-use farvm_prefetch::compare::MAX_WASTE;
-use farvm_prefetch::composite;
-use farvm_prefetch::trace::read_trace;
+use farvm_prefetch::compare::{compare, MAX_WASTE};
+use farvm_prefetch::{composite, Config};
 
-use crate::model::{replay, Opts, Oracle};
+use crate::model::{load, replay, Opts, Oracle};
 
 /// The settings `--grid` replays: every combination of the whole-model options.
 fn grid_settings() -> Vec<(String, Opts)> {
@@ -70,22 +69,18 @@ fn grid_settings() -> Vec<(String, Opts)> {
 /// One trace under every setting of [`grid_settings`]: a table row, and which settings meet
 /// the rule.
 fn grid_row(path: &str, settings: &[(String, Opts)]) -> (String, Vec<bool>) {
-    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let t = read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let t = load(path);
     let name = path.rsplit('/').next().unwrap_or(path);
     let name = name.strip_suffix(".trace.zst").unwrap_or(name);
-    let base = |n: &str| replay(&t, settings[0].1, Some(n)).misses;
-    let none = base("none");
-    let (best, best_name) = ["next-n", "read-ahead", "stride", "leap"]
-        .iter()
-        .map(|&n| (base(n), n))
-        .min()
-        .expect("four baselines");
+    // The baselines exactly as `farvm-lab trace compare` replays them.
+    let verdict = compare(&t, &Config::default(), &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .verdict();
     let (mut meets, mut fewest) = (Vec::new(), None::<(u64, f64, &str)>);
     for (label, opts) in settings {
         let run = replay(&t, *opts, None);
         let w = run.waste();
-        meets.push(w <= MAX_WASTE && run.misses <= best && run.misses <= none);
+        meets.push(verdict.met_by(run.misses, w));
         if w <= MAX_WASTE && fewest.is_none_or(|f| run.misses < f.0) {
             fewest = Some((run.misses, w, label));
         }
@@ -95,7 +90,10 @@ fn grid_row(path: &str, settings: &[(String, Opts)]) -> (String, Vec<bool>) {
     });
     let meet = meets.iter().filter(|&&m| m).count();
     (
-        format!("| {name} | {best_name} {best} | {meet} | {fewest} |\n"),
+        format!(
+            "| {name} | {} {} | {meet} | {fewest} |\n",
+            verdict.best_baseline, verdict.best_baseline_misses
+        ),
         meets,
     )
 }

@@ -77,10 +77,9 @@ use std::collections::{HashMap, HashSet};
 
 use farvm_prefetch::compare::MAX_WASTE;
 use farvm_prefetch::composite;
-use farvm_prefetch::trace::read_trace;
 use farvm_prefetch::{PageNo, ProcessKey};
 
-use model::{holes, replay, FootprintOpts, Opts, Oracle, Run, SOURCES};
+use model::{holes, load, replay, FootprintOpts, Opts, Oracle, Run, SOURCES};
 
 /// The model's first-touch misses the baseline does not take, and how many of them are 1, or 2
 /// to 8, pages after one of the process's previous 64 misses.
@@ -134,8 +133,10 @@ fn main() {
         depth_budget: composite::USED_PER_DEPTH,
         ..Opts::default()
     };
-    let mut oracle = Oracle::default();
-    let mut footprint = FootprintOpts::default();
+    // The controller's and the footprints' settings may come before or after the option that
+    // turns them on.
+    let (mut oracle, mut oracle_cap) = (Oracle::default(), None);
+    let (mut footprint, mut footprint_generation) = (FootprintOpts::default(), None);
     let mut run_grid = false;
     let mut baseline = None;
     let mut files = Vec::new();
@@ -157,19 +158,13 @@ fn main() {
             "--no-region" => opts.no_region = true,
             "--depth-budget" => opts.depth_budget = value("pages"),
             "--wide" => opts.wide = value("pages"),
-            "--oracle-cap" => {
-                oracle.cap = value("percent") as f64 / 100.0;
-                opts.oracle = Some(oracle);
-            }
+            "--oracle-cap" => oracle_cap = Some(value("percent") as f64 / 100.0),
             "--oracle-keep" => oracle.keep = value("pages") as usize,
             "--oracle-min" => oracle.min_fetched = value("pages"),
             "--grid" => run_grid = true,
             "--best-offset" => opts.best_offset = Some(value("percent") as u32),
             "--best-offset-rounds" => opts.best_offset_rounds = true,
-            "--footprint" => {
-                footprint.generation = value("faults");
-                opts.footprint = Some(footprint);
-            }
+            "--footprint" => footprint_generation = Some(value("faults")),
             "--footprint-min" => footprint.min_pages = value("pages") as u32,
             "--footprint-markers" => footprint.markers = true,
             "--footprint-idle" => footprint.idle = true,
@@ -179,13 +174,9 @@ fn main() {
             _ => files.push(a),
         }
     }
-    // Options may come in any order: the controller takes its settings at the end.
-    opts.oracle = opts.oracle.map(|o| Oracle {
-        cap: o.cap,
-        ..oracle
-    });
-    opts.footprint = opts.footprint.map(|f| FootprintOpts {
-        generation: f.generation,
+    opts.oracle = oracle_cap.map(|cap| Oracle { cap, ..oracle });
+    opts.footprint = footprint_generation.map(|generation| FootprintOpts {
+        generation,
         ..footprint
     });
     if run_grid {
@@ -198,8 +189,7 @@ fn main() {
     let mut hole_rows = String::new();
     let mut first_touch_rows = String::new();
     for path in &files {
-        let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        let t = read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let t = load(path);
         let name = path.rsplit('/').next().unwrap_or(path);
         let run = replay(&t, opts, None);
         let flag = if run.waste() > MAX_WASTE {

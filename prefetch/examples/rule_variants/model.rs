@@ -9,7 +9,7 @@ use farvm_prefetch::pressure::Pressure;
 use farvm_prefetch::region::{RegionParams, RECENT};
 use farvm_prefetch::runahead::RunAhead;
 use farvm_prefetch::stream::{Stream, StreamParams};
-use farvm_prefetch::trace::Trace;
+use farvm_prefetch::trace::{read_trace, Trace};
 use farvm_prefetch::{build, composite, Candidates, Config, Nanos, PageNo, Prefetcher, ProcessKey};
 
 use crate::best_offset::OffsetTable;
@@ -332,6 +332,12 @@ impl Run {
     pub(crate) fn waste(&self) -> f64 {
         (self.fetched - self.used) as f64 / (self.fetched + self.misses).max(1) as f64
     }
+}
+
+/// The trace in `path` (the example stops with the path and the error if it cannot be read).
+pub(crate) fn load(path: &str) -> Trace {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// Replays `t` through the model (`baseline` None) or a registered prefetcher.
