@@ -4,7 +4,7 @@
 use farvm_prefetch::compare::{compare, MAX_WASTE};
 use farvm_prefetch::{composite, Config};
 
-use crate::model::{load, replay, Opts, Oracle};
+use crate::model::{fail, load, replay, Opts, Oracle};
 
 /// The settings `--grid` replays: every combination of the whole-model options.
 fn grid_settings() -> Vec<(String, Opts)> {
@@ -74,7 +74,7 @@ fn grid_row(path: &str, settings: &[(String, Opts)]) -> (String, Vec<bool>) {
     let name = name.strip_suffix(".trace.zst").unwrap_or(name);
     // The baselines exactly as `farvm-lab trace compare` replays them.
     let verdict = compare(&t, &Config::default(), &mut |_, _| {})
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .unwrap_or_else(|e| fail(format!("{path}: {e}")))
         .verdict();
     let (mut meets, mut fewest) = (Vec::new(), None::<(u64, f64, &str)>);
     for (label, opts) in settings {

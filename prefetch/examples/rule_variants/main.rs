@@ -79,7 +79,7 @@ use farvm_prefetch::compare::MAX_WASTE;
 use farvm_prefetch::composite;
 use farvm_prefetch::{PageNo, ProcessKey};
 
-use model::{holes, load, replay, FootprintOpts, Opts, Oracle, Run, SOURCES};
+use model::{fail, holes, load, replay, FootprintOpts, Opts, Oracle, Run, SOURCES};
 
 /// The model's first-touch misses the baseline does not take, and how many of them are 1, or 2
 /// to 8, pages after one of the process's previous 64 misses.
@@ -145,7 +145,7 @@ fn main() {
         let mut value = |what: &str| -> u64 {
             args.next()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{a} needs a number ({what})"))
+                .unwrap_or_else(|| fail(format!("{a} needs a number ({what})")))
         };
         match a.as_str() {
             "--gate" => opts.gate = Some(value("score") as i64),
@@ -170,9 +170,18 @@ fn main() {
             "--footprint-idle" => footprint.idle = true,
             "--by-source" => opts.by_source = true,
             "--holes" => opts.holes = true,
-            "--baseline" => baseline = Some(args.next().expect("--baseline NAME")),
+            "--baseline" => {
+                baseline = Some(
+                    args.next()
+                        .unwrap_or_else(|| fail("--baseline needs a prefetcher's name")),
+                )
+            }
+            _ if a.starts_with("--") => fail(format!("unknown option {a}")),
             _ => files.push(a),
         }
+    }
+    if files.is_empty() {
+        fail("give at least one trace file (usage in the example's source)");
     }
     opts.oracle = oracle_cap.map(|cap| Oracle { cap, ..oracle });
     opts.footprint = footprint_generation.map(|generation| FootprintOpts {

@@ -334,10 +334,16 @@ impl Run {
     }
 }
 
+/// Stops the example with a one-line error (exit status 2): bad input is not a crash.
+pub(crate) fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("rule_variants: {msg}");
+    std::process::exit(2)
+}
+
 /// The trace in `path` (the example stops with the path and the error if it cannot be read).
 pub(crate) fn load(path: &str) -> Trace {
-    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    read_trace(file).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let file = std::fs::File::open(path).unwrap_or_else(|e| fail(format!("{path}: {e}")));
+    read_trace(file).unwrap_or_else(|e| fail(format!("{path}: {e}")))
 }
 
 /// Replays `t` through the model (`baseline` None) or a registered prefetcher.
@@ -351,8 +357,8 @@ pub(crate) fn replay(t: &Trace, opts: Opts, baseline: Option<&str>) -> Run {
         HashSet::new()
     };
     let mut model = Model::new(opts);
-    let mut other: Option<Box<dyn Prefetcher>> =
-        baseline.map(|n| build(n, &Config::default()).unwrap_or_else(|e| panic!("{n}: {e}")));
+    let mut other: Option<Box<dyn Prefetcher>> = baseline
+        .map(|n| build(n, &Config::default()).unwrap_or_else(|e| fail(format!("{n}: {e}"))));
     let mut out = Candidates::new();
     let mut source_of: HashMap<(ProcessKey, PageNo), u8> = HashMap::new();
     let mut run = Run::default();
