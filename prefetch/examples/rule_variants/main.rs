@@ -62,16 +62,22 @@
 //!   `trace compare`), how many settings meet the rule, and the setting with the fewest misses
 //!   at a waste of at most 10%: with a perfect choice per trace among all of them, could the
 //!   rule hold?
+//! - `--pareto`: the baselines at every setting of their one knob (`pareto.rs`: N or PW_max,
+//!   28 settings) against `leap+stream` as `trace compare` runs it: per trace, how many baseline
+//!   settings take fewer misses at no more waste, and the fewest misses a baseline setting takes
+//!   at a waste of at most `leap+stream`'s, or at most 10% (docs/prefetch-real-traces.md,
+//!   *Against every setting of the baselines*).
 //!
 //! A model to measure ideas before they go into the crate: it keeps its own state in hash maps
 //! and allocates, which the crate's prefetchers must not. `model.rs` holds the model and its
 //! replay, `best_offset.rs` the best-offset table, `footprint.rs` the footprint table, `grid.rs`
-//! the bound; this file the options and the tables.
+//! the bound, `pareto.rs` the baselines' sweep; this file the options and the tables.
 
 mod best_offset;
 mod footprint;
 mod grid;
 mod model;
+mod pareto;
 
 use std::collections::{HashMap, HashSet};
 
@@ -138,6 +144,7 @@ fn main() {
     let (mut oracle, mut oracle_cap) = (Oracle::default(), None);
     let (mut footprint, mut footprint_generation) = (FootprintOpts::default(), None);
     let mut run_grid = false;
+    let mut run_pareto = false;
     let mut baseline = None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -162,6 +169,7 @@ fn main() {
             "--oracle-keep" => oracle.keep = value("pages") as usize,
             "--oracle-min" => oracle.min_fetched = value("pages"),
             "--grid" => run_grid = true,
+            "--pareto" => run_pareto = true,
             "--best-offset" => opts.best_offset = Some(value("percent") as u32),
             "--best-offset-rounds" => opts.best_offset_rounds = true,
             "--footprint" => footprint_generation = Some(value("faults")),
@@ -190,6 +198,10 @@ fn main() {
     });
     if run_grid {
         grid::grid(&files);
+        return;
+    }
+    if run_pareto {
+        pareto::pareto(&files);
         return;
     }
     println!("| trace | demand misses | waste | per process |");
