@@ -55,6 +55,9 @@
 //!   process's last generation of a block with the same first offset touched (a generation
 //!   lasts G faults), if they are at least N; with markers, every fetched page is a marker and
 //!   its use joins the footprint; with idle, only after faults no other component answered.
+//! - `--temporal K`: temporal correlation (as in temporal streaming, Wenisch et al., ISCA 2005,
+//!   on the fault stream): a fault on a page the process faulted on before also fetches the
+//!   K pages it faulted on right after that last fault (also under memory pressure).
 //! - `--grid`: replays every trace under every combination of `--wide` {0, 1, 2, 8},
 //!   `--depth-budget` {4, 16, 32}, run-ahead on/off, region read-around on/off and four
 //!   controllers (none; the oracle at 9% keeping 1 page; at 10% keeping 1 after 300 pages; at
@@ -177,6 +180,7 @@ fn main() {
             "--footprint-markers" => footprint.markers = true,
             "--footprint-idle" => footprint.idle = true,
             "--by-source" => opts.by_source = true,
+            "--temporal" => opts.temporal = value("pages") as usize,
             "--holes" => opts.holes = true,
             "--baseline" => {
                 baseline = Some(

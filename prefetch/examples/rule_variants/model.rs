@@ -16,7 +16,7 @@ use crate::best_offset::OffsetTable;
 use crate::footprint::Footprints;
 
 /// Where a candidate came from.
-pub(crate) const SOURCES: [&str; 9] = [
+pub(crate) const SOURCES: [&str; 10] = [
     "stream, at a fault",
     "stream, at its marker",
     "leap, at a fault",
@@ -26,6 +26,7 @@ pub(crate) const SOURCES: [&str; 9] = [
     "run-ahead, at a fault",
     "run-ahead, at its marker",
     "wide (next K after every fault), best offsets or footprints",
+    "temporal (the faults that followed this page's last fault)",
 ];
 const STREAM_FAULT: u8 = 0;
 const STREAM_MARKER: u8 = 1;
@@ -36,6 +37,7 @@ const NEXT_K: u8 = 5;
 const RUNAHEAD_FAULT: u8 = 6;
 const RUNAHEAD_MARKER: u8 = 7;
 const WIDE: u8 = 8;
+const TEMPORAL: u8 = 9;
 /// Outstanding read-around markers remembered per process (`--gate`).
 const RING: usize = 8;
 /// Bound of the read-around score (`--gate`).
@@ -77,6 +79,7 @@ pub(crate) struct Opts {
     pub(crate) footprint: Option<FootprintOpts>,
     pub(crate) by_source: bool,
     pub(crate) holes: bool,
+    pub(crate) temporal: usize,
 }
 
 /// Per-process read-around feedback (`--gate`).
@@ -191,6 +194,9 @@ struct Model {
     throttled: bool,
     offsets: HashMap<ProcessKey, OffsetTable>,
     footprints: Option<Footprints>,
+    /// Per process: its faults in order, and each page's last position in them (`--temporal`).
+    history: HashMap<ProcessKey, Vec<PageNo>>,
+    last_at: HashMap<(ProcessKey, PageNo), usize>,
 }
 
 impl Model {
@@ -222,6 +228,8 @@ impl Model {
             footprints: opts
                 .footprint
                 .map(|f| Footprints::new(f.generation, f.min_pages, f.markers)),
+            history: HashMap::new(),
+            last_at: HashMap::new(),
         }
     }
 
@@ -255,6 +263,21 @@ impl Model {
             r.on_fault(key, page, out);
         }
         let by_runahead = out.len();
+        if self.opts.temporal > 0 {
+            let h = self.history.entry(key).or_default();
+            // Under memory pressure too: a page faulted on again was evicted, which is what
+            // the pressure estimate counts, so gating on it would leave nothing to answer.
+            if let Some(&i) = self.last_at.get(&(key, page)) {
+                for &q in h[i + 1..].iter().take(self.opts.temporal) {
+                    if q != page {
+                        out.push_distinct(q);
+                    }
+                }
+            }
+            self.last_at.insert((key, page), h.len());
+            h.push(page);
+        }
+        let by_temporal = out.len();
         if let Some(f) = self.footprints.as_mut() {
             let decide =
                 !pressed && (out.is_empty() || !self.opts.footprint.is_some_and(|f| f.idle));
@@ -276,6 +299,7 @@ impl Model {
                 _ if i < by_region => REGION,
                 _ if i < by_next_k => NEXT_K,
                 _ if i < by_runahead => RUNAHEAD_FAULT,
+                _ if i < by_temporal => TEMPORAL,
                 _ => WIDE,
             });
         }
