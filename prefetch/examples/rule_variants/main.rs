@@ -70,17 +70,22 @@
 //!   settings take fewer misses at no more waste, and the fewest misses a baseline setting takes
 //!   at a waste of at most `leap+stream`'s, or at most 10% (docs/prefetch-real-traces.md,
 //!   *Against every setting of the baselines*).
+//! - `--sensitivity`: the rule of `trace compare` at local memory of 45%, 47.5%, 50%, 52.5% and
+//!   55% of the footprint (`sensitivity.rs`; docs/prefetch-real-traces.md, *How firm the
+//!   verdicts are*).
 //!
 //! A model to measure ideas before they go into the crate: it keeps its own state in hash maps
 //! and allocates, which the crate's prefetchers must not. `model.rs` holds the model and its
 //! replay, `best_offset.rs` the best-offset table, `footprint.rs` the footprint table, `grid.rs`
-//! the bound, `pareto.rs` the baselines' sweep; this file the options and the tables.
+//! the bound, `pareto.rs` the baselines' sweep, `sensitivity.rs` the verdicts at other local
+//! sizes; this file the options and the tables.
 
 mod best_offset;
 mod footprint;
 mod grid;
 mod model;
 mod pareto;
+mod sensitivity;
 
 use std::collections::{HashMap, HashSet};
 
@@ -148,6 +153,7 @@ fn main() {
     let (mut footprint, mut footprint_generation) = (FootprintOpts::default(), None);
     let mut run_grid = false;
     let mut run_pareto = false;
+    let mut run_sensitivity = false;
     let mut baseline = None;
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -173,6 +179,7 @@ fn main() {
             "--oracle-min" => oracle.min_fetched = value("pages"),
             "--grid" => run_grid = true,
             "--pareto" => run_pareto = true,
+            "--sensitivity" => run_sensitivity = true,
             "--best-offset" => opts.best_offset = Some(value("percent") as u32),
             "--best-offset-rounds" => opts.best_offset_rounds = true,
             "--footprint" => footprint_generation = Some(value("faults")),
@@ -206,6 +213,10 @@ fn main() {
     }
     if run_pareto {
         pareto::pareto(&files);
+        return;
+    }
+    if run_sensitivity {
+        sensitivity::sensitivity(&files);
         return;
     }
     println!("| trace | demand misses | waste | per process |");
