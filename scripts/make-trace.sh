@@ -8,11 +8,11 @@
 #   scripts/make-trace.sh WORKLOAD... [--out DIR]
 #     WORKLOAD: the original tuning set sqlite redis numpy sort xz mix; the first test set (seen,
 #     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the second test set (seen,
-#     now tuning data) gawk gzip zstd sqlite-range pyheap bfs lua jq; the test set ruby ocaml
-#     lame x264 magick cxxmap xmllint brotli; the held-out set (not yet run through any
-#     prefetcher; written to traces/held-out/) git php tcl pandoc gs cc1plus guile diff; or
-#     tuning, test (the first test set), fresh (the second), third (the test set), held-out,
-#     all (traces/README.md)
+#     now tuning data) gawk gzip zstd sqlite-range pyheap bfs lua jq; the third test set (seen,
+#     now tuning data) ruby ocaml lame x264 magick cxxmap xmllint brotli; the test set (held
+#     out until its split was recorded) git php tcl pandoc gs cc1plus guile diff; or tuning,
+#     test (the first test set), fresh (the second), third, held-out (the test set), all
+#     (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
@@ -649,8 +649,8 @@ EOF
     trace_run jq "$(max_for jq)" jq -c 'group_by(.user) | map({user: .[0].user, total: (map(.price * .qty) | add), n: length}) | sort_by(-.total) | .[:20]' "$WORK/jq.json"
 }
 
-# --- The test set (traces/README.md): captured after the second test set's results were seen;
-# never used to tune the prefetchers. They were captured with LACKEY_SECONDS=480: a program
+# --- The third test set (traces/README.md; seen once, tuning data since): captured after the
+# second test set's results were seen. They were captured with LACKEY_SECONDS=480: a program
 # still running after 8 minutes under lackey was stopped there, its trace the records so far. ---
 
 # Garbage-collected allocation in Ruby: binary trees of depth 4..16 built and checked, with a
@@ -860,8 +860,9 @@ EOF
     trace_run brotli "$(max_for brotli)" brotli -q 11 -w 22 -c "$WORK/brotli.in"
 }
 
-# --- The held-out set (traces/held-out/README.md): captured after the test set's results were
-# seen, and not run through any prefetcher: the next test set. Captured with LACKEY_SECONDS=480. ---
+# --- The test set, first held out (traces/README.md): captured after the third test set's
+# results were seen, and not run through any prefetcher until its split was recorded. Captured
+# with LACKEY_SECONDS=480. ---
 
 # Delta compression in git: `git pack-objects` (one thread, window 50) packs every object of a
 # generated repository of 200 commits that edit 40 text files.
@@ -1069,7 +1070,7 @@ while (($#)); do
     fresh) todo+=(gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
     third) todo+=(ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
     held-out) todo+=(git php tcl pandoc gs cc1plus guile diff); shift ;;
-    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
+    all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq ruby ocaml lame x264 magick cxxmap xmllint brotli git php tcl pandoc gs cc1plus guile diff); shift ;;
     sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq | \
         ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli | \
         git | php | tcl | pandoc | gs | cc1plus | guile | diff)
@@ -1083,7 +1084,7 @@ while (($#)); do
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; test set: ruby ocaml lame x264 magick cxxmap xmllint brotli; held-out set (--out traces/held-out): git php tcl pandoc gs cc1plus guile diff; or tuning, test, fresh, third, held-out, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; third test set, now tuning data: ruby ocaml lame x264 magick cxxmap xmllint brotli; test set: git php tcl pandoc gs cc1plus guile diff; or tuning, test, fresh, third, held-out, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done
