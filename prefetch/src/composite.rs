@@ -55,7 +55,7 @@ use crate::stream::{Stream, StreamParams};
 use crate::{Candidates, Nanos, PageNo, Prefetcher, ProcessKey};
 
 /// Depth budget of the stream table inside `leap+stream` (see the module documentation).
-pub const USED_PER_DEPTH: u64 = 32;
+pub const USED_PER_DEPTH: u64 = 16;
 /// Largest unequal gap that still confirms a stride-1 stream inside `leap+stream`.
 pub const DENSE_GAP: u64 = 4;
 

@@ -140,25 +140,31 @@ const fn known(name: &'static str, misses: f64, waste: f64) -> KnownMiss {
     }
 }
 
-/// Tuning-set programs where the rule is not met (docs/prefetch-real-traces.md, "The fourth
-/// test set, run once").
+/// Tuning-set programs where the rule is not met (docs/prefetch-real-traces.md, "The wide
+/// arm" and "The third test set, run once").
 const TUNING_SET_MISSES: &[KnownMiss] = &[
-    known("cc1", 1.05, 0.12),             // 672 vs next-n 664, 11.2% waste
-    known("pydict", 1.00, 0.12),          // fewer misses than stride, 11.0% waste
-    known("java", 1.10, 0.10),            // 475 vs next-n 442, 8.8% waste
-    known("node", 1.10, 0.16),            // 682 vs next-n 638, 15.0% waste
-    known("gzip", 1.00, 0.22),            // fewer misses than next-n, 21.4% waste
-    known("sqlite-range", 1.12, 0.145),   // 124 vs next-n 112, 13.6% waste
-    known("bfs", 1.50, 0.03),             // 450 vs next-n 307, 2.1% waste
-    known("mix-numpy-redis", 1.15, 0.09), // 1398 vs next-n 1240, 8.2% waste
-    known("ruby", 1.00, 0.13),            // fewer misses than next-n, 12.1% waste
-    known("lame", 1.30, 0.125),           // 273 vs next-n 211, 11.9% waste
-    known("x264", 1.00, 0.32),            // fewer misses than read-ahead, 31.2% waste
+    known("cc1", 1.05, 0.125),          // 675 vs next-n 664, 11.5% waste
+    known("pydict", 1.00, 0.12),        // fewer misses than stride, 11.2% waste
+    known("java", 1.10, 0.105),         // 471 vs next-n 442, 9.8% waste
+    known("node", 1.10, 0.16),          // 682 vs next-n 638, 15.0% waste
+    known("gawk", 1.00, 0.12),          // fewer misses than stride, 10.9% waste
+    known("gzip", 1.00, 0.22),          // fewer misses than next-n, 21.4% waste
+    known("sqlite-range", 1.12, 0.155), // 124 vs next-n 112, 14.9% waste
+    known("bfs", 1.55, 0.035),          // 458 vs next-n 307, 2.7% waste
+    known("ruby", 1.00, 0.13),          // fewer misses than next-n, 12.3% waste
+    known("lame", 1.30, 0.125),         // 273 vs next-n 211, 11.9% waste
+    known("x264", 1.00, 0.32),          // fewer misses than read-ahead, 31.2% waste
 ];
 
 /// Test-set programs where the rule is not met, measured once after the settings were fixed
 /// (docs/prefetch-real-traces.md, "The fourth test set, run once").
-const TEST_SET_MISSES: &[KnownMiss] = &[];
+const TEST_SET_MISSES: &[KnownMiss] = &[
+    known("git", 1.75, 0.155),    // 512 vs next-n 301, 14.7% waste
+    known("pandoc", 1.40, 0.165), // 14505 vs next-n 10805, 15.8% waste
+    known("gs", 1.25, 0.335),     // 799 vs next-n 671, 32.8% waste
+    known("cc1plus", 1.10, 0.15), // 681 vs next-n 640, 14.5% waste
+    known("guile", 1.10, 0.165),  // 689 vs next-n 648, 15.9% waste
+];
 
 #[test]
 fn leap_stream_meets_the_rule_on_the_tuning_set_but_where_it_is_known_to_miss() {
