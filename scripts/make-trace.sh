@@ -9,10 +9,11 @@
 #     WORKLOAD: the original tuning set sqlite redis numpy sort xz mix; the first test set (seen,
 #     now tuning data) cc1 perl pydict pagerank java node bzip2 mix2; the second test set (seen,
 #     now tuning data) gawk gzip zstd sqlite-range pyheap bfs lua jq; the third test set (seen,
-#     now tuning data) ruby ocaml lame x264 magick cxxmap xmllint brotli; the test set (held
-#     out until its split was recorded) git php tcl pandoc gs cc1plus guile diff; or tuning,
-#     test (the first test set), fresh (the second), third, held-out (the test set), all
-#     (traces/README.md)
+#     now tuning data) ruby ocaml lame x264 magick cxxmap xmllint brotli; the test set git php
+#     tcl pandoc gs cc1plus guile diff; the held-out set (not yet run through any prefetcher;
+#     written with --out traces/held-out) dot minisat lz4 glpsol hunspell zopfli; or
+#     tuning, test (the first test set), fresh (the second), third, fourth (the test set),
+#     held-out, all (traces/README.md)
 #   scripts/make-trace.sh run NAME MAX_RECORDS -- COMMAND [ARGS...]   any program
 # Output: DIR/NAME.trace.zst (DIR defaults to traces/). Inputs are generated with fixed seeds,
 # so a rerun gives the same trace up to scheduling (the redis trace depends on how requests
@@ -46,6 +47,7 @@ max_for() {
     gawk | gzip | sqlite-range | pyheap | bfs | lua) default=1000000 ;;
     ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli) default=1000000 ;;
     git | php | tcl | pandoc | gs | cc1plus | guile | diff) default=1000000 ;;
+    dot | minisat | lz4 | glpsol | hunspell | zopfli) default=1000000 ;;
     *) default=20000000 ;;
     esac
     echo "${MAX_RECORDS:-$default}"
@@ -860,7 +862,7 @@ EOF
     trace_run brotli "$(max_for brotli)" brotli -q 11 -w 22 -c "$WORK/brotli.in"
 }
 
-# --- The test set, first held out (traces/README.md): captured after the third test set's
+# --- The test set, first held out (traces/README.md; `fourth`): captured after the third test set's
 # results were seen, and not run through any prefetcher until its split was recorded. Captured
 # with LACKEY_SECONDS=480. ---
 
@@ -1054,6 +1056,121 @@ EOF
     trace_run diff "$(max_for diff)" diff "$WORK/a.txt" "$WORK/b.txt"
 }
 
+# --- The held-out set (traces/held-out/README.md): captured after the fourth test set's results
+# were seen, and not run through any prefetcher: the next test set. Captured with
+# LACKEY_SECONDS=300 (two captures at a time). ---
+
+# Graph layout: Graphviz `dot` lays out a generated directed graph of 1,500 nodes and 3,000
+# edges (rank assignment, crossing minimisation, coordinates; pointer-linked node and edge lists).
+trace_dot() {
+    need dot python3
+    $PY - "$WORK/g.dot" <<'EOF'
+import random, sys
+r = random.Random(31)
+with open(sys.argv[1], "w") as f:
+    f.write("digraph g {\n")
+    for i in range(1500):
+        f.write(f'  n{i} [label="node {i}"];\n')
+    for _ in range(3000):
+        a = r.randrange(1500)
+        f.write(f"  n{a} -> n{min(1499, a + r.randrange(1, 60))};\n")
+    f.write("}\n")
+EOF
+    trace_run dot "$(max_for dot)" dot -Tsvg -o "$WORK/g.svg" "$WORK/g.dot"
+}
+
+# SAT solving: MiniSat 2.2 on a generated random 3-SAT instance of 250 variables at a clause
+# ratio of 4.26 (the hard region): clause database, watch lists, learnt clauses.
+trace_minisat() {
+    need minisat python3
+    $PY - "$WORK/f.cnf" <<'EOF'
+import random, sys
+r = random.Random(32)
+n, m = 250, 1065
+with open(sys.argv[1], "w") as f:
+    f.write(f"p cnf {n} {m}\n")
+    for _ in range(m):
+        vs = r.sample(range(1, n + 1), 3)
+        f.write(" ".join(str(v if r.random() < 0.5 else -v) for v in vs) + " 0\n")
+EOF
+    trace_run minisat "$(max_for minisat)" minisat -verb=0 "$WORK/f.cnf" "$WORK/f.out"
+}
+
+# Fast compression: `lz4 -9` (one thread) of 24 MB of generated log-like text: a streaming
+# window and a hash chain over it.
+trace_lz4() {
+    need lz4 python3
+    $PY - "$WORK/lz4.in" <<'EOF'
+import random, sys
+r = random.Random(34)
+words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(3, 10))) for _ in range(3000)]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 24_000_000:
+        line = f"2026-01-{r.randrange(1, 29):02d} {r.randrange(24):02d}:{r.randrange(60):02d} host{r.randrange(40)} " + " ".join(r.choice(words) for _ in range(r.randrange(4, 14))) + "\n"
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run lz4 "$(max_for lz4)" lz4 -9 -f -q "$WORK/lz4.in" "$WORK/lz4.out"
+}
+
+# Linear programming: GLPK's `glpsol` (simplex) on a generated sparse LP of 2,000 rows and
+# 3,000 columns: sparse matrix factorisation and updates.
+trace_glpsol() {
+    need glpsol python3
+    $PY - "$WORK/p.lp" <<'EOF'
+import random, sys
+r = random.Random(35)
+rows, cols = 2000, 3000
+with open(sys.argv[1], "w") as f:
+    f.write("Maximize\n obj: " + " + ".join(f"{r.randrange(1, 20)} x{j}" for j in range(cols)) + "\nSubject To\n")
+    for i in range(rows):
+        terms = " + ".join(f"{r.randrange(1, 9)} x{j}" for j in sorted(r.sample(range(cols), 8)))
+        f.write(f" c{i}: {terms} <= {r.randrange(50, 500)}\n")
+    f.write("Bounds\n" + "".join(f" x{j} <= 40\n" for j in range(cols)) + "End\n")
+EOF
+    trace_run glpsol "$(max_for glpsol)" glpsol --lp "$WORK/p.lp" -o "$WORK/p.out"
+}
+
+# Spell checking: `hunspell -l` (Debian's en_US dictionary) over 2 MB of generated text, a third
+# of its words misspelt: affix rules and hash-table lookups into the loaded dictionary.
+trace_hunspell() {
+    need hunspell python3
+    $PY - "$WORK/text.txt" <<'EOF'
+import random, sys
+r = random.Random(37)
+words = [w.split("/")[0] for w in open("/usr/share/hunspell/en_US.dic", encoding="latin-1").read().split("\n")[1:] if w and w[0].islower()]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 2_000_000:
+        w = r.choice(words)
+        if r.random() < 0.33 and len(w) > 3:
+            i = r.randrange(len(w) - 1)
+            w = w[:i] + w[i + 1] + w[i] + w[i + 2:]
+        f.write(w + (" " if r.random() < 0.9 else ".\n"))
+        size += len(w) + 1
+EOF
+    STDIN="$WORK/text.txt" trace_run hunspell "$(max_for hunspell)" hunspell -d en_US -l
+}
+
+# Exhaustive compression: `zopfli` (15 iterations) of 3 MB of generated source-like text: a
+# deflate encoder's optimal parsing over a long-match cache.
+trace_zopfli() {
+    need zopfli python3
+    $PY - "$WORK/zopfli.in" <<'EOF'
+import random, sys
+r = random.Random(38)
+idents = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(r.randrange(3, 12))) for _ in range(2000)]
+with open(sys.argv[1], "w") as f:
+    size = 0
+    while size < 3_000_000:
+        line = "    " * r.randrange(0, 4) + f"{r.choice(idents)} = {r.choice(idents)}({r.choice(idents)}, {r.randrange(1000)});\n"
+        f.write(line)
+        size += len(line)
+EOF
+    trace_run zopfli "$(max_for zopfli)" zopfli --i15 -c "$WORK/zopfli.in"
+}
+
 if [[ ${1:-} == run ]]; then
     [[ $# -ge 5 && $4 == -- ]] || die "usage: $0 run NAME MAX_RECORDS -- COMMAND [ARGS...]"
     name=$2 max=$3
@@ -1069,11 +1186,13 @@ while (($#)); do
     test) todo+=(cc1 perl pydict pagerank java node bzip2 mix2); shift ;;
     fresh) todo+=(gawk gzip zstd sqlite_range pyheap bfs lua jq); shift ;;
     third) todo+=(ruby ocaml lame x264 magick cxxmap xmllint brotli); shift ;;
-    held-out) todo+=(git php tcl pandoc gs cc1plus guile diff); shift ;;
+    fourth) todo+=(git php tcl pandoc gs cc1plus guile diff); shift ;;
+    held-out) todo+=(dot minisat lz4 glpsol hunspell zopfli); shift ;;
     all) todo+=(sqlite redis numpy sort xz mix cc1 perl pydict pagerank java node bzip2 mix2 gawk gzip zstd sqlite_range pyheap bfs lua jq ruby ocaml lame x264 magick cxxmap xmllint brotli git php tcl pandoc gs cc1plus guile diff); shift ;;
     sqlite | redis | numpy | sort | xz | mix | cc1 | perl | pydict | pagerank | java | node | bzip2 | mix2 | gawk | gzip | zstd | pyheap | bfs | lua | jq | \
         ruby | ocaml | lame | x264 | magick | cxxmap | xmllint | brotli | \
-        git | php | tcl | pandoc | gs | cc1plus | guile | diff)
+        git | php | tcl | pandoc | gs | cc1plus | guile | diff | \
+        dot | minisat | lz4 | glpsol | hunspell | zopfli)
         todo+=("$1")
         shift
         ;;
@@ -1084,7 +1203,7 @@ while (($#)); do
     *) die "unknown workload \`$1\` (see the usage line)" ;;
     esac
 done
-((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; third test set, now tuning data: ruby ocaml lame x264 magick cxxmap xmllint brotli; test set: git php tcl pandoc gs cc1plus guile diff; or tuning, test, fresh, third, held-out, all)"
+((${#todo[@]})) || die "usage: $0 WORKLOAD... [--out DIR] (original tuning set: sqlite redis numpy sort xz mix; first and second test sets, now tuning data: cc1 perl pydict pagerank java node bzip2 mix2, gawk gzip zstd sqlite-range pyheap bfs lua jq; third test set, now tuning data: ruby ocaml lame x264 magick cxxmap xmllint brotli; test set: git php tcl pandoc gs cc1plus guile diff; held-out set (--out traces/held-out): dot minisat lz4 glpsol hunspell zopfli; or tuning, test, fresh, third, fourth, held-out, all)"
 for t in "${todo[@]}"; do
     "trace_$t"
 done
