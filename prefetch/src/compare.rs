@@ -98,14 +98,41 @@ pub fn compare(
     progress: &mut dyn FnMut(&str, u64),
 ) -> Result<Comparison, String> {
     let footprint = trace.footprint();
-    let local_pages = (footprint / 2).max(1);
-    let eval = EvalConfig {
+    replay_all(trace, cfg, footprint, (footprint / 2).max(1), progress)
+}
+
+/// The replay setting of the rule with `local_pages` of local memory: injected hits, marker
+/// continuation, LRU without eager eviction.
+pub fn setting(local_pages: usize) -> EvalConfig {
+    EvalConfig {
         local_pages,
         hits: HitVisibility::Injected,
         eager_eviction: false,
         marker_continuation: true,
-    };
-    let stats = evaluate(trace, COMPARED, cfg, &eval, progress)?;
+    }
+}
+
+/// [`compare`] with `local_pages` of local memory instead of half the footprint (how firm a
+/// verdict is: the rule a little off its point).
+pub fn compare_at(
+    trace: &Trace,
+    cfg: &Config,
+    local_pages: usize,
+    progress: &mut dyn FnMut(&str, u64),
+) -> Result<Comparison, String> {
+    replay_all(trace, cfg, trace.footprint(), local_pages, progress)
+}
+
+/// Every prefetcher of [`COMPARED`] replayed in the rule's setting (the footprint counted once
+/// by the caller: it walks every record).
+fn replay_all(
+    trace: &Trace,
+    cfg: &Config,
+    footprint: usize,
+    local_pages: usize,
+    progress: &mut dyn FnMut(&str, u64),
+) -> Result<Comparison, String> {
+    let stats = evaluate(trace, COMPARED, cfg, &setting(local_pages), progress)?;
     Ok(Comparison {
         records: trace.records.len() as u64,
         footprint,

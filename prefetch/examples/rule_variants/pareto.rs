@@ -8,11 +8,11 @@
 //! baseline's own waste. These tables say how much of a failure is a baseline buying misses
 //! with waste, and how much is `leap+stream` being beaten at the same waste.
 
-use farvm_prefetch::compare::{compare, MAX_WASTE};
-use farvm_prefetch::eval::{EvalConfig, Stats};
+use farvm_prefetch::compare::{compare, setting, MAX_WASTE};
+use farvm_prefetch::eval::Stats;
 use farvm_prefetch::registry::DEFAULT;
 use farvm_prefetch::report::evaluate;
-use farvm_prefetch::{Config, HitVisibility};
+use farvm_prefetch::Config;
 
 use crate::model::{fail, load};
 
@@ -38,12 +38,7 @@ fn waste(s: &Stats) -> f64 {
 
 /// Every baseline setting of [`SWEEP`] replayed on `t` as `trace compare` replays them.
 fn sweep(path: &str, t: &farvm_prefetch::trace::Trace, local_pages: usize) -> Vec<Point> {
-    let eval = EvalConfig {
-        local_pages,
-        hits: HitVisibility::Injected,
-        eager_eviction: false,
-        marker_continuation: true,
-    };
+    let eval = setting(local_pages);
     let mut points = Vec::new();
     for (name, knob, values) in SWEEP {
         for &v in values {

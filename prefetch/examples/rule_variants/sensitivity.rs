@@ -2,10 +2,8 @@
 //! than half the footprint. A verdict that flips between neighbouring sizes was decided by a
 //! few misses or a fraction of a point of waste, not by how the prefetchers behave.
 
-use farvm_prefetch::compare::{Comparison, COMPARED};
-use farvm_prefetch::eval::EvalConfig;
-use farvm_prefetch::report::evaluate;
-use farvm_prefetch::{Config, HitVisibility};
+use farvm_prefetch::compare::compare_at;
+use farvm_prefetch::Config;
 
 use crate::model::{fail, load};
 
@@ -34,21 +32,9 @@ pub(crate) fn sensitivity(files: &[String]) {
         let mut verdicts = Vec::new();
         for (i, &m) in LOCAL_PER_MILLE.iter().enumerate() {
             let local_pages = (footprint * m / 1000).max(1);
-            let eval = EvalConfig {
-                local_pages,
-                hits: HitVisibility::Injected,
-                eager_eviction: false,
-                marker_continuation: true,
-            };
-            let stats = evaluate(&t, COMPARED, &Config::default(), &eval, &mut |_, _| {})
-                .unwrap_or_else(|e| fail(format!("{path}: {e}")));
-            let v = Comparison {
-                records: t.records.len() as u64,
-                footprint,
-                local_pages,
-                stats,
-            }
-            .verdict();
+            let v = compare_at(&t, &Config::default(), local_pages, &mut |_, _| {})
+                .unwrap_or_else(|e| fail(format!("{path}: {e}")))
+                .verdict();
             met[i] += usize::from(v.pass);
             verdicts.push(v.pass);
             cells.push(format!(
